@@ -1,0 +1,206 @@
+/* SPDX-License-Identifier: GPL-2.0 OR MIT */
+/*
+ * ckpt_bench_update: the fused AdamW update against the memory ceiling, one
+ * thread, in one run.
+ *
+ *   ceiling: a loop moving the same 28 B/param as the update (fp16 grad in,
+ *            fp32 p/m/v in and out, fp16 copy out) with no math, built for
+ *            SSE2, AVX2 and AVX-512; the best of them is the ceiling.
+ *   update:  ckpt_update_chunk (each variant and the dispatched one) over the
+ *            same arrays, in chunks of 65536 params.
+ *
+ * 64 Mi params, buffers allocated once with MADV_HUGEPAGE and touched before
+ * timing; every measurement repeated several times, interleaved, best kept.
+ *
+ * usage: ckpt_bench_update [n_params_log2 (26)] [repeats (5)]
+ */
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#include "ckpt_update.h"
+#include "ckpt_update_variants.h"
+
+#ifdef CKPT_BENCH_EXTRA
+/* optional extra builds of the body linked in by hand (e.g. kernel-like flags) */
+u32 ckpt_update_chunk_kl_sse2(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
+			      const u16 *grad, u32 *p, u32 *m, u32 *v, u16 *plo, u64 n);
+u32 ckpt_update_chunk_kl_avx2(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
+			      const u16 *grad, u32 *p, u32 *m, u32 *v, u16 *plo, u64 n);
+#endif
+
+#define CHUNK 65536u
+
+static double now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void *big_alloc(size_t bytes)
+{
+	size_t sz = (bytes + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1);
+	void *p = aligned_alloc(2u << 20, sz);
+
+	if (!p) {
+		perror("aligned_alloc");
+		exit(1);
+	}
+	madvise(p, sz, MADV_HUGEPAGE);
+	return p;
+}
+
+static u32 fbits(float f)
+{
+	u32 u;
+
+	memcpy(&u, &f, 4);
+	return u;
+}
+
+/* A runtime zero the compiler cannot see through: the ceiling loops cannot be elided. */
+static volatile u32 g_zero;
+
+/*
+ * The ceiling: same bytes, no math. XOR with a runtime zero keeps every load
+ * and store (stores of a just-loaded value could be removed) and vectorizes.
+ */
+#define CEILING_BODY                                                           \
+	{                                                                      \
+		for (u64 i = 0; i < n; i++) {                                  \
+			p[i] ^= k;                                             \
+			m[i] ^= k;                                             \
+			v[i] ^= k;                                             \
+			plo[i] = (u16)(g[i] ^ k);                              \
+		}                                                              \
+	}
+#define CEILING_ARGS const u16 *__restrict g, u32 *__restrict p, u32 *__restrict m, \
+		u32 *__restrict v, u16 *__restrict plo, u64 n, u32 k
+
+__attribute__((noinline, optimize("O3"))) static void ceiling_sse2(CEILING_ARGS)
+CEILING_BODY
+__attribute__((noinline, optimize("O3"), target("avx2"))) static void ceiling_avx2(CEILING_ARGS)
+CEILING_BODY
+__attribute__((noinline, optimize("O3"), target("arch=x86-64-v4"))) static void
+ceiling_avx512(CEILING_ARGS)
+CEILING_BODY
+
+typedef void (*ceiling_fn)(CEILING_ARGS);
+
+struct meas {
+	const char *name;
+	int kind;		/* 0 ceiling, 1 update */
+	ceiling_fn cfn;
+	ckpt_update_fn ufn;
+	u32 dtype;
+	int ok;
+	double best;
+};
+
+int main(int argc, char **argv)
+{
+	unsigned lg = argc > 1 ? (unsigned)atoi(argv[1]) : 26;
+	int reps = argc > 2 ? atoi(argv[2]) : 5;
+	u64 n = 1ull << lg;
+	u16 *g = big_alloc(n * 2), *plo = big_alloc(n * 2);
+	u32 *p = big_alloc(n * 4), *m = big_alloc(n * 4), *v = big_alloc(n * 4);
+	struct ckpt_hparams hp;
+	u32 scale = fbits(1.0f);
+	u32 seed = 12345;
+	int has_avx2 = ckpt_cpu_has_avx2(), has_avx512 = ckpt_cpu_has_avx512();
+
+	/* touch everything; realistic magnitudes (no denormals in the math) */
+	for (u64 i = 0; i < n; i++) {
+		float r;
+
+		seed = seed * 1664525u + 1013904223u;
+		r = (float)((int)(seed >> 8) - (1 << 23)) / (float)(1 << 23); /* [-1, 1) */
+		g[i] = ckpt_f32_to_f16(fbits(r * 1e-2f));
+		p[i] = fbits(r * 0.05f);
+		m[i] = fbits(r * 1e-3f);
+		v[i] = fbits(r * r * 1e-5f + 1e-9f);
+		plo[i] = 0;
+	}
+	memset(&hp, 0, sizeof(hp));
+	hp.lr = fbits(1e-3f);
+	hp.beta1 = fbits(0.9f);
+	hp.beta2 = fbits(0.999f);
+	hp.eps = fbits(1e-8f);
+	hp.weight_decay = fbits(0.01f);
+	hp.one_minus_beta1 = fbits(0.1f);
+	hp.one_minus_beta2 = fbits(0.001f);
+	hp.step_size = fbits(1e-3f / 0.1f);
+	hp.bc2_sqrt = fbits(0.0316069f);
+	hp.decay = fbits(1.0f - 1e-5f);
+
+	struct meas ms[] = {
+		{"ceiling[sse2]", 0, ceiling_sse2, NULL, 0, 1, 1e30},
+		{"ceiling[avx2]", 0, ceiling_avx2, NULL, 0, has_avx2, 1e30},
+		{"ceiling[avx512]", 0, ceiling_avx512, NULL, 0, has_avx512, 1e30},
+		{"update[scalar]", 1, NULL, ckpt_update_chunk_scalar, CKPT_DTYPE_FP16, 1, 1e30},
+		{"update[sse2]", 1, NULL, ckpt_update_chunk_sse2, CKPT_DTYPE_FP16, 1, 1e30},
+		{"update[avx2]", 1, NULL, ckpt_update_chunk_avx2, CKPT_DTYPE_FP16, has_avx2, 1e30},
+		{"update[avx512]", 1, NULL, ckpt_update_chunk_avx512, CKPT_DTYPE_FP16, has_avx512,
+		 1e30},
+		{"update[dispatched]", 1, NULL, ckpt_update_chunk, CKPT_DTYPE_FP16, 1, 1e30},
+		{"update[dispatched,bf16]", 1, NULL, ckpt_update_chunk, CKPT_DTYPE_BF16, 1, 1e30},
+#ifdef CKPT_BENCH_EXTRA
+		{"update[kernel-like sse2 -O2]", 1, NULL, ckpt_update_chunk_kl_sse2,
+		 CKPT_DTYPE_FP16, 1, 1e30},
+		{"update[kernel-like avx2+f16c -O2]", 1, NULL, ckpt_update_chunk_kl_avx2,
+		 CKPT_DTYPE_FP16, has_avx2, 1e30},
+#endif
+	};
+	const int nm = (int)(sizeof(ms) / sizeof(ms[0]));
+	u32 flags = 0;
+	double ceiling = 1e30;
+
+	printf("ckpt_bench_update: %llu params (%.0f MiB touched per pass, 28 B/param), "
+	       "chunks of %u, best of %d, 1 thread\n",
+	       (unsigned long long)n, n * 28.0 / (1 << 20), CHUNK, reps);
+	for (int r = 0; r < reps; r++) {
+		for (int j = 0; j < nm; j++) {
+			struct meas *x = &ms[j];
+			double t0, t;
+
+			if (!x->ok)
+				continue;
+			t0 = now();
+			if (x->kind == 0) {
+				x->cfn(g, p, m, v, plo, n, g_zero);
+			} else {
+				for (u64 off = 0; off < n; off += CHUNK) {
+					u64 len = n - off < CHUNK ? n - off : CHUNK;
+
+					flags |= x->ufn(&hp, scale, x->dtype, g + off, p + off,
+							m + off, v + off, plo + off, len);
+				}
+			}
+			t = now() - t0;
+			if (t < x->best)
+				x->best = t;
+		}
+	}
+	for (int j = 0; j < nm; j++)
+		if (ms[j].ok && ms[j].kind == 0 && ms[j].best < ceiling)
+			ceiling = ms[j].best;
+	for (int j = 0; j < nm; j++) {
+		struct meas *x = &ms[j];
+
+		if (!x->ok) {
+			printf("%-34s (not supported by this CPU)\n", x->name);
+			continue;
+		}
+		printf("%-34s %6.3f Gparams/s  %5.1f GB/s  %.2f of ceiling\n", x->name,
+		       n / x->best * 1e-9, n * 28.0 / x->best * 1e-9, ceiling / x->best);
+	}
+	if (flags)
+		printf("(note: a non-finite gradient was flagged)\n");
+	return 0;
+}

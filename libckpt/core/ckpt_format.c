@@ -1,0 +1,672 @@
+// SPDX-License-Identifier: GPL-2.0 OR MIT
+/*
+ * dm-ckpt on-disk format v1: layout arithmetic, superblock, record header,
+ * command and status page encoding.
+ *
+ * Every decoder treats its input as hostile: it reads nothing outside the
+ * buffer it was given, checks magic, checksum and version before it trusts a
+ * single field, and returns a specific -CKPT_E_* for the first defect found.
+ * Encoders zero the whole block first so no stack or heap bytes leak to disk.
+ *
+ * Compiled unchanged into dm-ckpt.ko and libckpt: no libc beyond
+ * memcpy/memset, no float, no 64-bit division, small stack frames.
+ */
+#include "ckpt_format.h"
+
+/* ---------------- error messages ---------------- */
+
+static const char *const ckpt_err_msg[CKPT_E_MAX] = {
+	[CKPT_OK]		= "success",
+	[CKPT_E_INVAL]		= "invalid argument",
+	[CKPT_E_MAGIC]		= "bad magic number",
+	[CKPT_E_CRC]		= "checksum mismatch",
+	[CKPT_E_VERSION]	= "unsupported version",
+	[CKPT_E_FEATURE]	= "unsupported feature bits",
+	[CKPT_E_GEOMETRY]	= "geometry out of range",
+	[CKPT_E_LAYOUT]		= "offsets or sizes disagree with the geometry",
+	[CKPT_E_TOO_SMALL]	= "device smaller than the layout",
+	[CKPT_E_NO_SB]		= "no valid superblock copy",
+	[CKPT_E_OPCODE]		= "unknown command",
+	[CKPT_E_LENGTH]		= "command length wrong",
+	[CKPT_E_STEP]		= "step number is not the expected one",
+	[CKPT_E_STATE]		= "not allowed in the current state",
+	[CKPT_E_GROUPS]		= "group count differs from the device's",
+	[CKPT_E_HPARAM]		= "hyperparameter not finite or out of range",
+	[CKPT_E_TWICE]		= "gradient written twice in one step",
+	[CKPT_E_INCOMPLETE]	= "commit with chunks not written",
+	[CKPT_E_ALIGN]		= "offset or length not sector aligned",
+	[CKPT_E_RANGE]		= "offset or length out of range",
+	[CKPT_E_READONLY]	= "region is read-only",
+	[CKPT_E_IO]		= "backing device I/O error",
+	[CKPT_E_NOSPC]		= "staging memory exhausted",
+	[CKPT_E_FAILED]		= "device failed earlier; no new steps",
+	[CKPT_E_NAME]		= "unknown tensor name",
+	[CKPT_E_DTYPE]		= "wrong dtype",
+	[CKPT_E_SIZE]		= "wrong number of elements",
+	[CKPT_E_MANIFEST]	= "corrupt or invalid tensor manifest",
+	[CKPT_E_RECORD]		= "corrupt state record",
+	[CKPT_E_NOMEM]		= "out of memory",
+	[CKPT_E_BLOB]		= "trainer blob too large",
+};
+
+/* Accepts err either sign: ckpt_strerror(-CKPT_E_CRC) == ckpt_strerror(CKPT_E_CRC). */
+const char *ckpt_strerror(int err)
+{
+	unsigned int e;
+
+	if (err < 0) {
+		if (err == -2147483647 - 1)
+			return "unknown error";
+		err = -err;
+	}
+	e = (unsigned int)err;
+	if (e >= CKPT_E_MAX || !ckpt_err_msg[e])
+		return "unknown error";
+	return ckpt_err_msg[e];
+}
+
+/* ---------------- helpers ---------------- */
+
+/* *acc += v; returns false on u64 overflow (acc unchanged then). */
+static bool ckpt_add(u64 *acc, u64 v)
+{
+	if (*acc + v < *acc)
+		return false;
+	*acc += v;
+	return true;
+}
+
+static u64 ckpt_round_up_block(u64 v)
+{
+	return (v + (CKPT_BLOCK - 1)) & ~(u64)(CKPT_BLOCK - 1);
+}
+
+/* crc32c of len bytes at p with the 4-byte field at crc_off taken as zero. */
+static u32 ckpt_crc_skip(const void *p, u32 len, u32 crc_off)
+{
+	static const u8 zero[4];
+	const u8 *b = p;
+	u32 c = ~0u;
+
+	c = ckpt_crc32c_raw(c, b, crc_off);
+	c = ckpt_crc32c_raw(c, zero, sizeof(zero));
+	c = ckpt_crc32c_raw(c, b + crc_off + 4, len - crc_off - 4);
+	return ~c;
+}
+
+/* ---------------- geometry and layout ---------------- */
+
+int ckpt_geometry_check(const struct ckpt_geometry *g)
+{
+	if (!g)
+		return -CKPT_E_INVAL;
+	if (g->n_chunks < 1 || g->n_chunks > CKPT_MAX_CHUNKS)
+		return -CKPT_E_GEOMETRY;
+	if (g->chunk_shift < CKPT_MIN_CHUNK_SHIFT ||
+	    g->chunk_shift > CKPT_MAX_CHUNK_SHIFT)
+		return -CKPT_E_GEOMETRY;
+	if (g->n_groups < 1 || g->n_groups > CKPT_MAX_GROUPS)
+		return -CKPT_E_GEOMETRY;
+	if (g->dtype != CKPT_DTYPE_FP16 && g->dtype != CKPT_DTYPE_BF16)
+		return -CKPT_E_GEOMETRY;
+	if (g->optimizer != CKPT_OPT_ADAM)
+		return -CKPT_E_GEOMETRY;
+	if (g->manifest_bytes & (CKPT_BLOCK - 1))
+		return -CKPT_E_GEOMETRY;
+	if (g->manifest_bytes > CKPT_MANIFEST_MAX)
+		return -CKPT_E_GEOMETRY;
+	return 0;
+}
+
+int ckpt_layout_compute(const struct ckpt_geometry *g, struct ckpt_layout *l)
+{
+	u64 plo_slot, rec_slot, off;
+	int ret;
+
+	if (!l)
+		return -CKPT_E_INVAL;
+	ret = ckpt_geometry_check(g);
+	if (ret)
+		return ret;
+
+	memset(l, 0, sizeof(*l));
+	/*
+	 * The geometry bounds keep every product below 2^50, so none of the
+	 * shifts and products below can overflow; the sums are checked anyway.
+	 */
+	l->chunk_params = (u64)1 << g->chunk_shift;
+	l->n_params = (u64)g->n_chunks << g->chunk_shift;
+	l->plo_chunk_bytes = l->chunk_params << 1;
+	l->record_bytes = CKPT_BLOCK + 12 * l->chunk_params;
+	plo_slot = l->n_params << 1;
+	rec_slot = (u64)g->n_chunks * l->record_bytes;
+
+	l->group_off = 2 * CKPT_BLOCK;
+	l->group_bytes = ckpt_round_up_block(g->n_chunks);
+	off = l->group_off;
+	if (!ckpt_add(&off, l->group_bytes))
+		return -CKPT_E_GEOMETRY;
+	l->manifest_off = off;
+	l->manifest_bytes = g->manifest_bytes;
+	if (!ckpt_add(&off, l->manifest_bytes))
+		return -CKPT_E_GEOMETRY;
+	l->plo_off[0] = off;
+	if (!ckpt_add(&off, plo_slot))
+		return -CKPT_E_GEOMETRY;
+	l->plo_off[1] = off;
+	if (!ckpt_add(&off, plo_slot))
+		return -CKPT_E_GEOMETRY;
+	l->rec_off[0] = off;
+	if (!ckpt_add(&off, rec_slot))
+		return -CKPT_E_GEOMETRY;
+	l->rec_off[1] = off;
+	if (!ckpt_add(&off, rec_slot))
+		return -CKPT_E_GEOMETRY;
+	l->dev_bytes = off;
+
+	l->grad_off = CKPT_BLOCK;
+	l->window_bytes = plo_slot;
+	off = l->grad_off;
+	if (!ckpt_add(&off, l->window_bytes))
+		return -CKPT_E_GEOMETRY;
+	l->param_off = off;
+	if (!ckpt_add(&off, l->window_bytes))
+		return -CKPT_E_GEOMETRY;
+	l->virt_bytes = off;
+	return 0;
+}
+
+/* ---------------- superblock ---------------- */
+
+#define CKPT_SB_CRC_OFF		8u	/* offsetof(struct ckpt_sb_disk, crc32c) */
+#define CKPT_CMD_CRC_OFF	8u	/* offsetof(struct ckpt_cmd_disk, crc32c) */
+#define CKPT_ST_CRC_OFF		8u	/* offsetof(struct ckpt_status_disk, crc32c) */
+#define CKPT_REC_CRC_OFF	4u	/* offsetof(struct ckpt_rec_disk, crc32c) */
+
+_Static_assert(sizeof(struct ckpt_sb_disk) <= CKPT_BLOCK, "sb fits a block");
+_Static_assert(sizeof(struct ckpt_status_disk) <= CKPT_BLOCK, "status fits a block");
+_Static_assert(sizeof(struct ckpt_rec_disk) <= CKPT_BLOCK, "record header fits");
+_Static_assert(sizeof(struct ckpt_cmd_disk) +
+	       CKPT_MAX_GROUPS * sizeof(struct ckpt_hparams_disk) <= CKPT_BLOCK,
+	       "largest BEGIN fits a block");
+_Static_assert(sizeof(struct ckpt_cmd_disk) + CKPT_BLOB_MAX <= CKPT_BLOCK,
+	       "largest COMMIT fits a block");
+_Static_assert(__builtin_offsetof(struct ckpt_sb_disk, crc32c) == CKPT_SB_CRC_OFF,
+	       "sb crc offset");
+_Static_assert(__builtin_offsetof(struct ckpt_cmd_disk, crc32c) == CKPT_CMD_CRC_OFF,
+	       "cmd crc offset");
+_Static_assert(__builtin_offsetof(struct ckpt_status_disk, crc32c) == CKPT_ST_CRC_OFF,
+	       "status crc offset");
+_Static_assert(__builtin_offsetof(struct ckpt_rec_disk, crc32c) == CKPT_REC_CRC_OFF,
+	       "record crc offset");
+
+/*
+ * Check the stored layout of d against the one derived from geo. Returns the
+ * derived layout in l (with l->dev_bytes the stored, possibly larger value).
+ */
+static int ckpt_sb_check_layout(const struct ckpt_sb_disk *d,
+				const struct ckpt_geometry *geo, u64 dev_size,
+				struct ckpt_layout *l)
+{
+	u64 stored_dev;
+	int ret;
+
+	ret = ckpt_layout_compute(geo, l);
+	if (ret)
+		return ret;
+	if (le64_to_cpu(d->group_off) != l->group_off ||
+	    le64_to_cpu(d->manifest_off) != l->manifest_off ||
+	    le64_to_cpu(d->plo_off[0]) != l->plo_off[0] ||
+	    le64_to_cpu(d->plo_off[1]) != l->plo_off[1] ||
+	    le64_to_cpu(d->rec_off[0]) != l->rec_off[0] ||
+	    le64_to_cpu(d->rec_off[1]) != l->rec_off[1] ||
+	    le64_to_cpu(d->record_bytes) != l->record_bytes)
+		return -CKPT_E_LAYOUT;
+	stored_dev = le64_to_cpu(d->dev_bytes);
+	if (stored_dev < l->dev_bytes || dev_size < stored_dev)
+		return -CKPT_E_TOO_SMALL;
+	l->dev_bytes = stored_dev;
+	return 0;
+}
+
+int ckpt_sb_encode(const struct ckpt_sb *sb, void *block)
+{
+	struct ckpt_sb_disk *d = block;
+	struct ckpt_layout l;
+	int ret;
+
+	if (!sb || !block)
+		return -CKPT_E_INVAL;
+	/* Refuse to write what ckpt_sb_decode would refuse to read. */
+	ret = ckpt_layout_compute(&sb->geo, &l);
+	if (ret)
+		return ret;
+	if (sb->layout.group_off != l.group_off ||
+	    sb->layout.manifest_off != l.manifest_off ||
+	    sb->layout.plo_off[0] != l.plo_off[0] ||
+	    sb->layout.plo_off[1] != l.plo_off[1] ||
+	    sb->layout.rec_off[0] != l.rec_off[0] ||
+	    sb->layout.rec_off[1] != l.rec_off[1] ||
+	    sb->layout.record_bytes != l.record_bytes)
+		return -CKPT_E_LAYOUT;
+	if (sb->layout.dev_bytes < l.dev_bytes)
+		return -CKPT_E_TOO_SMALL;
+	if (sb->committed_slot > 1)
+		return -CKPT_E_LAYOUT;
+	if (sb->blob_len > CKPT_BLOB_MAX)
+		return -CKPT_E_BLOB;
+	if (sb->manifest_len > sb->geo.manifest_bytes)
+		return -CKPT_E_MANIFEST;
+
+	memset(block, 0, CKPT_BLOCK);
+	d->magic = cpu_to_le32(CKPT_SB_MAGIC);
+	d->version = cpu_to_le32(CKPT_FORMAT_VERSION);
+	d->header_bytes = cpu_to_le32(sizeof(*d));
+	d->feature_compat = cpu_to_le32(CKPT_FEATURE_COMPAT_SUPP);
+	d->feature_incompat = cpu_to_le32(CKPT_FEATURE_INCOMPAT_SUPP);
+	d->feature_ro_compat = cpu_to_le32(CKPT_FEATURE_RO_COMPAT_SUPP);
+	memcpy(d->uuid, sb->uuid, sizeof(d->uuid));
+	d->sequence = cpu_to_le64(sb->sequence);
+
+	d->n_chunks = cpu_to_le32(sb->geo.n_chunks);
+	d->chunk_shift = cpu_to_le32(sb->geo.chunk_shift);
+	d->n_groups = cpu_to_le32(sb->geo.n_groups);
+	d->dtype = cpu_to_le32(sb->geo.dtype);
+	d->optimizer = cpu_to_le32(sb->geo.optimizer);
+	d->manifest_bytes = cpu_to_le32(sb->geo.manifest_bytes);
+	d->manifest_len = cpu_to_le32(sb->manifest_len);
+	d->manifest_crc = cpu_to_le32(sb->manifest_crc);
+	d->dev_bytes = cpu_to_le64(sb->layout.dev_bytes);
+	d->group_off = cpu_to_le64(l.group_off);
+	d->manifest_off = cpu_to_le64(l.manifest_off);
+	d->plo_off[0] = cpu_to_le64(l.plo_off[0]);
+	d->plo_off[1] = cpu_to_le64(l.plo_off[1]);
+	d->rec_off[0] = cpu_to_le64(l.rec_off[0]);
+	d->rec_off[1] = cpu_to_le64(l.rec_off[1]);
+	d->record_bytes = cpu_to_le64(l.record_bytes);
+
+	d->committed_step = cpu_to_le64(sb->committed_step);
+	d->committed_slot = cpu_to_le32(sb->committed_slot);
+	d->blob_len = cpu_to_le32(sb->blob_len);
+	memcpy(d->blob, sb->blob, sb->blob_len);
+
+	d->crc32c = cpu_to_le32(ckpt_crc_skip(block, CKPT_BLOCK, CKPT_SB_CRC_OFF));
+	return 0;
+}
+
+int ckpt_sb_decode(const void *block, u64 dev_bytes, struct ckpt_sb *sb)
+{
+	const struct ckpt_sb_disk *d = block;
+	struct ckpt_geometry geo;
+	u32 blob_len, manifest_len, slot;
+	int ret;
+
+	if (!block || !sb)
+		return -CKPT_E_INVAL;
+	if (le32_to_cpu(d->magic) != CKPT_SB_MAGIC)
+		return -CKPT_E_MAGIC;
+	if (le32_to_cpu(d->crc32c) != ckpt_crc_skip(block, CKPT_BLOCK, CKPT_SB_CRC_OFF))
+		return -CKPT_E_CRC;
+	if (le32_to_cpu(d->version) != CKPT_FORMAT_VERSION)
+		return -CKPT_E_VERSION;
+	if (le32_to_cpu(d->header_bytes) != sizeof(*d))
+		return -CKPT_E_VERSION;
+	if ((le32_to_cpu(d->feature_incompat) & ~CKPT_FEATURE_INCOMPAT_SUPP) ||
+	    (le32_to_cpu(d->feature_ro_compat) & ~CKPT_FEATURE_RO_COMPAT_SUPP))
+		return -CKPT_E_FEATURE;
+
+	geo.n_chunks = le32_to_cpu(d->n_chunks);
+	geo.chunk_shift = le32_to_cpu(d->chunk_shift);
+	geo.n_groups = le32_to_cpu(d->n_groups);
+	geo.dtype = le32_to_cpu(d->dtype);
+	geo.optimizer = le32_to_cpu(d->optimizer);
+	geo.manifest_bytes = le32_to_cpu(d->manifest_bytes);
+	ret = ckpt_geometry_check(&geo);
+	if (ret)
+		return ret;
+
+	ret = ckpt_sb_check_layout(d, &geo, dev_bytes, &sb->layout);
+	if (ret)
+		return ret;
+
+	slot = le32_to_cpu(d->committed_slot);
+	if (slot > 1)
+		return -CKPT_E_LAYOUT;
+	blob_len = le32_to_cpu(d->blob_len);
+	if (blob_len > CKPT_BLOB_MAX)
+		return -CKPT_E_BLOB;
+	manifest_len = le32_to_cpu(d->manifest_len);
+	if (manifest_len > geo.manifest_bytes)
+		return -CKPT_E_MANIFEST;
+
+	memcpy(sb->uuid, d->uuid, sizeof(sb->uuid));
+	sb->sequence = le64_to_cpu(d->sequence);
+	sb->geo = geo;
+	sb->manifest_len = manifest_len;
+	sb->manifest_crc = le32_to_cpu(d->manifest_crc);
+	sb->committed_step = le64_to_cpu(d->committed_step);
+	sb->committed_slot = slot;
+	sb->blob_len = blob_len;
+	memcpy(sb->blob, d->blob, blob_len);
+	memset(sb->blob + blob_len, 0, CKPT_BLOB_MAX - blob_len);
+	return 0;
+}
+
+/*
+ * No struct ckpt_sb on the stack (it is over 2 KiB): both copies are decoded
+ * into out in turn and the winner is decoded again if it was not the last.
+ */
+int ckpt_sb_pick(const void *block0, const void *block1, u64 dev_bytes,
+		 struct ckpt_sb *out)
+{
+	u64 seq0 = 0, seq1 = 0;
+	int r0, r1;
+
+	if (!block0 || !block1 || !out)
+		return -CKPT_E_INVAL;
+
+	r0 = ckpt_sb_decode(block0, dev_bytes, out);
+	if (!r0) {
+		seq0 = out->sequence;
+		/* Copy k is only ever written with (sequence & 1) == k. */
+		if (seq0 & 1)
+			r0 = -CKPT_E_NO_SB;
+	}
+	r1 = ckpt_sb_decode(block1, dev_bytes, out);
+	if (!r1) {
+		seq1 = out->sequence;
+		if (!(seq1 & 1))
+			r1 = -CKPT_E_NO_SB;
+	}
+	/* Parity makes equal sequences impossible when both are valid. */
+	if (!r1 && (r0 || seq1 > seq0))
+		return 1;
+	if (!r0) {
+		r0 = ckpt_sb_decode(block0, dev_bytes, out);
+		return r0 ? r0 : 0;
+	}
+	return r0;
+}
+
+/* ---------------- state record header ---------------- */
+
+void ckpt_rec_encode(const struct ckpt_rec *r, void *block)
+{
+	struct ckpt_rec_disk *d = block;
+
+	memset(block, 0, CKPT_BLOCK);
+	d->magic = cpu_to_le32(CKPT_REC_MAGIC);
+	d->data_crc = cpu_to_le32(r->data_crc);
+	d->chunk = cpu_to_le32(r->chunk);
+	d->step = cpu_to_le64(r->step);
+	d->sequence = cpu_to_le64(r->sequence);
+	d->slot = cpu_to_le32(r->slot);
+	d->chunk_shift = cpu_to_le32(r->chunk_shift);
+	d->crc32c = cpu_to_le32(ckpt_crc_skip(block, sizeof(*d), CKPT_REC_CRC_OFF));
+}
+
+/*
+ * Validates the header on its own; the caller compares chunk, slot,
+ * chunk_shift and step with what it expected at that offset.
+ */
+int ckpt_rec_decode(const void *block, struct ckpt_rec *r)
+{
+	const struct ckpt_rec_disk *d = block;
+	u32 slot, shift;
+
+	if (!block || !r)
+		return -CKPT_E_INVAL;
+	if (le32_to_cpu(d->magic) != CKPT_REC_MAGIC)
+		return -CKPT_E_MAGIC;
+	if (le32_to_cpu(d->crc32c) != ckpt_crc_skip(block, sizeof(*d), CKPT_REC_CRC_OFF))
+		return -CKPT_E_CRC;
+	slot = le32_to_cpu(d->slot);
+	shift = le32_to_cpu(d->chunk_shift);
+	if (slot > 1)
+		return -CKPT_E_RECORD;
+	if (shift < CKPT_MIN_CHUNK_SHIFT || shift > CKPT_MAX_CHUNK_SHIFT)
+		return -CKPT_E_RECORD;
+	if (le32_to_cpu(d->chunk) >= CKPT_MAX_CHUNKS)
+		return -CKPT_E_RECORD;
+	r->chunk = le32_to_cpu(d->chunk);
+	r->slot = slot;
+	r->chunk_shift = shift;
+	r->data_crc = le32_to_cpu(d->data_crc);
+	r->step = le64_to_cpu(d->step);
+	r->sequence = le64_to_cpu(d->sequence);
+	return 0;
+}
+
+/* ---------------- commands ---------------- */
+
+#define CKPT_CMD_HDR	((u32)sizeof(struct ckpt_cmd_disk))
+#define CKPT_HP_BYTES	((u32)sizeof(struct ckpt_hparams_disk))
+
+static void ckpt_hparams_put(struct ckpt_hparams_disk *d, const struct ckpt_hparams *h)
+{
+	d->lr = cpu_to_le32(h->lr);
+	d->beta1 = cpu_to_le32(h->beta1);
+	d->beta2 = cpu_to_le32(h->beta2);
+	d->eps = cpu_to_le32(h->eps);
+	d->weight_decay = cpu_to_le32(h->weight_decay);
+	d->one_minus_beta1 = cpu_to_le32(h->one_minus_beta1);
+	d->one_minus_beta2 = cpu_to_le32(h->one_minus_beta2);
+	d->step_size = cpu_to_le32(h->step_size);
+	d->bc2_sqrt = cpu_to_le32(h->bc2_sqrt);
+	d->decay = cpu_to_le32(h->decay);
+	d->flags = cpu_to_le32(h->flags);
+	d->reserved = 0;
+}
+
+static void ckpt_hparams_get(struct ckpt_hparams *h, const struct ckpt_hparams_disk *d)
+{
+	h->lr = le32_to_cpu(d->lr);
+	h->beta1 = le32_to_cpu(d->beta1);
+	h->beta2 = le32_to_cpu(d->beta2);
+	h->eps = le32_to_cpu(d->eps);
+	h->weight_decay = le32_to_cpu(d->weight_decay);
+	h->one_minus_beta1 = le32_to_cpu(d->one_minus_beta1);
+	h->one_minus_beta2 = le32_to_cpu(d->one_minus_beta2);
+	h->step_size = le32_to_cpu(d->step_size);
+	h->bc2_sqrt = le32_to_cpu(d->bc2_sqrt);
+	h->decay = le32_to_cpu(d->decay);
+	h->flags = le32_to_cpu(d->flags);
+}
+
+int ckpt_cmd_encode(const struct ckpt_cmd *cmd, void *buf)
+{
+	struct ckpt_cmd_disk *d = buf;
+	u8 *payload = (u8 *)buf + CKPT_CMD_HDR;
+	u32 len, i;
+
+	if (!cmd || !buf)
+		return -CKPT_E_INVAL;
+	switch (cmd->opcode) {
+	case CKPT_OP_BEGIN:
+		if (cmd->n_groups < 1 || cmd->n_groups > CKPT_MAX_GROUPS)
+			return -CKPT_E_GROUPS;
+		len = CKPT_CMD_HDR + cmd->n_groups * CKPT_HP_BYTES;
+		break;
+	case CKPT_OP_COMMIT:
+		if (cmd->blob_len > CKPT_BLOB_MAX)
+			return -CKPT_E_BLOB;
+		len = CKPT_CMD_HDR + cmd->blob_len;
+		break;
+	case CKPT_OP_ABORT:
+		len = CKPT_CMD_HDR;
+		break;
+	default:
+		return -CKPT_E_OPCODE;
+	}
+
+	memset(buf, 0, CKPT_BLOCK);
+	d->magic = cpu_to_le32(CKPT_CMD_MAGIC);
+	d->version = cpu_to_le32(CKPT_ABI_VERSION);
+	d->opcode = cpu_to_le32(cmd->opcode);
+	d->length = cpu_to_le32(len);
+	d->step = cpu_to_le64(cmd->step);
+	if (cmd->opcode == CKPT_OP_BEGIN) {
+		d->n_groups = cpu_to_le32(cmd->n_groups);
+		d->grad_scale = cpu_to_le32(cmd->grad_scale);
+		for (i = 0; i < cmd->n_groups; i++)
+			ckpt_hparams_put((struct ckpt_hparams_disk *)payload + i,
+					 &cmd->groups[i]);
+	} else if (cmd->opcode == CKPT_OP_COMMIT) {
+		d->blob_len = cpu_to_le32(cmd->blob_len);
+		memcpy(payload, cmd->blob, cmd->blob_len);
+	}
+	d->crc32c = cpu_to_le32(ckpt_crc_skip(buf, len, CKPT_CMD_CRC_OFF));
+	return (int)len;
+}
+
+/*
+ * Reads at most min(len, d->length) bytes of buf. Fields that do not belong
+ * to the opcode (n_groups of a COMMIT, ...) and reserved fields are ignored
+ * and come back zero.
+ */
+int ckpt_cmd_decode(const void *buf, u32 len, struct ckpt_cmd *cmd)
+{
+	const struct ckpt_cmd_disk *d = buf;
+	const u8 *payload = (const u8 *)buf + CKPT_CMD_HDR;
+	u32 length, opcode, n_groups = 0, blob_len = 0, want, i;
+
+	if (!buf || !cmd)
+		return -CKPT_E_INVAL;
+	if (len < CKPT_CMD_HDR)
+		return -CKPT_E_LENGTH;
+	if (le32_to_cpu(d->magic) != CKPT_CMD_MAGIC)
+		return -CKPT_E_MAGIC;
+	length = le32_to_cpu(d->length);
+	if (length < CKPT_CMD_HDR || length > CKPT_BLOCK || length > len)
+		return -CKPT_E_LENGTH;
+	if (le32_to_cpu(d->crc32c) != ckpt_crc_skip(buf, length, CKPT_CMD_CRC_OFF))
+		return -CKPT_E_CRC;
+	if (le32_to_cpu(d->version) != CKPT_ABI_VERSION)
+		return -CKPT_E_VERSION;
+
+	opcode = le32_to_cpu(d->opcode);
+	switch (opcode) {
+	case CKPT_OP_BEGIN:
+		n_groups = le32_to_cpu(d->n_groups);
+		if (n_groups < 1 || n_groups > CKPT_MAX_GROUPS)
+			return -CKPT_E_GROUPS;
+		want = CKPT_CMD_HDR + n_groups * CKPT_HP_BYTES;
+		break;
+	case CKPT_OP_COMMIT:
+		blob_len = le32_to_cpu(d->blob_len);
+		if (blob_len > CKPT_BLOB_MAX)
+			return -CKPT_E_BLOB;
+		want = CKPT_CMD_HDR + blob_len;
+		break;
+	case CKPT_OP_ABORT:
+		want = CKPT_CMD_HDR;
+		break;
+	default:
+		return -CKPT_E_OPCODE;
+	}
+	if (length != want)
+		return -CKPT_E_LENGTH;
+
+	memset(cmd, 0, sizeof(*cmd));
+	cmd->opcode = opcode;
+	cmd->step = le64_to_cpu(d->step);
+	if (opcode == CKPT_OP_BEGIN) {
+		cmd->n_groups = n_groups;
+		cmd->grad_scale = le32_to_cpu(d->grad_scale);
+		for (i = 0; i < n_groups; i++)
+			ckpt_hparams_get(&cmd->groups[i],
+					 (const struct ckpt_hparams_disk *)payload + i);
+	} else if (opcode == CKPT_OP_COMMIT) {
+		cmd->blob_len = blob_len;
+		memcpy(cmd->blob, payload, blob_len);
+	}
+	return 0;
+}
+
+/* ---------------- status page ---------------- */
+
+void ckpt_status_encode(const struct ckpt_status *st, void *block)
+{
+	struct ckpt_status_disk *d = block;
+	u32 blob_len = st->blob_len;
+
+	if (blob_len > CKPT_BLOB_MAX)
+		blob_len = CKPT_BLOB_MAX;
+	memset(block, 0, CKPT_BLOCK);
+	d->magic = cpu_to_le32(CKPT_STATUS_MAGIC);
+	d->version = cpu_to_le32(CKPT_ABI_VERSION);
+	d->state = cpu_to_le32(st->state);
+	d->last_result = cpu_to_le32(st->last_result);
+	d->last_error = cpu_to_le32(st->last_error);
+	d->first_io_error = cpu_to_le32(st->first_io_error);
+	d->committed_slot = cpu_to_le32(st->committed_slot);
+	d->committed_step = cpu_to_le64(st->committed_step);
+	d->open_step = cpu_to_le64(st->open_step);
+	d->overflow = cpu_to_le32(st->overflow);
+	d->n_chunks = cpu_to_le32(st->geo.n_chunks);
+	d->chunk_shift = cpu_to_le32(st->geo.chunk_shift);
+	d->n_groups = cpu_to_le32(st->geo.n_groups);
+	d->dtype = cpu_to_le32(st->geo.dtype);
+	d->optimizer = cpu_to_le32(st->geo.optimizer);
+	d->chunks_done = cpu_to_le64(st->chunks_done);
+	d->steps_committed = cpu_to_le64(st->steps_committed);
+	d->steps_skipped = cpu_to_le64(st->steps_skipped);
+	d->steps_aborted = cpu_to_le64(st->steps_aborted);
+	d->commands_rejected = cpu_to_le64(st->commands_rejected);
+	d->grad_bytes = cpu_to_le64(st->grad_bytes);
+	d->param_bytes = cpu_to_le64(st->param_bytes);
+	d->io_errors = cpu_to_le64(st->io_errors);
+	d->manifest_bytes = cpu_to_le32(st->geo.manifest_bytes);
+	d->blob_len = cpu_to_le32(blob_len);
+	memcpy(d->blob, st->blob, blob_len);
+	d->crc32c = cpu_to_le32(ckpt_crc_skip(block, CKPT_BLOCK, CKPT_ST_CRC_OFF));
+}
+
+int ckpt_status_decode(const void *block, struct ckpt_status *st)
+{
+	const struct ckpt_status_disk *d = block;
+	u32 blob_len;
+
+	if (!block || !st)
+		return -CKPT_E_INVAL;
+	if (le32_to_cpu(d->magic) != CKPT_STATUS_MAGIC)
+		return -CKPT_E_MAGIC;
+	if (le32_to_cpu(d->crc32c) != ckpt_crc_skip(block, CKPT_BLOCK, CKPT_ST_CRC_OFF))
+		return -CKPT_E_CRC;
+	if (le32_to_cpu(d->version) != CKPT_ABI_VERSION)
+		return -CKPT_E_VERSION;
+	blob_len = le32_to_cpu(d->blob_len);
+	if (blob_len > CKPT_BLOB_MAX)
+		return -CKPT_E_BLOB;
+	if (le32_to_cpu(d->state) > CKPT_STATE_FAILED ||
+	    le32_to_cpu(d->last_result) > CKPT_RESULT_REJECTED ||
+	    le32_to_cpu(d->committed_slot) > 1)
+		return -CKPT_E_INVAL;
+
+	memset(st, 0, sizeof(*st));
+	st->state = le32_to_cpu(d->state);
+	st->last_result = le32_to_cpu(d->last_result);
+	st->last_error = le32_to_cpu(d->last_error);
+	st->first_io_error = le32_to_cpu(d->first_io_error);
+	st->committed_slot = le32_to_cpu(d->committed_slot);
+	st->committed_step = le64_to_cpu(d->committed_step);
+	st->open_step = le64_to_cpu(d->open_step);
+	st->overflow = le32_to_cpu(d->overflow);
+	st->geo.n_chunks = le32_to_cpu(d->n_chunks);
+	st->geo.chunk_shift = le32_to_cpu(d->chunk_shift);
+	st->geo.n_groups = le32_to_cpu(d->n_groups);
+	st->geo.dtype = le32_to_cpu(d->dtype);
+	st->geo.optimizer = le32_to_cpu(d->optimizer);
+	st->geo.manifest_bytes = le32_to_cpu(d->manifest_bytes);
+	st->chunks_done = le64_to_cpu(d->chunks_done);
+	st->steps_committed = le64_to_cpu(d->steps_committed);
+	st->steps_skipped = le64_to_cpu(d->steps_skipped);
+	st->steps_aborted = le64_to_cpu(d->steps_aborted);
+	st->commands_rejected = le64_to_cpu(d->commands_rejected);
+	st->grad_bytes = le64_to_cpu(d->grad_bytes);
+	st->param_bytes = le64_to_cpu(d->param_bytes);
+	st->io_errors = le64_to_cpu(d->io_errors);
+	st->blob_len = blob_len;
+	memcpy(st->blob, d->blob, blob_len);
+	return 0;
+}

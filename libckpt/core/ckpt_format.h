@@ -1,0 +1,396 @@
+/* SPDX-License-Identifier: GPL-2.0 OR MIT */
+/*
+ * dm-ckpt on-disk format v1, the command/status ABI of the virtual device, and
+ * the layout arithmetic shared by the kernel target and libckpt.
+ *
+ * Backing device (all regions 4 KiB aligned, offsets in bytes):
+ *
+ *   0        superblock copy 0 (4 KiB)
+ *   4 KiB    superblock copy 1 (4 KiB)
+ *   8 KiB    group table: 1 byte per chunk, padded to 4 KiB
+ *   ...      tensor manifest (JSON text, read by userspace only), padded
+ *   ...      p_lo slot 0: n_chunks * chunk_params * 2 B, contiguous
+ *   ...      p_lo slot 1
+ *   ...      record slot 0: n_chunks records of record_bytes each
+ *   ...      record slot 1
+ *
+ * A record is a 4 KiB header block followed by fp32 p[cp], m[cp], v[cp].
+ * A step reads the committed slot and writes the other one; the committed slot
+ * is never written, so a crash at any point leaves the committed state intact.
+ *
+ * Virtual device (what a trainer sees):
+ *
+ *   0        control block, 4 KiB: write a command, read the status page
+ *   4 KiB    GRAD window: n_chunks * chunk_params * 2 B (write gradients)
+ *   ...      PARAM window: same size (read low-precision params)
+ */
+#ifndef CKPT_FORMAT_H
+#define CKPT_FORMAT_H
+
+#include "ckpt_platform.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CKPT_BLOCK		4096u
+#define CKPT_SECTOR		512u
+#define CKPT_SB_MAGIC		0x54504b43u	/* "CKPT" */
+#define CKPT_REC_MAGIC		0x43524b43u	/* "CKRC" */
+#define CKPT_CMD_MAGIC		0x444d4b43u	/* "CKMD" */
+#define CKPT_STATUS_MAGIC	0x54534b43u	/* "CKST" */
+#define CKPT_FORMAT_VERSION	1u
+#define CKPT_ABI_VERSION	1u
+
+#define CKPT_MIN_CHUNK_SHIFT	11u	/* 2048 params: 4 KiB of p_lo */
+#define CKPT_MAX_CHUNK_SHIFT	22u	/* 4 Mi params: 48 MiB of state */
+#define CKPT_DEFAULT_CHUNK_SHIFT 16u
+#define CKPT_MAX_CHUNKS		(1u << 24)
+#define CKPT_MAX_GROUPS		64u
+#define CKPT_BLOB_MAX		2048u
+#define CKPT_MANIFEST_MAX	(64u << 20)
+/* Tensors start at multiples of this many params (4 KiB of fp16/bf16). */
+#define CKPT_TENSOR_ALIGN	2048u
+
+enum ckpt_dtype {
+	CKPT_DTYPE_FP16 = 1,
+	CKPT_DTYPE_BF16 = 2,
+};
+
+enum ckpt_optimizer {
+	CKPT_OPT_ADAM = 1,	/* state: fp32 p, exp_avg, exp_avg_sq */
+};
+
+/* No feature bits are defined in v1; unknown incompat/ro_compat bits refuse. */
+#define CKPT_FEATURE_COMPAT_SUPP	0u
+#define CKPT_FEATURE_INCOMPAT_SUPP	0u
+#define CKPT_FEATURE_RO_COMPAT_SUPP	0u
+
+/* Errors of the core, returned negated. Every one has a message, ckpt_strerror(). */
+enum ckpt_err {
+	CKPT_OK = 0,
+	CKPT_E_INVAL,		/* invalid argument */
+	CKPT_E_MAGIC,		/* bad magic number */
+	CKPT_E_CRC,		/* checksum mismatch */
+	CKPT_E_VERSION,		/* unsupported version */
+	CKPT_E_FEATURE,		/* unsupported feature bits */
+	CKPT_E_GEOMETRY,	/* geometry out of range */
+	CKPT_E_LAYOUT,		/* offsets/sizes disagree with the geometry */
+	CKPT_E_TOO_SMALL,	/* device smaller than the layout */
+	CKPT_E_NO_SB,		/* no valid superblock copy */
+	CKPT_E_OPCODE,		/* unknown command */
+	CKPT_E_LENGTH,		/* command length wrong */
+	CKPT_E_STEP,		/* step number is not the expected one */
+	CKPT_E_STATE,		/* not allowed in the current state */
+	CKPT_E_GROUPS,		/* group count differs from the device's */
+	CKPT_E_HPARAM,		/* hyperparameter not finite or out of range */
+	CKPT_E_TWICE,		/* gradient written twice in one step */
+	CKPT_E_INCOMPLETE,	/* commit with chunks not written */
+	CKPT_E_ALIGN,		/* offset or length not sector aligned */
+	CKPT_E_RANGE,		/* offset or length out of range */
+	CKPT_E_READONLY,	/* region is read-only */
+	CKPT_E_IO,		/* backing device I/O error */
+	CKPT_E_NOSPC,		/* staging memory exhausted */
+	CKPT_E_FAILED,		/* device failed earlier; no new steps */
+	CKPT_E_NAME,		/* unknown tensor name */
+	CKPT_E_DTYPE,		/* wrong dtype */
+	CKPT_E_SIZE,		/* wrong number of elements */
+	CKPT_E_MANIFEST,	/* corrupt or invalid tensor manifest */
+	CKPT_E_RECORD,		/* corrupt state record */
+	CKPT_E_NOMEM,		/* out of memory */
+	CKPT_E_BLOB,		/* trainer blob too large */
+	CKPT_E_MAX
+};
+
+const char *ckpt_strerror(int err);
+
+/* ---------------- geometry and layout ---------------- */
+
+struct ckpt_geometry {
+	u32 n_chunks;
+	u32 chunk_shift;	/* chunk_params = 1 << chunk_shift */
+	u32 n_groups;		/* 1..CKPT_MAX_GROUPS */
+	u32 dtype;		/* enum ckpt_dtype */
+	u32 optimizer;		/* enum ckpt_optimizer */
+	u32 manifest_bytes;	/* space reserved for the manifest, 4 KiB multiple */
+};
+
+/* Everything derived from a geometry. All values in bytes. */
+struct ckpt_layout {
+	u64 chunk_params;
+	u64 n_params;		/* n_chunks * chunk_params */
+	u64 plo_chunk_bytes;	/* chunk_params * 2 */
+	u64 record_bytes;	/* 4 KiB header + 12 B * chunk_params */
+	u64 group_off, group_bytes;
+	u64 manifest_off, manifest_bytes;
+	u64 plo_off[2];
+	u64 rec_off[2];
+	u64 dev_bytes;		/* minimum backing device size */
+	/* virtual device */
+	u64 grad_off;		/* = CKPT_BLOCK */
+	u64 param_off;
+	u64 window_bytes;	/* n_params * 2 */
+	u64 virt_bytes;
+};
+
+int ckpt_geometry_check(const struct ckpt_geometry *g);
+int ckpt_layout_compute(const struct ckpt_geometry *g, struct ckpt_layout *l);
+
+static inline u64 ckpt_plo_offset(const struct ckpt_layout *l, u32 slot, u64 chunk)
+{
+	return l->plo_off[slot] + chunk * l->plo_chunk_bytes;
+}
+
+static inline u64 ckpt_record_offset(const struct ckpt_layout *l, u32 slot, u64 chunk)
+{
+	return l->rec_off[slot] + chunk * l->record_bytes;
+}
+
+/* ---------------- superblock ---------------- */
+
+struct ckpt_sb_disk {
+	__le32 magic;
+	__le32 version;
+	__le32 crc32c;		/* of the whole 4 KiB block with this field zero */
+	__le32 header_bytes;	/* sizeof(struct ckpt_sb_disk) */
+	__le32 feature_compat;
+	__le32 feature_incompat;
+	__le32 feature_ro_compat;
+	__le32 reserved0;
+	u8 uuid[16];
+	__le64 sequence;	/* +1 per superblock write; copy = sequence & 1 */
+
+	/* geometry */
+	__le32 n_chunks;
+	__le32 chunk_shift;
+	__le32 n_groups;
+	__le32 dtype;
+	__le32 optimizer;
+	__le32 manifest_bytes;	/* reserved space */
+	__le32 manifest_len;	/* bytes used */
+	__le32 manifest_crc;
+	__le64 dev_bytes;	/* layout end; the device may be larger */
+	__le64 group_off;
+	__le64 manifest_off;
+	__le64 plo_off[2];
+	__le64 rec_off[2];
+	__le64 record_bytes;
+
+	/* commit record */
+	__le64 committed_step;
+	__le32 committed_slot;
+	__le32 blob_len;
+	__le64 reserved1[4];
+	u8 blob[CKPT_BLOB_MAX];
+} __attribute__((packed));
+
+/* The decoded, validated superblock. */
+struct ckpt_sb {
+	u8 uuid[16];
+	u64 sequence;
+	struct ckpt_geometry geo;
+	struct ckpt_layout layout;
+	u32 manifest_len;
+	u32 manifest_crc;
+	u64 committed_step;
+	u32 committed_slot;
+	u32 blob_len;
+	u8 blob[CKPT_BLOB_MAX];
+};
+
+/* Encode sb into a zeroed CKPT_BLOCK buffer with its crc. */
+int ckpt_sb_encode(const struct ckpt_sb *sb, void *block);
+/*
+ * Decode and validate one copy. dev_bytes is the backing device size; every
+ * offset and size is checked against the geometry and the device.
+ */
+int ckpt_sb_decode(const void *block, u64 dev_bytes, struct ckpt_sb *sb);
+/*
+ * Choose the current superblock from the two copies as read from offsets 0
+ * and CKPT_BLOCK: the valid one with the highest sequence. Returns 0 or 1, or
+ * a negative error when neither is valid (the error of copy 0).
+ */
+int ckpt_sb_pick(const void *block0, const void *block1, u64 dev_bytes,
+		 struct ckpt_sb *out);
+/* Where the next superblock write goes: never over the current copy. */
+static inline u64 ckpt_sb_next_offset(const struct ckpt_sb *cur)
+{
+	return ((cur->sequence + 1) & 1) * CKPT_BLOCK;
+}
+
+/* ---------------- state record header ---------------- */
+
+struct ckpt_rec_disk {
+	__le32 magic;
+	__le32 crc32c;		/* of this header with this field zero */
+	__le32 data_crc;	/* crc32c of p, m, v (12 B * chunk_params) */
+	__le32 chunk;
+	__le64 step;		/* optimizer step the state is at */
+	__le64 sequence;	/* superblock sequence that commits it */
+	__le32 slot;
+	__le32 chunk_shift;
+	__le64 reserved[3];
+} __attribute__((packed));
+
+struct ckpt_rec {
+	u32 chunk;
+	u32 slot;
+	u32 chunk_shift;
+	u32 data_crc;
+	u64 step;
+	u64 sequence;
+};
+
+void ckpt_rec_encode(const struct ckpt_rec *r, void *block);
+int ckpt_rec_decode(const void *block, struct ckpt_rec *r);
+
+/* ---------------- commands (written to the control block) ---------------- */
+
+enum ckpt_opcode {
+	CKPT_OP_BEGIN = 1,
+	CKPT_OP_COMMIT = 2,
+	CKPT_OP_ABORT = 3,
+};
+
+#define CKPT_GROUP_ADAM_L2	(1u << 0)	/* Adam with L2 instead of AdamW */
+
+/*
+ * Per-group hyperparameters as fp32 bit patterns. Everything that needs pow or
+ * sqrt is computed by the client in double, as PyTorch does, so the target
+ * needs no libm and no float outside its FPU translation unit.
+ */
+struct ckpt_hparams {
+	u32 lr;
+	u32 beta1;
+	u32 beta2;
+	u32 eps;
+	u32 weight_decay;
+	u32 one_minus_beta1;	/* 1 - beta1 */
+	u32 one_minus_beta2;	/* 1 - beta2 */
+	u32 step_size;		/* lr / (1 - beta1^t) */
+	u32 bc2_sqrt;		/* sqrt(1 - beta2^t) */
+	u32 decay;		/* 1 - lr * weight_decay (AdamW) */
+	u32 flags;		/* CKPT_GROUP_* */
+};
+
+struct ckpt_hparams_disk {
+	__le32 lr;
+	__le32 beta1;
+	__le32 beta2;
+	__le32 eps;
+	__le32 weight_decay;
+	__le32 one_minus_beta1;
+	__le32 one_minus_beta2;
+	__le32 step_size;
+	__le32 bc2_sqrt;
+	__le32 decay;
+	__le32 flags;
+	__le32 reserved;
+} __attribute__((packed));
+
+struct ckpt_cmd_disk {
+	__le32 magic;
+	__le32 version;
+	__le32 crc32c;		/* of the first `length` bytes with this field zero */
+	__le32 opcode;
+	__le32 length;		/* header + payload bytes, <= CKPT_BLOCK */
+	__le32 n_groups;	/* BEGIN */
+	__le32 grad_scale;	/* BEGIN: fp32 bits, multiplies every gradient */
+	__le32 blob_len;	/* COMMIT */
+	__le64 step;
+	__le64 reserved[3];
+	/* BEGIN: struct ckpt_hparams_disk[n_groups]; COMMIT: blob[blob_len] */
+} __attribute__((packed));
+
+struct ckpt_cmd {
+	u32 opcode;
+	u64 step;
+	u32 grad_scale;
+	u32 n_groups;
+	struct ckpt_hparams groups[CKPT_MAX_GROUPS];
+	u32 blob_len;
+	u8 blob[CKPT_BLOB_MAX];
+};
+
+/* Encode into buf (CKPT_BLOCK bytes, zeroed by the callee); returns the length or -err. */
+int ckpt_cmd_encode(const struct ckpt_cmd *cmd, void *buf);
+/* Decode and validate a command of len bytes (the write that carried it). */
+int ckpt_cmd_decode(const void *buf, u32 len, struct ckpt_cmd *cmd);
+
+/* ---------------- status page (read from the control block) ---------------- */
+
+enum ckpt_state {
+	CKPT_STATE_IDLE = 0,
+	CKPT_STATE_OPEN = 1,
+	CKPT_STATE_FAILED = 2,
+};
+
+enum ckpt_result {
+	CKPT_RESULT_NONE = 0,
+	CKPT_RESULT_COMMITTED = 1,
+	CKPT_RESULT_OVERFLOW = 2,	/* step skipped: non-finite gradient */
+	CKPT_RESULT_ABORTED = 3,
+	CKPT_RESULT_REJECTED = 4,	/* last command rejected: see last_error */
+};
+
+struct ckpt_status {
+	u32 state;
+	u32 last_result;
+	u32 last_error;		/* enum ckpt_err of the last rejected command */
+	u32 first_io_error;	/* errno of the first backing I/O error, 0 if none */
+	u64 committed_step;
+	u64 open_step;
+	u32 committed_slot;
+	u32 overflow;
+	u64 chunks_done;	/* in the open step */
+	u64 steps_committed;
+	u64 steps_skipped;
+	u64 steps_aborted;
+	u64 commands_rejected;
+	u64 grad_bytes;
+	u64 param_bytes;
+	u64 io_errors;
+	struct ckpt_geometry geo;
+	u32 blob_len;
+	u8 blob[CKPT_BLOB_MAX];
+};
+
+struct ckpt_status_disk {
+	__le32 magic;
+	__le32 version;
+	__le32 crc32c;		/* of the whole block with this field zero */
+	__le32 state;
+	__le32 last_result;
+	__le32 last_error;
+	__le32 first_io_error;
+	__le32 committed_slot;
+	__le64 committed_step;
+	__le64 open_step;
+	__le32 overflow;
+	__le32 n_chunks;
+	__le32 chunk_shift;
+	__le32 n_groups;
+	__le32 dtype;
+	__le32 optimizer;
+	__le64 chunks_done;
+	__le64 steps_committed;
+	__le64 steps_skipped;
+	__le64 steps_aborted;
+	__le64 commands_rejected;
+	__le64 grad_bytes;
+	__le64 param_bytes;
+	__le64 io_errors;
+	__le32 manifest_bytes;
+	__le32 blob_len;
+	__le64 reserved[8];
+	u8 blob[CKPT_BLOB_MAX];
+} __attribute__((packed));
+
+void ckpt_status_encode(const struct ckpt_status *st, void *block);
+int ckpt_status_decode(const void *block, struct ckpt_status *st);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CKPT_FORMAT_H */

@@ -1,0 +1,63 @@
+/* SPDX-License-Identifier: GPL-2.0 OR MIT */
+/*
+ * What the portable core needs from its host, and nothing more: fixed-width
+ * types, little-endian conversion and crc32c. The core is compiled unchanged
+ * into dm-ckpt.ko and into libckpt, so it uses no libc beyond the builtins
+ * both worlds provide.
+ */
+#ifndef CKPT_PLATFORM_H
+#define CKPT_PLATFORM_H
+
+#ifdef __KERNEL__
+#include <linux/types.h>
+#include <linux/string.h>
+#include <linux/crc32c.h>
+#include <asm/byteorder.h>
+
+static inline u32 ckpt_crc32c_raw(u32 seed, const void *p, size_t len)
+{
+	return crc32c(seed, p, len);
+}
+
+#else /* userspace */
+#include <stdint.h>
+#include <stddef.h>
+#include <stdbool.h>
+#include <string.h> /* memcpy/memset only: the compiler inlines them */
+
+typedef uint8_t u8;
+typedef uint16_t u16;
+typedef uint32_t u32;
+typedef uint64_t u64;
+typedef int32_t s32;
+typedef int64_t s64;
+#include <linux/types.h>	/* __le16, __le32, __le64 */
+
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "dm-ckpt userspace: only little-endian hosts are supported"
+#endif
+#define cpu_to_le16(x) ((__le16)(x))
+#define cpu_to_le32(x) ((__le32)(x))
+#define cpu_to_le64(x) ((__le64)(x))
+#define le16_to_cpu(x) ((u16)(x))
+#define le32_to_cpu(x) ((u32)(x))
+#define le64_to_cpu(x) ((u64)(x))
+
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+/* Castagnoli CRC without pre/post inversion, as the kernel's crc32c(). */
+u32 ckpt_crc32c_raw(u32 seed, const void *p, size_t len);
+#ifdef __cplusplus
+}
+#endif
+#endif /* __KERNEL__ */
+
+/* The standard crc32c (initial ~0, final inversion) used by every on-disk checksum. */
+static inline u32 ckpt_crc32c(const void *p, size_t len)
+{
+	return ~ckpt_crc32c_raw(~0u, p, len);
+}
+
+#endif /* CKPT_PLATFORM_H */

@@ -1,0 +1,50 @@
+/* SPDX-License-Identifier: GPL-2.0 OR MIT */
+/*
+ * The fused AdamW update and the fp16/bf16 conversions.
+ *
+ * No float crosses this interface: fp32 values travel as u32 bit patterns, so
+ * a caller compiled without SSE (the kernel) and a callee compiled with it
+ * agree on every argument.
+ */
+#ifndef CKPT_UPDATE_H
+#define CKPT_UPDATE_H
+
+#include "ckpt_format.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*
+ * One fused pass over n params of a chunk, for group hyperparameters hp and
+ * the step's grad_scale (fp32 bits):
+ *
+ *   g  = f32(grad) * grad_scale                 (AdamW)
+ *   g += weight_decay * p                       (Adam-L2 only)
+ *   p *= decay                                  (AdamW only)
+ *   m  = m * beta1 + g * (1 - beta1)
+ *   v  = v * beta2 + (g * g) * (1 - beta2)
+ *   p -= step_size * (m / (sqrt(v) / bc2_sqrt + eps))
+ *   plo = round_nearest_even(p) in dtype
+ *
+ * p, m, v are fp32 arrays (as bits); grad and plo are fp16/bf16 per dtype.
+ * Returns nonzero if any scaled gradient is not finite; the outputs are then
+ * meaningless and the step must be discarded.
+ */
+u32 ckpt_update_chunk(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
+		      const u16 *grad, u32 *p, u32 *m, u32 *v, u16 *plo, u64 n);
+
+/* Low-precision copy of fp32 values (as bits), round to nearest even. */
+void ckpt_round_params(u32 dtype, const u32 *p, u16 *plo, u64 n);
+
+/* Bit-exact scalar conversions (integer arithmetic only). */
+u32 ckpt_f16_to_f32(u16 h);
+u16 ckpt_f32_to_f16(u32 f);
+u32 ckpt_bf16_to_f32(u16 h);
+u16 ckpt_f32_to_bf16(u32 f);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CKPT_UPDATE_H */

@@ -1,0 +1,308 @@
+/* SPDX-License-Identifier: GPL-2.0 OR MIT */
+/*
+ * The ONE source of the fused AdamW loop and of the fp16/bf16 conversions.
+ *
+ * Included by the userspace build (ckpt_update.c: scalar, SSE2, AVX2, AVX-512
+ * variants of the same body) and by the kernel module's FPU translation unit.
+ * Every variant must produce the same bits, so:
+ *
+ *  - plain C, no intrinsics, no libm: sqrt is __builtin_sqrtf, which is the
+ *    sqrtss/sqrtps instruction under -fno-math-errno (enforced below);
+ *  - no FMA contraction: the including TU must be compiled with
+ *    -ffp-contract=off (the kernel and libckpt CMake do; the unit tests compare
+ *    every variant, including x86-64-v4 which has FMA, to the scalar one);
+ *  - conversions are integer bit operations with round to nearest even, and
+ *    selects are mask arithmetic (m = 0u - cond; r = (m & a) | (~m & b)) so
+ *    that gcc 12 vectorizes the loop for SSE2 and AVX2 as well as AVX-512
+ *    ("control flow in loop" otherwise);
+ *  - the non-finite check is an OR-reduction over the exponent bits of the
+ *    scaled gradient, no branch.
+ *
+ * Two float operations appear inside the vector conversions, both exact or
+ * rounding-mode-only dependent (MXCSR default, RNE, which kernel_fpu_begin()
+ * loads and userspace has by default): the fp16 subnormal -> fp32 magic
+ * subtraction (exact) and the fp32 -> fp16 subnormal magic addition (it IS the
+ * round to nearest even). Neither is affected by FTZ/DAZ. The scalar
+ * conversions (ckpt_*_int) are integer-only and may be used outside
+ * kernel_fpu_begin/end; define CKPT_UPDATE_INT_ONLY before including this
+ * header in a TU compiled without SSE to get only those.
+ */
+#ifndef CKPT_UPDATE_IMPL_H
+#define CKPT_UPDATE_IMPL_H
+
+#include "ckpt_update.h"
+
+#define CKPT_AI static inline __attribute__((always_inline))
+
+/* ------------------------------------------------------------------------ */
+/* Integer-only scalar conversions (no FPU, usable anywhere).                */
+/* ------------------------------------------------------------------------ */
+
+CKPT_AI u32 ckpt_f16_to_f32_int(u16 h)
+{
+	u32 sign = (u32)(h & 0x8000u) << 16;
+	u32 e = (h >> 10) & 0x1fu;
+	u32 mant = h & 0x3ffu;
+
+	if (e == 0x1f) {
+		/* Inf, or NaN: keep payload, set the quiet bit (as vcvtph2ps) */
+		return sign | 0x7f800000u | (mant << 13) |
+		       (mant ? 0x00400000u : 0u);
+	}
+	if (e == 0) {
+		u32 sh;
+
+		if (mant == 0)
+			return sign;
+		/* subnormal: normalize; value = mant * 2^-24 */
+		sh = (u32)__builtin_clz(mant) - 21u;	/* leading zeros within 11 bits */
+		mant <<= sh;				/* hidden bit now at bit 10 */
+		return sign | ((113u - sh) << 23) | ((mant & 0x3ffu) << 13);
+	}
+	return sign | ((e + 112u) << 23) | (mant << 13);
+}
+
+CKPT_AI u16 ckpt_f32_to_f16_int(u32 f)
+{
+	u32 sign = (f >> 16) & 0x8000u;
+	u32 a = f & 0x7fffffffu;
+	u32 e = a >> 23;
+
+	if (a > 0x7f800000u)	/* NaN: quiet, keep sign and top payload bits */
+		return (u16)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+	if (a >= 0x47800000u)	/* >= 2^16 (or Inf): Inf */
+		return (u16)(sign | 0x7c00u);
+	if (e < 113u) {
+		/* fp16 subnormal or zero: value / 2^-24, rounded to nearest even */
+		u32 m, sh, r, rem, half;
+
+		if (e < 102u)	/* < 2^-25: rounds to zero (2^-25 is a tie to 0) */
+			return (u16)sign;
+		m = (a & 0x7fffffu) | 0x800000u;
+		sh = 126u - e;			/* 14..24 */
+		r = m >> sh;
+		rem = m & ((1u << sh) - 1u);
+		half = 1u << (sh - 1u);
+		if (rem > half || (rem == half && (r & 1u)))
+			r++;			/* may carry into the smallest normal: right */
+		return (u16)(sign | r);
+	}
+	/* normal: rebias, round on the 13 dropped bits; carries may reach Inf */
+	a += 0xc8000fffu + ((a >> 13) & 1u);	/* (15 - 127) << 23, + half - 1 + odd */
+	return (u16)(sign | (a >> 13));
+}
+
+CKPT_AI u32 ckpt_bf16_to_f32_int(u16 h)
+{
+	return (u32)h << 16;
+}
+
+CKPT_AI u16 ckpt_f32_to_bf16_int(u32 f)
+{
+	if ((f & 0x7fffffffu) > 0x7f800000u)	/* NaN: quiet, keep sign */
+		return (u16)((f >> 16) | 0x0040u);
+	return (u16)((f + 0x7fffu + ((f >> 16) & 1u)) >> 16);
+}
+
+#ifndef CKPT_UPDATE_INT_ONLY
+
+#ifdef __FAST_MATH__
+#error "ckpt_update_impl.h: never compile with -ffast-math (bit identity)"
+#endif
+#ifndef __NO_MATH_ERRNO__
+#error "ckpt_update_impl.h: compile with -fno-math-errno (sqrt must be an instruction)"
+#endif
+#if defined(__FLT_EVAL_METHOD__) && __FLT_EVAL_METHOD__ != 0
+#error "ckpt_update_impl.h: needs SSE float evaluation (FLT_EVAL_METHOD 0)"
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Branch-free conversions for the vectorized body.                         */
+/* ------------------------------------------------------------------------ */
+
+union ckpt_fu {
+	u32 u;
+	float f;
+};
+
+CKPT_AI float ckpt_as_f(u32 u)
+{
+	union ckpt_fu x;
+
+	x.u = u;
+	return x.f;
+}
+
+CKPT_AI u32 ckpt_as_u(float f)
+{
+	union ckpt_fu x;
+
+	x.f = f;
+	return x.u;
+}
+
+/* all-ones if c, else 0 (c is 0 or 1) */
+#define CKPT_MASK(c) (0u - (u32)(c))
+#define CKPT_SEL(msk, a, b) (((msk) & (a)) | (~(msk) & (b)))
+
+CKPT_AI u32 ckpt_f16_to_f32_vec(u32 h)
+{
+	u32 a = (h & 0x7fffu) << 13;		/* exponent/mantissa in place */
+	u32 e = a & 0x0f800000u;
+	u32 inf = CKPT_MASK(e == 0x0f800000u);
+	u32 sub = CKPT_MASK(e == 0u);
+	/* normal: rebias by 112; Inf/NaN: by 224 more (to 255) */
+	u32 o = a + 0x38000000u + (inf & 0x38000000u);
+	/* NaN (exponent 31, mantissa != 0): set the quiet bit */
+	u32 q = (((a & 0x007fe000u) + 0x007fe000u) & 0x00800000u) >> 1;
+	/* subnormal/zero: (2^-14 * 1.mant) - 2^-14 = mant * 2^-24, exact */
+	u32 s = ckpt_as_u(ckpt_as_f(a + 0x38800000u) - ckpt_as_f(0x38800000u));
+
+	o |= inf & q;
+	o = CKPT_SEL(sub, s, o);
+	return o | ((h & 0x8000u) << 16);
+}
+
+CKPT_AI u32 ckpt_f32_to_f16_vec(u32 f)
+{
+	u32 sign = (f >> 16) & 0x8000u;
+	s32 a = (s32)(f & 0x7fffffffu);		/* signed compares: SSE2 pcmpgtd */
+	u32 au = (u32)a;
+	u32 big = CKPT_MASK(a >= (s32)0x47800000);	/* >= 2^16, Inf, NaN */
+	u32 nan = CKPT_MASK(a > (s32)0x7f800000);
+	u32 small = CKPT_MASK(a < (s32)0x38800000);	/* below fp16 normal range */
+	/* normal: rebias, round to nearest even on the 13 dropped bits */
+	u32 n = (au + 0xc8000fffu + ((au >> 13) & 1u)) >> 13;
+	/* subnormal: adding 0.5 rounds at 2^-24 granularity (RNE), then unbias */
+	u32 s = ckpt_as_u(ckpt_as_f(au) + ckpt_as_f(0x3f000000u)) - 0x3f000000u;
+	/* Inf, or NaN with the quiet bit and top payload bits */
+	u32 i = 0x7c00u | (nan & (0x0200u | ((au >> 13) & 0x3ffu)));
+	u32 o = CKPT_SEL(small, s, n);
+
+	o = CKPT_SEL(big, i, o);
+	return (o | sign) & 0xffffu;
+}
+
+CKPT_AI u32 ckpt_bf16_to_f32_vec(u32 h)
+{
+	return h << 16;
+}
+
+CKPT_AI u32 ckpt_f32_to_bf16_vec(u32 f)
+{
+	u32 nan = CKPT_MASK((s32)(f & 0x7fffffffu) > (s32)0x7f800000);
+	u32 r = (f + 0x7fffu + ((f >> 16) & 1u)) >> 16;
+	u32 q = (f >> 16) | 0x0040u;
+
+	return CKPT_SEL(nan, q, r) & 0xffffu;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The fused loop.                                                          */
+/* ------------------------------------------------------------------------ */
+
+struct ckpt_upd_k {
+	float scale, beta1, beta2, eps, wd, omb1, omb2, step_size, bc2, decay;
+};
+
+/*
+ * bf16 and l2 are compile-time constants at every call site, so each of the
+ * four combinations is its own branch-free loop.
+ */
+CKPT_AI u32 ckpt_update_loop(const struct ckpt_upd_k *k, const int bf16, const int l2,
+			     const u16 *__restrict grad, u32 *__restrict p,
+			     u32 *__restrict m, u32 *__restrict v,
+			     u16 *__restrict plo, u64 n)
+{
+	const float scale = k->scale, beta1 = k->beta1, beta2 = k->beta2;
+	const float eps = k->eps, wd = k->wd, omb1 = k->omb1, omb2 = k->omb2;
+	const float step_size = k->step_size, bc2 = k->bc2, decay = k->decay;
+	u32 nf = 0;
+	u64 i;
+
+	for (i = 0; i < n; i++) {
+		u32 gb = bf16 ? ckpt_bf16_to_f32_vec(grad[i])
+			      : ckpt_f16_to_f32_vec(grad[i]);
+		float g = ckpt_as_f(gb) * scale;
+		float pp = ckpt_as_f(p[i]);
+		float mm, vv, denom;
+
+		/* exponent all ones <=> not finite: sets bit 31 */
+		nf |= (ckpt_as_u(g) & 0x7f800000u) + 0x00800000u;
+		if (l2)
+			g = g + wd * pp;
+		else
+			pp = pp * decay;
+		mm = ckpt_as_f(m[i]) * beta1 + g * omb1;
+		vv = ckpt_as_f(v[i]) * beta2 + (g * g) * omb2;
+		denom = __builtin_sqrtf(vv) / bc2 + eps;
+		pp = pp - step_size * (mm / denom);
+		p[i] = ckpt_as_u(pp);
+		m[i] = ckpt_as_u(mm);
+		v[i] = ckpt_as_u(vv);
+		plo[i] = (u16)(bf16 ? ckpt_f32_to_bf16_vec(ckpt_as_u(pp))
+				    : ckpt_f32_to_f16_vec(ckpt_as_u(pp)));
+	}
+	return nf >> 31;
+}
+
+/* The body of ckpt_update_chunk (same arguments and result). */
+CKPT_AI u32 ckpt_update_chunk_body(const struct ckpt_hparams *hp, u32 grad_scale,
+				   u32 dtype, const u16 *grad, u32 *p, u32 *m,
+				   u32 *v, u16 *plo, u64 n)
+{
+	struct ckpt_upd_k k;
+	int bf16 = dtype == CKPT_DTYPE_BF16;
+	int l2 = (hp->flags & CKPT_GROUP_ADAM_L2) != 0;
+
+	k.scale = ckpt_as_f(grad_scale);
+	k.beta1 = ckpt_as_f(hp->beta1);
+	k.beta2 = ckpt_as_f(hp->beta2);
+	k.eps = ckpt_as_f(hp->eps);
+	k.wd = ckpt_as_f(hp->weight_decay);
+	k.omb1 = ckpt_as_f(hp->one_minus_beta1);
+	k.omb2 = ckpt_as_f(hp->one_minus_beta2);
+	k.step_size = ckpt_as_f(hp->step_size);
+	k.bc2 = ckpt_as_f(hp->bc2_sqrt);
+	k.decay = ckpt_as_f(hp->decay);
+
+	if (bf16)
+		return l2 ? ckpt_update_loop(&k, 1, 1, grad, p, m, v, plo, n)
+			  : ckpt_update_loop(&k, 1, 0, grad, p, m, v, plo, n);
+	return l2 ? ckpt_update_loop(&k, 0, 1, grad, p, m, v, plo, n)
+		  : ckpt_update_loop(&k, 0, 0, grad, p, m, v, plo, n);
+}
+
+/* The body of ckpt_round_params. */
+CKPT_AI void ckpt_round_params_body(u32 dtype, const u32 *__restrict p,
+				    u16 *__restrict plo, u64 n)
+{
+	u64 i;
+
+	if (dtype == CKPT_DTYPE_BF16) {
+		for (i = 0; i < n; i++)
+			plo[i] = (u16)ckpt_f32_to_bf16_vec(p[i]);
+	} else {
+		for (i = 0; i < n; i++)
+			plo[i] = (u16)ckpt_f32_to_f16_vec(p[i]);
+	}
+}
+
+/* Same conversions, array form (for tests and hosts that convert in bulk). */
+CKPT_AI void ckpt_f16_to_f32_array_body(const u16 *__restrict h, u32 *__restrict f,
+					u64 n)
+{
+	u64 i;
+
+	for (i = 0; i < n; i++)
+		f[i] = ckpt_f16_to_f32_vec(h[i]);
+}
+
+#undef CKPT_SEL
+#undef CKPT_MASK
+
+#endif /* !CKPT_UPDATE_INT_ONLY */
+
+#undef CKPT_AI
+
+#endif /* CKPT_UPDATE_IMPL_H */

@@ -1,0 +1,50 @@
+/* SPDX-License-Identifier: GPL-2.0 OR MIT */
+/*
+ * Userspace only: the explicitly named builds of the one fused body
+ * (ckpt_update_impl.h), for tests and benchmarks. ckpt_update_chunk itself is
+ * the run-time dispatched one (target_clones: default, avx2, x86-64-v4).
+ * Call the avx2/avx512 ones only when ckpt_cpu_has_avx2()/ckpt_cpu_has_avx512()
+ * say the CPU can run them.
+ */
+#ifndef CKPT_UPDATE_VARIANTS_H
+#define CKPT_UPDATE_VARIANTS_H
+
+#include "ckpt_update.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef u32 (*ckpt_update_fn)(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
+			      const u16 *grad, u32 *p, u32 *m, u32 *v, u16 *plo, u64 n);
+typedef void (*ckpt_round_fn)(u32 dtype, const u32 *p, u16 *plo, u64 n);
+
+/* Not vectorized (-fno-tree-vectorize): the reference every other must equal. */
+u32 ckpt_update_chunk_scalar(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
+			     const u16 *grad, u32 *p, u32 *m, u32 *v, u16 *plo, u64 n);
+/* Baseline x86-64 (SSE2), the kernel module's instruction set. */
+u32 ckpt_update_chunk_sse2(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
+			   const u16 *grad, u32 *p, u32 *m, u32 *v, u16 *plo, u64 n);
+/* target("avx2") */
+u32 ckpt_update_chunk_avx2(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
+			   const u16 *grad, u32 *p, u32 *m, u32 *v, u16 *plo, u64 n);
+/* target("arch=x86-64-v4"): AVX-512 F/BW/CD/DQ/VL */
+u32 ckpt_update_chunk_avx512(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
+			     const u16 *grad, u32 *p, u32 *m, u32 *v, u16 *plo, u64 n);
+
+void ckpt_round_params_scalar(u32 dtype, const u32 *p, u16 *plo, u64 n);
+void ckpt_round_params_sse2(u32 dtype, const u32 *p, u16 *plo, u64 n);
+void ckpt_round_params_avx2(u32 dtype, const u32 *p, u16 *plo, u64 n);
+void ckpt_round_params_avx512(u32 dtype, const u32 *p, u16 *plo, u64 n);
+
+/* fp16 -> fp32 over an array with the vector body's conversion (dispatched). */
+void ckpt_f16_to_f32_array(const u16 *h, u32 *f, u64 n);
+
+int ckpt_cpu_has_avx2(void);
+int ckpt_cpu_has_avx512(void);	/* everything x86-64-v4 needs */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CKPT_UPDATE_VARIANTS_H */

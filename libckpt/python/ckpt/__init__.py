@@ -1,0 +1,280 @@
+# SPDX-License-Identifier: MIT
+"""dm-ckpt: AdamW in the storage path.
+
+A dm-ckpt device keeps the fp32 optimizer state (master params, exp_avg,
+exp_avg_sq) of a model; a step writes fp16/bf16 gradients and reads back the
+updated fp16/bf16 params. Every committed step is durable: reopening the
+device restores it.
+
+    layout = ckpt.Layout()
+    layout.add("w", (1024, 1024), group=0)
+    ckpt.format("state.img", layout, dtype="bf16")
+    with ckpt.open("state.img") as dev:
+        dev.load_params("w", w0)                     # fp32 masters, step 0
+        dev.begin([{"lr": 1e-3, "weight_decay": 0.01}])
+        dev.write_grad("w", grad_bits)               # uint16 bf16 bit patterns
+        dev.commit(b"trainer state")                 # "committed" or "overflow"
+        w = dev.read_params("w")
+
+bf16 values travel as uint16 bit patterns (numpy has no bfloat16); fp16
+devices take and return numpy float16 (uint16 bit patterns work too).
+"""
+
+import ctypes
+import os
+
+import numpy as np
+
+__all__ = ["CkptError", "Layout", "Device", "format", "open"]
+
+_lib = ctypes.CDLL(os.path.join(os.path.dirname(os.path.abspath(__file__)), "libckpt.so"))
+
+# The core's error codes (enum ckpt_err in libckpt/core/ckpt_format.h).
+ERRORS = [
+    "OK", "E_INVAL", "E_MAGIC", "E_CRC", "E_VERSION", "E_FEATURE", "E_GEOMETRY",
+    "E_LAYOUT", "E_TOO_SMALL", "E_NO_SB", "E_OPCODE", "E_LENGTH", "E_STEP", "E_STATE",
+    "E_GROUPS", "E_HPARAM", "E_TWICE", "E_INCOMPLETE", "E_ALIGN", "E_RANGE",
+    "E_READONLY", "E_IO", "E_NOSPC", "E_FAILED", "E_NAME", "E_DTYPE", "E_SIZE",
+    "E_MANIFEST", "E_RECORD", "E_NOMEM", "E_BLOB",
+]
+
+_DTYPES = {"fp16": 1, "bf16": 2}
+_DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
+
+
+class CkptError(Exception):
+    """An engine error: .code (enum ckpt_err), .name ("E_TWICE", ...), .message."""
+
+    def __init__(self, code, message):
+        self.code = code
+        self.name = ERRORS[code] if 0 <= code < len(ERRORS) else f"E_{code}"
+        self.message = message
+        super().__init__(f"[{self.name}] {message}")
+
+
+def _check(ret):
+    if ret < 0:
+        raise CkptError(-ret, _lib.ckpt_last_error().decode("utf-8", "replace"))
+    return ret
+
+
+class _HParams(ctypes.Structure):
+    _fields_ = [("lr", ctypes.c_double), ("beta1", ctypes.c_double),
+                ("beta2", ctypes.c_double), ("eps", ctypes.c_double),
+                ("weight_decay", ctypes.c_double), ("adam_l2", ctypes.c_int)]
+
+
+class _Info(ctypes.Structure):
+    _fields_ = [("committed_step", ctypes.c_uint64), ("open_step", ctypes.c_uint64),
+                ("state", ctypes.c_uint32), ("dtype", ctypes.c_uint32),
+                ("n_params", ctypes.c_uint64), ("chunk_params", ctypes.c_uint32),
+                ("n_chunks", ctypes.c_uint32), ("n_groups", ctypes.c_uint32),
+                ("n_tensors", ctypes.c_uint32), ("steps_committed", ctypes.c_uint64),
+                ("steps_skipped", ctypes.c_uint64)]
+
+
+class _TensorInfo(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("ndim", ctypes.c_uint32),
+                ("group", ctypes.c_uint32), ("shape", ctypes.c_uint64 * 8),
+                ("numel", ctypes.c_uint64), ("offset", ctypes.c_uint64)]
+
+
+_u64p = ctypes.POINTER(ctypes.c_uint64)
+_u16p = ctypes.POINTER(ctypes.c_uint16)
+_f32p = ctypes.POINTER(ctypes.c_float)
+_vp, _cp, _int, _u32, _u64 = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_uint64
+for _name, _res, _args in [
+    ("ckpt_last_error", _cp, []),
+    ("ckpt_layout_new", _vp, []),
+    ("ckpt_layout_free", None, [_vp]),
+    ("ckpt_layout_add", _int, [_vp, _cp, _u64p, _u32, _u32]),
+    ("ckpt_format", _int, [_cp, _vp, _int, _u32, _u64]),
+    ("ckpt_open", _int, [_cp, ctypes.POINTER(_vp)]),
+    ("ckpt_close", None, [_vp]),
+    ("ckpt_info", _int, [_vp, ctypes.POINTER(_Info)]),
+    ("ckpt_tensor", _int, [_vp, _u32, ctypes.POINTER(_TensorInfo)]),
+    ("ckpt_load_params_multi", _int, [_vp, _u32, ctypes.POINTER(_cp), ctypes.POINTER(_f32p), _u64p]),
+    ("ckpt_begin", _int, [_vp, ctypes.POINTER(_HParams), _u32, ctypes.c_double]),
+    ("ckpt_write_grad", _int, [_vp, _cp, _u16p, _u64]),
+    ("ckpt_commit", _int, [_vp, ctypes.c_char_p, ctypes.c_size_t]),
+    ("ckpt_abort", _int, [_vp]),
+    ("ckpt_read_params", _int, [_vp, _cp, _u16p, _u64]),
+    ("ckpt_read_state", _int, [_vp, _cp, _f32p, _f32p, _f32p, _u64]),
+    ("ckpt_blob", _int, [_vp, _vp, ctypes.c_size_t]),
+]:
+    _fn = getattr(_lib, _name)
+    _fn.restype = _res
+    _fn.argtypes = _args
+
+
+def _name_bytes(name):
+    if not isinstance(name, str):
+        raise TypeError(f"tensor name must be a str, not {type(name).__name__}")
+    return name.encode("utf-8")
+
+
+class Layout:
+    """Tensors in the order they are added; groups never share a chunk."""
+
+    def __init__(self):
+        self._h = _lib.ckpt_layout_new()
+        if not self._h:
+            raise MemoryError("ckpt_layout_new")
+        self.tensors = []
+
+    def add(self, name, shape, group=0):
+        shape = tuple(int(d) for d in (shape if np.iterable(shape) else (shape,)))
+        arr = (ctypes.c_uint64 * max(1, len(shape)))(*shape)
+        _check(_lib.ckpt_layout_add(self._h, _name_bytes(name), arr, len(shape), int(group)))
+        self.tensors.append((name, shape, int(group)))
+        return self
+
+    def __del__(self):
+        if getattr(self, "_h", None):
+            _lib.ckpt_layout_free(self._h)
+            self._h = None
+
+
+def format(path, layout, dtype="bf16", chunk_params=65536, size=None):
+    """Create or format a backing file or block device for layout."""
+    if dtype not in _DTYPES:
+        raise CkptError(ERRORS.index("E_DTYPE"), f"unknown dtype {dtype!r}: use 'bf16' or 'fp16'")
+    _check(_lib.ckpt_format(os.fsencode(path), layout._h, _DTYPES[dtype], int(chunk_params),
+                            int(size or 0)))
+
+
+def open(path):  # noqa: A001 - the module's verb, like the builtin for files
+    """Open a formatted backing file or device with the userspace engine."""
+    h = ctypes.c_void_p()
+    _check(_lib.ckpt_open(os.fsencode(path), ctypes.byref(h)))
+    return Device(h)
+
+
+class Device:
+    def __init__(self, handle):
+        self._h = handle
+        info = self.info()
+        self.dtype = _DTYPE_NAMES[info["dtype"]]
+        self._tensors = []
+        for i in range(info["n_tensors"]):
+            t = _TensorInfo()
+            _check(_lib.ckpt_tensor(self._h, i, ctypes.byref(t)))
+            self._tensors.append({"name": t.name.decode("utf-8"),
+                                  "shape": tuple(t.shape[k] for k in range(t.ndim)),
+                                  "group": t.group, "numel": t.numel, "offset": t.offset})
+        self._by_name = {t["name"]: t for t in self._tensors}
+
+    # -- lifecycle
+    def close(self):
+        if self._h:
+            _lib.ckpt_close(self._h)
+            self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+    def _handle(self):
+        if not self._h:
+            raise CkptError(ERRORS.index("E_STATE"), "device is closed")
+        return self._h
+
+    # -- what is on the device
+    def info(self):
+        i = _Info()
+        _check(_lib.ckpt_info(self._handle(), ctypes.byref(i)))
+        return {f: getattr(i, f) for f, _ in _Info._fields_}
+
+    @property
+    def committed_step(self):
+        return self.info()["committed_step"]
+
+    def tensors(self):
+        return [dict(t) for t in self._tensors]
+
+    def _tensor(self, name):
+        t = self._by_name.get(name)
+        if t is None:
+            raise CkptError(ERRORS.index("E_NAME"), f"no tensor named {name!r} on this device")
+        return t
+
+    def _lowp_in(self, name, array):
+        a = np.asarray(array)
+        if a.dtype == np.float16 and self.dtype == "fp16":
+            a = a.view(np.uint16)
+        elif a.dtype == np.int16:
+            a = a.view(np.uint16)
+        if a.dtype != np.uint16:
+            want = "float16 (or its uint16 bits)" if self.dtype == "fp16" else "uint16 bf16 bit patterns"
+            raise CkptError(ERRORS.index("E_DTYPE"),
+                            f"gradient of {name!r} is {array.dtype if hasattr(array, 'dtype') else type(array).__name__}: "
+                            f"this {self.dtype} device takes {want}")
+        return np.ascontiguousarray(a).reshape(-1)
+
+    # -- steps
+    def load_params(self, name_or_dict, values=None):
+        """Initial fp32 master params (moments zero), before the first step."""
+        items = name_or_dict.items() if isinstance(name_or_dict, dict) else [(name_or_dict, values)]
+        names, arrays = [], []
+        for name, v in items:
+            names.append(_name_bytes(name))
+            arrays.append(np.ascontiguousarray(np.asarray(v, dtype=np.float32)).reshape(-1))
+        n = len(names)
+        c_names = (ctypes.c_char_p * n)(*names)
+        c_vals = (_f32p * n)(*[a.ctypes.data_as(_f32p) for a in arrays])
+        c_ns = (ctypes.c_uint64 * n)(*[a.size for a in arrays])
+        _check(_lib.ckpt_load_params_multi(self._handle(), n, c_names, c_vals, c_ns))
+
+    def begin(self, groups, grad_scale=1.0):
+        """Open step committed_step + 1 with one dict of hyperparameters per group."""
+        arr = (_HParams * max(1, len(groups)))()
+        for i, g in enumerate(groups):
+            unknown = set(g) - {"lr", "betas", "eps", "weight_decay", "adam_l2"}
+            if unknown:
+                raise CkptError(ERRORS.index("E_HPARAM"), f"group {i}: unknown keys {sorted(unknown)}")
+            if "lr" not in g:
+                raise CkptError(ERRORS.index("E_HPARAM"), f"group {i}: 'lr' is required")
+            b1, b2 = g.get("betas", (0.9, 0.999))
+            arr[i] = _HParams(float(g["lr"]), float(b1), float(b2), float(g.get("eps", 1e-8)),
+                              float(g.get("weight_decay", 1e-2)), int(bool(g.get("adam_l2", False))))
+        _check(_lib.ckpt_begin(self._handle(), arr, len(groups), float(grad_scale)))
+
+    def write_grad(self, name, array):
+        a = self._lowp_in(name, array)
+        _check(_lib.ckpt_write_grad(self._handle(), _name_bytes(name), a.ctypes.data_as(_u16p), a.size))
+
+    def commit(self, blob=b""):
+        """Returns "committed", or "overflow" when a non-finite gradient skipped the step."""
+        blob = bytes(blob)
+        r = _check(_lib.ckpt_commit(self._handle(), blob, len(blob)))
+        return "committed" if r == 1 else "overflow"
+
+    def abort(self):
+        _check(_lib.ckpt_abort(self._handle()))
+
+    def read_params(self, name):
+        t = self._tensor(name)
+        out = np.empty(t["numel"], dtype=np.uint16)
+        _check(_lib.ckpt_read_params(self._handle(), _name_bytes(name), out.ctypes.data_as(_u16p), out.size))
+        if self.dtype == "fp16":
+            out = out.view(np.float16)
+        return out.reshape(t["shape"])
+
+    def read_state(self, name):
+        """fp32 (param, exp_avg, exp_avg_sq) of the latest applied step."""
+        t = self._tensor(name)
+        p, m, v = (np.empty(t["numel"], dtype=np.float32) for _ in range(3))
+        _check(_lib.ckpt_read_state(self._handle(), _name_bytes(name), p.ctypes.data_as(_f32p),
+                                    m.ctypes.data_as(_f32p), v.ctypes.data_as(_f32p), p.size))
+        return tuple(x.reshape(t["shape"]) for x in (p, m, v))
+
+    def blob(self):
+        n = _check(_lib.ckpt_blob(self._handle(), None, 0))
+        buf = ctypes.create_string_buffer(max(1, n))
+        _check(_lib.ckpt_blob(self._handle(), buf, n))
+        return buf.raw[:n]

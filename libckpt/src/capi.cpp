@@ -1,0 +1,256 @@
+// SPDX-License-Identifier: MIT
+// The C ABI: exceptions stop here and become a code plus a thread-local message.
+#include "ckpt.h"
+
+#include <cstring>
+#include <new>
+#include <string>
+
+#include "device.hpp"
+#include "error.hpp"
+#include "format.hpp"
+
+struct ckpt_layout_builder {
+	ckpt::Layout layout;
+};
+
+struct ckpt_device {
+	std::unique_ptr<ckpt::Device> dev;
+};
+
+namespace {
+
+thread_local std::string last_error;
+
+template <typename F> int guarded(F &&f)
+{
+	try {
+		return f();
+	} catch (const ckpt::Error &e) {
+		last_error = e.what();
+		return -e.code();
+	} catch (const std::bad_alloc &) {
+		last_error = "out of memory";
+		return -CKPT_E_NOMEM;
+	} catch (const std::exception &e) {
+		last_error = e.what();
+		return -CKPT_E_INVAL;
+	}
+}
+
+void need(const void *p, const char *what)
+{
+	if (!p)
+		ckpt::fail(CKPT_E_INVAL, "{} is NULL", what);
+}
+
+} // namespace
+
+extern "C" {
+
+const char *ckpt_last_error(void) { return last_error.c_str(); }
+
+ckpt_layout_builder *ckpt_layout_new(void) { return new (std::nothrow) ckpt_layout_builder; }
+
+void ckpt_layout_free(ckpt_layout_builder *l) { delete l; }
+
+int ckpt_layout_add(ckpt_layout_builder *l, const char *name, const uint64_t *shape, uint32_t ndim,
+		    uint32_t group)
+{
+	return guarded([&] {
+		need(l, "layout");
+		need(name, "name");
+		if (ndim)
+			need(shape, "shape");
+		l->layout.add(name, std::vector<uint64_t>(shape, shape + ndim), group);
+		return 0;
+	});
+}
+
+int ckpt_format(const char *path, const ckpt_layout_builder *l, int dtype, uint32_t chunk_params,
+		uint64_t size)
+{
+	return guarded([&] {
+		need(path, "path");
+		need(l, "layout");
+		ckpt::FormatOptions opts;
+		opts.dtype = static_cast<uint32_t>(dtype);
+		opts.chunk_params = chunk_params;
+		opts.size = size;
+		ckpt::format(path, l->layout, opts);
+		return 0;
+	});
+}
+
+int ckpt_open(const char *path, ckpt_device **out)
+{
+	return guarded([&] {
+		need(path, "path");
+		need(out, "out");
+		auto d = std::make_unique<ckpt_device>();
+		d->dev = ckpt::Device::open(path);
+		*out = d.release();
+		return 0;
+	});
+}
+
+void ckpt_close(ckpt_device *d) { delete d; }
+
+int ckpt_info(ckpt_device *d, struct ckpt_info *info)
+{
+	return guarded([&] {
+		need(d, "device");
+		need(info, "info");
+		const struct ckpt_status st = d->dev->status();
+		*info = {};
+		info->committed_step = st.committed_step;
+		info->open_step = st.state == CKPT_STATE_OPEN ? st.open_step : 0;
+		info->state = st.state;
+		info->dtype = st.geo.dtype;
+		info->chunk_params = 1u << st.geo.chunk_shift;
+		info->n_chunks = st.geo.n_chunks;
+		info->n_params = static_cast<uint64_t>(st.geo.n_chunks) << st.geo.chunk_shift;
+		info->n_groups = st.geo.n_groups;
+		info->n_tensors = static_cast<uint32_t>(d->dev->manifest().tensors().size());
+		info->steps_committed = st.steps_committed;
+		info->steps_skipped = st.steps_skipped;
+		return 0;
+	});
+}
+
+int ckpt_tensor(ckpt_device *d, uint32_t index, struct ckpt_tensor_info *info)
+{
+	return guarded([&] {
+		need(d, "device");
+		need(info, "info");
+		const auto &ts = d->dev->manifest().tensors();
+		if (index >= ts.size())
+			ckpt::fail(CKPT_E_RANGE, "tensor index {} out of range ({} tensors)", index, ts.size());
+		const ckpt::Tensor &t = ts[index];
+		*info = {};
+		info->name = t.name.c_str();
+		info->ndim = static_cast<uint32_t>(t.shape.size());
+		info->group = t.group;
+		std::copy(t.shape.begin(), t.shape.end(), info->shape);
+		info->numel = t.numel;
+		info->offset = t.offset;
+		return 0;
+	});
+}
+
+int ckpt_load_params(ckpt_device *d, const char *name, const float *values, uint64_t n)
+{
+	return guarded([&] {
+		need(d, "device");
+		need(name, "name");
+		need(values, "values");
+		d->dev->load_params({{name, std::span<const float>(values, n)}});
+		return 0;
+	});
+}
+
+int ckpt_load_params_multi(ckpt_device *d, uint32_t count, const char *const *names,
+			   const float *const *values, const uint64_t *ns)
+{
+	return guarded([&] {
+		need(d, "device");
+		if (count) {
+			need(names, "names");
+			need(values, "values");
+			need(ns, "ns");
+		}
+		std::vector<std::pair<std::string, std::span<const float>>> v;
+		for (uint32_t i = 0; i < count; i++) {
+			need(names[i], "name");
+			need(values[i], "values");
+			v.emplace_back(names[i], std::span<const float>(values[i], ns[i]));
+		}
+		d->dev->load_params(v);
+		return 0;
+	});
+}
+
+int ckpt_begin(ckpt_device *d, const struct ckpt_group_hparams *groups, uint32_t n_groups,
+	       double grad_scale)
+{
+	return guarded([&] {
+		need(d, "device");
+		need(groups, "groups");
+		std::vector<ckpt::GroupHparams> g(n_groups);
+		for (uint32_t i = 0; i < n_groups; i++)
+			g[i] = {groups[i].lr, groups[i].beta1, groups[i].beta2, groups[i].eps,
+				groups[i].weight_decay, groups[i].adam_l2 != 0};
+		d->dev->begin(g, grad_scale);
+		return 0;
+	});
+}
+
+int ckpt_write_grad(ckpt_device *d, const char *name, const uint16_t *grad, uint64_t n)
+{
+	return guarded([&] {
+		need(d, "device");
+		need(name, "name");
+		need(grad, "gradient");
+		d->dev->write_grad(name, grad, n);
+		return 0;
+	});
+}
+
+int ckpt_commit(ckpt_device *d, const void *blob, size_t blob_len)
+{
+	return guarded([&] {
+		need(d, "device");
+		if (blob_len)
+			need(blob, "blob");
+		auto r = d->dev->commit({static_cast<const uint8_t *>(blob), blob_len});
+		return r == ckpt::CommitResult::committed ? CKPT_COMMITTED : CKPT_OVERFLOW;
+	});
+}
+
+int ckpt_abort(ckpt_device *d)
+{
+	return guarded([&] {
+		need(d, "device");
+		d->dev->abort();
+		return 0;
+	});
+}
+
+int ckpt_read_params(ckpt_device *d, const char *name, uint16_t *out, uint64_t n)
+{
+	return guarded([&] {
+		need(d, "device");
+		need(name, "name");
+		need(out, "out");
+		d->dev->read_params(name, out, n);
+		return 0;
+	});
+}
+
+int ckpt_read_state(ckpt_device *d, const char *name, float *p, float *m, float *v, uint64_t n)
+{
+	return guarded([&] {
+		need(d, "device");
+		need(name, "name");
+		need(p, "p");
+		need(m, "m");
+		need(v, "v");
+		d->dev->read_state(name, p, m, v, n);
+		return 0;
+	});
+}
+
+int ckpt_blob(ckpt_device *d, void *buf, size_t cap)
+{
+	return guarded([&] {
+		need(d, "device");
+		const struct ckpt_sb &sb = d->dev->superblock();
+		if (cap)
+			need(buf, "buf");
+		if (cap)
+			std::memcpy(buf, sb.blob, std::min<size_t>(cap, sb.blob_len));
+		return static_cast<int>(sb.blob_len);
+	});
+}
+
+} // extern "C"

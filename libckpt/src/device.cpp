@@ -1,0 +1,168 @@
+// SPDX-License-Identifier: MIT
+#include "device.hpp"
+
+#include <cmath>
+#include <cstring>
+
+#include "error.hpp"
+
+namespace ckpt {
+
+namespace {
+
+uint32_t f32_bits(double v)
+{
+	float f = static_cast<float>(v);
+	uint32_t u;
+	std::memcpy(&u, &f, 4);
+	return u;
+}
+
+} // namespace
+
+// The scalars of torch.optim.AdamW's step, computed the way it computes them:
+// in double, then used as fp32 by the tensor arithmetic.
+struct ckpt_hparams hparams_for_step(const GroupHparams &g, uint64_t step)
+{
+	const double t = static_cast<double>(step);
+	const double bc1 = 1.0 - std::pow(g.beta1, t);
+	const double bc2 = 1.0 - std::pow(g.beta2, t);
+	struct ckpt_hparams h = {};
+	h.lr = f32_bits(g.lr);
+	h.beta1 = f32_bits(g.beta1);
+	h.beta2 = f32_bits(g.beta2);
+	h.eps = f32_bits(g.eps);
+	h.weight_decay = f32_bits(g.weight_decay);
+	h.one_minus_beta1 = f32_bits(1.0 - g.beta1);
+	h.one_minus_beta2 = f32_bits(1.0 - g.beta2);
+	h.step_size = f32_bits(g.lr / bc1);
+	h.bc2_sqrt = f32_bits(std::sqrt(bc2));
+	h.decay = f32_bits(g.adam_l2 ? 1.0 : 1.0 - g.lr * g.weight_decay);
+	h.flags = g.adam_l2 ? CKPT_GROUP_ADAM_L2 : 0;
+	return h;
+}
+
+std::unique_ptr<Device> Device::open(const std::string &path, const EngineOptions &opts)
+{
+	return std::unique_ptr<Device>(new Device(Engine::open(path, opts)));
+}
+
+Device::Device(std::unique_ptr<Engine> e)
+	: engine_(std::move(e)), target_(engine_.get()), cmd_(std::make_unique<struct ckpt_cmd>()),
+	  page_(CKPT_BLOCK), tail_(engine_->layout().plo_chunk_bytes + CKPT_BLOCK)
+{
+}
+
+struct ckpt_status Device::status()
+{
+	struct ckpt_status st;
+	target_->read(0, page_.as(), CKPT_BLOCK);
+	check_core(ckpt_status_decode(page_.as(), &st), "status page");
+	return st;
+}
+
+void Device::send(const struct ckpt_cmd &cmd)
+{
+	int len = ckpt_cmd_encode(&cmd, page_.as());
+	check_core(len, "encode command");
+	uint64_t padded = (static_cast<uint64_t>(len) + CKPT_SECTOR - 1) / CKPT_SECTOR * CKPT_SECTOR;
+	target_->write(0, page_.as(), padded);
+}
+
+void Device::begin(std::span<const GroupHparams> groups, double grad_scale)
+{
+	const struct ckpt_status st = status();
+	if (groups.size() != st.geo.n_groups)
+		fail(CKPT_E_GROUPS, "begin: {} hyperparameter groups given, the device has {}",
+		     groups.size(), st.geo.n_groups);
+	if (!std::isfinite(grad_scale) || grad_scale <= 0)
+		fail(CKPT_E_HPARAM, "begin: grad_scale {} must be finite and positive", grad_scale);
+	struct ckpt_cmd &cmd = *cmd_;
+	cmd = {};
+	cmd.opcode = CKPT_OP_BEGIN;
+	cmd.step = st.committed_step + 1;
+	cmd.grad_scale = f32_bits(grad_scale);
+	cmd.n_groups = static_cast<uint32_t>(groups.size());
+	for (size_t i = 0; i < groups.size(); i++)
+		cmd.groups[i] = hparams_for_step(groups[i], cmd.step);
+	send(cmd);
+}
+
+CommitResult Device::commit(std::span<const uint8_t> blob)
+{
+	if (blob.size() > CKPT_BLOB_MAX)
+		fail(CKPT_E_BLOB, "commit: trainer blob of {} bytes, at most {}", blob.size(), CKPT_BLOB_MAX);
+	const struct ckpt_status st = status();
+	struct ckpt_cmd &cmd = *cmd_;
+	cmd.opcode = CKPT_OP_COMMIT;
+	cmd.step = st.state == CKPT_STATE_OPEN ? st.open_step : st.committed_step + 1;
+	cmd.n_groups = 0;
+	cmd.blob_len = static_cast<uint32_t>(blob.size());
+	if (!blob.empty())
+		std::memcpy(cmd.blob, blob.data(), blob.size());
+	send(cmd);
+	return status().last_result == CKPT_RESULT_OVERFLOW ? CommitResult::overflow
+							     : CommitResult::committed;
+}
+
+void Device::abort()
+{
+	const struct ckpt_status st = status();
+	struct ckpt_cmd &cmd = *cmd_;
+	cmd.opcode = CKPT_OP_ABORT;
+	cmd.step = st.open_step;
+	cmd.n_groups = 0;
+	cmd.blob_len = 0;
+	send(cmd);
+}
+
+const Tensor &Device::tensor(const std::string &name, uint64_t n)
+{
+	const Tensor &t = manifest().find(name);
+	if (n != t.numel)
+		fail(CKPT_E_SIZE, "tensor '{}' has {} elements, {} given", name, t.numel, n);
+	return t;
+}
+
+// A tensor's gradient covers its whole extent: its values, then zeros for the
+// padding it owns, so every chunk is complete once all tensors are written.
+void Device::write_grad(const std::string &name, const uint16_t *grad, uint64_t n)
+{
+	const Tensor &t = tensor(name, n);
+	const struct ckpt_layout &l = engine_->layout();
+	const uint64_t base = l.grad_off + t.offset * 2;
+	const uint64_t body = t.numel * 2 / CKPT_SECTOR * CKPT_SECTOR;
+	const uint64_t tail = t.extent * 2 - body;
+	std::memset(tail_.as(), 0, tail);
+	std::memcpy(tail_.as(), reinterpret_cast<const uint8_t *>(grad) + body, t.numel * 2 - body);
+	// One write where the tensor ends on a sector, else the body and the tail;
+	// a failed body write leaves nothing to undo (the target changed nothing).
+	if (body)
+		target_->write(base, grad, body);
+	if (tail)
+		target_->write(base + body, tail_.as(), tail);
+}
+
+void Device::read_params(const std::string &name, uint16_t *out, uint64_t n)
+{
+	const Tensor &t = tensor(name, n);
+	target_->read(engine_->layout().param_off + t.offset * 2, out, n * 2);
+}
+
+void Device::read_state(const std::string &name, float *p, float *m, float *v, uint64_t n)
+{
+	const Tensor &t = tensor(name, n);
+	engine_->read_state(t.offset, n, p, m, v);
+}
+
+void Device::load_params(const std::vector<std::pair<std::string, std::span<const float>>> &values)
+{
+	std::vector<LoadSpan> spans;
+	for (const auto &[name, vals] : values) {
+		const Tensor &t = tensor(name, vals.size());
+		spans.push_back({t.offset, t.numel, vals.data()});
+	}
+	engine_->load_params(spans);
+}
+
+} // namespace ckpt

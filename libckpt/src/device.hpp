@@ -1,0 +1,60 @@
+// SPDX-License-Identifier: MIT
+// The client side of a dm-ckpt device: tensors by name, steps as commands,
+// hyperparameters computed in double as PyTorch does. It talks to a Target
+// (the userspace engine here), through the virtual device's byte ABI only.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine.hpp"
+
+namespace ckpt {
+
+struct GroupHparams {
+	double lr = 1e-3;
+	double beta1 = 0.9;
+	double beta2 = 0.999;
+	double eps = 1e-8;
+	double weight_decay = 0.01;
+	bool adam_l2 = false;
+};
+
+// fp32 bit patterns of what the update needs for step t.
+struct ckpt_hparams hparams_for_step(const GroupHparams &g, uint64_t step);
+
+enum class CommitResult { committed, overflow };
+
+class Device {
+public:
+	static std::unique_ptr<Device> open(const std::string &path, const EngineOptions &opts = {});
+
+	struct ckpt_status status();
+	const Manifest &manifest() const { return engine_->manifest(); }
+	const struct ckpt_sb &superblock() const { return engine_->superblock(); }
+	Engine &engine() { return *engine_; }
+
+	void begin(std::span<const GroupHparams> groups, double grad_scale);
+	void write_grad(const std::string &name, const uint16_t *grad, uint64_t n);
+	CommitResult commit(std::span<const uint8_t> blob);
+	void abort();
+	void read_params(const std::string &name, uint16_t *out, uint64_t n);
+	void read_state(const std::string &name, float *p, float *m, float *v, uint64_t n);
+	void load_params(const std::vector<std::pair<std::string, std::span<const float>>> &values);
+
+private:
+	explicit Device(std::unique_ptr<Engine> e);
+	void send(const struct ckpt_cmd &cmd);
+	const Tensor &tensor(const std::string &name, uint64_t n);
+
+	std::unique_ptr<Engine> engine_;
+	Target *target_;
+	std::unique_ptr<struct ckpt_cmd> cmd_;
+	Buffer page_;		// one command or status page
+	Buffer tail_;		// the last partial sectors of a tensor, zero padded
+};
+
+} // namespace ckpt

@@ -1,0 +1,128 @@
+// SPDX-License-Identifier: MIT
+// The userspace engine: the dm-ckpt target's semantics over a file or block
+// device, for machines without the kernel module. It serves the same virtual
+// device (control block, GRAD window, PARAM window) as the kernel target, so a
+// client cannot tell them apart, and writes byte-identical backing images.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "error.hpp"
+#include "io.hpp"
+#include "layout.hpp"
+
+extern "C" {
+#include "ckpt_step.h"
+}
+
+namespace ckpt {
+
+// What both the userspace engine and a dm-ckpt block device offer: reads and
+// writes at byte offsets of the virtual device.
+class Target {
+public:
+	virtual ~Target() = default;
+	virtual void write(uint64_t off, const void *buf, uint64_t len) = 0;
+	virtual void read(uint64_t off, void *buf, uint64_t len) = 0;
+};
+
+struct EngineOptions {
+	unsigned workers = 0;			// 0: one per CPU, at most 4
+	unsigned depth = 3;			// chunks in flight per worker
+	uint64_t staging_bytes = 64u << 20;	// partial-chunk gradients
+};
+
+// fp32 master values for load_params: n params starting at param offset.
+struct LoadSpan {
+	uint64_t offset;
+	uint64_t n;
+	const float *values;
+};
+
+class Engine : public Target {
+public:
+	static std::unique_ptr<Engine> open(const std::string &path, const EngineOptions &opts = {});
+	~Engine() override;
+
+	void write(uint64_t off, const void *buf, uint64_t len) override;
+	void read(uint64_t off, void *buf, uint64_t len) override;
+
+	// Beyond the virtual device: what only the backing device knows.
+	const struct ckpt_sb &superblock() const { return sb_; }
+	const struct ckpt_layout &layout() const { return sb_.layout; }
+	const Manifest &manifest() const { return manifest_; }
+	struct ckpt_status status();
+	// Initial fp32 masters, moments zero: only before the first step. Commits
+	// like a step does (other slot, flush, superblock), so a crash keeps
+	// either the old or the new values, never a mix.
+	void load_params(const std::vector<LoadSpan> &spans);
+	// fp32 p, m, v of n params at param offset, checksums verified.
+	void read_state(uint64_t offset, uint64_t n, float *p, float *m, float *v);
+
+private:
+	struct Stage {
+		int64_t chunk = -1;
+		Buffer grad;
+		std::vector<uint64_t> cover;
+	};
+	struct Job {
+		uint32_t chunk;
+		const uint16_t *grad;			// update
+		const std::vector<LoadSpan> *load;	// load_params
+	};
+	struct Batch {
+		std::vector<Job> jobs;
+		std::atomic<size_t> next{0};
+		unsigned workers_left = 0;
+		int error = 0;
+		std::string message;
+	};
+	class Worker;
+
+	explicit Engine(const EngineOptions &opts);
+	void start(const std::string &path);
+	void run_batch();
+	void worker_main(Worker &w);
+	void batch_failed(const Error &e);
+
+	void control_write(const void *buf, uint64_t len);
+	void grad_write(uint64_t off, const uint8_t *buf, uint64_t len);
+	void param_read(uint64_t off, uint8_t *buf, uint64_t len);
+	void commit_superblock(const struct ckpt_sb &next);
+	void release_stages();
+	Stage *stage_for(uint32_t chunk);
+	void check_record(const uint8_t *block, uint32_t chunk, uint32_t slot, uint64_t step,
+			  uint64_t sequence, bool check_data);
+
+	EngineOptions opts_;
+	BackingFile file_;
+	struct ckpt_sb sb_ {};
+	Manifest manifest_;
+	std::vector<uint8_t> group_table_;
+	struct ckpt_step_sm sm_ {};
+	std::vector<uint64_t> claimed_, applied_;
+	std::unique_ptr<struct ckpt_cmd> cmd_;
+	std::vector<Stage> stages_;
+	std::vector<int32_t> stage_of_;		// chunk -> stage index or -1
+	Buffer block_;				// superblock/status/bounce
+	Buffer bounce_;				// PARAM reads, read_state
+	uint64_t grad_bytes_ = 0, param_bytes_ = 0;
+
+	std::mutex call_mu_;			// one virtual-device call at a time
+	std::mutex mu_;				// batch hand-off and sm_ from workers
+	std::condition_variable work_cv_, done_cv_;
+	uint64_t generation_ = 0;
+	bool stopping_ = false;
+	Batch batch_;
+	std::vector<std::unique_ptr<Worker>> workers_;
+	std::vector<std::thread> threads_;
+};
+
+} // namespace ckpt

@@ -1,0 +1,25 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "layout.hpp"
+
+namespace ckpt {
+
+struct FormatOptions {
+	uint32_t dtype = CKPT_DTYPE_BF16;
+	uint32_t chunk_params = 1u << CKPT_DEFAULT_CHUNK_SHIFT;
+	uint64_t size = 0;	// 0: what the layout needs
+};
+
+// Creates (a file) or formats (a file or block device) path for layout:
+// superblock, group table, manifest, and step-0 state (all zero) in slot 0.
+// The old superblocks are invalidated first, and the new one is written last,
+// so an interrupted format leaves no image rather than a wrong one.
+void format(const std::string &path, const Layout &layout, const FormatOptions &opts);
+
+uint32_t parse_dtype(const std::string &name);	// "fp16" | "bf16"
+
+} // namespace ckpt

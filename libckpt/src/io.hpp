@@ -1,0 +1,93 @@
+// SPDX-License-Identifier: MIT
+// RAII around file descriptors, aligned buffers and io_uring.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include <liburing.h>
+
+namespace ckpt {
+
+class Fd {
+public:
+	Fd() = default;
+	explicit Fd(int fd) : fd_(fd) {}
+	Fd(Fd &&o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+	Fd &operator=(Fd &&o) noexcept
+	{
+		if (this != &o) {
+			reset();
+			fd_ = std::exchange(o.fd_, -1);
+		}
+		return *this;
+	}
+	Fd(const Fd &) = delete;
+	Fd &operator=(const Fd &) = delete;
+	~Fd() { reset(); }
+	int get() const { return fd_; }
+	explicit operator bool() const { return fd_ >= 0; }
+	void reset();
+
+private:
+	int fd_ = -1;
+};
+
+// Page-aligned, zeroed memory for O_DIRECT I/O, allocated once and reused.
+// Large buffers ask for huge pages: first touch of 4 KiB pages is slow here.
+class Buffer {
+public:
+	Buffer() = default;
+	explicit Buffer(size_t bytes);
+	Buffer(Buffer &&o) noexcept
+		: p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+	Buffer &operator=(Buffer &&o) noexcept;
+	Buffer(const Buffer &) = delete;
+	Buffer &operator=(const Buffer &) = delete;
+	~Buffer();
+	template <typename T = uint8_t> T *as() const { return static_cast<T *>(p_); }
+	size_t size() const { return n_; }
+
+private:
+	void *p_ = nullptr;
+	size_t n_ = 0;
+};
+
+// An open backing file or block device. Uses O_DIRECT where the file system
+// supports it; otherwise buffered I/O made durable by fdatasync.
+struct BackingFile {
+	Fd fd;
+	uint64_t size = 0;
+	bool direct = false;
+	bool block_device = false;
+	std::string path;
+
+	static BackingFile open(const std::string &path, bool writable);
+	void pread_all(void *buf, size_t len, uint64_t off) const;
+	void pwrite_all(const void *buf, size_t len, uint64_t off) const;
+	// Forced to stable media on return (FUA where O_DIRECT, else write + fdatasync).
+	void pwrite_durable(const void *buf, size_t len, uint64_t off) const;
+	void flush() const;
+};
+
+// One io_uring instance; not shared between threads.
+class Ring {
+public:
+	explicit Ring(unsigned entries);
+	Ring(const Ring &) = delete;
+	Ring &operator=(const Ring &) = delete;
+	~Ring();
+	void read(int fd, void *buf, unsigned len, uint64_t off, uint64_t tag);
+	void write(int fd, const void *buf, unsigned len, uint64_t off, uint64_t tag);
+	void submit();
+	// Waits for one completion; returns its tag and result (bytes or -errno).
+	std::pair<uint64_t, int> wait();
+
+private:
+	io_uring_sqe *sqe();
+	io_uring ring_{};
+};
+
+} // namespace ckpt

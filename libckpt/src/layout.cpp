@@ -1,0 +1,205 @@
+// SPDX-License-Identifier: MIT
+#include "layout.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include "error.hpp"
+
+namespace ckpt {
+
+namespace {
+constexpr size_t max_dims = 8;
+constexpr size_t max_name = 255;
+
+uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+} // namespace
+
+const char *dtype_name(uint32_t dtype)
+{
+	switch (dtype) {
+	case CKPT_DTYPE_FP16: return "fp16";
+	case CKPT_DTYPE_BF16: return "bf16";
+	default: return "unknown";
+	}
+}
+
+uint64_t numel_of(const std::vector<uint64_t> &shape, const std::string &name)
+{
+	if (shape.size() > max_dims)
+		fail(CKPT_E_INVAL, "tensor '{}': {} dimensions, at most {}", name, shape.size(), max_dims);
+	uint64_t n = 1;
+	for (uint64_t d : shape) {
+		if (d == 0)
+			fail(CKPT_E_INVAL, "tensor '{}': empty dimension", name);
+		if (__builtin_mul_overflow(n, d, &n) || n > (uint64_t{1} << 40))
+			fail(CKPT_E_INVAL, "tensor '{}': too many elements", name);
+	}
+	return n;
+}
+
+[[noreturn]] static void bad(const std::string &why)
+{
+	fail(CKPT_E_MANIFEST, "tensor manifest: {}", why);
+}
+
+static void check_name(const std::string &name)
+{
+	if (name.empty() || name.size() > max_name)
+		fail(CKPT_E_INVAL, "tensor name must have 1 to {} bytes: '{}'", max_name, name);
+	for (unsigned char c : name)
+		if (c < 0x20 || c == 0x7f)
+			fail(CKPT_E_INVAL, "tensor name has a control character: '{}'", name);
+}
+
+void Layout::add(std::string name, std::vector<uint64_t> shape, uint32_t group)
+{
+	check_name(name);
+	if (group >= CKPT_MAX_GROUPS)
+		fail(CKPT_E_INVAL, "tensor '{}': group {} out of range (0..{})", name, group,
+		     CKPT_MAX_GROUPS - 1);
+	for (const Tensor &t : specs_)
+		if (t.name == name)
+			fail(CKPT_E_INVAL, "tensor '{}' added twice", name);
+	Tensor t;
+	t.numel = numel_of(shape, name);
+	t.name = std::move(name);
+	t.shape = std::move(shape);
+	t.group = group;
+	specs_.push_back(std::move(t));
+}
+
+Layout::Placed Layout::place(uint32_t chunk_shift, uint32_t dtype) const
+{
+	if (specs_.empty())
+		fail(CKPT_E_INVAL, "the layout has no tensors");
+	if (chunk_shift < CKPT_MIN_CHUNK_SHIFT || chunk_shift > CKPT_MAX_CHUNK_SHIFT)
+		fail(CKPT_E_GEOMETRY, "chunk_params must be a power of two from {} to {}",
+		     1u << CKPT_MIN_CHUNK_SHIFT, 1u << CKPT_MAX_CHUNK_SHIFT);
+	const uint64_t cp = uint64_t{1} << chunk_shift;
+	Placed out;
+	out.tensors = specs_;
+	uint64_t off = 0;
+	uint32_t max_group = 0;
+	for (size_t i = 0; i < out.tensors.size(); i++) {
+		Tensor &t = out.tensors[i];
+		if (i > 0 && t.group != out.tensors[i - 1].group)
+			off = align_up(off, cp);
+		else
+			off = align_up(off, CKPT_TENSOR_ALIGN);
+		t.offset = off;
+		off += t.numel;
+		max_group = std::max(max_group, t.group);
+	}
+	const uint64_t n_params = align_up(off, cp);
+	for (size_t i = 0; i < out.tensors.size(); i++) {
+		uint64_t end = i + 1 < out.tensors.size() ? out.tensors[i + 1].offset : n_params;
+		out.tensors[i].extent = end - out.tensors[i].offset;
+	}
+	const uint64_t n_chunks = n_params >> chunk_shift;
+	if (n_chunks > CKPT_MAX_CHUNKS)
+		fail(CKPT_E_GEOMETRY, "{} params need {} chunks, at most {}", n_params, n_chunks,
+		     CKPT_MAX_CHUNKS);
+	out.group_table.assign(n_chunks, 0);
+	for (const Tensor &t : out.tensors)
+		for (uint64_t c = t.offset >> chunk_shift; c <= (t.offset + t.extent - 1) >> chunk_shift; c++)
+			out.group_table[c] = static_cast<uint8_t>(t.group);
+
+	std::string manifest = Manifest::encode(out.tensors, dtype, cp);
+	out.geo = {};
+	out.geo.n_chunks = static_cast<uint32_t>(n_chunks);
+	out.geo.chunk_shift = chunk_shift;
+	out.geo.n_groups = max_group + 1;
+	out.geo.dtype = dtype;
+	out.geo.optimizer = CKPT_OPT_ADAM;
+	out.geo.manifest_bytes = static_cast<uint32_t>(align_up(manifest.size(), CKPT_BLOCK));
+	if (manifest.size() > CKPT_MANIFEST_MAX)
+		fail(CKPT_E_MANIFEST, "the tensor manifest needs {} bytes, at most {}", manifest.size(),
+		     CKPT_MANIFEST_MAX);
+	return out;
+}
+
+Manifest::Manifest(std::vector<Tensor> tensors) : tensors_(std::move(tensors))
+{
+	for (size_t i = 0; i < tensors_.size(); i++)
+		index_.emplace(tensors_[i].name, i);
+}
+
+const Tensor &Manifest::find(std::string_view name) const
+{
+	auto it = index_.find(std::string(name));
+	if (it == index_.end())
+		fail(CKPT_E_NAME, "no tensor named '{}' on this device", name);
+	return tensors_[it->second];
+}
+
+std::string Manifest::encode(const std::vector<Tensor> &tensors, uint32_t dtype, uint64_t chunk_params)
+{
+	nlohmann::json j;
+	j["format"] = "dm-ckpt-manifest";
+	j["version"] = 1;
+	j["dtype"] = dtype_name(dtype);
+	j["chunk_params"] = chunk_params;
+	auto &arr = j["tensors"] = nlohmann::json::array();
+	for (const Tensor &t : tensors)
+		arr.push_back({{"name", t.name}, {"shape", t.shape}, {"group", t.group},
+			       {"offset", t.offset}, {"numel", t.numel}});
+	return j.dump();
+}
+
+Manifest Manifest::decode(std::string_view text, const struct ckpt_layout &layout,
+			  const struct ckpt_geometry &geo, const std::vector<uint8_t> &group_table)
+{
+	nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+	if (j.is_discarded() || !j.is_object())
+		bad("not a JSON object");
+	try {
+		if (j.at("format") != "dm-ckpt-manifest" || j.at("version") != 1)
+			bad("unknown format or version");
+		if (j.at("dtype") != dtype_name(geo.dtype) || j.at("chunk_params") != layout.chunk_params)
+			bad("dtype or chunk size disagree with the superblock");
+		const auto &arr = j.at("tensors");
+		if (!arr.is_array() || arr.empty())
+			bad("no tensors");
+		std::vector<Tensor> tensors;
+		uint64_t next = 0;
+		for (const auto &e : arr) {
+			Tensor t;
+			t.name = e.at("name").get<std::string>();
+			check_name(t.name);
+			t.shape = e.at("shape").get<std::vector<uint64_t>>();
+			t.group = e.at("group").get<uint32_t>();
+			t.offset = e.at("offset").get<uint64_t>();
+			t.numel = e.at("numel").get<uint64_t>();
+			if (numel_of(t.shape, t.name) != t.numel)
+				bad(fmt::format("'{}': numel disagrees with its shape", t.name));
+			if (t.group >= geo.n_groups)
+				bad(fmt::format("'{}': group {} out of range", t.name, t.group));
+			if (t.offset < next || t.offset % CKPT_TENSOR_ALIGN ||
+			    t.numel > layout.n_params || t.offset > layout.n_params - t.numel)
+				bad(fmt::format("'{}': offset {} out of order or out of range", t.name, t.offset));
+			if (!tensors.empty())
+				tensors.back().extent = t.offset - tensors.back().offset;
+			next = t.offset + t.numel;
+			tensors.push_back(std::move(t));
+		}
+		if (tensors.front().offset != 0)
+			bad("the first tensor does not start at param 0");
+		tensors.back().extent = layout.n_params - tensors.back().offset;
+		for (const Tensor &t : tensors) {
+			uint64_t first = t.offset / layout.chunk_params;
+			uint64_t last = (t.offset + t.extent - 1) / layout.chunk_params;
+			for (uint64_t c = first; c <= last; c++)
+				if (group_table[c] != t.group)
+					bad(fmt::format("'{}': group {} disagrees with the group table (chunk {})",
+							t.name, t.group, c));
+		}
+		Manifest m(std::move(tensors));
+		if (m.index_.size() != m.tensors_.size())
+			bad("duplicate tensor names");
+		return m;
+	} catch (const nlohmann::json::exception &e) {
+		bad(e.what());
+	}
+}
+
+} // namespace ckpt

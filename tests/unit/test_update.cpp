@@ -1,0 +1,549 @@
+// SPDX-License-Identifier: GPL-2.0 OR MIT
+//
+// The fused AdamW update and the fp16/bf16 conversions:
+//  - conversions against the CPU's F16C instructions (vcvtph2ps is exact,
+//    vcvtps2ph with round to nearest even) and against reference code for bf16;
+//  - every compiled variant of the one body bit-identical to the scalar build;
+//  - the math is what ckpt_update.h says (a plain float reference).
+#include <gtest/gtest.h>
+
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ckpt_update.h"
+#include "ckpt_update_variants.h"
+
+namespace {
+
+uint32_t bits(float f)
+{
+	uint32_t u;
+	std::memcpy(&u, &f, 4);
+	return u;
+}
+
+float fl(uint32_t u)
+{
+	float f;
+	std::memcpy(&f, &u, 4);
+	return f;
+}
+
+bool cpu_f16c()
+{
+	__builtin_cpu_init();
+	return __builtin_cpu_supports("f16c");
+}
+
+__attribute__((target("f16c"))) uint32_t hw_f16_to_f32(uint16_t h)
+{
+	return bits(_cvtsh_ss(h));
+}
+
+__attribute__((target("f16c"))) uint16_t hw_f32_to_f16(uint32_t f)
+{
+	return (uint16_t)_cvtss_sh(fl(f), _MM_FROUND_TO_NEAREST_INT);
+}
+
+// 8 at a time, for the exhaustive sweep.
+__attribute__((target("avx,f16c"))) void hw_f32_to_f16_x8(const uint32_t *f, uint16_t *h)
+{
+	__m256 x = _mm256_loadu_ps((const float *)f);
+	__m128i r = _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT);
+	_mm_storeu_si128((__m128i *)h, r);
+}
+
+// Reference fp32 -> bf16: round to nearest even on the dropped 16 bits, NaN quieted
+// with its sign and top payload kept (what vcvtneps2bf16 does for NaN).
+uint16_t ref_f32_to_bf16(uint32_t f)
+{
+	if ((f & 0x7fffffffu) > 0x7f800000u)
+		return (uint16_t)((f >> 16) | 0x40u);
+	uint32_t hi = f >> 16, lo = f & 0xffffu;
+	if (lo > 0x8000u || (lo == 0x8000u && (hi & 1u)))
+		hi++;
+	return (uint16_t)hi;
+}
+
+// The values where fp32 -> fp16 rounding can go wrong: every fp16 value, the
+// midpoints between neighbours (in the normal, subnormal and overflow ranges)
+// and a few fp32 ulps either side, both signs, plus specials and a strided sweep.
+std::vector<uint32_t> f16_boundary_inputs()
+{
+	std::vector<uint32_t> in;
+	auto add_around = [&](uint32_t c) {
+		for (int d = -3; d <= 3; d++) {
+			uint32_t x = c + (uint32_t)d;
+			in.push_back(x);
+			in.push_back(x ^ 0x80000000u);
+		}
+	};
+	for (uint32_t h = 0; h < 0x7c00u; h++) {
+		uint32_t lo = hw_f16_to_f32((uint16_t)h);
+		uint32_t hi = hw_f16_to_f32((uint16_t)(h + 1)); // 0x7c00: Inf
+		add_around(lo);
+		// midpoint: exact in fp32 (fp16 has 11 significant bits)
+		float mid = (fl(lo) + (h + 1 == 0x7c00u ? 65536.0f : fl(hi))) * 0.5f;
+		add_around(bits(mid));
+	}
+	// just below/at/above the fp16 range and the subnormal boundaries
+	for (uint32_t c : {0x477fe000u, 0x477ff000u, 0x47800000u, 0x33000000u, 0x33800000u,
+			   0x32ffffffu, 0x38800000u, 0x387fc000u, 0x387fe000u, 0x00000000u,
+			   0x00000001u, 0x007fffffu, 0x00800000u, 0x7f7fffffu, 0x7f800000u,
+			   0x7f800001u, 0x7fbfffffu, 0x7fc00000u, 0x7fc00001u, 0x7fffffffu,
+			   0x7f802000u, 0x7f801fffu, 0x3f800000u})
+		add_around(c);
+	// strided sweep over all 2^32 patterns (prime stride, ~1M values)
+	for (uint64_t x = 12345; x < (1ull << 32); x += 4093)
+		in.push_back((uint32_t)x);
+	return in;
+}
+
+struct Variant {
+	const char *name;
+	ckpt_update_fn fn;
+	bool available;
+};
+
+std::vector<Variant> variants()
+{
+	return {
+		{"sse2", ckpt_update_chunk_sse2, true},
+		{"avx2", ckpt_update_chunk_avx2, ckpt_cpu_has_avx2() != 0},
+		{"avx512", ckpt_update_chunk_avx512, ckpt_cpu_has_avx512() != 0},
+		{"dispatched", ckpt_update_chunk, true},
+	};
+}
+
+struct RoundVariant {
+	const char *name;
+	ckpt_round_fn fn;
+	bool available;
+};
+
+std::vector<RoundVariant> round_variants()
+{
+	return {
+		{"scalar", ckpt_round_params_scalar, true},
+		{"sse2", ckpt_round_params_sse2, true},
+		{"avx2", ckpt_round_params_avx2, ckpt_cpu_has_avx2() != 0},
+		{"avx512", ckpt_round_params_avx512, ckpt_cpu_has_avx512() != 0},
+		{"dispatched", ckpt_round_params, true},
+	};
+}
+
+// Hyperparameters as a client computes them (in double, like PyTorch).
+ckpt_hparams make_hparams(std::mt19937_64 &rng, bool l2)
+{
+	std::uniform_real_distribution<double> u(0.0, 1.0);
+	double lr = std::pow(10.0, -5.0 + 3.0 * u(rng));
+	double beta1 = 0.8 + 0.19 * u(rng);
+	double beta2 = 0.9 + 0.0999 * u(rng);
+	double eps = std::pow(10.0, -10.0 + 4.0 * u(rng));
+	double wd = u(rng) < 0.2 ? 0.0 : 0.1 * u(rng);
+	int t = 1 + (int)(u(rng) * 2000);
+	ckpt_hparams hp{};
+	hp.lr = bits((float)lr);
+	hp.beta1 = bits((float)beta1);
+	hp.beta2 = bits((float)beta2);
+	hp.eps = bits((float)eps);
+	hp.weight_decay = bits((float)wd);
+	hp.one_minus_beta1 = bits((float)(1.0 - beta1));
+	hp.one_minus_beta2 = bits((float)(1.0 - beta2));
+	hp.step_size = bits((float)(lr / (1.0 - std::pow(beta1, t))));
+	hp.bc2_sqrt = bits((float)std::sqrt(1.0 - std::pow(beta2, t)));
+	hp.decay = bits((float)(1.0 - lr * wd));
+	hp.flags = l2 ? CKPT_GROUP_ADAM_L2 : 0;
+	return hp;
+}
+
+enum class StateKind { Random, Zero, Denormal };
+
+struct Chunk {
+	std::vector<uint16_t> g, plo;
+	std::vector<uint32_t> p, m, v;
+};
+
+// A finite random chunk: gradients are mostly ordinary values, with zeros,
+// subnormals, large values and random finite bit patterns mixed in.
+Chunk make_chunk(std::mt19937_64 &rng, size_t n, uint32_t dtype, StateKind sk)
+{
+	std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+	std::uniform_int_distribution<uint32_t> bitsd;
+	Chunk c;
+	c.g.resize(n);
+	c.p.resize(n);
+	c.m.resize(n);
+	c.v.resize(n);
+	c.plo.assign(n, 0xdeadu);
+	for (size_t i = 0; i < n; i++) {
+		uint32_t kind = bitsd(rng) % 16;
+		uint16_t h;
+		if (dtype == CKPT_DTYPE_FP16) {
+			if (kind == 0)
+				h = (uint16_t)(bitsd(rng) & 0x83ffu); // subnormal / zero
+			else if (kind == 1)
+				h = (uint16_t)(bitsd(rng) & 0x8000u);
+			else if (kind == 2) {
+				h = (uint16_t)bitsd(rng);
+				if ((h & 0x7c00u) == 0x7c00u)
+					h ^= 0x4000u;		// random finite pattern
+			} else
+				h = hw_f32_to_f16(bits(u(rng) * 1e-2f));
+		} else {
+			if (kind == 0)
+				h = (uint16_t)(bitsd(rng) & 0x807fu);
+			else if (kind == 1)
+				h = (uint16_t)(bitsd(rng) & 0x8000u);
+			else if (kind == 2) {
+				h = (uint16_t)bitsd(rng);
+				if ((h & 0x7f80u) == 0x7f80u)
+					h ^= 0x4000u;
+				// keep |g * scale| finite for the scales used (<= 2^4)
+				if ((h & 0x7f80u) > 0x7a00u)
+					h = (uint16_t)((h & 0x807fu) | 0x3f00u);
+			} else
+				h = ref_f32_to_bf16(bits(u(rng) * 1e-2f));
+		}
+		c.g[i] = h;
+		switch (sk) {
+		case StateKind::Random:
+			c.p[i] = bits(u(rng) * 0.1f);
+			c.m[i] = bits(u(rng) * 1e-3f);
+			c.v[i] = bits(std::fabs(u(rng)) * 1e-6f);
+			if (kind == 3) { // some fp16-subnormal-sized params
+				c.p[i] = bits(u(rng) * 1e-6f);
+			}
+			break;
+		case StateKind::Zero:
+			c.p[i] = (kind & 1) ? 0x80000000u : 0u;
+			c.m[i] = 0;
+			c.v[i] = 0;
+			break;
+		case StateKind::Denormal:
+			c.p[i] = (bitsd(rng) & 0x807fffffu);
+			c.m[i] = (bitsd(rng) & 0x807fffffu);
+			c.v[i] = (bitsd(rng) & 0x007fffffu);
+			break;
+		}
+	}
+	return c;
+}
+
+bool is_nan_bits(uint32_t u)
+{
+	return (u & 0x7fffffffu) > 0x7f800000u;
+}
+
+} // namespace
+
+// ---------------------------------------------------------------- conversions
+
+TEST(UpdateConv, F16ToF32ExhaustiveVsF16C)
+{
+	if (!cpu_f16c())
+		GTEST_SKIP() << "no F16C";
+	std::vector<uint16_t> all(65536);
+	std::vector<uint32_t> vec(65536);
+	for (uint32_t h = 0; h < 65536; h++)
+		all[h] = (uint16_t)h;
+	ckpt_f16_to_f32_array(all.data(), vec.data(), all.size());
+	for (uint32_t h = 0; h < 65536; h++) {
+		uint32_t hw = hw_f16_to_f32((uint16_t)h);
+		ASSERT_EQ(ckpt_f16_to_f32((uint16_t)h), hw) << std::hex << "h=" << h;
+		ASSERT_EQ(vec[h], hw) << std::hex << "vector body, h=" << h;
+	}
+}
+
+TEST(UpdateConv, Bf16ToF32Exhaustive)
+{
+	for (uint32_t h = 0; h < 65536; h++)
+		ASSERT_EQ(ckpt_bf16_to_f32((uint16_t)h), h << 16);
+}
+
+TEST(UpdateConv, F32ToF16BoundariesVsF16C)
+{
+	if (!cpu_f16c())
+		GTEST_SKIP() << "no F16C";
+	std::vector<uint32_t> in = f16_boundary_inputs();
+	std::vector<uint16_t> out(in.size());
+	for (size_t i = 0; i < in.size(); i++)
+		ASSERT_EQ(ckpt_f32_to_f16(in[i]), hw_f32_to_f16(in[i]))
+			<< std::hex << "f=" << in[i];
+	for (const RoundVariant &rv : round_variants()) {
+		if (!rv.available)
+			continue;
+		std::fill(out.begin(), out.end(), 0xdeadu);
+		rv.fn(CKPT_DTYPE_FP16, in.data(), out.data(), in.size());
+		for (size_t i = 0; i < in.size(); i++)
+			ASSERT_EQ(out[i], hw_f32_to_f16(in[i]))
+				<< rv.name << std::hex << " f=" << in[i];
+	}
+	RecordProperty("inputs", std::to_string(in.size()));
+}
+
+TEST(UpdateConv, F32ToBf16VsReference)
+{
+	std::vector<uint32_t> in;
+	for (uint32_t h = 0; h < 65536; h++) {
+		uint32_t c = h << 16;
+		for (uint32_t lo : {0x0000u, 0x0001u, 0x7fffu, 0x8000u, 0x8001u, 0xffffu})
+			in.push_back(c | lo);
+		in.push_back(c - 1); // previous bf16 value's top half
+	}
+	for (uint64_t x = 777; x < (1ull << 32); x += 4093)
+		in.push_back((uint32_t)x);
+	std::vector<uint16_t> out(in.size());
+	for (size_t i = 0; i < in.size(); i++)
+		ASSERT_EQ(ckpt_f32_to_bf16(in[i]), ref_f32_to_bf16(in[i]))
+			<< std::hex << "f=" << in[i];
+	for (const RoundVariant &rv : round_variants()) {
+		if (!rv.available)
+			continue;
+		rv.fn(CKPT_DTYPE_BF16, in.data(), out.data(), in.size());
+		for (size_t i = 0; i < in.size(); i++)
+			ASSERT_EQ(out[i], ref_f32_to_bf16(in[i]))
+				<< rv.name << std::hex << " f=" << in[i];
+	}
+}
+
+// All 2^32 fp32 patterns through the dispatched vector conversion, against
+// vcvtps2ph (fp16) and the reference (bf16). About 5 s with AVX-512.
+TEST(UpdateConv, F32ToLowExhaustiveDispatched)
+{
+	if (!cpu_f16c())
+		GTEST_SKIP() << "no F16C";
+	const size_t B = 1u << 20;
+	std::vector<uint32_t> in(B);
+	std::vector<uint16_t> out(B), hw(B), outb(B);
+	for (uint64_t base = 0; base < (1ull << 32); base += B) {
+		for (size_t i = 0; i < B; i++)
+			in[i] = (uint32_t)(base + i);
+		ckpt_round_params(CKPT_DTYPE_FP16, in.data(), out.data(), B);
+		ckpt_round_params(CKPT_DTYPE_BF16, in.data(), outb.data(), B);
+		for (size_t i = 0; i < B; i += 8)
+			hw_f32_to_f16_x8(&in[i], &hw[i]);
+		if (std::memcmp(out.data(), hw.data(), B * 2) != 0) {
+			for (size_t i = 0; i < B; i++)
+				ASSERT_EQ(out[i], hw[i]) << std::hex << "f=" << in[i];
+		}
+		for (size_t i = 0; i < B; i++) {
+			if (outb[i] != ref_f32_to_bf16(in[i])) {
+				ASSERT_EQ(outb[i], ref_f32_to_bf16(in[i])) << std::hex << "f=" << in[i];
+			}
+		}
+	}
+}
+
+// ---------------------------------------------------------------- variants
+
+namespace {
+
+void expect_same_as_scalar(const char *name, ckpt_update_fn fn, const ckpt_hparams &hp,
+			   uint32_t scale, uint32_t dtype, const Chunk &c, bool expect_nf,
+			   bool allow_nan_payload)
+{
+	size_t n = c.g.size();
+	Chunk a = c, b = c;
+	uint32_t ra = ckpt_update_chunk_scalar(&hp, scale, dtype, a.g.data(), a.p.data(),
+					       a.m.data(), a.v.data(), a.plo.data(), n);
+	uint32_t rb = fn(&hp, scale, dtype, b.g.data(), b.p.data(), b.m.data(), b.v.data(),
+			 b.plo.data(), n);
+	ASSERT_EQ(ra != 0, expect_nf) << "scalar flag, n=" << n;
+	ASSERT_EQ(rb != 0, ra != 0) << name << " flag, n=" << n;
+	for (size_t i = 0; i < n; i++) {
+		const uint32_t *sa[3] = {&a.p[i], &a.m[i], &a.v[i]};
+		const uint32_t *sb[3] = {&b.p[i], &b.m[i], &b.v[i]};
+		for (int k = 0; k < 3; k++) {
+			if (allow_nan_payload && is_nan_bits(*sa[k]) && is_nan_bits(*sb[k]))
+				continue;
+			ASSERT_EQ(*sb[k], *sa[k]) << name << " n=" << n << " i=" << i
+						  << " state " << k << std::hex
+						  << " g=" << c.g[i];
+		}
+		if (allow_nan_payload && is_nan_bits(a.p[i]))
+			continue;
+		ASSERT_EQ(b.plo[i], a.plo[i]) << name << " plo n=" << n << " i=" << i;
+	}
+}
+
+const size_t kSizes[] = {0,  1,   2,   3,   5,   7,    8,    9,    15,   16,   17,  31,
+			 32, 33,  47,  63,  64,  65,   100,  127,  128,  129,  255, 256,
+			 257, 511, 513, 1000, 1023, 1024, 1025, 2048, 4097, 8191, 65536};
+
+} // namespace
+
+TEST(UpdateVariants, BitIdenticalToScalar)
+{
+	std::mt19937_64 rng(20240601);
+	int runs = 0;
+	for (uint32_t dtype : {(uint32_t)CKPT_DTYPE_FP16, (uint32_t)CKPT_DTYPE_BF16})
+		for (bool l2 : {false, true})
+			for (StateKind sk : {StateKind::Random, StateKind::Zero, StateKind::Denormal})
+				for (size_t n : kSizes) {
+					ckpt_hparams hp = make_hparams(rng, l2);
+					uint32_t scale = bits(std::ldexp(1.0f, (int)(rng() % 21) - 16));
+					if (rng() % 4 == 0)
+						scale = bits(1.0f / 3.0f);
+					Chunk c = make_chunk(rng, n, dtype, sk);
+					for (const Variant &var : variants()) {
+						if (!var.available)
+							continue;
+						SCOPED_TRACE(std::string(var.name) +
+							     (dtype == CKPT_DTYPE_BF16 ? " bf16" : " fp16") +
+							     (l2 ? " l2" : " adamw") + " n=" +
+							     std::to_string(n));
+						expect_same_as_scalar(var.name, var.fn, hp, scale, dtype, c,
+								      false, false);
+						runs++;
+					}
+				}
+	RecordProperty("runs", runs);
+}
+
+// Unaligned starts: the vector code peels/uses unaligned accesses.
+TEST(UpdateVariants, UnalignedOffsets)
+{
+	std::mt19937_64 rng(7);
+	for (uint32_t dtype : {(uint32_t)CKPT_DTYPE_FP16, (uint32_t)CKPT_DTYPE_BF16})
+		for (size_t off = 1; off < 17; off++) {
+			ckpt_hparams hp = make_hparams(rng, off & 1);
+			Chunk c = make_chunk(rng, 300 + off, dtype, StateKind::Random);
+			Chunk a = c;
+			uint32_t ra = ckpt_update_chunk_scalar(&hp, bits(1.0f), dtype, &a.g[off], &a.p[off],
+							       &a.m[off], &a.v[off], &a.plo[off], 300 - off);
+			for (const Variant &var : variants()) {
+				if (!var.available)
+					continue;
+				Chunk b = c;
+				uint32_t rb = var.fn(&hp, bits(1.0f), dtype, &b.g[off], &b.p[off], &b.m[off],
+						     &b.v[off], &b.plo[off], 300 - off);
+				ASSERT_EQ(ra, rb);
+				ASSERT_EQ(a.p, b.p) << var.name << " off=" << off;
+				ASSERT_EQ(a.m, b.m) << var.name << " off=" << off;
+				ASSERT_EQ(a.v, b.v) << var.name << " off=" << off;
+				ASSERT_EQ(a.plo, b.plo) << var.name << " off=" << off;
+			}
+		}
+}
+
+TEST(UpdateVariants, NonFiniteGradientFlag)
+{
+	std::mt19937_64 rng(99);
+	int runs = 0;
+	for (uint32_t dtype : {(uint32_t)CKPT_DTYPE_FP16, (uint32_t)CKPT_DTYPE_BF16})
+		for (bool l2 : {false, true})
+			for (size_t n : {1u, 7u, 16u, 17u, 33u, 64u, 100u, 1000u, 4097u}) {
+				for (int what = 0; what < 5; what++) {
+					ckpt_hparams hp = make_hparams(rng, l2);
+					Chunk c = make_chunk(rng, n, dtype, StateKind::Random);
+					size_t at = (what == 3) ? n - 1 : rng() % n; // the tail too
+					uint32_t scale = bits(1.0f);
+					bool f16 = dtype == CKPT_DTYPE_FP16;
+					switch (what) {
+					case 0: c.g[at] = f16 ? 0x7c00u : 0x7f80u; break; // +Inf
+					case 1: c.g[at] = f16 ? 0xfc00u : 0xff80u; break; // -Inf
+					case 2: c.g[at] = f16 ? 0x7e00u : 0x7fc0u; break; // qNaN
+					case 3: c.g[at] = f16 ? 0xfd01u : 0xff81u; break; // sNaN
+					case 4:	// finite grad, overflow by the scale
+						c.g[at] = f16 ? 0x7bffu : 0x7f7fu;
+						scale = bits(f16 ? 1e35f : 4.0f);
+						break;
+					}
+					for (const Variant &var : variants()) {
+						if (!var.available)
+							continue;
+						expect_same_as_scalar(var.name, var.fn, hp, scale, dtype, c,
+								      true, true);
+						runs++;
+					}
+				}
+			}
+	// and a finite chunk does not set it: 65504 * 2^-1 etc. (max finite values)
+	ckpt_hparams hp = make_hparams(rng, false);
+	Chunk c = make_chunk(rng, 64, CKPT_DTYPE_FP16, StateKind::Random);
+	for (auto &g : c.g)
+		g = 0x7bffu;
+	for (const Variant &var : variants())
+		if (var.available)
+			expect_same_as_scalar(var.name, var.fn, hp, bits(1.0f), CKPT_DTYPE_FP16, c,
+					      false, false);
+	RecordProperty("runs", runs);
+}
+
+// ---------------------------------------------------------------- the math
+
+// Straightforward float reference, exactly the operation order of ckpt_update.h.
+TEST(UpdateMath, MatchesHeaderFormula)
+{
+	if (!cpu_f16c())
+		GTEST_SKIP() << "no F16C";
+	std::mt19937_64 rng(1234);
+	for (uint32_t dtype : {(uint32_t)CKPT_DTYPE_FP16, (uint32_t)CKPT_DTYPE_BF16})
+		for (bool l2 : {false, true}) {
+			const size_t n = 37;
+			ckpt_hparams hp = make_hparams(rng, l2);
+			uint32_t scale_b = bits(0.5f);
+			Chunk c = make_chunk(rng, n, dtype, StateKind::Random);
+			Chunk out = c;
+			uint32_t nf = ckpt_update_chunk(&hp, scale_b, dtype, out.g.data(), out.p.data(),
+							out.m.data(), out.v.data(), out.plo.data(), n);
+			EXPECT_EQ(nf, 0u);
+			const float scale = fl(scale_b), wd = fl(hp.weight_decay), decay = fl(hp.decay);
+			const float beta1 = fl(hp.beta1), beta2 = fl(hp.beta2), eps = fl(hp.eps);
+			const float omb1 = fl(hp.one_minus_beta1), omb2 = fl(hp.one_minus_beta2);
+			const float step_size = fl(hp.step_size), bc2 = fl(hp.bc2_sqrt);
+			for (size_t i = 0; i < n; i++) {
+				float g = fl(dtype == CKPT_DTYPE_FP16 ? hw_f16_to_f32(c.g[i])
+								      : (uint32_t)c.g[i] << 16);
+				g = g * scale;
+				float p = fl(c.p[i]), m = fl(c.m[i]), v = fl(c.v[i]);
+				if (l2)
+					g = g + wd * p;
+				else
+					p = p * decay;
+				m = m * beta1 + g * omb1;
+				v = v * beta2 + (g * g) * omb2;
+				float denom = std::sqrt(v) / bc2 + eps;
+				p = p - step_size * (m / denom);
+				uint16_t lo = dtype == CKPT_DTYPE_FP16
+						      ? hw_f32_to_f16(bits(p))
+						      : ref_f32_to_bf16(bits(p));
+				EXPECT_EQ(out.p[i], bits(p)) << i;
+				EXPECT_EQ(out.m[i], bits(m)) << i;
+				EXPECT_EQ(out.v[i], bits(v)) << i;
+				EXPECT_EQ(out.plo[i], lo) << i;
+			}
+		}
+}
+
+// One hand-checked element: first AdamW step, g = 1, p = 1.
+TEST(UpdateMath, FirstStepByHand)
+{
+	ckpt_hparams hp{};
+	hp.lr = bits(0.001f);
+	hp.beta1 = bits(0.9f);
+	hp.beta2 = bits(0.999f);
+	hp.eps = bits(1e-8f);
+	hp.weight_decay = bits(0.0f);
+	hp.one_minus_beta1 = bits(0.1f);
+	hp.one_minus_beta2 = bits(0.001f);
+	hp.step_size = bits(0.001f / 0.1f);
+	hp.bc2_sqrt = bits(std::sqrt(0.001f));
+	hp.decay = bits(1.0f);
+	uint16_t g = 0x3c00, plo = 0; // 1.0
+	uint32_t p = bits(1.0f), m = 0, v = 0;
+	EXPECT_EQ(ckpt_update_chunk(&hp, bits(1.0f), CKPT_DTYPE_FP16, &g, &p, &m, &v, &plo, 1), 0u);
+	// m = 0.1, v = 0.001, m / (sqrt(v)/sqrt(0.001) + eps) ~ 0.1: the first
+	// Adam step moves by lr, p ~ 1 - 0.001
+	EXPECT_NEAR(fl(p), 0.999f, 1e-6f);
+	EXPECT_EQ(plo, ckpt_f32_to_f16(p));
+	EXPECT_EQ(fl(m), 0.1f);
+	EXPECT_EQ(fl(v), 0.001f);
+}
