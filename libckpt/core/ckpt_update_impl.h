@@ -145,42 +145,45 @@ CKPT_AI u32 ckpt_as_u(float f)
 #define CKPT_MASK(c) (0u - (u32)(c))
 #define CKPT_SEL(msk, a, b) (((msk) & (a)) | (~(msk) & (b)))
 
+/*
+ * fp16 -> fp32: normal, Inf and NaN by rebiasing the exponent with an exact
+ * multiply by 2^-112 (which also quiets a signalling NaN, keeping its payload,
+ * exactly as vcvtph2ps does); subnormals by the exact magic subtraction
+ * (0.5 + mant * 2^-24) - 0.5. One select.
+ */
 CKPT_AI u32 ckpt_f16_to_f32_vec(u32 h)
 {
-	u32 a = (h & 0x7fffu) << 13;		/* exponent/mantissa in place */
-	u32 e = a & 0x0f800000u;
-	u32 inf = CKPT_MASK(e == 0x0f800000u);
-	u32 sub = CKPT_MASK(e == 0u);
-	/* normal: rebias by 112; Inf/NaN: by 224 more (to 255) */
-	u32 o = a + 0x38000000u + (inf & 0x38000000u);
-	/* NaN (exponent 31, mantissa != 0): set the quiet bit */
-	u32 q = (((a & 0x007fe000u) + 0x007fe000u) & 0x00800000u) >> 1;
-	/* subnormal/zero: (2^-14 * 1.mant) - 2^-14 = mant * 2^-24, exact */
-	u32 s = ckpt_as_u(ckpt_as_f(a + 0x38800000u) - ckpt_as_f(0x38800000u));
+	u32 a = h & 0x7fffu;
+	u32 sub = CKPT_MASK((s32)a < 0x400);		/* exponent 0 */
+	u32 nrm = ckpt_as_u(ckpt_as_f((a << 13) + 0x70000000u) *
+			    ckpt_as_f(0x07800000u));	/* * 2^-112 */
+	u32 den = ckpt_as_u(ckpt_as_f(a | 0x3f000000u) - ckpt_as_f(0x3f000000u));
 
-	o |= inf & q;
-	o = CKPT_SEL(sub, s, o);
-	return o | ((h & 0x8000u) << 16);
+	return CKPT_SEL(sub, den, nrm) | ((h & 0x8000u) << 16);
 }
 
+/*
+ * fp32 -> fp16, round to nearest even by the FPU's own rounding (MXCSR
+ * default): |f| * 2^112 * 2^-110 overflows to Inf exactly for |f| >= 2^16 and
+ * is otherwise |f| * 4, exact; adding 2^(max(E, -14) + 15) rounds it at the
+ * fp16 ulp of its binade (or the subnormal ulp 2^-24), and the sum's bits hold
+ * the fp16 exponent and mantissa (after Marat Dukhan's FP16 library). NaN:
+ * quiet bit and top payload bits kept, as vcvtps2ph. One max, one select.
+ */
 CKPT_AI u32 ckpt_f32_to_f16_vec(u32 f)
 {
-	u32 sign = (f >> 16) & 0x8000u;
-	s32 a = (s32)(f & 0x7fffffffu);		/* signed compares: SSE2 pcmpgtd */
-	u32 au = (u32)a;
-	u32 big = CKPT_MASK(a >= (s32)0x47800000);	/* >= 2^16, Inf, NaN */
-	u32 nan = CKPT_MASK(a > (s32)0x7f800000);
-	u32 small = CKPT_MASK(a < (s32)0x38800000);	/* below fp16 normal range */
-	/* normal: rebias, round to nearest even on the 13 dropped bits */
-	u32 n = (au + 0xc8000fffu + ((au >> 13) & 1u)) >> 13;
-	/* subnormal: adding 0.5 rounds at 2^-24 granularity (RNE), then unbias */
-	u32 s = ckpt_as_u(ckpt_as_f(au) + ckpt_as_f(0x3f000000u)) - 0x3f000000u;
-	/* Inf, or NaN with the quiet bit and top payload bits */
-	u32 i = 0x7c00u | (nan & (0x0200u | ((au >> 13) & 0x3ffu)));
-	u32 o = CKPT_SEL(small, s, n);
+	u32 a = f & 0x7fffffffu;
+	u32 nan = CKPT_MASK((s32)a > 0x7f800000);
+	s32 e = (s32)(f & 0x7f800000u);
+	float base = (ckpt_as_f(a) * ckpt_as_f(0x77800000u)) *	/* 2^112 */
+		     ckpt_as_f(0x08800000u);			/* 2^-110 */
+	u32 r, o;
 
-	o = CKPT_SEL(big, i, o);
-	return (o | sign) & 0xffffu;
+	e = e < 0x38800000 ? 0x38800000 : e;			/* max(E, -14) */
+	r = ckpt_as_u(ckpt_as_f((u32)e + 0x07800000u) + base);
+	o = ((r >> 13) & 0x7c00u) + (r & 0x0fffu);
+	o = CKPT_SEL(nan, 0x7e00u | ((a >> 13) & 0x3ffu), o);
+	return o | ((f >> 16) & 0x8000u);
 }
 
 CKPT_AI u32 ckpt_bf16_to_f32_vec(u32 h)

@@ -69,45 +69,26 @@ std::unique_ptr<Engine> Engine::open(const std::string &path, const EngineOption
 
 void Engine::start(const std::string &path)
 {
-	file_ = BackingFile::open(path, true);
-	block_ = Buffer(2 * CKPT_BLOCK);
-	if (file_.size < 2 * CKPT_BLOCK)
-		fail(CKPT_E_NO_SB, "{} is not a dm-ckpt image: {} bytes, too small for a superblock",
-		     path, file_.size);
-	file_.pread_all(block_.as(), 2 * CKPT_BLOCK, 0);
-	int ret = ckpt_sb_pick(block_.as(), block_.as() + CKPT_BLOCK, file_.size, &sb_);
-	if (ret < 0)
-		fail(-ret, "{} is not a usable dm-ckpt image: superblock: {}", path, ckpt_strerror(-ret));
-	const struct ckpt_layout &l = sb_.layout;
+	img_ = Image::open(path, true);
+	block_ = Buffer(CKPT_BLOCK);
+	const struct ckpt_layout &l = img_.sb.layout;
 
-	Buffer meta(l.group_bytes + l.manifest_bytes);
-	file_.pread_all(meta.as(), meta.size(), l.group_off);
-	group_table_.assign(meta.as(), meta.as() + sb_.geo.n_chunks);
-	for (uint32_t c = 0; c < sb_.geo.n_chunks; c++)
-		if (group_table_[c] >= sb_.geo.n_groups)
-			fail(CKPT_E_LAYOUT, "{}: chunk {} has group {}, the device has {} groups", path, c,
-			     group_table_[c], sb_.geo.n_groups);
-	const uint8_t *mtext = meta.as() + (l.manifest_off - l.group_off);
-	if (ckpt_crc32c(mtext, sb_.manifest_len) != sb_.manifest_crc)
-		fail(CKPT_E_MANIFEST, "{}: tensor manifest checksum mismatch", path);
-	manifest_ = Manifest::decode({reinterpret_cast<const char *>(mtext), sb_.manifest_len}, l,
-				     sb_.geo, group_table_);
-
-	claimed_.assign(ckpt_bitmap_words(sb_.geo.n_chunks), 0);
-	applied_.assign(ckpt_bitmap_words(sb_.geo.n_chunks), 0);
-	ckpt_sm_init(&sm_, &sb_, claimed_.data(), applied_.data());
+	claimed_.assign(ckpt_bitmap_words(img_.sb.geo.n_chunks), 0);
+	applied_.assign(ckpt_bitmap_words(img_.sb.geo.n_chunks), 0);
+	ckpt_sm_init(&sm_, &img_.sb, claimed_.data(), applied_.data());
 	cmd_ = std::make_unique<struct ckpt_cmd>();
 
-	size_t n_stages = std::max<uint64_t>(2, opts_.staging_bytes / l.plo_chunk_bytes);
+	size_t n_stages = std::clamp<uint64_t>(opts_.staging_bytes / l.plo_chunk_bytes, 2,
+					       std::max(2u, img_.sb.geo.n_chunks));
 	stages_.resize(n_stages);
 	const uint32_t sectors = static_cast<uint32_t>(l.plo_chunk_bytes / CKPT_SECTOR);
 	for (Stage &s : stages_) {
 		s.grad = Buffer(l.plo_chunk_bytes);
 		s.cover.assign(ckpt_bitmap_words(sectors), 0);
 	}
-	stage_of_.assign(sb_.geo.n_chunks, -1);
+	stage_of_.assign(img_.sb.geo.n_chunks, -1);
 	bounce_ = Buffer(std::max<uint64_t>(l.record_bytes, l.plo_chunk_bytes + CKPT_BLOCK));
-	batch_.jobs.reserve(sb_.geo.n_chunks);
+	batch_.jobs.reserve(img_.sb.geo.n_chunks);
 
 	unsigned n = opts_.workers ? opts_.workers
 				   : std::clamp(std::thread::hardware_concurrency(), 1u, 4u);
@@ -133,7 +114,7 @@ Engine::~Engine()
 void Engine::write(uint64_t off, const void *buf, uint64_t len)
 {
 	std::lock_guard call(call_mu_);
-	const struct ckpt_layout &l = sb_.layout;
+	const struct ckpt_layout &l = img_.sb.layout;
 	if (len == 0)
 		return;
 	if (off % CKPT_SECTOR || len % CKPT_SECTOR)
@@ -159,7 +140,7 @@ void Engine::write(uint64_t off, const void *buf, uint64_t len)
 void Engine::read(uint64_t off, void *buf, uint64_t len)
 {
 	std::lock_guard call(call_mu_);
-	const struct ckpt_layout &l = sb_.layout;
+	const struct ckpt_layout &l = img_.sb.layout;
 	if (off >= l.virt_bytes || len > l.virt_bytes - off)
 		fail(CKPT_E_RANGE, "read of {} bytes at {}: beyond the device ({} bytes)", len, off,
 		     l.virt_bytes);
@@ -169,7 +150,7 @@ void Engine::read(uint64_t off, void *buf, uint64_t len)
 		if (off < l.grad_off) {
 			n = std::min(len, l.grad_off - off);
 			struct ckpt_status st;
-			ckpt_sm_status(&sm_, &sb_, &st);
+			ckpt_sm_status(&sm_, &img_.sb, &st);
 			st.grad_bytes = grad_bytes_;
 			st.param_bytes = param_bytes_;
 			ckpt_status_encode(&st, block_.as());
@@ -217,7 +198,7 @@ void Engine::control_write(const void *buf, uint64_t len)
 			if (ret == CKPT_RESULT_OVERFLOW)
 				release_stages();
 			if (ret == CKPT_RESULT_COMMITTED) {
-				struct ckpt_sb next = sb_;
+				struct ckpt_sb next = img_.sb;
 				next.sequence++;
 				next.committed_step = sm_.open_step;
 				next.committed_slot = ckpt_sm_dst_slot(&sm_);
@@ -247,11 +228,11 @@ void Engine::control_write(const void *buf, uint64_t len)
 // points at them is written, with FUA, over the older copy.
 void Engine::commit_superblock(const struct ckpt_sb &next)
 {
-	file_.flush();
+	img_.file.flush();
 	std::memset(block_.as(), 0, CKPT_BLOCK);
 	check_core(ckpt_sb_encode(&next, block_.as()), "encode superblock");
-	file_.pwrite_durable(block_.as(), CKPT_BLOCK, ckpt_sb_next_offset(&sb_));
-	sb_ = next;
+	img_.file.pwrite_durable(block_.as(), CKPT_BLOCK, ckpt_sb_next_offset(&img_.sb));
+	img_.sb = next;
 }
 
 // ---------------------------------------------------------------- gradients
@@ -279,7 +260,7 @@ void Engine::release_stages()
 
 void Engine::grad_write(uint64_t off, const uint8_t *buf, uint64_t len)
 {
-	const struct ckpt_layout &l = sb_.layout;
+	const struct ckpt_layout &l = img_.sb.layout;
 	const uint64_t cb = l.plo_chunk_bytes;
 	const uint32_t sectors = static_cast<uint32_t>(cb / CKPT_SECTOR);
 
@@ -375,9 +356,9 @@ void Engine::batch_failed(const Error &e)
 
 void Engine::worker_main(Worker &w)
 {
-	const struct ckpt_layout &l = sb_.layout;
+	const struct ckpt_layout &l = img_.sb.layout;
 	const uint64_t cp = l.chunk_params;
-	const int fd = file_.fd.get();
+	const int fd = img_.file.fd.get();
 	uint64_t seen = 0;
 
 	for (;;) {
@@ -390,7 +371,7 @@ void Engine::worker_main(Worker &w)
 		}
 		const bool load = batch_.jobs.front().load != nullptr;
 		const uint32_t src = ckpt_sm_src_slot(&sm_), dst = ckpt_sm_dst_slot(&sm_);
-		const uint64_t step = load ? sb_.committed_step : sm_.open_step;
+		const uint64_t step = load ? img_.sb.committed_step : sm_.open_step;
 		unsigned inflight = 0;
 		bool stop = false;
 		try {
@@ -429,7 +410,7 @@ void Engine::worker_main(Worker &w)
 				}
 				if (static_cast<uint64_t>(res) != l.record_bytes)
 					fail(CKPT_E_IO, "short read of chunk {} state", chunk);
-				check_record(s.rec.as(), chunk, src, sb_.committed_step, sb_.sequence, false);
+				check_record(s.rec.as(), chunk, src, img_.sb.committed_step, img_.sb.sequence, false);
 				auto *p = reinterpret_cast<uint32_t *>(s.rec.as() + CKPT_BLOCK);
 				uint32_t nonfinite = 0;
 				if (load) {
@@ -443,10 +424,10 @@ void Engine::worker_main(Worker &w)
 						std::memset(p + cp + (lo - chunk * cp), 0, (hi - lo) * 4);
 						std::memset(p + 2 * cp + (lo - chunk * cp), 0, (hi - lo) * 4);
 					}
-					ckpt_round_params(sb_.geo.dtype, p, s.plo.as<uint16_t>(), cp);
+					ckpt_round_params(img_.sb.geo.dtype, p, s.plo.as<uint16_t>(), cp);
 				} else {
-					const struct ckpt_hparams *hp = &sm_.groups[group_table_[chunk]];
-					nonfinite = ckpt_update_chunk(hp, sm_.grad_scale, sb_.geo.dtype, s.job->grad,
+					const struct ckpt_hparams *hp = &sm_.groups[img_.group_table[chunk]];
+					nonfinite = ckpt_update_chunk(hp, sm_.grad_scale, img_.sb.geo.dtype, s.job->grad,
 								      p, p + cp, p + 2 * cp,
 								      s.plo.as<uint16_t>(), cp);
 				}
@@ -459,9 +440,9 @@ void Engine::worker_main(Worker &w)
 				struct ckpt_rec rec = {};
 				rec.chunk = chunk;
 				rec.slot = dst;
-				rec.chunk_shift = sb_.geo.chunk_shift;
+				rec.chunk_shift = img_.sb.geo.chunk_shift;
 				rec.step = step;
-				rec.sequence = sb_.sequence + 1;
+				rec.sequence = img_.sb.sequence + 1;
 				rec.data_crc = ckpt_crc32c(p, 12 * cp);
 				ckpt_rec_encode(&rec, s.rec.as());
 				w.ring.write(fd, s.rec.as(), static_cast<unsigned>(l.record_bytes),
@@ -500,12 +481,12 @@ void Engine::check_record(const uint8_t *block, uint32_t chunk, uint32_t slot, u
 	if (ret < 0)
 		fail(CKPT_E_RECORD, "state record of chunk {} slot {}: {}", chunk, slot, ckpt_strerror(-ret));
 	if (rec.chunk != chunk || rec.slot != slot || rec.step != step || rec.sequence != sequence ||
-	    rec.chunk_shift != sb_.geo.chunk_shift)
+	    rec.chunk_shift != img_.sb.geo.chunk_shift)
 		fail(CKPT_E_RECORD,
 		     "state record of chunk {} slot {} is stale or misplaced: holds chunk {} slot {} "
 		     "step {} sequence {}, expected step {} sequence {}",
 		     chunk, slot, rec.chunk, rec.slot, rec.step, rec.sequence, step, sequence);
-	if (check_data && ckpt_crc32c(block + CKPT_BLOCK, 12 * sb_.layout.chunk_params) != rec.data_crc)
+	if (check_data && ckpt_crc32c(block + CKPT_BLOCK, 12 * img_.sb.layout.chunk_params) != rec.data_crc)
 		fail(CKPT_E_RECORD, "state record of chunk {} slot {}: data checksum mismatch", chunk, slot);
 }
 
@@ -513,11 +494,11 @@ void Engine::check_record(const uint8_t *block, uint32_t chunk, uint32_t slot, u
 
 void Engine::param_read(uint64_t off, uint8_t *buf, uint64_t len)
 {
-	const struct ckpt_layout &l = sb_.layout;
+	const struct ckpt_layout &l = img_.sb.layout;
 	for_each_chunk(off, len, l.plo_chunk_bytes, [&](uint32_t c, uint64_t in, uint64_t n) {
 		uint32_t slot = ckpt_sm_read_slot(&sm_, c);
 		uint64_t lo = align_down(in, CKPT_BLOCK), hi = align_up(in + n, CKPT_BLOCK);
-		file_.pread_all(bounce_.as(), hi - lo, ckpt_plo_offset(&l, slot, c) + lo);
+		img_.file.pread_all(bounce_.as(), hi - lo, ckpt_plo_offset(&l, slot, c) + lo);
 		std::memcpy(buf, bounce_.as() + (in - lo), n);
 		buf += n;
 	});
@@ -527,16 +508,16 @@ void Engine::param_read(uint64_t off, uint8_t *buf, uint64_t len)
 void Engine::read_state(uint64_t offset, uint64_t n, float *p, float *m, float *v)
 {
 	std::lock_guard call(call_mu_);
-	const struct ckpt_layout &l = sb_.layout;
+	const struct ckpt_layout &l = img_.sb.layout;
 	if (offset >= l.n_params || n > l.n_params - offset)
 		fail(CKPT_E_RANGE, "state read of {} params at {}: out of range", n, offset);
 	const uint64_t cp = l.chunk_params;
 	for_each_chunk(offset, n, cp, [&](uint32_t c, uint64_t in, uint64_t k) {
 		uint32_t slot = ckpt_sm_read_slot(&sm_, c);
-		bool committed = slot == sb_.committed_slot;
-		file_.pread_all(bounce_.as(), l.record_bytes, ckpt_record_offset(&l, slot, c));
-		check_record(bounce_.as(), c, slot, committed ? sb_.committed_step : sm_.open_step,
-			     committed ? sb_.sequence : sb_.sequence + 1, true);
+		bool committed = slot == img_.sb.committed_slot;
+		img_.file.pread_all(bounce_.as(), l.record_bytes, ckpt_record_offset(&l, slot, c));
+		check_record(bounce_.as(), c, slot, committed ? img_.sb.committed_step : sm_.open_step,
+			     committed ? img_.sb.sequence : img_.sb.sequence + 1, true);
 		const auto *state = reinterpret_cast<const float *>(bounce_.as() + CKPT_BLOCK);
 		std::memcpy(p, state + in, k * 4);
 		std::memcpy(m, state + cp + in, k * 4);
@@ -552,14 +533,14 @@ void Engine::read_state(uint64_t offset, uint64_t n, float *p, float *m, float *
 void Engine::load_params(const std::vector<LoadSpan> &spans)
 {
 	std::lock_guard call(call_mu_);
-	const struct ckpt_layout &l = sb_.layout;
+	const struct ckpt_layout &l = img_.sb.layout;
 	if (sm_.state == CKPT_STATE_FAILED)
 		fail(CKPT_E_FAILED, "the device failed earlier; no changes accepted");
 	if (sm_.state != CKPT_STATE_IDLE)
 		fail(CKPT_E_STATE, "load_params while step {} is open", sm_.open_step);
-	if (sb_.committed_step != 0)
+	if (img_.sb.committed_step != 0)
 		fail(CKPT_E_STATE, "load_params only before the first step (committed step is {})",
-		     sb_.committed_step);
+		     img_.sb.committed_step);
 	for (const LoadSpan &s : spans)
 		if (s.offset >= l.n_params || s.n > l.n_params - s.offset)
 			fail(CKPT_E_RANGE, "load of {} params at {}: out of range", s.n, s.offset);
@@ -567,16 +548,16 @@ void Engine::load_params(const std::vector<LoadSpan> &spans)
 	// Every chunk goes to the other slot, loaded or copied, so the flip of
 	// committed_slot below moves the whole state at once.
 	batch_.jobs.clear();
-	for (uint32_t c = 0; c < sb_.geo.n_chunks; c++)
+	for (uint32_t c = 0; c < img_.sb.geo.n_chunks; c++)
 		batch_.jobs.push_back({c, nullptr, &spans});
 	run_batch();
 	if (batch_.error)
 		throw Error(batch_.error, batch_.message);
-	struct ckpt_sb next = sb_;
+	struct ckpt_sb next = img_.sb;
 	next.sequence++;
 	next.committed_slot ^= 1;
 	commit_superblock(next);
-	sm_.committed_slot = sb_.committed_slot;
+	sm_.committed_slot = img_.sb.committed_slot;
 }
 
 } // namespace ckpt

@@ -15,8 +15,7 @@
 #include <vector>
 
 #include "error.hpp"
-#include "io.hpp"
-#include "layout.hpp"
+#include "image.hpp"
 
 extern "C" {
 #include "ckpt_step.h"
@@ -55,9 +54,9 @@ public:
 	void read(uint64_t off, void *buf, uint64_t len) override;
 
 	// Beyond the virtual device: what only the backing device knows.
-	const struct ckpt_sb &superblock() const { return sb_; }
-	const struct ckpt_layout &layout() const { return sb_.layout; }
-	const Manifest &manifest() const { return manifest_; }
+	const struct ckpt_sb &superblock() const { return img_.sb; }
+	const struct ckpt_layout &layout() const { return img_.sb.layout; }
+	const Manifest &manifest() const { return img_.manifest; }
 	struct ckpt_status status();
 	// Initial fp32 masters, moments zero: only before the first step. Commits
 	// like a step does (other slot, flush, superblock), so a crash keeps
@@ -102,10 +101,7 @@ private:
 			  uint64_t sequence, bool check_data);
 
 	EngineOptions opts_;
-	BackingFile file_;
-	struct ckpt_sb sb_ {};
-	Manifest manifest_;
-	std::vector<uint8_t> group_table_;
+	Image img_;
 	struct ckpt_step_sm sm_ {};
 	std::vector<uint64_t> claimed_, applied_;
 	std::unique_ptr<struct ckpt_cmd> cmd_;
