@@ -143,6 +143,14 @@ void Device::write_grad(const std::string &name, const uint16_t *grad, uint64_t 
 		target_->write(base + body, tail_.as(), tail);
 }
 
+void Device::write_grad_window(uint64_t off, const void *buf, uint64_t len)
+{
+	const struct ckpt_layout &l = engine_->layout();
+	if (off > l.window_bytes || len > l.window_bytes - off)
+		fail(CKPT_E_RANGE, "gradient write of {} bytes at {}: beyond the GRAD window", len, off);
+	target_->write(l.grad_off + off, buf, len);
+}
+
 void Device::read_params(const std::string &name, uint16_t *out, uint64_t n)
 {
 	const Tensor &t = tensor(name, n);

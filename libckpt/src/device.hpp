@@ -39,6 +39,8 @@ public:
 
 	void begin(std::span<const GroupHparams> groups, double grad_scale);
 	void write_grad(const std::string &name, const uint16_t *grad, uint64_t n);
+	// Raw bytes at an offset of the GRAD window: sector-aligned, any order.
+	void write_grad_window(uint64_t off, const void *buf, uint64_t len);
 	CommitResult commit(std::span<const uint8_t> blob);
 	void abort();
 	void read_params(const std::string &name, uint16_t *out, uint64_t n);
