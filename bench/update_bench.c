@@ -108,7 +108,7 @@ int main(int argc, char **argv)
 	unsigned lg = argc > 1 ? (unsigned)atoi(argv[1]) : 26;
 	int reps = argc > 2 ? atoi(argv[2]) : 5;
 	u64 n = 1ull << lg;
-	u16 *g = big_alloc(n * 2), *plo = big_alloc(n * 2);
+	u16 *g = big_alloc(n * 2), *gb = big_alloc(n * 2), *plo = big_alloc(n * 2);
 	u32 *p = big_alloc(n * 4), *m = big_alloc(n * 4), *v = big_alloc(n * 4);
 	struct ckpt_hparams hp;
 	u32 scale = fbits(1.0f);
@@ -122,6 +122,7 @@ int main(int argc, char **argv)
 		seed = seed * 1664525u + 1013904223u;
 		r = (float)((int)(seed >> 8) - (1 << 23)) / (float)(1 << 23); /* [-1, 1) */
 		g[i] = ckpt_f32_to_f16(fbits(r * 1e-2f));
+		gb[i] = ckpt_f32_to_bf16(fbits(r * 1e-2f));
 		p[i] = fbits(r * 0.05f);
 		m[i] = fbits(r * 1e-3f);
 		v[i] = fbits(r * r * 1e-5f + 1e-9f);
@@ -178,7 +179,9 @@ int main(int argc, char **argv)
 				for (u64 off = 0; off < n; off += CHUNK) {
 					u64 len = n - off < CHUNK ? n - off : CHUNK;
 
-					flags |= x->ufn(&hp, scale, x->dtype, g + off, p + off,
+					const u16 *gs = x->dtype == CKPT_DTYPE_BF16 ? gb : g;
+
+					flags |= x->ufn(&hp, scale, x->dtype, gs + off, p + off,
 							m + off, v + off, plo + off, len);
 				}
 			}

@@ -168,7 +168,7 @@ CKPT_AI u32 ckpt_f16_to_f32_vec(u32 h)
  * is otherwise |f| * 4, exact; adding 2^(max(E, -14) + 15) rounds it at the
  * fp16 ulp of its binade (or the subnormal ulp 2^-24), and the sum's bits hold
  * the fp16 exponent and mantissa (after Marat Dukhan's FP16 library). NaN:
- * quiet bit and top payload bits kept, as vcvtps2ph. One max, one select.
+ * quiet bit and top payload bits kept, as vcvtps2ph. Two selects.
  */
 CKPT_AI u32 ckpt_f32_to_f16_vec(u32 f)
 {
@@ -177,10 +177,11 @@ CKPT_AI u32 ckpt_f32_to_f16_vec(u32 f)
 	s32 e = (s32)(f & 0x7f800000u);
 	float base = (ckpt_as_f(a) * ckpt_as_f(0x77800000u)) *	/* 2^112 */
 		     ckpt_as_f(0x08800000u);			/* 2^-110 */
+	u32 lo = CKPT_MASK(e < 0x38800000);	/* max(E, -14), SSE2 has no pmaxsd */
 	u32 r, o;
 
-	e = e < 0x38800000 ? 0x38800000 : e;			/* max(E, -14) */
-	r = ckpt_as_u(ckpt_as_f((u32)e + 0x07800000u) + base);
+	r = CKPT_SEL(lo, 0x38800000u, (u32)e);
+	r = ckpt_as_u(ckpt_as_f(r + 0x07800000u) + base);
 	o = ((r >> 13) & 0x7c00u) + (r & 0x0fffu);
 	o = CKPT_SEL(nan, 0x7e00u | ((a >> 13) & 0x3ffu), o);
 	return o | ((f >> 16) & 0x8000u);

@@ -5,6 +5,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include <xmmintrin.h>
+
 #include "error.hpp"
 
 extern "C" {
@@ -361,6 +363,9 @@ void Engine::worker_main(Worker &w)
 	const int fd = img_.file.fd.get();
 	uint64_t seen = 0;
 
+	// The update must give the kernel's bits: round to nearest, no flush of
+	// denormals, whatever floating-point mode the creating thread had.
+	_mm_setcsr(0x1f80);
 	for (;;) {
 		{
 			std::unique_lock lk(mu_);

@@ -248,7 +248,7 @@ bool is_nan_bits(uint32_t u)
 TEST(UpdateConv, F16ToF32ExhaustiveVsF16C)
 {
 	if (!cpu_f16c())
-		GTEST_SKIP() << "no F16C";
+		GTEST_FAIL() << "this CPU has no F16C: the hardware reference for fp16 conversions is missing";
 	std::vector<uint16_t> all(65536);
 	std::vector<uint32_t> vec(65536);
 	for (uint32_t h = 0; h < 65536; h++)
@@ -270,7 +270,7 @@ TEST(UpdateConv, Bf16ToF32Exhaustive)
 TEST(UpdateConv, F32ToF16BoundariesVsF16C)
 {
 	if (!cpu_f16c())
-		GTEST_SKIP() << "no F16C";
+		GTEST_FAIL() << "this CPU has no F16C: the hardware reference for fp16 conversions is missing";
 	std::vector<uint32_t> in = f16_boundary_inputs();
 	std::vector<uint16_t> out(in.size());
 	for (size_t i = 0; i < in.size(); i++)
@@ -318,7 +318,7 @@ TEST(UpdateConv, F32ToBf16VsReference)
 TEST(UpdateConv, F32ToLowExhaustiveDispatched)
 {
 	if (!cpu_f16c())
-		GTEST_SKIP() << "no F16C";
+		GTEST_FAIL() << "this CPU has no F16C: the hardware reference for fp16 conversions is missing";
 	const size_t B = 1u << 20;
 	std::vector<uint32_t> in(B);
 	std::vector<uint16_t> out(B), hw(B), outb(B);
@@ -483,7 +483,7 @@ TEST(UpdateVariants, NonFiniteGradientFlag)
 TEST(UpdateMath, MatchesHeaderFormula)
 {
 	if (!cpu_f16c())
-		GTEST_SKIP() << "no F16C";
+		GTEST_FAIL() << "this CPU has no F16C: the hardware reference for fp16 conversions is missing";
 	std::mt19937_64 rng(1234);
 	for (uint32_t dtype : {(uint32_t)CKPT_DTYPE_FP16, (uint32_t)CKPT_DTYPE_BF16})
 		for (bool l2 : {false, true}) {
