@@ -126,8 +126,8 @@ int main(int argc, char **argv)
 		ckpt::EngineOptions opts;
 		opts.workers = workers;
 		auto dev = ckpt::Device::open(path, opts);
-		const struct ckpt_layout l = dev->superblock().layout;
-		const uint32_t n_chunks = dev->superblock().geo.n_chunks;
+		const struct ckpt_layout l = dev->layout();
+		const uint32_t n_chunks = dev->geometry().n_chunks;
 		const uint64_t step_bytes = n_chunks * (2 * l.record_bytes + l.plo_chunk_bytes);
 		ckpt::BackingFile raw = ckpt::BackingFile::open(path, true);
 		const unsigned threads = workers ? workers : std::clamp(std::thread::hardware_concurrency(), 1u, 4u);
@@ -140,7 +140,7 @@ int main(int argc, char **argv)
 		std::vector<ckpt::GroupHparams> groups(1);
 		double best_raw = 1e30, best_step = 1e30;
 		for (unsigned r = 0; r < rounds; r++) {
-			best_raw = std::min(best_raw, raw_pass(raw, l, n_chunks, dev->superblock().committed_slot, rec, plo));
+			best_raw = std::min(best_raw, raw_pass(raw, l, n_chunks, dev->status().committed_slot, rec, plo));
 			auto t0 = clock_type::now();
 			dev->begin(groups, 1.0);
 			dev->write_grad("w", grad.data(), grad.size());

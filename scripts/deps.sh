@@ -11,6 +11,10 @@ libgtest-dev libgmock-dev libbenchmark-dev
 libdevmapper-dev libnvme-dev
 python3 python3-numpy python3-torch python3-matplotlib
 libjemalloc2 fio
+linux-image-amd64 linux-headers-amd64
+linux-image-6.12-amd64 linux-headers-6.12-amd64
+linux-source-6.1 dkms
+qemu-system-x86 busybox-static dmsetup cpio kmod xz-utils
 "
 
 missing=""

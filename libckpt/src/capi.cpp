@@ -244,12 +244,12 @@ int ckpt_blob(ckpt_device *d, void *buf, size_t cap)
 {
 	return guarded([&] {
 		need(d, "device");
-		const struct ckpt_sb &sb = d->dev->superblock();
-		if (cap)
+		const struct ckpt_status st = d->dev->status();
+		if (cap) {
 			need(buf, "buf");
-		if (cap)
-			std::memcpy(buf, sb.blob, std::min<size_t>(cap, sb.blob_len));
-		return static_cast<int>(sb.blob_len);
+			std::memcpy(buf, st.blob, std::min<size_t>(cap, st.blob_len));
+		}
+		return static_cast<int>(st.blob_len);
 	});
 }
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "block_target.hpp"
 #include "error.hpp"
 
 namespace ckpt {
@@ -42,15 +43,29 @@ struct ckpt_hparams hparams_for_step(const GroupHparams &g, uint64_t step)
 	return h;
 }
 
+// A device-mapper device is a dm-ckpt virtual device served by the kernel;
+// anything else is a backing file or device for the userspace engine.
 std::unique_ptr<Device> Device::open(const std::string &path, const EngineOptions &opts)
 {
-	return std::unique_ptr<Device>(new Device(Engine::open(path, opts)));
-}
-
-Device::Device(std::unique_ptr<Engine> e)
-	: engine_(std::move(e)), target_(engine_.get()), cmd_(std::make_unique<struct ckpt_cmd>()),
-	  page_(CKPT_BLOCK), tail_(engine_->layout().plo_chunk_bytes + CKPT_BLOCK)
-{
+	std::unique_ptr<Device> d(new Device());
+	if (auto backing = BlockTarget::backing_of(path)) {
+		d->backing_ = Image::open(*backing, false);
+		d->kernel_ = std::make_unique<BlockTarget>(BackingFile::open(path, true));
+		d->target_ = d->kernel_.get();
+	} else {
+		d->engine_ = Engine::open(path, opts);
+		d->target_ = d->engine_.get();
+	}
+	d->cmd_ = std::make_unique<struct ckpt_cmd>();
+	d->page_ = Buffer(CKPT_BLOCK);
+	d->tail_ = Buffer(d->layout().plo_chunk_bytes + CKPT_BLOCK);
+	if (d->kernel_) {
+		const struct ckpt_status st = d->status();
+		if (memcmp(&st.geo, &d->geometry(), sizeof(st.geo)) != 0)
+			fail(CKPT_E_LAYOUT, "{}: the target's geometry disagrees with its backing device {}",
+			     path, d->backing_->file.path);
+	}
+	return d;
 }
 
 struct ckpt_status Device::status()
@@ -129,7 +144,7 @@ const Tensor &Device::tensor(const std::string &name, uint64_t n)
 void Device::write_grad(const std::string &name, const uint16_t *grad, uint64_t n)
 {
 	const Tensor &t = tensor(name, n);
-	const struct ckpt_layout &l = engine_->layout();
+	const struct ckpt_layout &l = layout();
 	const uint64_t base = l.grad_off + t.offset * 2;
 	const uint64_t body = t.numel * 2 / CKPT_SECTOR * CKPT_SECTOR;
 	const uint64_t tail = t.extent * 2 - body;
@@ -145,7 +160,7 @@ void Device::write_grad(const std::string &name, const uint16_t *grad, uint64_t 
 
 void Device::write_grad_window(uint64_t off, const void *buf, uint64_t len)
 {
-	const struct ckpt_layout &l = engine_->layout();
+	const struct ckpt_layout &l = layout();
 	if (off > l.window_bytes || len > l.window_bytes - off)
 		fail(CKPT_E_RANGE, "gradient write of {} bytes at {}: beyond the GRAD window", len, off);
 	target_->write(l.grad_off + off, buf, len);
@@ -154,13 +169,23 @@ void Device::write_grad_window(uint64_t off, const void *buf, uint64_t len)
 void Device::read_params(const std::string &name, uint16_t *out, uint64_t n)
 {
 	const Tensor &t = tensor(name, n);
-	target_->read(engine_->layout().param_off + t.offset * 2, out, n * 2);
+	target_->read(layout().param_off + t.offset * 2, out, n * 2);
 }
 
 void Device::read_state(const std::string &name, float *p, float *m, float *v, uint64_t n)
 {
 	const Tensor &t = tensor(name, n);
-	engine_->read_state(t.offset, n, p, m, v);
+	if (engine_)
+		return engine_->read_state(t.offset, n, p, m, v);
+	// The kernel target serves no state: read the committed slot of the
+	// backing device, as its superblock says now.
+	const struct ckpt_status st = status();
+	if (st.state == CKPT_STATE_OPEN)
+		fail(CKPT_E_STATE, "read_state on a kernel device while step {} is open", st.open_step);
+	backing_->reload_superblock();
+	Buffer bounce(layout().record_bytes);
+	const struct ckpt_sb &sb = backing_->sb;
+	backing_->read_state(sb.committed_slot, sb.committed_step, sb.sequence, t.offset, n, p, m, v, bounce);
 }
 
 void Device::load_params(const std::vector<std::pair<std::string, std::span<const float>>> &values)
@@ -170,6 +195,9 @@ void Device::load_params(const std::vector<std::pair<std::string, std::span<cons
 		const Tensor &t = tensor(name, vals.size());
 		spans.push_back({t.offset, t.numel, vals.data()});
 	}
+	if (!engine_)
+		fail(CKPT_E_STATE, "load_params needs the userspace engine: load the backing device "
+				   "before the kernel target is created on it");
 	engine_->load_params(spans);
 }
 

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -33,9 +34,11 @@ public:
 	static std::unique_ptr<Device> open(const std::string &path, const EngineOptions &opts = {});
 
 	struct ckpt_status status();
-	const Manifest &manifest() const { return engine_->manifest(); }
-	const struct ckpt_sb &superblock() const { return engine_->superblock(); }
-	Engine &engine() { return *engine_; }
+	const Manifest &manifest() const { return image().manifest; }
+	const struct ckpt_geometry &geometry() const { return image().sb.geo; }
+	const struct ckpt_layout &layout() const { return image().sb.layout; }
+	// The userspace engine, or null when the kernel target serves the device.
+	Engine *engine() { return engine_.get(); }
 
 	void begin(std::span<const GroupHparams> groups, double grad_scale);
 	void write_grad(const std::string &name, const uint16_t *grad, uint64_t n);
@@ -48,12 +51,15 @@ public:
 	void load_params(const std::vector<std::pair<std::string, std::span<const float>>> &values);
 
 private:
-	explicit Device(std::unique_ptr<Engine> e);
+	Device() = default;
+	const Image &image() const { return engine_ ? engine_->image() : *backing_; }
 	void send(const struct ckpt_cmd &cmd);
 	const Tensor &tensor(const std::string &name, uint64_t n);
 
 	std::unique_ptr<Engine> engine_;
-	Target *target_;
+	std::unique_ptr<Target> kernel_;	// the kernel target's virtual device
+	std::optional<Image> backing_;		// its backing device, read-only
+	Target *target_ = nullptr;
 	std::unique_ptr<struct ckpt_cmd> cmd_;
 	Buffer page_;		// one command or status page
 	Buffer tail_;		// the last partial sectors of a tensor, zero padded

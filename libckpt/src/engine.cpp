@@ -20,19 +20,6 @@ namespace {
 uint64_t align_down(uint64_t v, uint64_t a) { return v / a * a; }
 uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
-// A range [off, off + len) of the flat parameter space cut at chunk boundaries.
-template <typename F> void for_each_chunk(uint64_t off, uint64_t len, uint64_t chunk, F &&f)
-{
-	while (len) {
-		uint64_t c = off / chunk;
-		uint64_t in = off - c * chunk;
-		uint64_t n = std::min(len, chunk - in);
-		f(static_cast<uint32_t>(c), in, n);
-		off += n;
-		len -= n;
-	}
-}
-
 } // namespace
 
 // One worker thread's pipeline: its own ring and `depth` chunk buffers, so the
@@ -277,7 +264,7 @@ void Engine::grad_write(uint64_t off, const uint8_t *buf, uint64_t len)
 	size_t free_stages = 0;
 	for (const Stage &s : stages_)
 		free_stages += s.chunk < 0;
-	for_each_chunk(off, len, cb, [&](uint32_t c, uint64_t in, uint64_t n) {
+	for_each_piece(off, len, cb, [&](uint32_t c, uint64_t in, uint64_t n) {
 		if (claimed_[c / 64] >> (c % 64) & 1)
 			fail(CKPT_E_TWICE, "gradient of chunk {} written twice in step {}", c, sm_.open_step);
 		if (n == cb)
@@ -297,7 +284,7 @@ void Engine::grad_write(uint64_t off, const uint8_t *buf, uint64_t len)
 	});
 
 	batch_.jobs.clear();
-	for_each_chunk(off, len, cb, [&](uint32_t c, uint64_t in, uint64_t n) {
+	for_each_piece(off, len, cb, [&](uint32_t c, uint64_t in, uint64_t n) {
 		const uint8_t *src = buf + (c * cb + in - off);
 		if (n == cb) {
 			batch_.jobs.push_back({c, reinterpret_cast<const uint16_t *>(src), nullptr});
@@ -415,7 +402,7 @@ void Engine::worker_main(Worker &w)
 				}
 				if (static_cast<uint64_t>(res) != l.record_bytes)
 					fail(CKPT_E_IO, "short read of chunk {} state", chunk);
-				check_record(s.rec.as(), chunk, src, img_.sb.committed_step, img_.sb.sequence, false);
+				img_.check_record(s.rec.as(), chunk, src, img_.sb.committed_step, img_.sb.sequence, false);
 				auto *p = reinterpret_cast<uint32_t *>(s.rec.as() + CKPT_BLOCK);
 				uint32_t nonfinite = 0;
 				if (load) {
@@ -478,29 +465,12 @@ void Engine::worker_main(Worker &w)
 	}
 }
 
-void Engine::check_record(const uint8_t *block, uint32_t chunk, uint32_t slot, uint64_t step,
-			  uint64_t sequence, bool check_data)
-{
-	struct ckpt_rec rec;
-	int ret = ckpt_rec_decode(block, &rec);
-	if (ret < 0)
-		fail(CKPT_E_RECORD, "state record of chunk {} slot {}: {}", chunk, slot, ckpt_strerror(-ret));
-	if (rec.chunk != chunk || rec.slot != slot || rec.step != step || rec.sequence != sequence ||
-	    rec.chunk_shift != img_.sb.geo.chunk_shift)
-		fail(CKPT_E_RECORD,
-		     "state record of chunk {} slot {} is stale or misplaced: holds chunk {} slot {} "
-		     "step {} sequence {}, expected step {} sequence {}",
-		     chunk, slot, rec.chunk, rec.slot, rec.step, rec.sequence, step, sequence);
-	if (check_data && ckpt_crc32c(block + CKPT_BLOCK, 12 * img_.sb.layout.chunk_params) != rec.data_crc)
-		fail(CKPT_E_RECORD, "state record of chunk {} slot {}: data checksum mismatch", chunk, slot);
-}
-
 // ---------------------------------------------------------------- reads
 
 void Engine::param_read(uint64_t off, uint8_t *buf, uint64_t len)
 {
 	const struct ckpt_layout &l = img_.sb.layout;
-	for_each_chunk(off, len, l.plo_chunk_bytes, [&](uint32_t c, uint64_t in, uint64_t n) {
+	for_each_piece(off, len, l.plo_chunk_bytes, [&](uint32_t c, uint64_t in, uint64_t n) {
 		uint32_t slot = ckpt_sm_read_slot(&sm_, c);
 		uint64_t lo = align_down(in, CKPT_BLOCK), hi = align_up(in + n, CKPT_BLOCK);
 		img_.file.pread_all(bounce_.as(), hi - lo, ckpt_plo_offset(&l, slot, c) + lo);
@@ -513,20 +483,18 @@ void Engine::param_read(uint64_t off, uint8_t *buf, uint64_t len)
 void Engine::read_state(uint64_t offset, uint64_t n, float *p, float *m, float *v)
 {
 	std::lock_guard call(call_mu_);
-	const struct ckpt_layout &l = img_.sb.layout;
-	if (offset >= l.n_params || n > l.n_params - offset)
+	// Latest applied: the new slot for chunks this open step has written.
+	// A state read spans the tensor's chunks; all of them must be on one
+	// side, which holds outside an open step and after its last write.
+	const struct ckpt_sb &sb = img_.sb;
+	if (offset >= sb.layout.n_params || n > sb.layout.n_params - offset)
 		fail(CKPT_E_RANGE, "state read of {} params at {}: out of range", n, offset);
-	const uint64_t cp = l.chunk_params;
-	for_each_chunk(offset, n, cp, [&](uint32_t c, uint64_t in, uint64_t k) {
-		uint32_t slot = ckpt_sm_read_slot(&sm_, c);
-		bool committed = slot == img_.sb.committed_slot;
-		img_.file.pread_all(bounce_.as(), l.record_bytes, ckpt_record_offset(&l, slot, c));
-		check_record(bounce_.as(), c, slot, committed ? img_.sb.committed_step : sm_.open_step,
-			     committed ? img_.sb.sequence : img_.sb.sequence + 1, true);
-		const auto *state = reinterpret_cast<const float *>(bounce_.as() + CKPT_BLOCK);
-		std::memcpy(p, state + in, k * 4);
-		std::memcpy(m, state + cp + in, k * 4);
-		std::memcpy(v, state + 2 * cp + in, k * 4);
+	for_each_piece(offset, n, sb.layout.chunk_params, [&](uint32_t c, uint64_t in, uint64_t k) {
+		const uint32_t slot = ckpt_sm_read_slot(&sm_, c);
+		const bool committed = slot == sb.committed_slot;
+		img_.read_state(slot, committed ? sb.committed_step : sm_.open_step,
+				committed ? sb.sequence : sb.sequence + 1, c * sb.layout.chunk_params + in, k,
+				p, m, v, bounce_);
 		p += k;
 		m += k;
 		v += k;

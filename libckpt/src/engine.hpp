@@ -57,6 +57,7 @@ public:
 	const struct ckpt_sb &superblock() const { return img_.sb; }
 	const struct ckpt_layout &layout() const { return img_.sb.layout; }
 	const Manifest &manifest() const { return img_.manifest; }
+	const Image &image() const { return img_; }
 	struct ckpt_status status();
 	// Initial fp32 masters, moments zero: only before the first step. Commits
 	// like a step does (other slot, flush, superblock), so a crash keeps
@@ -97,8 +98,6 @@ private:
 	void commit_superblock(const struct ckpt_sb &next);
 	void release_stages();
 	Stage *stage_for(uint32_t chunk);
-	void check_record(const uint8_t *block, uint32_t chunk, uint32_t slot, uint64_t step,
-			  uint64_t sequence, bool check_data);
 
 	EngineOptions opts_;
 	Image img_;

@@ -1,22 +1,30 @@
 // SPDX-License-Identifier: MIT
 #include "image.hpp"
 
+#include <cstring>
+
 #include "error.hpp"
 
 namespace ckpt {
+
+void Image::reload_superblock()
+{
+	if (file.size < 2 * CKPT_BLOCK)
+		fail(CKPT_E_NO_SB, "{} is not a dm-ckpt image: {} bytes, too small for a superblock",
+		     file.path, file.size);
+	Buffer block(2 * CKPT_BLOCK);
+	file.pread_all(block.as(), 2 * CKPT_BLOCK, 0);
+	int ret = ckpt_sb_pick(block.as(), block.as() + CKPT_BLOCK, file.size, &sb);
+	if (ret < 0)
+		fail(-ret, "{} is not a usable dm-ckpt image: superblock: {}", file.path,
+		     ckpt_strerror(-ret));
+}
 
 Image Image::open(const std::string &path, bool writable)
 {
 	Image img;
 	img.file = BackingFile::open(path, writable);
-	if (img.file.size < 2 * CKPT_BLOCK)
-		fail(CKPT_E_NO_SB, "{} is not a dm-ckpt image: {} bytes, too small for a superblock", path,
-		     img.file.size);
-	Buffer block(2 * CKPT_BLOCK);
-	img.file.pread_all(block.as(), 2 * CKPT_BLOCK, 0);
-	int ret = ckpt_sb_pick(block.as(), block.as() + CKPT_BLOCK, img.file.size, &img.sb);
-	if (ret < 0)
-		fail(-ret, "{} is not a usable dm-ckpt image: superblock: {}", path, ckpt_strerror(-ret));
+	img.reload_superblock();
 
 	const struct ckpt_sb &sb = img.sb;
 	const struct ckpt_layout &l = sb.layout;
@@ -33,6 +41,43 @@ Image Image::open(const std::string &path, bool writable)
 	img.manifest = Manifest::decode({reinterpret_cast<const char *>(text), sb.manifest_len}, l,
 					sb.geo, img.group_table);
 	return img;
+}
+
+void Image::check_record(const uint8_t *block, uint32_t chunk, uint32_t slot, uint64_t step,
+			 uint64_t sequence, bool check_data) const
+{
+	struct ckpt_rec rec;
+	int ret = ckpt_rec_decode(block, &rec);
+	if (ret < 0)
+		fail(CKPT_E_RECORD, "state record of chunk {} slot {}: {}", chunk, slot, ckpt_strerror(-ret));
+	if (rec.chunk != chunk || rec.slot != slot || rec.step != step || rec.sequence != sequence ||
+	    rec.chunk_shift != sb.geo.chunk_shift)
+		fail(CKPT_E_RECORD,
+		     "state record of chunk {} slot {} is stale or misplaced: holds chunk {} slot {} "
+		     "step {} sequence {}, expected step {} sequence {}",
+		     chunk, slot, rec.chunk, rec.slot, rec.step, rec.sequence, step, sequence);
+	if (check_data && ckpt_crc32c(block + CKPT_BLOCK, 12 * sb.layout.chunk_params) != rec.data_crc)
+		fail(CKPT_E_RECORD, "state record of chunk {} slot {}: data checksum mismatch", chunk, slot);
+}
+
+void Image::read_state(uint32_t slot, uint64_t step, uint64_t sequence, uint64_t offset, uint64_t n,
+		       float *p, float *m, float *v, Buffer &bounce) const
+{
+	const struct ckpt_layout &l = sb.layout;
+	if (offset >= l.n_params || n > l.n_params - offset)
+		fail(CKPT_E_RANGE, "state read of {} params at {}: out of range", n, offset);
+	const uint64_t cp = l.chunk_params;
+	for_each_piece(offset, n, cp, [&](uint32_t c, uint64_t in, uint64_t k) {
+		file.pread_all(bounce.as(), l.record_bytes, ckpt_record_offset(&l, slot, c));
+		check_record(bounce.as(), c, slot, step, sequence, true);
+		const auto *state = reinterpret_cast<const float *>(bounce.as() + CKPT_BLOCK);
+		std::memcpy(p, state + in, k * 4);
+		std::memcpy(m, state + cp + in, k * 4);
+		std::memcpy(v, state + 2 * cp + in, k * 4);
+		p += k;
+		m += k;
+		v += k;
+	});
 }
 
 } // namespace ckpt

@@ -3,6 +3,7 @@
 // manifest. What the engine runs on and what ckptctl inspects.
 #pragma once
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,30 @@ struct Image {
 	Manifest manifest;
 
 	static Image open(const std::string &path, bool writable);
+	// Reads both superblock copies again (the device may have committed since).
+	void reload_superblock();
+	// fp32 p, m, v of n params at param offset from the records of slot,
+	// whose headers must say step and sequence; data checksums verified.
+	// bounce holds at least one record.
+	void read_state(uint32_t slot, uint64_t step, uint64_t sequence, uint64_t offset, uint64_t n,
+			float *p, float *m, float *v, Buffer &bounce) const;
+	// Throws CKPT_E_RECORD unless block is the record of chunk in slot at
+	// step and sequence (and, with check_data, its data checksum matches).
+	void check_record(const uint8_t *block, uint32_t chunk, uint32_t slot, uint64_t step,
+			  uint64_t sequence, bool check_data) const;
 };
+
+// A range [off, off + len) cut at multiples of `unit`: f(index, offset in unit, length).
+template <typename F> void for_each_piece(uint64_t off, uint64_t len, uint64_t unit, F &&f)
+{
+	while (len) {
+		uint64_t c = off / unit;
+		uint64_t in = off - c * unit;
+		uint64_t n = std::min(len, unit - in);
+		f(static_cast<uint32_t>(c), in, n);
+		off += n;
+		len -= n;
+	}
+}
 
 } // namespace ckpt

@@ -178,3 +178,67 @@ def digest(snap):
             h.update(b)
     h.update(snap["blob"])
     return h.hexdigest()
+
+
+# ---------------------------------------------------------------- a restore trace
+
+# Used by test_restore and its child process (restore_child.py): the same
+# seeded trace replayed in two processes must give the same bytes.
+TRACE_TENSORS = [("emb", (300, 40), 0), ("w1", (64, 65), 0), ("b1", (65,), 0),
+                 ("w2", (3000,), 1), ("s", (1,), 2)]
+TRACE_CHUNK = 4096
+
+
+def trace_format(path, seed, dtype):
+    """Formats path and loads the trace's initial params (step 0)."""
+    layout = ckpt.Layout()
+    for n, s, g in TRACE_TENSORS:
+        layout.add(n, s, g)
+    ckpt.format(path, layout, dtype=dtype, chunk_params=TRACE_CHUNK)
+    dev = ckpt.open(path)
+    rng = np.random.default_rng([seed, 0])
+    dev.load_params({n: (rng.standard_normal(s) * 0.5).astype(np.float32) for n, s, _ in TRACE_TENSORS})
+    return dev
+
+
+def trace_begin(dev, seed, t):
+    """Begins step t of the trace and returns its gradients."""
+    dev.begin(trace_groups(t, 3), grad_scale=1.0 / 256 if dev.dtype == "fp16" else 1.0)
+    return trace_grads(seed, t, TRACE_TENSORS, dev.dtype)
+
+
+def trace_step(dev, seed):
+    """Runs and commits the next step of the trace; returns its number."""
+    t = dev.committed_step + 1
+    g = trace_begin(dev, seed, t)
+    for n, _, _ in TRACE_TENSORS:
+        dev.write_grad(n, g[n])
+    result = dev.commit(trace_blob(seed, t))
+    if result != "committed":
+        raise AssertionError(f"trace step {t}: {result}")
+    return t
+
+
+def save_snapshot(snap, path):
+    arrays = {"committed_step": np.array(snap["committed_step"]),
+              "blob": np.frombuffer(snap["blob"], np.uint8)}
+    for n, (p, m, v, lo) in snap["tensors"].items():
+        for k, b in zip(("p", "m", "v", "lo"), (p, m, v, lo)):
+            arrays[f"{n}|{k}"] = np.frombuffer(b, np.uint8)
+    np.savez(path, **arrays)
+
+
+def load_snapshot(path):
+    with np.load(path) as z:
+        tens = {}
+        for key in z.files:
+            if "|" in key:
+                n, k = key.split("|")
+                tens.setdefault(n, {})[k] = z[key].tobytes()
+        return {"committed_step": int(z["committed_step"]), "blob": z["blob"].tobytes(),
+                "tensors": {n: (d["p"], d["m"], d["v"], d["lo"]) for n, d in tens.items()}}
+
+
+def committed_view(snap):
+    """The parts of a snapshot that a reopen must restore."""
+    return {k: snap[k] for k in ("committed_step", "blob", "tensors")}

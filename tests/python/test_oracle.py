@@ -70,16 +70,20 @@ INJECT = {37: ("g0.b", 5, "inf"), 83: ("g2.c", 6000, "nan"), 140: ("g1.a", 0, "-
 # larger operands is a large *relative* error of the small result (measured up
 # to 11% elementwise), so elementwise rtol alone cannot be the criterion; the
 # absolute error scales with the operands, i.e. with the tensor's magnitude.
-# Measured over this 200-step trace (bf16, fp16, AdamW and Adam-L2):
-#     max |d| / max|torch|   p 1.9e-7, m 4.0e-7, v 2.3e-7   (1.6 to 3.3 fp32 ulp)
-#     max |d| / |torch| where |torch| >= 0.1 max|torch|: <= 1.1e-6
-# growing slowly with the step count (p: 1.7e-8 at step 1, 1.5e-7 at 100,
-# 1.9e-7 at 200). ATOL_REL = 2e-6 (~17 ulp of the tensor's scale) and RTOL = 1e-5
-# leave a margin of about 5x; test_tolerance_catches_small_deviations shows a
+# Measured over this 200-step trace (bf16, fp16, AdamW and Adam-L2; torch
+# 1.13 CPU, x86-64):
+#     max |d| / max|torch|                       p 2.3e-7, m 4.1e-7, v 4.2e-7
+#                                                (2 to 3.5 fp32 ulp of the scale)
+#     max |d| / |torch| where |torch| >= 0.1 max  p 1.4e-6, m 5.9e-7, v 5.9e-7
+#     max |d| / tolerance (below)                 0.11
+# growing slowly with the step count (p: 1.7e-8 at step 1, 1.5e-7 at step 100,
+# ~2e-7 at step 200). ATOL_REL = 1e-6 (~8 ulp of the tensor's scale) with
+# RTOL = 5e-6 leaves a margin of ~9x for other CPUs' torch kernels (AVX2 vs
+# AVX-512 paths) and seeds; test_tolerance_catches_small_deviations shows a
 # 0.1% lr error fails it. The exact-bits check (2.) is what pins the engine's
 # arithmetic down; this comparison guards the *formulas* against torch's.
-RTOL = 1e-5
-ATOL_REL = 2e-6
+RTOL = 5e-6
+ATOL_REL = 1e-6
 
 
 def lr_at(base, t):
@@ -90,11 +94,16 @@ def lr_at(base, t):
 
 
 def tol_ratio(engine, ref):
-    """max over elements of |engine - ref| / tolerance (<= 1 passes)."""
+    """(max over elements of |engine - ref| / tolerance (<= 1 passes),
+    max |d| / max|ref|, max |d| / |ref| over elements with |ref| >= 0.1 max|ref|)."""
     ref = np.asarray(ref, np.float64)
     d = np.abs(np.asarray(engine, np.float64) - ref)
-    tol = RTOL * np.abs(ref) + ATOL_REL * max(np.abs(ref).max(), 1e-30)
-    return float((d / tol).max())
+    if not d.any():
+        return 0.0, 0.0, 0.0
+    mx = max(np.abs(ref).max(), 1e-30)
+    tol = RTOL * np.abs(ref) + ATOL_REL * mx
+    big = np.abs(ref) >= 0.1 * mx
+    return float((d / tol).max()), float(d.max() / mx), float((d[big] / np.abs(ref[big])).max())
 
 
 class OracleRun:
@@ -123,7 +132,7 @@ class OracleRun:
         self.lr_factor = lr_factor
         self.scale = 3000.0 if dtype == "fp16" else 1.0  # loss scale S (not a power of two)
         self.good_steps = 0
-        self.worst = {"p": 0.0, "m": 0.0, "v": 0.0}
+        self.worst = {k: (0.0, 0.0, 0.0) for k in "pmv"}
 
     def groups(self, t):
         gs = []
@@ -226,10 +235,12 @@ class OracleRun:
                 tc.fail(f"step {t}: read_params({n}) is not RNE({self.dtype}) of the fp32 param at "
                         f"{bad.size} elements, first [{bad[0]}]: {plo[bad[0]]:#06x} vs {want[bad[0]]:#06x}")
             st = self.opt.state[self.tp[n]]
-            refs = {"p": self.tp[n].detach().numpy(), "m": st["exp_avg"].numpy(), "v": st["exp_avg_sq"].numpy()}
+            zero = np.zeros(s, np.float32)  # before torch's first step its state is empty
+            refs = {"p": self.tp[n].detach().numpy(), "m": st["exp_avg"].numpy() if st else zero,
+                    "v": st["exp_avg_sq"].numpy() if st else zero}
             for k, a in (("p", p), ("m", m), ("v", v)):
-                r = tol_ratio(a, refs[k])
-                self.worst[k] = max(self.worst[k], r)
+                r, *raw = tol_ratio(a, refs[k])
+                self.worst[k] = tuple(map(max, self.worst[k], (r, *raw)))
                 worst_now = max(worst_now, r)
                 if assert_tol and r > 1.0:
                     ref = refs[k].astype(np.float64)
@@ -286,9 +297,10 @@ class TestOracle(unittest.TestCase):
             self.assertEqual(run.dev.committed_step, STEPS)
             self.assertEqual(run.dev.info()["steps_skipped"], len(INJECT))
             run.dev.close()
-            sys.stderr.write(f"\n  {dtype}{' adam_l2' if l2 else ''}: max error vs torch over {STEPS} steps, "
-                             f"as a fraction of the tolerance: p {run.worst['p']:.3f} m {run.worst['m']:.3f} "
-                             f"v {run.worst['v']:.3f} ... ")
+            sys.stderr.write(f"\n  {dtype}{' adam_l2' if l2 else ''}: max error vs torch over {STEPS} steps "
+                             "(fraction of tolerance, |d|/max|ref|, |d|/|ref| for |ref|>=0.1max): " +
+                             ", ".join(f"{k} {w[0]:.3f} {w[1]:.2g} {w[2]:.2g}" for k, w in run.worst.items())
+                             + " ... ")
 
     def test_adamw_bf16(self):
         self.run_trace("bf16")

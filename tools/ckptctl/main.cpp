@@ -143,6 +143,11 @@ int main(int argc, char **argv)
 		"Show geometry, committed step and tensors of a backing device or image.");
 	info_cmd->add_option("device", dev, "backing file or block device")->required();
 	info_cmd->add_flag("--json", as_json, "print JSON");
+	bool as_table = false;
+	info_cmd->add_flag("--table", as_table,
+			   "print the device-mapper table line for the kernel target, for\n"
+			   "  dmsetup create NAME --table \"$(ckptctl info --table DEV)\"")
+		->excludes("--json");
 
 	CLI11_PARSE(app, argc, argv);
 
@@ -156,8 +161,11 @@ int main(int argc, char **argv)
 			ckpt::format(dev, m.layout, opts);
 			print_info(image_json(ckpt::Image::open(dev, false)));
 		} else if (*info_cmd) {
-			json j = image_json(ckpt::Image::open(dev, false));
-			if (as_json)
+			ckpt::Image img = ckpt::Image::open(dev, false);
+			json j = image_json(img);
+			if (as_table)
+				fmt::print("0 {} ckpt {}\n", img.sb.layout.virt_bytes / CKPT_SECTOR, dev);
+			else if (as_json)
 				std::cout << j.dump(2) << "\n";
 			else
 				print_info(j);

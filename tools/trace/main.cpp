@@ -109,13 +109,12 @@ int main(int argc, char **argv)
 			ckpt::format(dev, trace_layout(seed, params), opts);
 		}
 		auto d = ckpt::Device::open(dev, engine);
-		const struct ckpt_sb &sb = d->superblock();
 		const auto &tensors = d->manifest().tensors();
-		const uint32_t dt = sb.geo.dtype;
-		const uint64_t cp = sb.layout.chunk_params;
+		const uint32_t dt = d->geometry().dtype;
+		const uint64_t cp = d->layout().chunk_params;
 		Rng r{seed};
 
-		if (sb.committed_step == 0) {
+		if (d->status().committed_step == 0) {
 			std::vector<std::vector<float>> init;
 			std::vector<std::pair<std::string, std::span<const float>>> spans;
 			for (const ckpt::Tensor &t : tensors) {
@@ -135,7 +134,7 @@ int main(int argc, char **argv)
 			const bool abort_step = step % 31 == 11 && r.below(2);
 			const float scale = dt == CKPT_DTYPE_FP16 ? 1024.0f : 1.0f;
 			const double clip = 0.5 + 0.5 * r.uniform();
-			d->begin(trace_hparams(sb.geo.n_groups, step), clip / scale);
+			d->begin(trace_hparams(d->geometry().n_groups, step), clip / scale);
 
 			std::vector<size_t> order(tensors.size());
 			for (size_t i = 0; i < order.size(); i++)
