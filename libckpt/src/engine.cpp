@@ -100,9 +100,21 @@ Engine::~Engine()
 
 // ---------------------------------------------------------------- virtual device
 
+// A refused write changes nothing but the status page, which tells why: the
+// same answer the kernel target gives a client that sees only -EIO.
 void Engine::write(uint64_t off, const void *buf, uint64_t len)
 {
 	std::lock_guard call(call_mu_);
+	try {
+		dispatch_write(off, buf, len);
+	} catch (const Error &e) {
+		ckpt_sm_rejected(&sm_, e.code());
+		throw;
+	}
+}
+
+void Engine::dispatch_write(uint64_t off, const void *buf, uint64_t len)
+{
 	const struct ckpt_layout &l = img_.sb.layout;
 	if (len == 0)
 		return;
@@ -206,10 +218,7 @@ void Engine::control_write(const void *buf, uint64_t len)
 			break;
 		}
 	}
-	if (ret < 0) {
-		ckpt_sm_rejected(&sm_, -ret);
-		check_core(ret, "command rejected");
-	}
+	check_core(ret, "command rejected");
 }
 
 // Orders the commit: every chunk write of the step is complete (the batches
@@ -267,9 +276,11 @@ void Engine::grad_write(uint64_t off, const uint8_t *buf, uint64_t len)
 	for_each_piece(off, len, cb, [&](uint32_t c, uint64_t in, uint64_t n) {
 		if (claimed_[c / 64] >> (c % 64) & 1)
 			fail(CKPT_E_TWICE, "gradient of chunk {} written twice in step {}", c, sm_.open_step);
+		int32_t si = stage_of_[c];
+		if (n == cb && si >= 0)
+			fail(CKPT_E_TWICE, "gradient of chunk {} written twice in step {}", c, sm_.open_step);
 		if (n == cb)
 			return;
-		int32_t si = stage_of_[c];
 		if (si < 0) {
 			if (!free_stages--)
 				fail(CKPT_E_NOSPC, "staging for partial chunks is full ({} chunks)",

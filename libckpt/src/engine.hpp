@@ -92,6 +92,7 @@ private:
 	void worker_main(Worker &w);
 	void batch_failed(const Error &e);
 
+	void dispatch_write(uint64_t off, const void *buf, uint64_t len);
 	void control_write(const void *buf, uint64_t len);
 	void grad_write(uint64_t off, const uint8_t *buf, uint64_t len);
 	void param_read(uint64_t off, uint8_t *buf, uint64_t len);
