@@ -385,7 +385,8 @@ int ckpt_sb_pick(const void *block0, const void *block1, u64 dev_bytes,
 		r0 = ckpt_sb_decode(block0, dev_bytes, out);
 		return r0 ? r0 : 0;
 	}
-	return r0;
+	/* Neither is valid: a copy with the right magic says more about why. */
+	return r0 == -CKPT_E_MAGIC ? r1 : r0;
 }
 
 /* ---------------- state record header ---------------- */

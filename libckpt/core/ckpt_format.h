@@ -208,7 +208,8 @@ int ckpt_sb_decode(const void *block, u64 dev_bytes, struct ckpt_sb *sb);
 /*
  * Choose the current superblock from the two copies as read from offsets 0
  * and CKPT_BLOCK: the valid one with the highest sequence. Returns 0 or 1, or
- * a negative error when neither is valid (the error of copy 0).
+ * a negative error when neither is valid: that of copy 0, unless copy 0 has
+ * a wrong magic number and copy 1 the right one.
  */
 int ckpt_sb_pick(const void *block0, const void *block1, u64 dev_bytes,
 		 struct ckpt_sb *out);

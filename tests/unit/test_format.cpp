@@ -818,7 +818,8 @@ TEST(SuperblockPick, FailsWhenBothBad)
 	recrc_block(ver0);
 
 	EXPECT_EQ(f.pick(zero, zero), -CKPT_E_MAGIC);
-	EXPECT_EQ(f.pick(zero, crc1), -CKPT_E_MAGIC);
+	// Copy 0 has no superblock at all: copy 1 says why there is none.
+	EXPECT_EQ(f.pick(zero, crc1), -CKPT_E_CRC);
 	EXPECT_EQ(f.pick(crc0, zero), -CKPT_E_CRC);
 	EXPECT_EQ(f.pick(ver0, crc1), -CKPT_E_VERSION);
 	// Both decode but both sit at the wrong offset.

@@ -1,0 +1,83 @@
+#!/bin/sh
+# ckptctl and ckpt-trace from the outside: output, exit codes, error messages,
+# and the engine's determinism (the property the kernel comparison rests on).
+# TAP output; any failure makes the exit status non-zero.
+set -u
+bin=${1:?usage: test_tools.sh BUILD_DIR}/tools
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+n=0
+failed=0
+
+ok() {	# ok DESCRIPTION COMMAND...: passes when COMMAND succeeds
+	n=$((n + 1))
+	desc=$1
+	shift
+	if "$@" >"$tmp/out" 2>&1; then
+		echo "ok $n - $desc"
+	else
+		echo "not ok $n - $desc"
+		sed 's/^/# /' "$tmp/out"
+		failed=$((failed + 1))
+	fi
+}
+
+fails_with() {	# fails_with DESCRIPTION PATTERN COMMAND...: must exit non-zero, saying PATTERN
+	n=$((n + 1))
+	desc=$1
+	pattern=$2
+	shift 2
+	if "$@" >"$tmp/out" 2>&1; then
+		echo "not ok $n - $desc (succeeded)"
+		failed=$((failed + 1))
+	elif grep -q -- "$pattern" "$tmp/out"; then
+		echo "ok $n - $desc"
+	else
+		echo "not ok $n - $desc (message lacks '$pattern')"
+		sed 's/^/# /' "$tmp/out"
+		failed=$((failed + 1))
+	fi
+}
+
+cat >"$tmp/m.json" <<'JSON'
+{"dtype": "fp16", "chunk_params": 4096,
+ "tensors": [{"name": "emb", "shape": [300, 70]}, {"name": "ln", "shape": [70], "group": 1},
+             {"name": "head", "shape": [70, 300]}]}
+JSON
+
+ok "format from a manifest" "$bin/ckptctl" format "$tmp/a.img" -m "$tmp/m.json"
+ok "info names the tensors" sh -c "'$bin/ckptctl' info '$tmp/a.img' | grep -q 'head.*shape \[70,300\]'"
+ok "info --json is JSON with the geometry" sh -c \
+	"'$bin/ckptctl' info --json '$tmp/a.img' | /usr/bin/python3 -c 'import json,sys; j=json.load(sys.stdin); assert j[\"dtype\"]==\"fp16\" and j[\"chunk_params\"]==4096 and j[\"committed_step\"]==0 and len(j[\"tensors\"])==3, j'"
+ok "info --table is a dm table line" sh -c \
+	"'$bin/ckptctl' info --table '$tmp/a.img' | grep -qE '^0 [0-9]+ ckpt $tmp/a.img\$'"
+ok "--chunk-params overrides the manifest" sh -c \
+	"'$bin/ckptctl' format '$tmp/b.img' -m '$tmp/m.json' --chunk-params 8192 --dtype bf16 | grep -q 'chunks of 8192, 2 groups, bf16'"
+fails_with "info on a missing file" "cannot open" "$bin/ckptctl" info "$tmp/missing.img"
+head -c 65536 /dev/urandom >"$tmp/random.img"
+fails_with "info on random bytes" "not a usable dm-ckpt image" "$bin/ckptctl" info "$tmp/random.img"
+head -c 8192 "$tmp/a.img" >"$tmp/trunc.img"
+fails_with "info on a truncated image" "smaller than" "$bin/ckptctl" info "$tmp/trunc.img"
+echo '{"tensors": [' >"$tmp/bad.json"
+fails_with "format with a broken manifest" "not a JSON object" "$bin/ckptctl" format "$tmp/c.img" -m "$tmp/bad.json"
+echo '{"tensors": [{"name": "x", "shape": [4, 0]}]}' >"$tmp/bad.json"
+fails_with "format with an empty dimension" "empty dimension" "$bin/ckptctl" format "$tmp/c.img" -m "$tmp/bad.json"
+echo '{"tensors": [{"name": "x", "shape": [4]}, {"name": "x", "shape": [4]}]}' >"$tmp/bad.json"
+fails_with "format with a duplicate name" "added twice" "$bin/ckptctl" format "$tmp/c.img" -m "$tmp/bad.json"
+echo '{"tensors": [{"name": "x", "shape": [4], "group": 64}]}' >"$tmp/bad.json"
+fails_with "format with a group out of range" "group 64 out of range" "$bin/ckptctl" format "$tmp/c.img" -m "$tmp/bad.json"
+fails_with "format with a bad chunk size" "power of two" "$bin/ckptctl" format "$tmp/c.img" -m "$tmp/m.json" --chunk-params 3000
+fails_with "format into a file too small" "too small" "$bin/ckptctl" format "$tmp/c.img" -m "$tmp/m.json" --size 8192
+
+# The same trace with different engine concurrency leaves identical images.
+ok "trace: format" "$bin/ckpt-trace" "$tmp/t1.img" --format --params 200000 --chunk-params 4096 --steps 0 --seed 3
+cp "$tmp/t1.img" "$tmp/t2.img"
+ok "trace: 60 steps, one worker" sh -c "'$bin/ckpt-trace' '$tmp/t1.img' --steps 60 --seed 3 --workers 1 --depth 1 >'$tmp/t1.txt'"
+ok "trace: 60 steps, three workers" sh -c "'$bin/ckpt-trace' '$tmp/t2.img' --steps 60 --seed 3 --workers 3 --depth 4 >'$tmp/t2.txt'"
+ok "trace: overflow and abort steps happened" sh -c "grep -q overflow '$tmp/t1.txt' && grep -q aborted '$tmp/t1.txt'"
+ok "trace: the same output" cmp "$tmp/t1.txt" "$tmp/t2.txt"
+ok "trace: byte-identical images" cmp "$tmp/t1.img" "$tmp/t2.img"
+ok "trace: resumes from the committed step" sh -c "'$bin/ckpt-trace' '$tmp/t1.img' --steps 5 --seed 3 | tail -1 | grep -q 'committed step 65'"
+
+echo "1..$n"
+[ "$failed" -eq 0 ]
