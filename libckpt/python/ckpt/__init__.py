@@ -23,8 +23,6 @@ devices take and return numpy float16 (uint16 bit patterns work too).
 import ctypes
 import os
 
-import numpy as np
-
 __all__ = ["CkptError", "Layout", "Device", "format", "open"]
 
 _lib = ctypes.CDLL(os.path.join(os.path.dirname(os.path.abspath(__file__)), "libckpt.so"))
@@ -50,6 +48,19 @@ class CkptError(Exception):
         self.name = ERRORS[code] if 0 <= code < len(ERRORS) else f"E_{code}"
         self.message = message
         super().__init__(f"[{self.name}] {message}")
+
+
+class _LazyNumpy:
+    """numpy, imported on first use: `import ckpt` works on an interpreter
+    without it (tools that only inspect a device), arrays need it."""
+
+    def __getattr__(self, name):
+        import numpy
+        globals()["np"] = numpy
+        return getattr(numpy, name)
+
+
+np = _LazyNumpy()
 
 
 def _check(ret):
