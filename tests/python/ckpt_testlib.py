@@ -201,10 +201,14 @@ def trace_format(path, seed, dtype):
     return dev
 
 
-def trace_begin(dev, seed, t):
-    """Begins step t of the trace and returns its gradients."""
-    dev.begin(trace_groups(t, 3), grad_scale=1.0 / 256 if dev.dtype == "fp16" else 1.0)
-    return trace_grads(seed, t, TRACE_TENSORS, dev.dtype)
+def trace_begin(dev, seed, t, junk=False):
+    """Begins step t of the trace and returns its gradients. junk: other
+    hyperparameters and gradients, for steps that must leave no trace."""
+    groups = trace_groups(t, 3)
+    if junk:
+        groups = [dict(g, lr=g["lr"] * 10, weight_decay=0.5) for g in groups]
+    dev.begin(groups, grad_scale=1.0 / 256 if dev.dtype == "fp16" else 1.0)
+    return trace_grads(seed, t, TRACE_TENSORS, dev.dtype, attempt=1 if junk else 0)
 
 
 def trace_step(dev, seed):

@@ -7,6 +7,7 @@ Formats PATH, loads the trace's initial params and commits T steps of the
 seeded trace (ckpt_testlib.trace_*), then, by MODE:
 
   commit        save a snapshot of the committed state to OUT (.npz), exit 0
+  (the uncommitted step T+1 below uses junk gradients and hyperparameters)
   kill-partial  begin step T+1, write the first half of the gradients, SIGKILL itself
   kill-all      begin step T+1, write all gradients, print "ready", wait to be killed
   kill-aborted  begin step T+1, write all gradients, abort, SIGKILL itself
@@ -57,7 +58,9 @@ def main():
         say("ready")
         while True:
             say(f"committed {trace_step(dev, seed)}")
-    g = trace_begin(dev, seed, t + 1)
+    # Steps that are never committed use other gradients and hyperparameters
+    # than the trace, so that anything they left behind would show.
+    g = trace_begin(dev, seed, t + 1, junk=True)
     if mode == "kill-partial":
         for n in names[: len(names) // 2]:
             dev.write_grad(n, g[n])
@@ -82,7 +85,7 @@ def main():
             dev.write_grad(n, bad[n])
         result = dev.commit(b"never stored")
         say(f"result {result}")
-        g = trace_begin(dev, seed, t + 1)
+        g = trace_begin(dev, seed, t + 1, junk=True)
         for n in names[1:]:
             dev.write_grad(n, g[n])
         die()

@@ -358,6 +358,78 @@ class TestBadInput(EngineCase):
         self.dev.close()  # twice is fine
 
 
+class TestNumerics(EngineCase):
+    """Edge values through the engine, checked bit for bit against the exact
+    model (which, like the engine, runs without FTZ/DAZ)."""
+
+    def step_with(self, grads, grad_scale=1.0, expect="committed"):
+        t = self.dev.committed_step + 1
+        before = snapshot(self.dev)
+        self.dev.begin(self.groups, grad_scale=grad_scale)
+        for n, _, _ in self.tensors:
+            self.dev.write_grad(n, grads[n])
+        self.assertEqual(self.dev.commit(f"{t}".encode()), expect)
+        finite = self.model.step(t, self.groups, grads, grad_scale)
+        self.assertEqual(finite, expect == "committed")
+        if expect == "overflow":
+            self.assertEqual(snapshot(self.dev), before)
+        self.assertMatchesModel()
+
+    def scaled(self, mag):
+        return {n: f32_to_lowp_bits((self.rng.standard_normal(s) * mag).astype(np.float32), self.dtype)
+                .reshape(s) for n, s, _ in self.tensors}
+
+    def test_subnormal_and_huge_values(self):
+        # bf16 1e-20: g*g (1e-40) is an fp32 subnormal; 1e-30: g*g underflows
+        for mag in (1e-20, 1e-30, 1e-38):
+            self.step_with(self.scaled(mag))
+        # g*g overflows fp32 (v = inf, the update is 0, as in torch): not an overflow
+        self.step_with(self.scaled(1e25))
+        self.step_with(self.scaled(1.0))
+
+    def test_grad_scale_edges(self):
+        g = self.scaled(1.0)
+        # finite bf16 gradients whose scaled value is Inf: the step is skipped
+        self.step_with(g, grad_scale=1e38, expect="overflow")
+        self.step_with(g, grad_scale=2.0 ** -100)
+        # a grad_scale that is not a positive finite fp32 once rounded is refused
+        self.assertRefused("E_HPARAM", self.dev.begin, self.groups, grad_scale=1e39)
+        self.assertRefused("E_HPARAM", self.dev.begin, self.groups, grad_scale=1e-50)
+        self.step_with(g, grad_scale=0.75)
+
+    def test_nonfinite_anywhere(self):
+        """A non-finite value at the first or last element of any tensor skips the step."""
+        inf = 0x7F80 if self.dtype == "bf16" else 0x7C00
+        nan = 0xFFC1 if self.dtype == "bf16" else 0xFE01  # negative NaN with a payload
+        for n, _, _ in self.tensors:
+            for idx in (0, -1):
+                for bad in (inf, nan):
+                    g = self.scaled(0.1)
+                    g[n].reshape(-1)[idx] = bad
+                    self.step_with(g, expect="overflow")
+        self.assertEqual(self.dev.info()["steps_skipped"], 4 * len(self.tensors))
+        self.assertEqual(self.dev.committed_step, 0)
+        self.step_with(self.scaled(0.1))
+
+
+class TestNumericsFp16(TestNumerics):
+    dtype = "fp16"
+
+    def test_subnormal_and_huge_values(self):
+        # fp16 subnormal gradients (< 6.1e-5), and 65504 with grad_scale 1e35:
+        # finite, and g*g overflows fp32
+        for mag in (1e-5, 1e-7):
+            self.step_with(self.scaled(mag))
+        g = {n: np.full(s, 65504, np.float16) for n, s, _ in self.tensors}
+        self.step_with(g, grad_scale=1e30)
+        self.step_with(self.scaled(1.0), grad_scale=1.0 / 3000)
+
+    def test_grad_scale_edges(self):
+        g = {n: np.full(s, 65504, np.float16) for n, s, _ in self.tensors}
+        self.step_with(g, grad_scale=1e34, expect="overflow")  # 65504 * 1e34 > fp32 max
+        self.step_with(g, grad_scale=1e33)
+
+
 class TestImages(EngineCase):
     def assertOpenFails(self, path, name, *words):
         with self.assertRaises(ckpt.CkptError) as cm:
@@ -408,11 +480,9 @@ class TestImages(EngineCase):
         self.assertEqual(self.dev.committed_step, 1)
 
     def test_truncated_fresh_image(self):
-        """A freshly formatted image (only superblock copy 1 written) truncated.
-
-        LIBRARY BUG (reported): ckpt_sb_pick() returns copy 0's error when both
-        copies fail, so the never-written (zero) copy 0 gives E_MAGIC "bad magic
-        number" and hides copy 1's E_TOO_SMALL."""
+        """A freshly formatted image (only superblock copy 1 written) truncated:
+        the never-written copy 0 (bad magic) must not hide copy 1's E_TOO_SMALL
+        (ckpt_sb_pick reports the more specific error; it used to say E_MAGIC)."""
         with tempdir() as d:
             p0 = os.path.join(d, "fresh")
             ckpt.format(p0, make_layout(self.tensors), dtype=self.dtype, chunk_params=CHUNK)
