@@ -45,6 +45,16 @@ struct LoadSpan {
 	const float *values;
 };
 
+// fp32 p, exp_avg, exp_avg_sq for load_state: n params at param offset;
+// m and v may be null (zero moments).
+struct StateSpan {
+	uint64_t offset;
+	uint64_t n;
+	const float *p;
+	const float *m;
+	const float *v;
+};
+
 class Engine : public Target {
 public:
 	static std::unique_ptr<Engine> open(const std::string &path, const EngineOptions &opts = {});
@@ -63,6 +73,13 @@ public:
 	// like a step does (other slot, flush, superblock), so a crash keeps
 	// either the old or the new values, never a mix.
 	void load_params(const std::vector<LoadSpan> &spans);
+	// A whole optimizer state (an imported checkpoint): fp32 p, m, v of the
+	// spans at optimizer step `step`, with the trainer blob; params outside
+	// the spans keep their values, moments zero. Only before the first step,
+	// like load_params, and committed the same way: every chunk to the other
+	// slot, flush, then a superblock with committed_step = step and the slot
+	// flipped, so a crash keeps either the old or the new state.
+	void load_state(const std::vector<StateSpan> &spans, uint64_t step, const std::vector<uint8_t> &blob);
 	// fp32 p, m, v of n params at param offset, checksums verified.
 	void read_state(uint64_t offset, uint64_t n, float *p, float *m, float *v);
 

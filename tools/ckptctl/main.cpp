@@ -1,178 +1,318 @@
 // SPDX-License-Identifier: MIT
-// ckptctl: prepare and inspect dm-ckpt backing devices.
+// ckptctl: prepare, inspect, move and repair dm-ckpt backing devices, and
+// manage the kernel target. The command line; the commands are in
+// commands.cpp, device-mapper in dm.cpp, NVMe identify in probe.cpp.
 #include <cstdio>
-#include <fstream>
-#include <iostream>
+#include <memory>
 #include <sstream>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
+#include "commands.hpp"
 #include "error.hpp"
-#include "format.hpp"
-#include "image.hpp"
 
-using nlohmann::json;
+using namespace ckptctl;
 
 namespace {
 
-// A tensor manifest from a user: {"dtype": "bf16", "chunk_params": 65536,
-// "tensors": [{"name": "w", "shape": [4, 4], "group": 0}, ...]}.
-struct ManifestFile {
-	ckpt::Layout layout;
-	std::string dtype = "bf16";
-	uint32_t chunk_params = 1u << CKPT_DEFAULT_CHUNK_SHIFT;
+const char *top_help =
+	"ckptctl: prepare, inspect and manage dm-ckpt devices.\n\n"
+	"A dm-ckpt device keeps the fp32 AdamW state of a model (master params,\n"
+	"exp_avg, exp_avg_sq: 12 B/param, twice, plus 2 B/param of fp16/bf16 params,\n"
+	"twice: 28 B/param) on a backing file or NVMe device. A training step writes\n"
+	"fp16/bf16 gradients to the device and reads the updated params back; every\n"
+	"committed step is durable, and the previous one stays readable until the\n"
+	"next step starts (one-step rollback).\n\n"
+	"A DEVICE argument is a backing file or block device. Read-only commands\n"
+	"(info, export, verify, restore without --rollback) also take a dm-ckpt\n"
+	"device (/dev/mapper/NAME) and read its backing device. Commands that write\n"
+	"a backing device (format, import, restore --rollback) refuse one that a\n"
+	"kernel target holds.";
+
+const char *top_footer =
+	"\nEXIT STATUS\n"
+	"  0  success\n"
+	"  1  error: bad arguments, unreadable or invalid input, device errors\n"
+	"  2  verify or restore found damage; restore --rollback found no usable previous step\n"
+	"\nEXAMPLES\n"
+	"  ckptctl probe /dev/nvme0n1\n"
+	"  ckptctl format /dev/nvme0n1 --from-safetensors model.safetensors --group 1:'*.bias,*norm*'\n"
+	"  ckptctl import /dev/nvme0n1 --from model.safetensors\n"
+	"  ckptctl create ckpt0 /dev/nvme0n1 --queue-depth 8\n"
+	"  ckptctl status ckpt0\n"
+	"  ckptctl remove ckpt0\n"
+	"  ckptctl verify /dev/nvme0n1\n"
+	"  ckptctl export /dev/nvme0n1 --to step.safetensors --with-optimizer\n"
+	"\nRun 'ckptctl COMMAND --help' for a command's options and examples.";
+
+// The command list shows each command's first description line; its own
+// --help shows all of it.
+class Formatter : public CLI::Formatter {
+public:
+	std::string make_subcommand(const CLI::App *sub) const override
+	{
+		std::stringstream out;
+		std::string d = sub->get_description();
+		CLI::detail::format_help(out, sub->get_display_name(true), d.substr(0, d.find('\n')), column_width_);
+		return out.str();
+	}
+	std::string make_description(const CLI::App *app) const override
+	{
+		return CLI::Formatter::make_description(app) + "\n";
+	}
 };
-
-ManifestFile read_manifest(const std::string &path)
-{
-	std::ifstream in(path);
-	if (!in)
-		ckpt::fail(CKPT_E_IO, "cannot read manifest {}", path);
-	std::stringstream text;
-	text << in.rdbuf();
-	json j = json::parse(text.str(), nullptr, false);
-	if (j.is_discarded() || !j.is_object())
-		ckpt::fail(CKPT_E_MANIFEST, "{}: not a JSON object", path);
-	ManifestFile m;
-	try {
-		if (j.contains("dtype"))
-			m.dtype = j["dtype"].get<std::string>();
-		if (j.contains("chunk_params"))
-			m.chunk_params = j["chunk_params"].get<uint32_t>();
-		const json &ts = j.at("tensors");
-		if (!ts.is_array() || ts.empty())
-			ckpt::fail(CKPT_E_MANIFEST, "{}: \"tensors\" must be a non-empty array", path);
-		for (const json &t : ts)
-			m.layout.add(t.at("name").get<std::string>(), t.at("shape").get<std::vector<uint64_t>>(),
-				     t.value("group", 0u));
-	} catch (const json::exception &e) {
-		ckpt::fail(CKPT_E_MANIFEST, "{}: {}", path, e.what());
-	}
-	return m;
-}
-
-std::string uuid_string(const uint8_t *u)
-{
-	std::string s;
-	for (int i = 0; i < 16; i++) {
-		if (i == 4 || i == 6 || i == 8 || i == 10)
-			s += '-';
-		s += fmt::format("{:02x}", u[i]);
-	}
-	return s;
-}
-
-json image_json(const ckpt::Image &img)
-{
-	const struct ckpt_sb &sb = img.sb;
-	const struct ckpt_layout &l = sb.layout;
-	json tensors = json::array();
-	for (const ckpt::Tensor &t : img.manifest.tensors())
-		tensors.push_back({{"name", t.name}, {"shape", t.shape}, {"group", t.group},
-				   {"numel", t.numel}, {"offset", t.offset}});
-	return {
-		{"path", img.file.path},
-		{"uuid", uuid_string(sb.uuid)},
-		{"format_version", CKPT_FORMAT_VERSION},
-		{"sequence", sb.sequence},
-		{"dtype", ckpt::dtype_name(sb.geo.dtype)},
-		{"chunk_params", l.chunk_params},
-		{"n_chunks", sb.geo.n_chunks},
-		{"n_params", l.n_params},
-		{"n_groups", sb.geo.n_groups},
-		{"committed_step", sb.committed_step},
-		{"committed_slot", sb.committed_slot},
-		{"blob_bytes", sb.blob_len},
-		{"backing_bytes", l.dev_bytes},
-		{"device_bytes", img.file.size},
-		{"virtual_sectors", l.virt_bytes / CKPT_SECTOR},
-		{"tensors", tensors},
-	};
-}
-
-void print_info(const json &j)
-{
-	fmt::print("{}: dm-ckpt format v{}, uuid {}\n", j["path"].get<std::string>(),
-		   j["format_version"].get<int>(), j["uuid"].get<std::string>());
-	fmt::print("  committed step  {} (slot {}, superblock sequence {}, blob {} bytes)\n",
-		   j["committed_step"].get<uint64_t>(), j["committed_slot"].get<int>(),
-		   j["sequence"].get<uint64_t>(), j["blob_bytes"].get<int>());
-	fmt::print("  params          {} in {} chunks of {}, {} groups, {}\n",
-		   j["n_params"].get<uint64_t>(), j["n_chunks"].get<uint64_t>(),
-		   j["chunk_params"].get<uint64_t>(), j["n_groups"].get<int>(), j["dtype"].get<std::string>());
-	fmt::print("  backing         {} bytes used of {}\n", j["backing_bytes"].get<uint64_t>(),
-		   j["device_bytes"].get<uint64_t>());
-	fmt::print("  virtual device  {} sectors\n", j["virtual_sectors"].get<uint64_t>());
-	fmt::print("  tensors         {}\n", j["tensors"].size());
-	for (const json &t : j["tensors"])
-		fmt::print("    {:<40} group {:<2} offset {:>12} numel {:>12} shape {}\n",
-			   t["name"].get<std::string>(), t["group"].get<int>(), t["offset"].get<uint64_t>(),
-			   t["numel"].get<uint64_t>(), t["shape"].dump());
-}
 
 } // namespace
 
 int main(int argc, char **argv)
 {
-	CLI::App app{"ckptctl: prepare and inspect dm-ckpt backing devices.\n\n"
-		     "A dm-ckpt device keeps the fp32 AdamW state of a model on storage; a\n"
-		     "training step writes fp16/bf16 gradients and reads back updated params.",
-		     "ckptctl"};
+	CLI::App app{top_help, "ckptctl"};
+	app.footer(top_footer);
 	app.require_subcommand(1);
+	auto formatter = std::make_shared<Formatter>();
+	formatter->column_width(34);
+	app.formatter(formatter);
 
-	std::string dev, manifest, dtype;
-	uint32_t chunk_params = 0;
-	uint64_t size = 0;
-	auto *fmt_cmd = app.add_subcommand("format",
-		"Create or format a backing file or block device for the tensors of a manifest.\n"
-		"Everything on it is lost. The manifest is JSON: {\"dtype\": \"bf16\",\n"
-		"\"chunk_params\": 65536, \"tensors\": [{\"name\": \"w\", \"shape\": [4096, 4096],\n"
-		"\"group\": 0}, ...]}; tensors of different groups never share a chunk.");
-	fmt_cmd->add_option("device", dev, "backing file (created if missing) or block device")->required();
-	fmt_cmd->add_option("-m,--manifest", manifest, "tensor manifest (JSON)")->required();
-	fmt_cmd->add_option("--dtype", dtype, "gradient/param dtype, overrides the manifest")
+	// ---- format
+	FormatArgs fa;
+	auto *format = app.add_subcommand("format",
+		"Lay out tensors on a backing file or block device and write step 0.\n\n"
+		"Writes the superblock, group table, tensor manifest and all-zero state\n"
+		"(step 0) for the tensors of a manifest or of a safetensors file. Everything\n"
+		"on the device is lost. A file is created or resized to what the layout\n"
+		"needs (or --size). Each tensor starts at a multiple of 2048 params; tensors\n"
+		"of different hyperparameter groups never share a chunk. Load initial\n"
+		"weights afterwards with 'ckptctl import'.\n\n"
+		"The manifest is JSON: {\"dtype\": \"bf16\", \"chunk_params\": 65536,\n"
+		"\"tensors\": [{\"name\": \"w\", \"shape\": [4096, 4096], \"group\": 0}, ...]}.\n"
+		"From a safetensors file, its floating-point tensors (F32, F16, BF16, F64) are\n"
+		"laid out in file order, grouped by --group; integer tensors, empty ones\n"
+		"and '<name>.exp_avg[_sq]' entries written by 'ckptctl export' are skipped.\n"
+		"The dtype is fp16 if every tensor is F16, else bf16 (--dtype overrides).");
+	format->add_option("device", fa.device, "backing file (created if missing) or block device")->required();
+	auto *src_m = format->add_option("-m,--manifest", fa.manifest, "tensor manifest (JSON)");
+	auto *src_s = format->add_option("--from-safetensors", fa.safetensors,
+					 "take the tensors (names, shapes) of this safetensors file");
+	src_m->excludes(src_s);
+	format->add_option("--group", fa.groups,
+			   "G:GLOB[,GLOB...]: tensors whose names match a glob go to\n"
+			   "hyperparameter group G (0..63); repeatable, the first\n"
+			   "matching rule wins; unmatched tensors are in group 0.\n"
+			   "Only with --from-safetensors")
+		->needs(src_s);
+	format->add_option("--include", fa.include, "only tensors matching this glob (repeatable)")->needs(src_s);
+	format->add_option("--exclude", fa.exclude, "leave out tensors matching this glob (repeatable)")->needs(src_s);
+	format->add_option("--dtype", fa.dtype, "gradient/param dtype: bf16 or fp16 (overrides the input)")
 		->check(CLI::IsMember({"bf16", "fp16"}));
-	fmt_cmd->add_option("--chunk-params", chunk_params,
-			    "params per chunk, a power of two from 2048 to 4194304 (default 65536)");
-	fmt_cmd->add_option("--size", size, "size of a file in bytes (default: what the layout needs)");
+	format->add_option("--chunk-params", fa.chunk_params,
+			   "params per chunk, a power of two from 2048 to 4194304\n(default: the manifest's, else 65536)");
+	format->add_option("--size", fa.size, "size of a file in bytes (default: what the layout needs)");
+	format->add_flag("--json", fa.json, "print the resulting geometry as JSON (as info --json)");
+	format->footer(
+		"\nEXAMPLES\n"
+		"  ckptctl format model.img -m manifest.json\n"
+		"  ckptctl format /dev/nvme0n1 --from-safetensors model.safetensors \\\n"
+		"      --group 1:'*.bias,*norm*'          # no weight decay for biases and norms\n"
+		"  ckptctl format /dev/nvme0n1 --from-safetensors model.safetensors --exclude '*.running_*'");
 
-	bool as_json = false;
-	auto *info_cmd = app.add_subcommand("info",
-		"Show geometry, committed step and tensors of a backing device or image.");
-	info_cmd->add_option("device", dev, "backing file or block device")->required();
-	info_cmd->add_flag("--json", as_json, "print JSON");
-	bool as_table = false;
-	info_cmd->add_flag("--table", as_table,
-			   "print the device-mapper table line for the kernel target, for\n"
-			   "  dmsetup create NAME --table \"$(ckptctl info --table DEV)\"")
+	// ---- info
+	std::string dev;
+	bool as_json = false, as_table = false;
+	auto *info = app.add_subcommand("info",
+		"Show the geometry, committed step and tensors of a device.\n\n"
+		"Reads the superblock, group table and manifest (all validated) of a\n"
+		"backing file or device, or of the backing device of /dev/mapper/NAME.");
+	info->add_option("device", dev, "backing file or block device, or a dm-ckpt device")->required();
+	info->add_flag("--json", as_json, "print JSON");
+	info->add_flag("--table", as_table,
+		       "print the device-mapper table line of the kernel target:\n"
+		       "dmsetup create NAME --table \"$(ckptctl info --table DEV)\"")
 		->excludes("--json");
+	info->footer("\nEXAMPLES\n  ckptctl info model.img\n  ckptctl info --json /dev/nvme0n1 | jq .committed_step");
 
-	CLI11_PARSE(app, argc, argv);
+	// ---- probe
+	uint32_t probe_chunk = 0;
+	auto *probe = app.add_subcommand("probe",
+		"Identify an NVMe namespace and size a dm-ckpt layout for it.\n\n"
+		"Reports model, serial, firmware, namespace size, LBA format (data and\n"
+		"metadata bytes), atomic write units (awun/awupf, and nawun/nawupf when the\n"
+		"namespace defines them), preferred write sizes, the volatile write cache\n"
+		"and FUA; then the recommended chunk size and how many params fit (28 B per\n"
+		"param plus record headers and metadata). Fails with exit status 1 on\n"
+		"anything that is not an NVMe namespace (a file, loop, SCSI or dm device).\n"
+		"Needs root (NVMe admin commands).");
+	probe->add_option("device", dev, "NVMe namespace block device, e.g. /dev/nvme0n1")->required();
+	probe->add_option("--chunk-params", probe_chunk, "size the layout for this chunk size instead");
+	probe->add_flag("--json", as_json, "print JSON");
+	probe->footer("\nEXAMPLES\n  ckptctl probe /dev/nvme0n1\n  ckptctl probe --json /dev/nvme0n1");
+
+	// ---- create / remove / status / message
+	CreateArgs ca;
+	auto *create = app.add_subcommand("create",
+		"Create a dm-ckpt kernel target on a formatted block device.\n\n"
+		"Validates the device's superblock, group table and manifest first and\n"
+		"refuses a device without a valid dm-ckpt image; computes the table line\n"
+		"'0 SECTORS ckpt DEV [#opts] [queue_depth N] [staging_kb K]' itself and\n"
+		"creates /dev/mapper/NAME through libdevmapper (without udev, libdevmapper\n"
+		"makes the node). Needs the dm-ckpt module loaded.");
+	create->add_option("name", ca.name, "device-mapper name (/dev/mapper/NAME)")->required();
+	create->add_option("device", ca.device, "formatted backing block device")->required();
+	create->add_option("--queue-depth", ca.queue_depth, "chunks in flight in the target (1..128; default: the target's)")
+		->check(CLI::Range(1, 128));
+	create->add_option("--staging-kb", ca.staging_kb,
+			   "memory for partially written chunks, KiB (1..4194304;\ndefault: the target's)")
+		->check(CLI::Range(1, 4194304));
+	create->add_flag("--json", ca.json, "print the result as JSON");
+	create->footer("\nEXAMPLES\n  ckptctl create ckpt0 /dev/nvme0n1\n"
+		       "  ckptctl create ckpt0 /dev/nvme0n1 --queue-depth 16 --staging-kb 131072");
+
+	std::string name;
+	bool retry = false, force = false;
+	auto *remove = app.add_subcommand("remove",
+		"Remove a dm-ckpt kernel target.\n\n"
+		"The backing device keeps the last committed step; an open step is lost\n"
+		"(as after a crash). Refuses a device that is open unless --retry, and a\n"
+		"device that is not dm-ckpt unless --force.");
+	remove->add_option("name", name, "device-mapper name")->required();
+	remove->add_flag("--retry", retry, "retry while the device is briefly busy (e.g. udev probing it)");
+	remove->add_flag("--force", force, "remove it even if it is not a dm-ckpt device");
+	remove->footer("\nEXAMPLES\n  ckptctl remove ckpt0");
+
+	auto *status = app.add_subcommand("status",
+		"Show the state and counters of a dm-ckpt kernel target.\n\n"
+		"Parses the target's status line: state (idle/open/failed), committed and\n"
+		"open step, chunks applied, overflow, last result and error, step counts,\n"
+		"rejected commands, traffic and I/O errors; plus its table line.");
+	status->add_option("name", name, "device-mapper name")->required();
+	status->add_flag("--json", as_json, "print JSON (the raw status line is in status.raw)");
+	status->footer("\nEXAMPLES\n  ckptctl status ckpt0\n  ckptctl status --json ckpt0");
+
+	std::vector<std::string> words;
+	auto *message = app.add_subcommand("message",
+		"Send a message to a dm-ckpt kernel target (as dmsetup message NAME 0 ...).\n\n"
+		"The target's verbs: stats; begin STEP GRAD_SCALE_HEX GROUP...; commit STEP\n"
+		"[BLOB_HEX]; abort [STEP]. Prints the target's answer. A refused message\n"
+		"exits 1; the kernel log says why.");
+	message->add_option("name", name, "device-mapper name")->required();
+	message->add_option("words", words, "the message")->required();
+	message->footer("\nEXAMPLES\n  ckptctl message ckpt0 stats\n  ckptctl message ckpt0 abort");
+
+	// ---- import / export
+	ImportArgs ia;
+	uint64_t import_step = 0;
+	auto *import = app.add_subcommand("import",
+		"Load weights (and optimizer state) from a safetensors file.\n\n"
+		"Every tensor of the device is read from the file tensor of the same name\n"
+		"and shape (F32, F16, BF16 exactly; F64 rounded) into the fp32 master copy;\n"
+		"moments are zero. With --with-optimizer, '<name>.exp_avg' and\n"
+		"'<name>.exp_avg_sq' are loaded too, and the device's committed step becomes\n"
+		"the file's \"step\" metadata (as 'ckptctl export --with-optimizer' writes\n"
+		"it), with its trainer blob. Only into a device before its first step; the\n"
+		"load commits like a step (a crash keeps the old or the new state). The file\n"
+		"is validated completely before anything is read or written; values must be\n"
+		"finite (exp_avg_sq not negative).");
+	import->add_option("device", ia.device, "backing file or block device (not a dm-ckpt device)")->required();
+	import->add_option("--from", ia.from, "safetensors file")->required();
+	import->add_flag("--with-optimizer", ia.with_optimizer, "also load exp_avg/exp_avg_sq and the step");
+	auto *step_opt = import->add_option("--step", import_step,
+					    "optimizer step of the moments (default: the file's \"step\")")
+				 ->needs("--with-optimizer");
+	import->add_flag("--partial", ia.partial,
+			 "allow device tensors missing from the file (they keep their\n"
+			 "values) and skip file tensors the device lacks");
+	import->footer("\nEXAMPLES\n  ckptctl import /dev/nvme0n1 --from model.safetensors\n"
+		       "  ckptctl import new.img --from step1000.safetensors --with-optimizer");
+
+	std::string to;
+	bool with_opt = false;
+	auto *exportc = app.add_subcommand("export",
+		"Write the committed state to a safetensors file.\n\n"
+		"The fp32 master params of every tensor at the committed step, as F32 with\n"
+		"the manifest's shapes; with --with-optimizer also '<name>.exp_avg' and\n"
+		"'<name>.exp_avg_sq'. __metadata__ holds format=pt, step, ckpt.dtype,\n"
+		"ckpt.uuid and (with --with-optimizer) ckpt.trainer_blob in hex. Every record\n"
+		"read is checked (header and checksum). The file appears only when complete.");
+	exportc->add_option("device", dev, "backing file or block device, or a dm-ckpt device")->required();
+	exportc->add_option("--to", to, "output safetensors file")->required();
+	exportc->add_flag("--with-optimizer", with_opt, "also write exp_avg and exp_avg_sq");
+	exportc->footer("\nEXAMPLES\n  ckptctl export /dev/nvme0n1 --to weights.safetensors\n"
+			"  ckptctl export /dev/mapper/ckpt0 --to step.safetensors --with-optimizer");
+
+	// ---- verify / restore
+	auto *verify = app.add_subcommand("verify",
+		"Check a backing device's integrity.\n\n"
+		"Checks both superblock copies and their checksums, the group table and\n"
+		"manifest checksum, and every record of the committed slot: header checksum,\n"
+		"chunk, slot, step and sequence equal to the superblock's, data checksum of\n"
+		"fp32 p, m, v, and p_lo == round-to-nearest-even(p) for every param. Damage\n"
+		"is reported with its byte offset and the tensors it holds. Also reports\n"
+		"whether the previous step (the other slot) is still readable for a rollback;\n"
+		"that is information, not an error. Exit status 2 on damage.");
+	verify->add_option("device", dev, "backing file or block device, or a dm-ckpt device")->required();
+	verify->add_flag("--json", as_json, "print JSON");
+	verify->footer("\nEXAMPLES\n  ckptctl verify /dev/nvme0n1\n  ckptctl verify --json model.img");
+
+	bool do_rollback = false;
+	auto *restore = app.add_subcommand("restore",
+		"Show what a restart resumes from; optionally roll back one step.\n\n"
+		"Reports the committed step, its trainer blob (hex and printable), whether\n"
+		"its state is intact, and whether the previous step is still readable: the\n"
+		"older superblock copy commits it and every record of the other slot is at\n"
+		"that step and sequence with intact data. With --rollback, makes that\n"
+		"previous step the committed one (only when fully verified): its record\n"
+		"headers are stamped with a new sequence, the device is flushed, and a\n"
+		"superblock with the previous step and its blob is written with FUA over the\n"
+		"older copy. Use it when ranks must agree on the minimum committed step.\n"
+		"Exit status 2 when the state is damaged or --rollback is not possible.");
+	restore->add_option("device", dev, "backing file or block device (a dm-ckpt device without --rollback)")
+		->required();
+	restore->add_flag("--rollback", do_rollback, "roll back to the previous step");
+	restore->add_flag("--json", as_json, "print JSON");
+	restore->footer("\nEXAMPLES\n  ckptctl restore /dev/nvme0n1\n  ckptctl restore --rollback /dev/nvme0n1");
 
 	try {
-		if (*fmt_cmd) {
-			ManifestFile m = read_manifest(manifest);
-			ckpt::FormatOptions opts;
-			opts.dtype = ckpt::parse_dtype(dtype.empty() ? m.dtype : dtype);
-			opts.chunk_params = chunk_params ? chunk_params : m.chunk_params;
-			opts.size = size;
-			ckpt::format(dev, m.layout, opts);
-			print_info(image_json(ckpt::Image::open(dev, false)));
-		} else if (*info_cmd) {
-			ckpt::Image img = ckpt::Image::open(dev, false);
-			json j = image_json(img);
-			if (as_table)
-				fmt::print("0 {} ckpt {}\n", img.sb.layout.virt_bytes / CKPT_SECTOR, dev);
-			else if (as_json)
-				std::cout << j.dump(2) << "\n";
-			else
-				print_info(j);
-		}
+		app.parse(argc, argv);
+	} catch (const CLI::ParseError &e) {
+		int rc = app.exit(e);
+		return rc == 0 ? 0 : exit_error;
+	}
+	if (*format && fa.manifest.empty() && fa.safetensors.empty()) {
+		fmt::print(stderr, "ckptctl format: give --manifest FILE or --from-safetensors FILE\n");
+		return exit_error;
+	}
+	if (*step_opt)
+		ia.step = import_step;
+
+	try {
+		if (*format)
+			return cmd_format(fa);
+		if (*info)
+			return cmd_info(dev, as_json, as_table);
+		if (*probe)
+			return cmd_probe(dev, probe_chunk, as_json);
+		if (*create)
+			return cmd_create(ca);
+		if (*remove)
+			return cmd_remove(name, retry, force);
+		if (*status)
+			return cmd_status(name, as_json);
+		if (*message)
+			return cmd_message(name, words);
+		if (*import)
+			return cmd_import(ia);
+		if (*exportc)
+			return cmd_export(dev, to, with_opt);
+		if (*verify)
+			return cmd_verify(dev, as_json);
+		if (*restore)
+			return cmd_restore(dev, do_rollback, as_json);
 	} catch (const ckpt::Error &e) {
 		fmt::print(stderr, "ckptctl: {}\n", e.what());
-		return 1;
+		return exit_error;
+	} catch (const std::exception &e) {
+		fmt::print(stderr, "ckptctl: {}\n", e.what());
+		return exit_error;
 	}
-	return 0;
+	return exit_error;
 }

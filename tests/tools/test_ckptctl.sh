@@ -1,0 +1,320 @@
+#!/bin/sh
+# ckptctl from the outside: safetensors format/import/export round trips
+# (checked by an independent reader: Debian's python3 with json + numpy),
+# verify finding a flipped byte, restore and --rollback, probe on a non-NVMe
+# path, and the error paths (missing device, wrong image, bad manifest,
+# lying safetensors headers). TAP output; any failure makes the exit status
+# non-zero. The device-mapper and NVMe paths run in the VM: tests/vm/ckptctl_dm.sh.
+set -u
+bin=${1:?usage: test_ckptctl.sh BUILD_DIR}/tools
+ctl=$bin/ckptctl
+py=/usr/bin/python3
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+n=0
+failed=0
+
+ok() {	# ok DESCRIPTION COMMAND...: passes when COMMAND succeeds
+	n=$((n + 1))
+	desc=$1
+	shift
+	if "$@" >"$tmp/out" 2>&1; then
+		echo "ok $n - $desc"
+	else
+		echo "not ok $n - $desc"
+		sed 's/^/# /' "$tmp/out"
+		failed=$((failed + 1))
+	fi
+}
+
+fails_with() {	# fails_with DESCRIPTION STATUS PATTERN COMMAND...: must exit STATUS, saying PATTERN
+	n=$((n + 1))
+	desc=$1
+	want=$2
+	pattern=$3
+	shift 3
+	"$@" >"$tmp/out" 2>&1
+	rc=$?
+	if [ "$rc" -ne "$want" ]; then
+		echo "not ok $n - $desc (exit status $rc, expected $want)"
+		sed 's/^/# /' "$tmp/out"
+		failed=$((failed + 1))
+	elif grep -q -- "$pattern" "$tmp/out"; then
+		echo "ok $n - $desc"
+	else
+		echo "not ok $n - $desc (message lacks '$pattern')"
+		sed 's/^/# /' "$tmp/out"
+		failed=$((failed + 1))
+	fi
+}
+
+cd "$tmp" || exit 1
+
+# ---------------------------------------------------------------- fixtures
+# An independent safetensors writer and reader (json + numpy only).
+cat >st.py <<'PY'
+import json, struct, sys
+import numpy as np
+
+def write(path, tensors, meta=None):
+    hdr, blobs, off = {}, [], 0
+    for name, (dt, arr) in tensors.items():
+        b = arr.tobytes()
+        hdr[name] = {"dtype": dt, "shape": list(arr.shape), "data_offsets": [off, off + len(b)]}
+        off += len(b)
+        blobs.append(b)
+    if meta:
+        hdr["__metadata__"] = meta
+    h = json.dumps(hdr).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+def read(path):
+    b = open(path, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    assert (8 + n) % 8 == 0, "data not 8-byte aligned"
+    h = json.loads(b[8:8 + n].decode("utf-8"))
+    data = b[8 + n:]
+    meta = h.pop("__metadata__", {})
+    dt = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I64": np.int64, "BF16": np.uint16}
+    end = 0
+    out = {}
+    for k, v in sorted(h.items(), key=lambda kv: kv[1]["data_offsets"]):
+        s, e = v["data_offsets"]
+        assert s == end, "gap or overlap"
+        end = e
+        out[k] = (v["dtype"], np.frombuffer(data[s:e], dtype=dt[v["dtype"]]).reshape(v["shape"]))
+    assert end == len(data), "trailing bytes"
+    return out, meta
+
+def f32(dt, a):  # what the device's fp32 masters hold for an input tensor
+    if dt == "BF16":
+        return (a.astype(np.uint32) << 16).view(np.float32)
+    return a.astype(np.float32)
+
+def models():
+    r = np.random.default_rng(7)
+    def t(*shape):
+        return r.standard_normal(shape).astype(np.float32)
+    base = {"embed.weight": t(300, 70), "layer0.norm.weight": t(70), "layer0.attn.weight": t(70, 70),
+            "layer0.attn.bias": t(70), "head.weight": t(70, 300), "head.bias": t(300)}
+    write("f32.safetensors", {k: ("F32", v) for k, v in base.items()} |
+          {"position_ids": ("I64", np.arange(16, dtype=np.int64))}, {"format": "pt"})
+    write("f16.safetensors", {k: ("F16", v.astype(np.float16)) for k, v in base.items()})
+    bf = {k: ("BF16", (v.view(np.uint32) >> 16).astype(np.uint16)) for k, v in base.items()}
+    write("bf16.safetensors", bf)
+
+if __name__ == "__main__":
+    cmd = sys.argv[1]
+    if cmd == "models":
+        models()
+    elif cmd == "same":  # same IN EXPORTED: every float tensor of IN equals EXPORTED's F32 tensor
+        a, _ = read(sys.argv[2])
+        b, meta = read(sys.argv[3])
+        for k, (dt, v) in a.items():
+            if dt == "I64":
+                continue
+            bdt, bv = b[k]
+            assert bdt == "F32", (k, bdt)
+            assert bv.shape == v.shape, (k, bv.shape, v.shape)
+            assert np.array_equal(f32(dt, v).view(np.uint32), bv.view(np.uint32)), k
+        print("equal", len(a), meta)
+    elif cmd == "identical":  # identical A B: all tensors bit for bit, and the step
+        a, ma = read(sys.argv[2])
+        b, mb = read(sys.argv[3])
+        assert a.keys() == b.keys(), (a.keys(), b.keys())
+        for k in a:
+            assert np.array_equal(a[k][1].view(np.uint8), b[k][1].view(np.uint8)), k
+        assert ma["step"] == mb["step"], (ma, mb)
+        print("identical", len(a))
+    elif cmd == "meta":  # meta FILE KEY VALUE
+        _, m = read(sys.argv[2])
+        assert m.get(sys.argv[3]) == sys.argv[4], m
+    elif cmd == "nonzero":  # nonzero FILE NAME
+        t, _ = read(sys.argv[2])
+        assert np.any(t[sys.argv[3]][1] != 0), sys.argv[3]
+    elif cmd == "write":  # write FILE NAME SHAPE VALUE: one F32 tensor filled with VALUE
+        shape = [int(x) for x in sys.argv[4].split("x")]
+        write(sys.argv[2], {sys.argv[3]: ("F32", np.full(shape, float(sys.argv[5]), dtype=np.float32))})
+    elif cmd == "extra":  # extra IN OUT NAME: IN's tensors plus an F32 tensor NAME
+        t, m = read(sys.argv[2])
+        t[sys.argv[4]] = ("F32", np.ones(8, dtype=np.float32))
+        write(sys.argv[3], {k: (dt, v) for k, (dt, v) in t.items() if dt != "BF16"}, m)
+    elif cmd == "flip":  # flip FILE OFFSET: xor one byte
+        with open(sys.argv[2], "r+b") as f:
+            f.seek(int(sys.argv[3]))
+            c = f.read(1)[0]
+            f.seek(int(sys.argv[3]))
+            f.write(bytes([c ^ 0x5a]))
+    elif cmd == "recoff":  # recoff INFO_JSON TENSOR [SLOT]: byte offset of that tensor's first fp32 p
+        j = json.load(open(sys.argv[2]))
+        t = [x for x in j["tensors"] if x["name"] == sys.argv[3]][0]
+        slot = int(sys.argv[4]) if len(sys.argv) > 4 else j["committed_slot"]
+        L, cp = j["layout"], j["chunk_params"]
+        c, i = divmod(t["offset"], cp)
+        print(L["rec_off"][slot] + c * L["record_bytes"] + 4096 + i * 4 + 2)
+    elif cmd == "bad":  # headers that lie, one file each
+        def raw(path, h, data=b"", hlen=None):
+            with open(path, "wb") as f:
+                f.write(struct.pack("<Q", len(h) if hlen is None else hlen) + h + data)
+        d = bytes(16)
+        e = lambda s, o: '"%s":{"dtype":"F32","shape":%s,"data_offsets":%s}' % (s, o[0], o[1])
+        raw("past_end.st", ('{%s}' % e("a", ("[8]", "[0,32]"))).encode(), d)
+        raw("overlap.st", ('{%s,%s}' % (e("a", ("[2]", "[0,8]")), e("b", ("[2]", "[4,12]")))).encode(), d[:12])
+        raw("gap.st", ('{%s,%s}' % (e("a", ("[2]", "[0,8]")), e("b", ("[1]", "[12,16]")))).encode(), d)
+        raw("trailing.st", ('{%s}' % e("a", ("[2]", "[0,8]"))).encode(), d)
+        raw("size.st", b'{"a":{"dtype":"F16","shape":[4],"data_offsets":[0,16]}}', d)
+        raw("dtype.st", b'{"a":{"dtype":"F17","shape":[4],"data_offsets":[0,16]}}', d)
+        raw("dup.st", ('{%s,%s}' % (e("a", ("[2]", "[0,8]")), e("a", ("[2]", "[8,16]")))).encode(), d)
+        raw("utf8.st", b'{"\xff\xfe":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}', d)
+        raw("json.st", b'{"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}', d)
+        raw("overflow.st", ('{%s}' % e("a", ("[4294967296,4294967296]", "[0,16]"))).encode(), d)
+        raw("pastfile.st", b'{}', b"", hlen=4096)
+        raw("short.st", b"", b"", hlen=None)
+        with open("huge.st", "wb") as f:  # sparse: 160 MB file, 150 MB header length
+            f.write(struct.pack("<Q", 150_000_000) + b"{")
+            f.truncate(160_000_000)
+PY
+run_py() { "$py" st.py "$@"; }
+ok "fixtures: safetensors models (F32 with an I64 buffer, F16, BF16)" run_py models
+
+# ---------------------------------------------------------------- help
+for c in format info probe create remove status message import export verify restore; do
+	ok "$c --help has a description, options and examples" sh -c \
+		"'$ctl' $c --help | grep -q EXAMPLES && '$ctl' $c --help | grep -q Options"
+done
+
+# ---------------------------------------------------------------- format from safetensors
+ok "format --from-safetensors with groups" "$ctl" format m.img --from-safetensors f32.safetensors \
+	--group 1:'*.bias,*norm*' --chunk-params 4096
+"$ctl" info --json m.img >m.json 2>/dev/null
+ok "groups by glob: biases and norms in group 1, the rest in 0; buffers skipped" "$py" -c "
+import json; j = json.load(open('m.json'))
+g = {t['name']: t['group'] for t in j['tensors']}
+assert g == {'embed.weight': 0, 'layer0.attn.weight': 0, 'head.weight': 0,
+             'layer0.norm.weight': 1, 'layer0.attn.bias': 1, 'head.bias': 1}, g
+assert j['n_groups'] == 2 and j['dtype'] == 'bf16', j"
+ok "format infers fp16 from an all-F16 file" sh -c \
+	"'$ctl' format h.img --from-safetensors f16.safetensors --chunk-params 4096 | grep -q 'groups, fp16'"
+ok "format --include/--exclude" sh -c \
+	"'$ctl' format x.img --from-safetensors f32.safetensors --include 'layer0.*' --exclude '*.bias' --json |
+	 $py -c 'import json,sys; j=json.load(sys.stdin); assert [t[\"name\"] for t in j[\"tensors\"]] == [\"layer0.norm.weight\", \"layer0.attn.weight\"], j[\"tensors\"]'"
+fails_with "format --group with a bad spec" 1 "expected G:GLOB" "$ctl" format x.img --from-safetensors f32.safetensors --group 64:'*'
+fails_with "format without a manifest or safetensors" 1 "give --manifest" "$ctl" format x.img
+fails_with "format from a missing safetensors file" 1 "cannot open" "$ctl" format x.img --from-safetensors nope.safetensors
+echo '{"tensors": [' >bad.json
+fails_with "format with a broken manifest" 1 "not a JSON object" "$ctl" format x.img -m bad.json
+fails_with "format with a missing manifest" 1 "cannot read manifest" "$ctl" format x.img -m nope.json
+
+# ---------------------------------------------------------------- import/export round trips
+for dt in f32 f16 bf16; do
+	ok "$dt: format" "$ctl" format $dt.img --from-safetensors $dt.safetensors --chunk-params 4096 --dtype bf16
+	ok "$dt: import" "$ctl" import $dt.img --from $dt.safetensors
+	ok "$dt: export" "$ctl" export $dt.img --to $dt.out.safetensors
+	ok "$dt: exported F32 equals the input, converted exactly" run_py same $dt.safetensors $dt.out.safetensors
+	ok "$dt: verify after import" "$ctl" verify $dt.img
+done
+ok "export writes the step metadata" run_py meta f32.out.safetensors step 0
+ok "export of params only has no exp_avg" sh -c "! grep -q exp_avg f32.out.safetensors"
+
+# Train three steps on the imported model, then export with the optimizer.
+ok "train 3 steps (ckpt-trace)" "$bin/ckpt-trace" f32.img --steps 3 --seed 5
+ok "export --with-optimizer" "$ctl" export f32.img --to s3.safetensors --with-optimizer
+ok "... has step 3, moments and the trainer blob" sh -c \
+	"$py st.py meta s3.safetensors step 3 && $py st.py nonzero s3.safetensors head.weight.exp_avg_sq &&
+	 $py st.py meta s3.safetensors ckpt.trainer_blob \$('$ctl' restore --json f32.img | $py -c 'import json,sys; print(json.load(sys.stdin)[\"blob_hex\"])')"
+ok "own reader round trip: import --with-optimizer into a new device" sh -c \
+	"'$ctl' format r.img --from-safetensors f32.safetensors --chunk-params 4096 --dtype bf16 >/dev/null 2>&1 &&
+	 '$ctl' import r.img --from s3.safetensors --with-optimizer | grep -q 'committed step 3'"
+ok "... exports the same tensors and step" sh -c \
+	"'$ctl' export r.img --to r3.safetensors --with-optimizer >/dev/null && $py st.py identical s3.safetensors r3.safetensors"
+cp f32.img f32b.img
+ok "... and the next step is bit-identical to the original device's" sh -c \
+	"'$bin/ckpt-trace' f32b.img --steps 1 --seed 5 >/dev/null && '$bin/ckpt-trace' r.img --steps 1 --seed 5 >/dev/null &&
+	 '$ctl' export f32b.img --to a4.safetensors --with-optimizer >/dev/null &&
+	 '$ctl' export r.img --to b4.safetensors --with-optimizer >/dev/null && $py st.py identical a4.safetensors b4.safetensors"
+ok "import without --with-optimizer ignores the moments" sh -c \
+	"'$ctl' format r2.img --from-safetensors s3.safetensors --chunk-params 4096 --dtype bf16 2>/dev/null | grep -q 'tensors         6' &&
+	 '$ctl' import r2.img --from s3.safetensors | grep -q 'ignored 12 exp_avg'"
+
+# ---------------------------------------------------------------- import errors
+"$ctl" format e.img --from-safetensors f32.safetensors --chunk-params 4096 >/dev/null 2>&1
+fails_with "import into a missing device" 1 "cannot open" "$ctl" import missing.img --from f32.safetensors
+head -c 65536 /dev/urandom >random.img
+fails_with "import into random bytes" 1 "not a usable dm-ckpt image" "$ctl" import random.img --from f32.safetensors
+fails_with "import after the first step" 1 "before its first step" "$ctl" import f32.img --from f32.safetensors
+run_py write shape.safetensors head.bias 3x100 1
+fails_with "import with a wrong shape" 1 "has shape \[3,100\]" "$ctl" import e.img --from shape.safetensors --partial
+run_py write one.safetensors head.bias 300 1
+fails_with "import of a file lacking tensors" 1 "lacks tensors of the device" "$ctl" import e.img --from one.safetensors
+ok "import --partial keeps the others" sh -c "'$ctl' import e.img --from one.safetensors --partial | grep -q 'kept 5 tensors'"
+"$ctl" format e.img --from-safetensors f32.safetensors --chunk-params 4096 >/dev/null 2>&1
+run_py extra f32.safetensors extra.safetensors other
+fails_with "import of unknown tensors" 1 "has tensors the device lacks: other" "$ctl" import e.img --from extra.safetensors
+ok "import --partial skips them" sh -c "'$ctl' import e.img --from extra.safetensors --partial | grep -q 'skipped 1 tensors the device lacks: other'"
+"$ctl" format e.img --from-safetensors f32.safetensors --chunk-params 4096 >/dev/null 2>&1
+fails_with "import --with-optimizer without moments" 1 "has no 'embed.weight.exp_avg'" "$ctl" import e.img --from f32.safetensors --with-optimizer
+run_py write nan.safetensors head.bias 300 nan
+fails_with "import of a NaN" 1 "element 0 is nan" "$ctl" import e.img --from nan.safetensors --partial
+fails_with "import from a missing file" 1 "cannot open nope" "$ctl" import e.img --from nope.safetensors
+ok "a refused import changed nothing" sh -c "'$ctl' verify e.img && '$ctl' info --json e.img | grep -q '\"sequence\": 1'"
+
+# ---------------------------------------------------------------- lying safetensors headers
+run_py bad
+for c in "past_end:run past the end" "overlap:overlap another" "gap:belong to no tensor" "trailing:the tensors cover 8" \
+	"size:needs 8 bytes" "dtype:unknown dtype 'F17'" "dup:names 'a' twice" "utf8:ill-formed UTF-8" \
+	"json:not valid JSON" "overflow:overflows" "pastfile:larger than the file" "short:too short" \
+	"huge:exceeds the format's limit"; do
+	f=${c%%:*}
+	fails_with "format rejects a header: $f" 1 "${c#*:}" "$ctl" format x.img --from-safetensors $f.st
+	fails_with "import rejects a header: $f" 1 "${c#*:}" "$ctl" import e.img --from $f.st
+done
+
+# ---------------------------------------------------------------- verify and restore
+ok "verify a trained device" sh -c "'$ctl' verify f32.img | grep -q 'verify: ok'"
+ok "verify --json" sh -c "'$ctl' verify --json f32.img | $py -c 'import json,sys; j=json.load(sys.stdin); assert j[\"ok\"] and j[\"rollback\"][\"available\"] and j[\"rollback\"][\"step\"] == 2, j'"
+cp f32.img v.img
+"$ctl" info --json v.img >v.json
+run_py flip v.img "$(run_py recoff v.json head.bias)"
+fails_with "verify finds a flipped byte and names the tensor" 2 "tensors: head.bias" "$ctl" verify v.img
+fails_with "... and says where" 2 "record data of chunk .*checksum mismatch" "$ctl" verify v.img
+fails_with "... and the p it corrupted" 2 "head.bias\[0\]" "$ctl" verify v.img
+ok "verify --json lists the damage" sh -c "'$ctl' verify --json v.img | $py -c 'import json,sys; j=json.load(sys.stdin); assert not j[\"ok\"] and [\"head.bias\"] in [d[\"tensors\"] for d in j[\"damage\"]], j'"
+fails_with "export refuses the damaged state" 1 "data checksum mismatch" "$ctl" export v.img --to v.safetensors
+fails_with "restore reports the damage" 2 "DAMAGED" "$ctl" restore v.img
+ok "restore --rollback recovers the previous step" sh -c "'$ctl' restore --rollback v.img | grep -q 'rolled back from step 3 to step 2'"
+ok "... which verifies" "$ctl" verify v.img
+cp f32.img w.img
+ok "restore shows step, blob and the previous step" sh -c \
+	"'$ctl' restore w.img | grep -q 'printable .*step 3' && '$ctl' restore w.img | grep -q 'previous step   2 is readable'"
+ok "restore --rollback" sh -c "'$ctl' restore --rollback w.img | grep -q 'committed step 2 '"
+ok "... the blob is the previous step's" sh -c "'$ctl' restore --json w.img | $py -c 'import json,sys; j=json.load(sys.stdin); assert j[\"committed_step\"] == 2 and j[\"blob_printable\"].endswith(\"step 2\"), j'"
+fails_with "... a second rollback is refused" 2 "cannot roll back" "$ctl" restore --rollback w.img
+# z.img: the same start and the same first two steps, never rolled back.
+"$ctl" format z.img --from-safetensors f32.safetensors --chunk-params 4096 --dtype bf16 >/dev/null 2>&1
+"$ctl" import z.img --from f32.safetensors >/dev/null
+"$bin/ckpt-trace" z.img --steps 2 --seed 5 >/dev/null
+ok "... training resumes from the rolled-back step as from the original step 2" sh -c \
+	"'$bin/ckpt-trace' w.img --steps 1 --seed 9 >/dev/null && '$bin/ckpt-trace' z.img --steps 1 --seed 9 >/dev/null &&
+	 '$ctl' export w.img --to w3.safetensors --with-optimizer >/dev/null &&
+	 '$ctl' export z.img --to z3.safetensors --with-optimizer >/dev/null && $py st.py identical w3.safetensors z3.safetensors"
+fails_with "rollback at step 0 is refused" 2 "no previous step" "$ctl" restore --rollback e.img
+fails_with "verify a missing device" 1 "cannot open" "$ctl" verify missing.img
+fails_with "verify random bytes" 1 "not a dm-ckpt image" "$ctl" verify random.img
+cp f32.img sb.img
+run_py flip sb.img 200
+ok "verify: a damaged older superblock copy is reported" sh -c "'$ctl' verify sb.img | grep -q 'INVALID'"
+
+# ---------------------------------------------------------------- probe, create and friends off the VM
+fails_with "probe a regular file" 1 "not an NVMe namespace" "$ctl" probe f32.img
+fails_with "probe a character device" 1 "not an NVMe namespace" "$ctl" probe /dev/null
+fails_with "probe a missing path" 1 "cannot open" "$ctl" probe /dev/nope
+fails_with "create on random bytes" 1 "no valid dm-ckpt superblock" "$ctl" create t0 random.img
+fails_with "create on a file" 1 "regular file" "$ctl" create t0 f32.img
+fails_with "create with a bad name" 1 "not a device-mapper name" "$ctl" create a/b f32.img
+fails_with "create with a bad queue depth" 1 "queue-depth" "$ctl" create t0 f32.img --queue-depth 0
+
+echo "1..$n"
+echo "$((n - failed)) passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,130 @@
+#!/bin/sh
+# ckptctl's libnvme and libdevmapper commands against the real kernel target,
+# inside the test VM (busybox, no udev):
+#
+#   scripts/vm/run [--kernel 6.1|6.12] tests/vm/ckptctl_dm.sh
+#
+# probe /dev/nvme0n1; create refused on a blank device; format; create /
+# status / message / remove; the kernel target stepping a device the
+# userspace engine started; verify, export and restore --rollback around it.
+# TAP output; the exit status is the number of failures (0: all passed).
+set -u
+dev=/dev/nvme0n1
+name=ckpt0
+n=0
+failed=0
+out=/tmp/ckptctl_dm.out
+
+ok() {	# ok DESCRIPTION COMMAND...
+	n=$((n + 1))
+	desc=$1
+	shift
+	if "$@" >"$out" 2>&1; then
+		echo "ok $n - $desc"
+	else
+		echo "not ok $n - $desc"
+		sed 's/^/# /' "$out"
+		failed=$((failed + 1))
+	fi
+}
+
+fails_with() {	# fails_with DESCRIPTION PATTERN COMMAND...: non-zero exit, saying PATTERN
+	n=$((n + 1))
+	desc=$1
+	pattern=$2
+	shift 2
+	if "$@" >"$out" 2>&1; then
+		echo "not ok $n - $desc (succeeded)"
+		sed 's/^/# /' "$out"
+		failed=$((failed + 1))
+	elif grep -q -- "$pattern" "$out"; then
+		echo "ok $n - $desc"
+	else
+		echo "not ok $n - $desc (message lacks '$pattern')"
+		sed 's/^/# /' "$out"
+		failed=$((failed + 1))
+	fi
+}
+
+has() {	# has PATTERN COMMAND...: COMMAND succeeds and prints PATTERN
+	pattern=$1
+	shift
+	"$@" >"$out.2" 2>&1 || { cat "$out.2"; return 1; }
+	grep -q -- "$pattern" "$out.2" || { cat "$out.2"; return 1; }
+}
+
+cd /tmp || exit 1
+echo "# kernel $(uname -r); $(ckptctl --help >/dev/null 2>&1 && echo ckptctl found || echo ckptctl MISSING)"
+
+# ---- probe (libnvme)
+ok "probe $dev" has "NVMe namespace 1" ckptctl probe $dev
+ok "probe names qemu's controller and serial" sh -c "ckptctl probe $dev | grep -q 'serial *ckpt0' && ckptctl probe $dev | grep -qi 'model *QEMU'"
+ok "probe reports LBA format, atomic unit, write cache and a capacity" sh -c \
+	"ckptctl probe $dev | grep -q 'LBA format' && ckptctl probe $dev | grep -q 'power-fail atomic' &&
+	 ckptctl probe $dev | grep -q 'write cache' && ckptctl probe $dev | grep -q 'params in'"
+ok "probe --json" has '"recommended"' ckptctl probe --json $dev
+lba=$(cat /sys/block/nvme0n1/queue/logical_block_size)
+ok "probe --json: the kernel's LBA size ($lba B), volatile write cache" sh -c \
+	"ckptctl probe --json $dev | grep -q '\"lba_data_bytes\": $lba' && ckptctl probe --json $dev | grep -q '\"volatile_write_cache\": true'"
+ckptctl probe $dev | sed 's/^/# /'
+
+# ---- create on a blank device
+dd if=/dev/zero of=$dev bs=4096 count=4 conv=fsync 2>/dev/null
+fails_with "create on a blank device is refused" "no valid dm-ckpt superblock" ckptctl create $name $dev
+ok "... and left no device behind" sh -c "! dmsetup info $name >/dev/null 2>&1"
+fails_with "status of a missing device" "no device-mapper device named" ckptctl status $name
+fails_with "remove of a missing device" "no device-mapper device named" ckptctl remove $name
+
+# ---- format, a few engine steps, create
+cat >/tmp/m.json <<'JSON'
+{"dtype": "bf16", "chunk_params": 4096,
+ "tensors": [{"name": "emb", "shape": [300, 70]}, {"name": "ln", "shape": [70], "group": 1},
+             {"name": "head", "shape": [70, 300]}]}
+JSON
+ok "format $dev from a manifest" ckptctl format $dev -m /tmp/m.json
+ok "ckpt-trace: format and 2 steps on the backing device (userspace engine)" \
+	ckpt-trace $dev --format --params 200000 --chunk-params 4096 --steps 2 --seed 3
+ok "create $name --queue-depth 4 --staging-kb 2048" has "created /dev/mapper/$name" \
+	ckptctl create $name $dev --queue-depth 4 --staging-kb 2048
+ok "the node exists without udev" test -b /dev/mapper/$name
+ok "the table carries the options" has "queue_depth 4 staging_kb 2048" dmsetup table $name
+ok "status: idle at committed step 2" has "idle, committed step 2" ckptctl status $name
+ok "status --json has the parsed fields" sh -c \
+	"ckptctl status --json $name | grep -q '\"committed_step\": 2' && ckptctl status --json $name | grep -q '\"state\": \"idle\"'"
+ckptctl status $name | sed 's/^/# /'
+ok "message stats" has "committed_step 2" ckptctl message $name stats
+fails_with "message abort without an open step is refused" "failed" ckptctl message $name abort
+fails_with "format refuses a device the target holds" "in use" ckptctl format $dev -m /tmp/m.json
+fails_with "import refuses a dm device" "device-mapper device" ckptctl import /dev/mapper/$name --from /tmp/none
+fails_with "restore --rollback refuses a held device" "in use" ckptctl restore --rollback $dev
+fails_with "create twice is refused" "exists already" ckptctl create $name $dev
+fails_with "probe a dm device" "not an NVMe namespace" ckptctl probe /dev/mapper/$name
+
+# ---- the kernel target steps the device
+ok "ckpt-trace: 2 steps through the kernel target" has "committed step 4" ckpt-trace /dev/mapper/$name --steps 2 --seed 3
+ok "status: committed step 4, 2 steps committed" sh -c \
+	"ckptctl status $name | grep -q 'committed step 4' && ckptctl status --json $name | grep -q '\"steps_committed\": 2'"
+ok "info through the dm device reads the backing device" has "committed step  4" ckptctl info /dev/mapper/$name
+ok "verify through the dm device" has "verify: ok" ckptctl verify /dev/mapper/$name
+ok "export through the dm device" ckptctl export /dev/mapper/$name --to /tmp/s4.safetensors --with-optimizer
+ok "restore shows the previous step as readable" has "previous step   3 is readable" ckptctl restore /dev/mapper/$name
+
+# ---- remove, roll back, create again
+ok "remove $name" has "removed" ckptctl remove $name
+ok "... the node is gone" sh -c "! test -e /dev/mapper/$name"
+ok "restore --rollback on the backing device" has "rolled back from step 4 to step 3" ckptctl restore --rollback $dev
+ok "verify after the rollback" has "verify: ok" ckptctl verify $dev
+ok "create again" has "committed step 3" ckptctl create $name $dev
+ok "status: committed step 3" has "committed step 3" ckptctl status $name
+ok "ckpt-trace resumes at step 4 through the kernel" has "committed step 4" ckpt-trace /dev/mapper/$name --steps 1 --seed 3
+ok "remove again" ckptctl remove $name
+
+# ---- remove --force guard: a device that is not dm-ckpt
+dmsetup create --noudevsync zero0 --table "0 8 error" && dmsetup mknodes zero0
+fails_with "remove refuses a non-dm-ckpt device" "not a dm-ckpt device" ckptctl remove zero0
+fails_with "status refuses a non-dm-ckpt device" "not a dm-ckpt device" ckptctl status zero0
+ok "remove --force removes it" ckptctl remove --force zero0
+
+echo "1..$n"
+echo "$((n - failed)) passed, $failed failed"
+exit "$failed"

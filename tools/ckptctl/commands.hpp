@@ -1,0 +1,51 @@
+// SPDX-License-Identifier: MIT
+// The commands of ckptctl, behind main.cpp's command line. Each returns the
+// process exit status or throws ckpt::Error (exit 1).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ckptctl {
+
+// Exit statuses.
+constexpr int exit_ok = 0;
+constexpr int exit_error = 1;		// could not do what was asked
+constexpr int exit_corrupt = 2;		// verify/restore found damage or no rollback
+
+struct FormatArgs {
+	std::string device, manifest, safetensors, dtype;
+	std::vector<std::string> groups;	// "G:glob,glob"
+	std::vector<std::string> include, exclude;
+	uint32_t chunk_params = 0;
+	uint64_t size = 0;
+	bool json = false;
+};
+int cmd_format(const FormatArgs &a);
+
+int cmd_info(const std::string &device, bool json, bool table);
+int cmd_probe(const std::string &device, uint32_t chunk_params, bool json);
+
+struct CreateArgs {
+	std::string name, device;
+	uint32_t queue_depth = 0, staging_kb = 0;
+	bool json = false;
+};
+int cmd_create(const CreateArgs &a);
+int cmd_remove(const std::string &name, bool retry, bool force);
+int cmd_status(const std::string &name, bool json);
+int cmd_message(const std::string &name, const std::vector<std::string> &words);
+
+struct ImportArgs {
+	std::string device, from;
+	bool with_optimizer = false, partial = false;
+	std::optional<uint64_t> step;
+};
+int cmd_import(const ImportArgs &a);
+int cmd_export(const std::string &device, const std::string &to, bool with_optimizer);
+int cmd_verify(const std::string &device, bool json);
+int cmd_restore(const std::string &device, bool rollback, bool json);
+
+} // namespace ckptctl
