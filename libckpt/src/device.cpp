@@ -190,15 +190,16 @@ void Device::read_state(const std::string &name, float *p, float *m, float *v, u
 
 void Device::load_params(const std::vector<std::pair<std::string, std::span<const float>>> &values)
 {
-	std::vector<LoadSpan> spans;
+	std::vector<StateSpan> spans;
 	for (const auto &[name, vals] : values) {
 		const Tensor &t = tensor(name, vals.size());
-		spans.push_back({t.offset, t.numel, vals.data()});
+		spans.push_back({t.offset, t.numel, vals.data(), nullptr, nullptr});
 	}
 	if (!engine_)
 		fail(CKPT_E_STATE, "load_params needs the userspace engine: load the backing device "
 				   "before the kernel target is created on it");
-	engine_->load_params(spans);
+	const struct ckpt_sb &sb = engine_->superblock();
+	engine_->load_state(spans, sb.committed_step, {sb.blob, sb.blob_len});
 }
 
 } // namespace ckpt

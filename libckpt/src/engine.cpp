@@ -374,7 +374,7 @@ void Engine::worker_main(Worker &w)
 		}
 		const bool load = batch_.jobs.front().load != nullptr;
 		const uint32_t src = ckpt_sm_src_slot(&sm_), dst = ckpt_sm_dst_slot(&sm_);
-		const uint64_t step = load ? img_.sb.committed_step : sm_.open_step;
+		const uint64_t step = load ? load_step_ : sm_.open_step;
 		unsigned inflight = 0;
 		bool stop = false;
 		try {
@@ -417,15 +417,20 @@ void Engine::worker_main(Worker &w)
 				auto *p = reinterpret_cast<uint32_t *>(s.rec.as() + CKPT_BLOCK);
 				uint32_t nonfinite = 0;
 				if (load) {
-					for (const LoadSpan &span : *s.job->load) {
+					for (const StateSpan &span : *s.job->load) {
 						uint64_t lo = std::max(span.offset, chunk * cp);
 						uint64_t hi = std::min(span.offset + span.n, (chunk + 1) * cp);
 						if (lo >= hi)
 							continue;
-						std::memcpy(p + (lo - chunk * cp), span.values + (lo - span.offset),
-							    (hi - lo) * 4);
-						std::memset(p + cp + (lo - chunk * cp), 0, (hi - lo) * 4);
-						std::memset(p + 2 * cp + (lo - chunk * cp), 0, (hi - lo) * 4);
+						const uint64_t in = lo - chunk * cp, from = lo - span.offset;
+						const float *src_of[3] = {span.p, span.m, span.v};
+						for (int k = 0; k < 3; k++) {
+							uint32_t *to = p + k * cp + in;
+							if (src_of[k])
+								std::memcpy(to, src_of[k] + from, (hi - lo) * 4);
+							else
+								std::memset(to, 0, (hi - lo) * 4);
+						}
 					}
 					ckpt_round_params(img_.sb.geo.dtype, p, s.plo.as<uint16_t>(), cp);
 				} else {
@@ -512,25 +517,28 @@ void Engine::read_state(uint64_t offset, uint64_t n, float *p, float *m, float *
 	});
 }
 
-// ---------------------------------------------------------------- load_params
+// ---------------------------------------------------------------- load_state
 
-void Engine::load_params(const std::vector<LoadSpan> &spans)
+void Engine::load_state(const std::vector<StateSpan> &spans, uint64_t step, std::span<const uint8_t> blob)
 {
 	std::lock_guard call(call_mu_);
 	const struct ckpt_layout &l = img_.sb.layout;
 	if (sm_.state == CKPT_STATE_FAILED)
 		fail(CKPT_E_FAILED, "the device failed earlier; no changes accepted");
 	if (sm_.state != CKPT_STATE_IDLE)
-		fail(CKPT_E_STATE, "load_params while step {} is open", sm_.open_step);
+		fail(CKPT_E_STATE, "loading state while step {} is open", sm_.open_step);
 	if (img_.sb.committed_step != 0)
-		fail(CKPT_E_STATE, "load_params only before the first step (committed step is {})",
+		fail(CKPT_E_STATE, "state can be loaded only before the first step (committed step is {})",
 		     img_.sb.committed_step);
-	for (const LoadSpan &s : spans)
-		if (s.offset >= l.n_params || s.n > l.n_params - s.offset)
-			fail(CKPT_E_RANGE, "load of {} params at {}: out of range", s.n, s.offset);
+	if (blob.size() > CKPT_BLOB_MAX)
+		fail(CKPT_E_BLOB, "trainer blob of {} bytes, at most {}", blob.size(), CKPT_BLOB_MAX);
+	for (const StateSpan &s : spans)
+		if (s.offset >= l.n_params || s.n > l.n_params - s.offset || !s.p)
+			fail(CKPT_E_RANGE, "state load of {} params at {}: out of range", s.n, s.offset);
 
 	// Every chunk goes to the other slot, loaded or copied, so the flip of
 	// committed_slot below moves the whole state at once.
+	load_step_ = step;
 	batch_.jobs.clear();
 	for (uint32_t c = 0; c < img_.sb.geo.n_chunks; c++)
 		batch_.jobs.push_back({c, nullptr, &spans});
@@ -539,83 +547,13 @@ void Engine::load_params(const std::vector<LoadSpan> &spans)
 		throw Error(batch_.error, batch_.message);
 	struct ckpt_sb next = img_.sb;
 	next.sequence++;
+	next.committed_step = step;
 	next.committed_slot ^= 1;
+	next.blob_len = static_cast<uint32_t>(blob.size());
+	std::memset(next.blob, 0, sizeof(next.blob));
+	if (!blob.empty())
+		std::memcpy(next.blob, blob.data(), blob.size());
 	commit_superblock(next);
-	sm_.committed_slot = img_.sb.committed_slot;
-}
-
-// ---------------------------------------------------------------- load_state
-
-// Sequential and synchronous (an import, not a training step): each chunk is
-// read from the committed slot, overlaid with the spans, and written with
-// its p_lo to the other slot; then flush and the superblock, as a commit.
-void Engine::load_state(const std::vector<StateSpan> &spans, uint64_t step, const std::vector<uint8_t> &blob)
-{
-	std::lock_guard call(call_mu_);
-	const struct ckpt_layout &l = img_.sb.layout;
-	const uint64_t cp = l.chunk_params;
-	if (sm_.state == CKPT_STATE_FAILED)
-		fail(CKPT_E_FAILED, "the device failed earlier; no changes accepted");
-	if (sm_.state != CKPT_STATE_IDLE)
-		fail(CKPT_E_STATE, "load_state while step {} is open", sm_.open_step);
-	if (img_.sb.committed_step != 0)
-		fail(CKPT_E_STATE, "load_state only before the first step (committed step is {})",
-		     img_.sb.committed_step);
-	if (blob.size() > CKPT_BLOB_MAX)
-		fail(CKPT_E_BLOB, "trainer blob of {} bytes, at most {}", blob.size(), CKPT_BLOB_MAX);
-	for (const StateSpan &s : spans)
-		if (s.offset >= l.n_params || s.n > l.n_params - s.offset || !s.p)
-			fail(CKPT_E_RANGE, "state load of {} params at {}: out of range", s.n, s.offset);
-
-	const uint32_t src = img_.sb.committed_slot, dst = src ^ 1;
-	Buffer rec(l.record_bytes), plo(l.plo_chunk_bytes);
-	try {
-		for (uint32_t c = 0; c < img_.sb.geo.n_chunks; c++) {
-			img_.file.pread_all(rec.as(), l.record_bytes, ckpt_record_offset(&l, src, c));
-			img_.check_record(rec.as(), c, src, img_.sb.committed_step, img_.sb.sequence, true);
-			auto *p = reinterpret_cast<float *>(rec.as() + CKPT_BLOCK);
-			for (const StateSpan &span : spans) {
-				uint64_t lo = std::max(span.offset, c * cp);
-				uint64_t hi = std::min(span.offset + span.n, (c + 1) * cp);
-				if (lo >= hi)
-					continue;
-				const uint64_t in = lo - c * cp, from = lo - span.offset, k = hi - lo;
-				std::memcpy(p + in, span.p + from, k * 4);
-				if (span.m)
-					std::memcpy(p + cp + in, span.m + from, k * 4);
-				else
-					std::memset(p + cp + in, 0, k * 4);
-				if (span.v)
-					std::memcpy(p + 2 * cp + in, span.v + from, k * 4);
-				else
-					std::memset(p + 2 * cp + in, 0, k * 4);
-			}
-			ckpt_round_params(img_.sb.geo.dtype, reinterpret_cast<const uint32_t *>(p), plo.as<uint16_t>(), cp);
-			struct ckpt_rec r = {};
-			r.chunk = c;
-			r.slot = dst;
-			r.chunk_shift = img_.sb.geo.chunk_shift;
-			r.step = step;
-			r.sequence = img_.sb.sequence + 1;
-			r.data_crc = ckpt_crc32c(p, 12 * cp);
-			ckpt_rec_encode(&r, rec.as());
-			img_.file.pwrite_all(rec.as(), l.record_bytes, ckpt_record_offset(&l, dst, c));
-			img_.file.pwrite_all(plo.as(), l.plo_chunk_bytes, ckpt_plo_offset(&l, dst, c));
-		}
-		struct ckpt_sb next = img_.sb;
-		next.sequence++;
-		next.committed_step = step;
-		next.committed_slot = dst;
-		next.blob_len = static_cast<uint32_t>(blob.size());
-		std::memset(next.blob, 0, sizeof(next.blob));
-		if (!blob.empty())
-			std::memcpy(next.blob, blob.data(), blob.size());
-		commit_superblock(next);
-	} catch (const Error &e) {
-		if (e.code() == CKPT_E_IO || e.code() == CKPT_E_RECORD)
-			ckpt_sm_fail(&sm_, EIO);
-		throw;
-	}
 	// The step machine starts over from the new commit.
 	ckpt_sm_init(&sm_, &img_.sb, claimed_.data(), applied_.data());
 }

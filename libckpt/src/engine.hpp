@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -38,14 +39,7 @@ struct EngineOptions {
 	uint64_t staging_bytes = 64u << 20;	// partial-chunk gradients
 };
 
-// fp32 master values for load_params: n params starting at param offset.
-struct LoadSpan {
-	uint64_t offset;
-	uint64_t n;
-	const float *values;
-};
-
-// fp32 p, exp_avg, exp_avg_sq for load_state: n params at param offset;
+// fp32 p, exp_avg, exp_avg_sq of n params at a param offset, for load_state;
 // m and v may be null (zero moments).
 struct StateSpan {
 	uint64_t offset;
@@ -69,17 +63,12 @@ public:
 	const Manifest &manifest() const { return img_.manifest; }
 	const Image &image() const { return img_; }
 	struct ckpt_status status();
-	// Initial fp32 masters, moments zero: only before the first step. Commits
-	// like a step does (other slot, flush, superblock), so a crash keeps
-	// either the old or the new values, never a mix.
-	void load_params(const std::vector<LoadSpan> &spans);
-	// A whole optimizer state (an imported checkpoint): fp32 p, m, v of the
-	// spans at optimizer step `step`, with the trainer blob; params outside
-	// the spans keep their values, moments zero. Only before the first step,
-	// like load_params, and committed the same way: every chunk to the other
-	// slot, flush, then a superblock with committed_step = step and the slot
-	// flipped, so a crash keeps either the old or the new state.
-	void load_state(const std::vector<StateSpan> &spans, uint64_t step, const std::vector<uint8_t> &blob);
+	// State from outside (initial masters, an imported checkpoint): fp32
+	// p, m, v of the spans; params outside them keep theirs. Only before
+	// the first step. Commits like a step does (every chunk to the other
+	// slot, flush, then a superblock with committed_step = step and the
+	// trainer blob), so a crash keeps either the old or the new state.
+	void load_state(const std::vector<StateSpan> &spans, uint64_t step, std::span<const uint8_t> blob);
 	// fp32 p, m, v of n params at param offset, checksums verified.
 	void read_state(uint64_t offset, uint64_t n, float *p, float *m, float *v);
 
@@ -92,7 +81,7 @@ private:
 	struct Job {
 		uint32_t chunk;
 		const uint16_t *grad;			// update
-		const std::vector<LoadSpan> *load;	// load_params
+		const std::vector<StateSpan> *load;	// load_state
 	};
 	struct Batch {
 		std::vector<Job> jobs;
@@ -127,6 +116,7 @@ private:
 	Buffer block_;				// superblock/status/bounce
 	Buffer bounce_;				// PARAM reads, read_state
 	uint64_t grad_bytes_ = 0, param_bytes_ = 0;
+	uint64_t load_step_ = 0;		// the step load_state commits
 
 	std::mutex call_mu_;			// one virtual-device call at a time
 	std::mutex mu_;				// batch hand-off and sm_ from workers

@@ -114,7 +114,9 @@ int main(int argc, char **argv)
 		const uint64_t cp = d->layout().chunk_params;
 		Rng r{seed};
 
-		if (d->status().committed_step == 0) {
+		// The initial masters belong to the format: a device formatted
+		// elsewhere (the kernel target's backing device) already has them.
+		if (do_format) {
 			std::vector<std::vector<float>> init;
 			std::vector<std::pair<std::string, std::span<const float>>> spans;
 			for (const ckpt::Tensor &t : tensors) {

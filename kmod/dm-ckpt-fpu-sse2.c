@@ -1,0 +1,17 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * dm-ckpt float code, the x86-64 baseline (SSE2): every CPU the kernel runs on.
+ *
+ * The body is the core's, unchanged (core/ckpt_update_impl.h), so this build
+ * gives the same bits as every other variant and as the userspace engine.
+ * Compiled with the kernel's float flags (see Kbuild); only ever called
+ * between kernel_fpu_begin() and kernel_fpu_end() by dm-ckpt-target.c.
+ */
+#include "dm-ckpt.h"
+#include "ckpt_update_impl.h"
+
+u32 dm_ckpt_update_sse2(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
+			const u16 *grad, u32 *p, u32 *m, u32 *v, u16 *plo, u64 n)
+{
+	return ckpt_update_chunk_body(hp, grad_scale, dtype, grad, p, m, v, plo, n);
+}

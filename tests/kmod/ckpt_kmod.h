@@ -1,0 +1,667 @@
+/* SPDX-License-Identifier: GPL-2.0 OR MIT */
+/*
+ * Helpers shared by the dm-ckpt kernel tests (the tests/kmod test programs). They run
+ * inside the test VM: busybox, dmsetup on PATH, the module loaded, a scratch
+ * NVMe namespace at $CKPT_TEST_DEV (default /dev/nvme0n1) that they format
+ * themselves. Everything goes through O_DIRECT so no page cache hides what
+ * the target wrote.
+ *
+ * Built with the portable core (libckpt/core/ckpt_format.c, ckpt_step.c,
+ * ckpt_update.c, libckpt/src/crc32c.c): the tests encode commands and
+ * superblocks with the same code as the target, and compute the expected
+ * state with the scalar reference of the update.
+ */
+#ifndef CKPT_KMOD_H
+#define CKPT_KMOD_H
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/klog.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/wait.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
+
+#include "ckpt_format.h"
+#include "ckpt_step.h"
+#include "ckpt_update.h"
+#include "ckpt_update_variants.h"
+
+#define CK_UNUSED __attribute__((unused))
+#define CK_NAME "ckpt_kt"
+#define CK_MAX_CHUNKS 64
+
+static CK_UNUSED const char *ck_dev(void)
+{
+	const char *d = getenv("CKPT_TEST_DEV");
+
+	return d && *d ? d : "/dev/nvme0n1";
+}
+
+/* "MAJ:MIN" of a block device, as dm prints it in tables. */
+static CK_UNUSED void ck_devno(const char *path, char *out, size_t n)
+{
+	struct stat st;
+
+	if (stat(path, &st) < 0)
+		snprintf(out, n, "?");
+	else
+		snprintf(out, n, "%u:%u", major(st.st_rdev), minor(st.st_rdev));
+}
+
+static CK_UNUSED uint64_t ck_dev_bytes(const char *path)
+{
+	uint64_t size = 0;
+	int fd = open(path, O_RDONLY);
+
+	if (fd >= 0) {
+		if (ioctl(fd, BLKGETSIZE64, &size) < 0)
+			size = 0;
+		close(fd);
+	}
+	return size;
+}
+
+/* ---------------------------------------------------------------- processes */
+
+/* Run a shell command; its output goes to out (if any). Returns the exit code. */
+static CK_UNUSED int ck_sh(char *out, size_t outlen, const char *fmt, ...)
+{
+	char cmd[8192];
+	va_list ap;
+	FILE *f;
+	size_t n = 0;
+	int st;
+
+	va_start(ap, fmt);
+	vsnprintf(cmd, sizeof(cmd), fmt, ap);
+	va_end(ap);
+	f = popen(cmd, "r");
+	if (!f)
+		return -1;
+	if (out && outlen) {
+		while (n + 1 < outlen) {
+			size_t r = fread(out + n, 1, outlen - 1 - n, f);
+
+			if (!r)
+				break;
+			n += r;
+		}
+		out[n] = 0;
+	} else {
+		char sink[512];
+
+		while (fread(sink, 1, sizeof(sink), f))
+			;
+	}
+	st = pclose(f);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* ---------------------------------------------------------------- kernel log */
+
+static CK_UNUSED void ck_kmsg_clear(void)
+{
+	klogctl(5 /* SYSLOG_ACTION_CLEAR */, NULL, 0);
+}
+
+/* The kernel log since the last clear, NUL-terminated, malloc'ed. */
+static CK_UNUSED char *ck_kmsg(void)
+{
+	int n = klogctl(10 /* SYSLOG_ACTION_SIZE_BUFFER */, NULL, 0);
+	char *buf;
+
+	if (n <= 0)
+		n = 1 << 20;
+	buf = calloc(1, (size_t)n + 1);
+	if (!buf)
+		return NULL;
+	n = klogctl(3 /* SYSLOG_ACTION_READ_ALL */, buf, n);
+	buf[n > 0 ? n : 0] = 0;
+	return buf;
+}
+
+/* 1 if the kernel log since the last clear contains s. */
+static CK_UNUSED int ck_kmsg_has(const char *s)
+{
+	char *log = ck_kmsg();
+	int r = log && strstr(log, s) != NULL;
+
+	free(log);
+	return r;
+}
+
+/* 1 if the kernel log shows a kernel bug of any kind. */
+static CK_UNUSED int ck_kmsg_bug(void)
+{
+	static const char *const bad[] = {
+		"BUG:", "Oops", "WARNING:", "Call Trace", "general protection", "UBSAN",
+	};
+	char *log = ck_kmsg();
+	int r = 0;
+	size_t i;
+
+	for (i = 0; log && i < sizeof(bad) / sizeof(bad[0]); i++)
+		if (strstr(log, bad[i]))
+			r = 1;
+	free(log);
+	return r;
+}
+
+/* ---------------------------------------------------------------- direct I/O */
+
+static CK_UNUSED void *ck_alloc(size_t n)
+{
+	void *p = NULL;
+
+	if (posix_memalign(&p, CKPT_BLOCK, n ? n : CKPT_BLOCK))
+		return NULL;
+	memset(p, 0, n);
+	return p;
+}
+
+/* pwrite/pread of whole buffers with O_DIRECT fds: 0 or -errno. */
+static CK_UNUSED int ck_pwrite(int fd, const void *buf, size_t n, uint64_t off)
+{
+	ssize_t r = pwrite(fd, buf, n, (off_t)off);
+
+	if (r < 0)
+		return -errno;
+	return (size_t)r == n ? 0 : -EIO;
+}
+
+static CK_UNUSED int ck_pread(int fd, void *buf, size_t n, uint64_t off)
+{
+	ssize_t r = pread(fd, buf, n, (off_t)off);
+
+	if (r < 0)
+		return -errno;
+	return (size_t)r == n ? 0 : -EIO;
+}
+
+/* Unaligned-memory write through an aligned bounce buffer. */
+static CK_UNUSED int ck_write_at(int fd, const void *src, size_t n, uint64_t off);
+
+/* Write n bytes at off of a device path (O_DIRECT, then fsync). */
+static CK_UNUSED int ck_write_dev(const char *dev, const void *src, size_t n, uint64_t off)
+{
+	int fd = open(dev, O_RDWR | O_DIRECT);
+	int r;
+
+	if (fd < 0)
+		return -errno;
+	r = ck_write_at(fd, src, n, off);
+	if (!r && fsync(fd))
+		r = -errno;
+	close(fd);
+	return r;
+}
+
+static CK_UNUSED int ck_write_at(int fd, const void *src, size_t n, uint64_t off)
+{
+	void *b = ck_alloc(n);
+	int r;
+
+	if (!b)
+		return -ENOMEM;
+	memcpy(b, src, n);
+	r = ck_pwrite(fd, b, n, off);
+	free(b);
+	return r;
+}
+
+static CK_UNUSED int ck_read_at(int fd, void *dst, size_t n, uint64_t off)
+{
+	void *b = ck_alloc(n);
+	int r;
+
+	if (!b)
+		return -ENOMEM;
+	r = ck_pread(fd, b, n, off);
+	memcpy(dst, b, n);
+	free(b);
+	return r;
+}
+
+/* ---------------------------------------------------------------- numbers */
+
+struct ck_rng {
+	uint64_t s;
+};
+
+static CK_UNUSED uint64_t ck_next(struct ck_rng *r)
+{
+	uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
+
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static CK_UNUSED float ck_uniform(struct ck_rng *r)
+{
+	return (float)(ck_next(r) >> 40) / (float)(1u << 24);
+}
+
+static CK_UNUSED uint32_t ck_f32(double d)
+{
+	float f = (float)d;
+	uint32_t u;
+
+	memcpy(&u, &f, 4);
+	return u;
+}
+
+/* What a client sends for step t, computed in double as PyTorch does. */
+static CK_UNUSED struct ckpt_hparams ck_hparams(double lr, double beta1, double beta2,
+						double eps, double wd, int l2, uint64_t t)
+{
+	struct ckpt_hparams h;
+	double bc1 = 1.0 - pow(beta1, (double)t), bc2 = 1.0 - pow(beta2, (double)t);
+
+	memset(&h, 0, sizeof(h));
+	h.lr = ck_f32(lr);
+	h.beta1 = ck_f32(beta1);
+	h.beta2 = ck_f32(beta2);
+	h.eps = ck_f32(eps);
+	h.weight_decay = ck_f32(wd);
+	h.one_minus_beta1 = ck_f32(1.0 - beta1);
+	h.one_minus_beta2 = ck_f32(1.0 - beta2);
+	h.step_size = ck_f32(lr / bc1);
+	h.bc2_sqrt = ck_f32(sqrt(bc2));
+	h.decay = ck_f32(l2 ? 1.0 : 1.0 - lr * wd);
+	h.flags = l2 ? CKPT_GROUP_ADAM_L2 : 0;
+	return h;
+}
+
+/* ---------------------------------------------------------------- the model */
+
+/*
+ * A formatted device and the state the target must leave on it: the
+ * committed superblock, and per chunk the fp32 state and p_lo of each slot.
+ */
+struct ck_model {
+	const char *dev;
+	struct ckpt_sb sb;
+	struct ckpt_layout l;
+	uint32_t cp;
+	uint8_t groups[CK_MAX_CHUNKS];
+	uint32_t *state[2];	/* per slot: n_chunks * 3 * cp (p, m, v per chunk) */
+	uint16_t *plo[2];	/* per slot: n_params */
+	int valid[2][CK_MAX_CHUNKS];	/* slot holds a record for this chunk */
+	struct ckpt_rec rec[2][CK_MAX_CHUNKS];
+};
+
+static CK_UNUSED void ck_model_free(struct ck_model *m)
+{
+	int s;
+
+	for (s = 0; s < 2; s++) {
+		free(m->state[s]);
+		free(m->plo[s]);
+		m->state[s] = NULL;
+		m->plo[s] = NULL;
+	}
+}
+
+/* Geometry for the tests: small chunks so sector-sized pieces matter. */
+static CK_UNUSED struct ckpt_geometry ck_geo(uint32_t n_chunks, uint32_t shift,
+					     uint32_t n_groups, uint32_t dtype)
+{
+	struct ckpt_geometry g;
+
+	memset(&g, 0, sizeof(g));
+	g.n_chunks = n_chunks;
+	g.chunk_shift = shift;
+	g.n_groups = n_groups;
+	g.dtype = dtype;
+	g.optimizer = CKPT_OPT_ADAM;
+	g.manifest_bytes = CKPT_BLOCK;
+	return g;
+}
+
+static CK_UNUSED void ck_record_block(const struct ck_model *m, int slot, uint32_t c,
+				      uint8_t *out)
+{
+	ckpt_rec_encode(&m->rec[slot][c], out);
+	memcpy(out + CKPT_BLOCK, m->state[slot] + (size_t)c * 3 * m->cp, 12 * (size_t)m->cp);
+}
+
+/*
+ * Format the device: zero superblocks, group table (chunk % n_groups), step 0
+ * in slot 0 with random p (m = v = 0), slot 1 zeroed, superblock copy 1
+ * (sequence 1). Returns 0 or -errno.
+ */
+static CK_UNUSED int ck_format(struct ck_model *m, const char *dev,
+			       const struct ckpt_geometry *g, uint64_t seed)
+{
+	struct ck_rng r = { seed };
+	uint8_t *blk = NULL;
+	uint64_t n_params, i;
+	uint32_t c, s;
+	int fd, ret = -ENOMEM;
+
+	memset(m, 0, sizeof(*m));
+	m->dev = dev;
+	if (ckpt_layout_compute(g, &m->l) || g->n_chunks > CK_MAX_CHUNKS)
+		return -EINVAL;
+	m->cp = (uint32_t)m->l.chunk_params;
+	n_params = m->l.n_params;
+	for (s = 0; s < 2; s++) {
+		m->state[s] = calloc(n_params * 3, 4);
+		m->plo[s] = calloc(n_params, 2);
+		if (!m->state[s] || !m->plo[s])
+			return -ENOMEM;
+	}
+	for (c = 0; c < g->n_chunks; c++) {
+		uint32_t *p = m->state[0] + (size_t)c * 3 * m->cp;
+
+		m->groups[c] = (uint8_t)(c % g->n_groups);
+		for (i = 0; i < m->cp; i++)
+			p[i] = ck_f32((ck_uniform(&r) - 0.5f) * 0.2f);
+		ckpt_round_params_scalar(g->dtype, p, m->plo[0] + (size_t)c * m->cp, m->cp);
+		m->rec[0][c].chunk = c;
+		m->rec[0][c].slot = 0;
+		m->rec[0][c].chunk_shift = g->chunk_shift;
+		m->rec[0][c].step = 0;
+		m->rec[0][c].sequence = 1;
+		m->rec[0][c].data_crc = ckpt_crc32c(p, 12 * (size_t)m->cp);
+		m->valid[0][c] = 1;
+	}
+
+	memset(&m->sb, 0, sizeof(m->sb));
+	for (i = 0; i < 16; i++)
+		m->sb.uuid[i] = (uint8_t)ck_next(&r);
+	m->sb.sequence = 1;
+	m->sb.geo = *g;
+	m->sb.layout = m->l;
+	m->sb.committed_step = 0;
+	m->sb.committed_slot = 0;
+
+	fd = open(dev, O_RDWR | O_DIRECT);
+	if (fd < 0)
+		return -errno;
+	if (ck_dev_bytes(dev) < m->l.dev_bytes) {
+		ret = -ENOSPC;
+		goto out;
+	}
+	blk = ck_alloc(m->l.dev_bytes);
+	if (!blk)
+		goto out;
+	/* the whole layout at once: zeros, then what is not zero */
+	for (c = 0; c < g->n_chunks; c++)
+		blk[m->l.group_off + c] = m->groups[c];
+	memcpy(blk + m->l.plo_off[0], m->plo[0], n_params * 2);
+	for (c = 0; c < g->n_chunks; c++)
+		ck_record_block(m, 0, c, blk + ckpt_record_offset(&m->l, 0, c));
+	ret = ckpt_sb_encode(&m->sb, blk + CKPT_BLOCK);
+	if (ret) {
+		ret = -EINVAL;
+		goto out;
+	}
+	ret = ck_pwrite(fd, blk, m->l.dev_bytes, 0);
+	if (!ret && fsync(fd))
+		ret = -errno;
+out:
+	free(blk);
+	close(fd);
+	return ret;
+}
+
+/* Write one superblock block (4 KiB) at copy k of the device. */
+static CK_UNUSED int ck_write_sb_block(const char *dev, const void *block, int k)
+{
+	int fd = open(dev, O_RDWR | O_DIRECT);
+	int r;
+
+	if (fd < 0)
+		return -errno;
+	r = ck_write_at(fd, block, CKPT_BLOCK, (uint64_t)k * CKPT_BLOCK);
+	fsync(fd);
+	close(fd);
+	return r;
+}
+
+/*
+ * Apply step t to the model as the target must: every chunk updated from the
+ * committed slot into the other one. grads: n_params values. Chunks whose
+ * scaled gradient is not finite are not written (their bit in written[] stays
+ * 0). Returns 1 if any chunk overflowed. Call ck_model_commit() to commit.
+ */
+static CK_UNUSED int ck_model_step(struct ck_model *m, uint64_t t,
+				   const struct ckpt_hparams *hp, uint32_t grad_scale,
+				   const uint16_t *grad, const int *which)
+{
+	const uint32_t src = m->sb.committed_slot, dst = src ^ 1;
+	uint32_t c, *buf = malloc(12 * (size_t)m->cp);
+	uint16_t *plo = malloc(2 * (size_t)m->cp);
+	int overflow = 0;
+
+	for (c = 0; c < m->sb.geo.n_chunks; c++) {
+		const uint32_t *s = m->state[src] + (size_t)c * 3 * m->cp;
+		uint32_t nf;
+
+		if (which && !which[c])
+			continue;
+		memcpy(buf, s, 12 * (size_t)m->cp);
+		nf = ckpt_update_chunk_scalar(&hp[m->groups[c]], grad_scale, m->sb.geo.dtype,
+					      grad + (size_t)c * m->cp, buf, buf + m->cp,
+					      buf + 2 * m->cp, plo, m->cp);
+		if (nf) {
+			overflow = 1;
+			continue;
+		}
+		memcpy(m->state[dst] + (size_t)c * 3 * m->cp, buf, 12 * (size_t)m->cp);
+		memcpy(m->plo[dst] + (size_t)c * m->cp, plo, 2 * (size_t)m->cp);
+		m->rec[dst][c].chunk = c;
+		m->rec[dst][c].slot = dst;
+		m->rec[dst][c].chunk_shift = m->sb.geo.chunk_shift;
+		m->rec[dst][c].step = t;
+		m->rec[dst][c].sequence = m->sb.sequence + 1;
+		m->rec[dst][c].data_crc = ckpt_crc32c(buf, 12 * (size_t)m->cp);
+		m->valid[dst][c] = 1;
+	}
+	free(buf);
+	free(plo);
+	return overflow;
+}
+
+static CK_UNUSED void ck_model_commit(struct ck_model *m, uint64_t t, const void *blob,
+				      uint32_t blob_len)
+{
+	m->sb.sequence++;
+	m->sb.committed_step = t;
+	m->sb.committed_slot ^= 1;
+	m->sb.blob_len = blob_len;
+	memset(m->sb.blob, 0, sizeof(m->sb.blob));
+	if (blob_len)
+		memcpy(m->sb.blob, blob, blob_len);
+}
+
+/*
+ * Compare the backing device with the model: the current superblock copy
+ * byte for byte, and every record and p_lo the model knows of, in both
+ * slots. Returns 0, or a description of the first difference in why.
+ */
+static CK_UNUSED int ck_model_verify(const struct ck_model *m, char *why, size_t n)
+{
+	uint8_t *blk = ck_alloc(m->l.dev_bytes), *want = ck_alloc(m->l.record_bytes);
+	int fd = open(m->dev, O_RDONLY | O_DIRECT);
+	int ret = -1, s;
+	uint32_t c;
+
+	snprintf(why, n, "cannot read %s", m->dev);
+	if (fd < 0 || !blk || !want || ck_pread(fd, blk, m->l.dev_bytes, 0))
+		goto out;
+	if (ckpt_sb_encode(&m->sb, want) ||
+	    memcmp(want, blk + (m->sb.sequence & 1) * CKPT_BLOCK, CKPT_BLOCK)) {
+		snprintf(why, n, "superblock copy %d differs (sequence %llu)",
+			 (int)(m->sb.sequence & 1), (unsigned long long)m->sb.sequence);
+		goto out;
+	}
+	for (s = 0; s < 2; s++) {
+		for (c = 0; c < m->sb.geo.n_chunks; c++) {
+			if (!m->valid[s][c])
+				continue;
+			ck_record_block(m, s, c, want);
+			if (memcmp(want, blk + ckpt_record_offset(&m->l, s, c), m->l.record_bytes)) {
+				snprintf(why, n, "record of chunk %u slot %d differs", c, s);
+				goto out;
+			}
+			if (memcmp(m->plo[s] + (size_t)c * m->cp, blk + ckpt_plo_offset(&m->l, s, c),
+				   m->l.plo_chunk_bytes)) {
+				snprintf(why, n, "p_lo of chunk %u slot %d differs", c, s);
+				goto out;
+			}
+		}
+	}
+	ret = 0;
+out:
+	if (fd >= 0)
+		close(fd);
+	free(blk);
+	free(want);
+	return ret;
+}
+
+/* ---------------------------------------------------------------- dm devices */
+
+static CK_UNUSED uint64_t ck_sectors(const struct ck_model *m)
+{
+	return m->l.virt_bytes / 512;
+}
+
+/* dmsetup create without udev; the node appears under /dev/mapper. */
+static CK_UNUSED int ck_create(const char *name, const char *table)
+{
+	if (ck_sh(NULL, 0, "dmsetup create %s --noudevsync --table '%s' 2>&1", name, table))
+		return -1;
+	return ck_sh(NULL, 0, "dmsetup mknodes %s 2>&1", name) ? -1 : 0;
+}
+
+static CK_UNUSED void ck_remove(const char *name)
+{
+	ck_sh(NULL, 0, "dmsetup remove --noudevsync %s 2>&1", name);
+}
+
+static CK_UNUSED int ck_create_ckpt(const struct ck_model *m, const char *name,
+				    const char *backing, const char *opts)
+{
+	char table[512];
+
+	snprintf(table, sizeof(table), "0 %llu ckpt %s%s%s", (unsigned long long)ck_sectors(m),
+		 backing, opts && *opts ? " " : "", opts ? opts : "");
+	return ck_create(name, table);
+}
+
+static CK_UNUSED int ck_open_dm(const char *name)
+{
+	char path[256];
+
+	snprintf(path, sizeof(path), "/dev/mapper/%s", name);
+	return open(path, O_RDWR | O_DIRECT);
+}
+
+/* ---------------------------------------------------------------- commands */
+
+/* Send cmd as one write at offset 0, padded to 512 bytes: 0 or -errno. */
+static CK_UNUSED int ck_send(int fd, const struct ckpt_cmd *cmd)
+{
+	uint8_t *b = ck_alloc(CKPT_BLOCK);
+	int len, r;
+
+	if (!b)
+		return -ENOMEM;
+	len = ckpt_cmd_encode(cmd, b);
+	if (len < 0) {
+		free(b);
+		return -EINVAL;
+	}
+	r = ck_pwrite(fd, b, ((size_t)len + 511) / 512 * 512, 0);
+	free(b);
+	return r;
+}
+
+static CK_UNUSED int ck_begin(int fd, uint64_t t, uint32_t grad_scale,
+			      const struct ckpt_hparams *hp, uint32_t n_groups)
+{
+	struct ckpt_cmd *cmd = calloc(1, sizeof(*cmd));
+	int r;
+
+	cmd->opcode = CKPT_OP_BEGIN;
+	cmd->step = t;
+	cmd->grad_scale = grad_scale;
+	cmd->n_groups = n_groups;
+	memcpy(cmd->groups, hp, n_groups * sizeof(*hp));
+	r = ck_send(fd, cmd);
+	free(cmd);
+	return r;
+}
+
+static CK_UNUSED int ck_commit(int fd, uint64_t t, const void *blob, uint32_t blob_len)
+{
+	struct ckpt_cmd *cmd = calloc(1, sizeof(*cmd));
+	int r;
+
+	cmd->opcode = CKPT_OP_COMMIT;
+	cmd->step = t;
+	cmd->blob_len = blob_len;
+	if (blob_len)
+		memcpy(cmd->blob, blob, blob_len);
+	r = ck_send(fd, cmd);
+	free(cmd);
+	return r;
+}
+
+static CK_UNUSED int ck_abort(int fd, uint64_t t)
+{
+	struct ckpt_cmd *cmd = calloc(1, sizeof(*cmd));
+	int r;
+
+	cmd->opcode = CKPT_OP_ABORT;
+	cmd->step = t;
+	r = ck_send(fd, cmd);
+	free(cmd);
+	return r;
+}
+
+/* Read and decode the status page: 0 or -errno / -CKPT_E_*. */
+static CK_UNUSED int ck_status(int fd, struct ckpt_status *st)
+{
+	uint8_t *b = ck_alloc(CKPT_BLOCK);
+	int r;
+
+	if (!b)
+		return -ENOMEM;
+	r = ck_pread(fd, b, CKPT_BLOCK, 0);
+	if (!r)
+		r = ckpt_status_decode(b, st);
+	free(b);
+	return r;
+}
+
+/* Gradient bytes [off, off + len) of the GRAD window (relative to its start). */
+static CK_UNUSED int ck_grad(int fd, const struct ck_model *m, const uint16_t *grad,
+			     uint64_t off, uint64_t len)
+{
+	return ck_write_at(fd, (const uint8_t *)grad + off, len, m->l.grad_off + off);
+}
+
+/* PARAM bytes [off, off + len). */
+static CK_UNUSED int ck_params(int fd, const struct ck_model *m, void *out, uint64_t off,
+			       uint64_t len)
+{
+	return ck_read_at(fd, out, len, m->l.param_off + off);
+}
+
+#endif /* CKPT_KMOD_H */
