@@ -132,8 +132,8 @@ int main(int argc, char **argv)
 		uint32_t reads_crc = 0;
 		const uint64_t first = d->status().committed_step + 1;
 		for (uint64_t step = first; step < first + steps;) {
-			const bool overflow_step = step % 23 == 7 && r.below(2);
-			const bool abort_step = step % 31 == 11 && r.below(2);
+			const bool overflow_step = step % 23 == 7;
+			const bool abort_step = step % 31 == 11;
 			const float scale = dt == CKPT_DTYPE_FP16 ? 1024.0f : 1.0f;
 			const double clip = 0.5 + 0.5 * r.uniform();
 			d->begin(trace_hparams(d->geometry().n_groups, step), clip / scale);
