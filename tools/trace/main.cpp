@@ -131,9 +131,14 @@ int main(int argc, char **argv)
 		std::vector<uint16_t> grad, readback;
 		uint32_t reads_crc = 0;
 		const uint64_t first = d->status().committed_step + 1;
+		uint64_t last_attempt = 0;
 		for (uint64_t step = first; step < first + steps;) {
-			const bool overflow_step = step % 23 == 7;
-			const bool abort_step = step % 31 == 11;
+			// The first attempt at some steps overflows or is aborted; the
+			// retry of the same step goes through.
+			const bool retry = step == last_attempt;
+			const bool overflow_step = step % 23 == 7 && !retry;
+			const bool abort_step = step % 31 == 11 && !retry;
+			last_attempt = step;
 			const float scale = dt == CKPT_DTYPE_FP16 ? 1024.0f : 1.0f;
 			const double clip = 0.5 + 0.5 * r.uniform();
 			d->begin(trace_hparams(d->geometry().n_groups, step), clip / scale);
