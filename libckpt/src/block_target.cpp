@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <linux/fs.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
@@ -17,14 +19,30 @@ namespace ckpt {
 namespace {
 constexpr uint64_t bounce_bytes = 1u << 20;
 
-bool aligned(const void *p, uint64_t off, uint64_t len)
+bool aligned(const void *p, uint64_t off, uint64_t len, uint32_t block)
 {
-	return reinterpret_cast<uintptr_t>(p) % CKPT_BLOCK == 0 && off % CKPT_SECTOR == 0 &&
-	       len % CKPT_SECTOR == 0;
+	return reinterpret_cast<uintptr_t>(p) % CKPT_BLOCK == 0 && off % block == 0 && len % block == 0;
 }
 } // namespace
 
-BlockTarget::BlockTarget(BackingFile dev) : dev_(std::move(dev)), bounce_(bounce_bytes) {}
+BlockTarget::BlockTarget(BackingFile dev) : dev_(std::move(dev)), bounce_(bounce_bytes)
+{
+	int bs = 0;
+	if (ioctl(dev_.fd.get(), BLKSSZGET, &bs) < 0 || bs < static_cast<int>(CKPT_SECTOR) ||
+	    bs > static_cast<int>(CKPT_BLOCK) || (bs & (bs - 1)))
+		fail(CKPT_E_INVAL, "{}: logical block size {} not supported", dev_.path, bs);
+	block_ = static_cast<uint32_t>(bs);
+	struct ckpt_status st;
+	if (!read_status(st))
+		fail(CKPT_E_MAGIC, "{}: no dm-ckpt status page at offset 0: not a dm-ckpt device", dev_.path);
+	rejected_seen_ = st.commands_rejected;
+}
+
+bool BlockTarget::read_status(struct ckpt_status &st)
+{
+	return ::pread(dev_.fd.get(), bounce_.as(), CKPT_BLOCK, 0) == CKPT_BLOCK &&
+	       ckpt_status_decode(bounce_.as(), &st) == 0;
+}
 
 std::optional<std::string> BlockTarget::backing_of(const std::string &path)
 {
@@ -45,15 +63,18 @@ std::optional<std::string> BlockTarget::backing_of(const std::string &path)
 	return "/dev/" + slaves[0];
 }
 
+// The target answers a refused request with -EIO; its status page says why,
+// if the refusal is new (the block layer may refuse before the target sees it).
 void BlockTarget::refused(const char *what, uint64_t off, uint64_t len, int err)
 {
 	struct ckpt_status st;
-	uint8_t *page = bounce_.as();
-	if (::pread(dev_.fd.get(), page, CKPT_BLOCK, 0) == CKPT_BLOCK && ckpt_status_decode(page, &st) == 0) {
+	if (read_status(st)) {
+		const bool told = st.commands_rejected != rejected_seen_;
+		rejected_seen_ = st.commands_rejected;
 		if (st.state == CKPT_STATE_FAILED)
 			fail(CKPT_E_FAILED, "{}: the target failed (first backing error: {})", dev_.path,
 			     strerror(static_cast<int>(st.first_io_error)));
-		if (st.last_error)
+		if (told && st.last_error)
 			fail(static_cast<int>(st.last_error), "{}: {} of {} bytes at {} refused: {}", dev_.path,
 			     what, len, off, ckpt_strerror(static_cast<int>(st.last_error)));
 	}
@@ -63,10 +84,10 @@ void BlockTarget::refused(const char *what, uint64_t off, uint64_t len, int err)
 void BlockTarget::write(uint64_t off, const void *buf, uint64_t len)
 {
 	auto *src = static_cast<const uint8_t *>(buf);
-	if (off % CKPT_SECTOR || len % CKPT_SECTOR)
-		fail(CKPT_E_ALIGN, "write of {} bytes at {}: not {}-byte aligned", len, off, CKPT_SECTOR);
+	if (off % block_ || len % block_)
+		fail(CKPT_E_ALIGN, "write of {} bytes at {}: not {}-byte aligned", len, off, block_);
 	while (len) {
-		const bool direct = aligned(src, off, len);
+		const bool direct = aligned(src, off, len, block_);
 		const uint64_t n = direct ? len : std::min(len, bounce_bytes);
 		if (!direct)
 			std::memcpy(bounce_.as(), src, n);
@@ -86,14 +107,14 @@ void BlockTarget::read(uint64_t off, void *buf, uint64_t len)
 {
 	auto *dst = static_cast<uint8_t *>(buf);
 	while (len) {
-		if (aligned(dst, off, len)) {
+		if (aligned(dst, off, len, block_)) {
 			dev_.pread_all(dst, len, off);
 			return;
 		}
-		// Through the bounce buffer, widened to whole sectors.
-		const uint64_t lo = off / CKPT_SECTOR * CKPT_SECTOR;
-		const uint64_t n = std::min(len, bounce_bytes - (off - lo) - CKPT_SECTOR);
-		const uint64_t hi = (off + n + CKPT_SECTOR - 1) / CKPT_SECTOR * CKPT_SECTOR;
+		// Through the bounce buffer, widened to whole blocks.
+		const uint64_t lo = off / block_ * block_;
+		const uint64_t n = std::min(len, bounce_bytes - (off - lo) - block_);
+		const uint64_t hi = (off + n + block_ - 1) / block_ * block_;
 		dev_.pread_all(bounce_.as(), hi - lo, lo);
 		std::memcpy(dst, bounce_.as() + (off - lo), n);
 		dst += n;

@@ -17,13 +17,18 @@ public:
 
 	void write(uint64_t off, const void *buf, uint64_t len) override;
 	void read(uint64_t off, void *buf, uint64_t len) override;
+	uint32_t block_size() const override { return block_; }
 
 private:
 	// Why the target refused a request: its status page says.
 	[[noreturn]] void refused(const char *what, uint64_t off, uint64_t len, int err);
 
+	bool read_status(struct ckpt_status &st);
+
 	BackingFile dev_;
-	Buffer bounce_;		// O_DIRECT needs aligned memory
+	uint32_t block_ = CKPT_SECTOR;	// logical block size of the virtual device
+	uint64_t rejected_seen_ = 0;	// the target's count of refusals, last seen
+	Buffer bounce_;			// O_DIRECT needs aligned memory
 };
 
 } // namespace ckpt

@@ -80,7 +80,8 @@ void Device::send(const struct ckpt_cmd &cmd)
 {
 	int len = ckpt_cmd_encode(&cmd, page_.as());
 	check_core(len, "encode command");
-	uint64_t padded = (static_cast<uint64_t>(len) + CKPT_SECTOR - 1) / CKPT_SECTOR * CKPT_SECTOR;
+	const uint64_t bs = target_->block_size();
+	uint64_t padded = (static_cast<uint64_t>(len) + bs - 1) / bs * bs;
 	target_->write(0, page_.as(), padded);
 }
 
@@ -146,7 +147,8 @@ void Device::write_grad(const std::string &name, const uint16_t *grad, uint64_t 
 	const Tensor &t = tensor(name, n);
 	const struct ckpt_layout &l = layout();
 	const uint64_t base = l.grad_off + t.offset * 2;
-	const uint64_t body = t.numel * 2 / CKPT_SECTOR * CKPT_SECTOR;
+	const uint64_t bs = target_->block_size();	// extents are 4 KiB multiples
+	const uint64_t body = t.numel * 2 / bs * bs;
 	const uint64_t tail = t.extent * 2 - body;
 	std::memset(tail_.as(), 0, tail);
 	std::memcpy(tail_.as(), reinterpret_cast<const uint8_t *>(grad) + body, t.numel * 2 - body);

@@ -31,6 +31,8 @@ public:
 	virtual ~Target() = default;
 	virtual void write(uint64_t off, const void *buf, uint64_t len) = 0;
 	virtual void read(uint64_t off, void *buf, uint64_t len) = 0;
+	// Writes must be multiples of it: 512 B, or 4 KiB on a 4Kn device.
+	virtual uint32_t block_size() const { return CKPT_SECTOR; }
 };
 
 struct EngineOptions {

@@ -97,6 +97,10 @@ int main(int argc, char **argv)
 	app.add_option("--params", params, "about this many params (with --format)");
 	app.add_option("--dtype", dtype, "bf16 or fp16 (with --format)")->check(CLI::IsMember({"bf16", "fp16"}));
 	app.add_option("--chunk-params", chunk_params, "params per chunk (with --format)");
+	uint32_t piece = 0;
+	app.add_option("--piece-bytes", piece,
+		       "gradient pieces are multiples of this (default: the device's block size;\n"
+		       "give the same on both targets of a comparison)");
 	app.add_option("--workers", engine.workers, "engine worker threads (0: one per CPU)");
 	app.add_option("--depth", engine.depth, "engine chunks in flight per worker");
 	CLI11_PARSE(app, argc, argv);
@@ -112,6 +116,11 @@ int main(int argc, char **argv)
 		const auto &tensors = d->manifest().tensors();
 		const uint32_t dt = d->geometry().dtype;
 		const uint64_t cp = d->layout().chunk_params;
+		if (!piece)
+			piece = d->block_size();
+		if (piece % d->block_size() || CKPT_BLOCK % piece)
+			ckpt::fail(CKPT_E_ALIGN, "--piece-bytes {} must be a multiple of the block size {} and divide {}",
+				   piece, d->block_size(), CKPT_BLOCK);
 		Rng r{seed};
 
 		// The initial masters belong to the format: a device formatted
@@ -158,20 +167,20 @@ int main(int argc, char **argv)
 				}
 				if (overflow_step && k == stop_at / 2)
 					grad[r.below(t.numel)] = dt == CKPT_DTYPE_FP16 ? 0x7c00 : 0x7f80;
-				// Sector pieces of the tensor's extent, in random order.
-				const uint64_t sectors = t.extent * 2 / CKPT_SECTOR;
+				// Block pieces of the tensor's extent, in random order.
+				const uint64_t blocks = t.extent * 2 / piece;
 				std::vector<std::pair<uint64_t, uint64_t>> pieces;
-				for (uint64_t s = 0; s < sectors;) {
-					uint64_t n = std::min(sectors - s, 1 + r.below(2 * cp * 2 / CKPT_SECTOR));
+				for (uint64_t s = 0; s < blocks;) {
+					uint64_t n = std::min(blocks - s, 1 + r.below(2 * cp * 2 / piece));
 					pieces.emplace_back(s, n);
 					s += n;
 				}
 				for (size_t i = pieces.size(); i > 1; i--)
 					std::swap(pieces[i - 1], pieces[r.below(i)]);
 				for (auto [s, n] : pieces)
-					d->write_grad_window(t.offset * 2 + s * CKPT_SECTOR,
-							     reinterpret_cast<const uint8_t *>(grad.data()) + s * CKPT_SECTOR,
-							     n * CKPT_SECTOR);
+					d->write_grad_window(t.offset * 2 + s * piece,
+							     reinterpret_cast<const uint8_t *>(grad.data()) + s * piece,
+							     n * piece);
 				// A pipelined read of some tensor: latest applied values.
 				const ckpt::Tensor &rt = tensors[r.below(tensors.size())];
 				readback.resize(rt.numel);
