@@ -25,7 +25,7 @@ check: deps
 
 demo: deps
 	$(MAKE) all
-	$(PYTHON) examples/quickstart.py
+	$(PYTHON) demo/train.py
 
 bench: deps
 	$(MAKE) all

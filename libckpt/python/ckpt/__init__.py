@@ -158,12 +158,13 @@ def open(path):  # noqa: A001 - the module's verb, like the builtin for files
     """Open a formatted backing file or device with the userspace engine."""
     h = ctypes.c_void_p()
     _check(_lib.ckpt_open(os.fsencode(path), ctypes.byref(h)))
-    return Device(h)
+    return Device(h, os.fspath(path))
 
 
 class Device:
-    def __init__(self, handle):
+    def __init__(self, handle, path):
         self._h = handle
+        self.path = path  # where it was opened from
         info = self.info()
         self.dtype = _DTYPE_NAMES[info["dtype"]]
         self._tensors = []

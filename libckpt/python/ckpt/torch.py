@@ -1,0 +1,668 @@
+# SPDX-License-Identifier: MIT
+"""PyTorch integration: an AdamW whose state and step live on a dm-ckpt device.
+
+    import ckpt.torch
+    opt = ckpt.torch.OffloadAdamW(model.named_parameters(), "state.img", lr=3e-4)
+    for batch in data:
+        loss = model(batch)
+        loss.backward()
+        opt.step(blob=trainer_state_bytes)      # writes grads, commits, reads params back
+        opt.zero_grad()
+
+OffloadAdamW is a torch.optim.Optimizer: param_groups (lr, betas, eps,
+weight_decay are read from them at every step, so LR schedulers work),
+zero_grad, state_dict/load_state_dict, step(closure). The fp32 master params
+and the moments are on the device; the model holds the low-precision params
+(bf16/fp16 values, in whatever dtype its tensors have). Every committed step is
+a checkpoint: constructing the optimizer again on the same device resumes from
+its committed step (and `optimizer.blob()` returns the trainer blob that
+committed with it).
+
+LossScaler is torch.cuda.amp.GradScaler's dynamic loss scaling for fp16
+devices, where the device itself detects non-finite gradients.
+export_safetensors writes a device's params as a safetensors checkpoint.
+"""
+
+import math
+import os
+import warnings
+
+import numpy as np
+import torch
+
+from . import CkptError, Device, Layout
+from . import format as _format
+from . import open as _open
+from . import safetensors as _safetensors
+
+__all__ = ["OffloadAdamW", "LossScaler", "LayoutMismatchError", "export_safetensors",
+           "load_safetensors_into", "read_uuid", "lowp_to_torch", "torch_to_lowp"]
+
+_HPARAM_KEYS = ("lr", "betas", "eps", "weight_decay", "adam_l2")
+
+
+class LayoutMismatchError(ValueError):
+    """The device holds other tensors (names, shapes or groups) than the optimizer's params."""
+
+
+# ------------------------------------------------------------------ conversions
+
+def torch_to_lowp(t, dtype):
+    """A tensor as the device's gradient words: bf16 -> uint16 bit patterns, fp16 ->
+    numpy float16. Rounding is torch's (round to nearest even)."""
+    if dtype == "bf16":
+        return t.detach().to("cpu", torch.bfloat16).contiguous().view(torch.int16).numpy().view(np.uint16)
+    return t.detach().to("cpu", torch.float16).contiguous().numpy()
+
+
+def lowp_to_torch(a, dtype):
+    """What Device.read_params returns (uint16 bf16 bits or float16) as a torch tensor
+    of dtype torch.bfloat16 / torch.float16 (sharing memory with a)."""
+    a = np.ascontiguousarray(a)
+    if dtype == "bf16":
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a.view(np.float16))
+
+
+def read_uuid(path):
+    """The uuid of a dm-ckpt backing file (a peek at its superblock), or None when
+    path is not a regular file holding one (e.g. a /dev/mapper device, whose first
+    block is the status page). libckpt's C ABI does not report the uuid yet."""
+    try:
+        if not os.path.isfile(path):
+            return None
+        with open(path, "rb") as f:  # noqa: PTH123
+            head = f.read(48)
+    except OSError:
+        return None
+    # struct ckpt_sb_disk: le32 magic "CKPT" at 0, u8 uuid[16] at 32
+    if len(head) < 48 or int.from_bytes(head[:4], "little") != 0x54504B43:
+        return None
+    u = head[32:48].hex()
+    return f"{u[:8]}-{u[8:12]}-{u[12:16]}-{u[16:20]}-{u[20:]}"
+
+
+# ------------------------------------------------------------------ the optimizer
+
+def _split_names(params):
+    """torch's params argument, optionally with names, as (groups, names per group).
+
+    Accepts an iterable of tensors, of (name, tensor) pairs (named_parameters()),
+    or of dicts whose "params" are either. Unnamed params get "g{group}.p{index}".
+    """
+    if isinstance(params, torch.Tensor):
+        raise TypeError("params should be an iterable of tensors, (name, tensor) pairs or dicts, "
+                        "not a tensor")
+    groups = list(params)
+    if not groups:
+        raise ValueError("optimizer got an empty parameter list")
+    if not isinstance(groups[0], dict):
+        groups = [{"params": groups}]
+    out, names = [], []
+    for gi, g in enumerate(groups):
+        if not isinstance(g, dict):
+            raise TypeError(f"param group {gi}: mixing dicts and tensors in params")
+        g = dict(g)
+        ps = g["params"]
+        ps = [ps] if isinstance(ps, torch.Tensor) else list(ps)
+        tensors, gnames = [], []
+        for i, p in enumerate(ps):
+            if isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str):
+                gnames.append(p[0])
+                tensors.append(p[1])
+            else:
+                gnames.append(f"g{gi}.p{i}")
+                tensors.append(p)
+        g["params"] = tensors
+        out.append(g)
+        names.append(gnames)
+    return out, names
+
+
+class OffloadAdamW(torch.optim.Optimizer):
+    """AdamW (torch.optim.AdamW's algorithm) run by a dm-ckpt device.
+
+    params: like torch's (tensors, or dicts of param groups), and names may come
+        along as (name, tensor) pairs (`model.named_parameters()`); unnamed params
+        are named "g{group}.p{index}". Device group k is param group k.
+    device_or_path: a path or an open ckpt.Device.
+        - A path that does not exist: a backing file is formatted for exactly these
+          params (dtype, chunk_params, size), and the params' current values become
+          the fp32 masters (step 0). The file appears atomically (it is prepared
+          under a temporary name), so a crash never leaves a half-made device.
+        - An existing path (a backing file, or /dev/mapper/NAME of the kernel
+          target: libckpt picks), or a Device: the layout must match (names, shapes,
+          groups; else LayoutMismatchError), and the optimizer resumes from the
+          committed step: the device's params are copied into the model.
+          `init_from_model=True` loads the model's values instead, which is only
+          allowed while the device is at step 0 (e.g. formatted by ckptctl).
+    dtype: "bf16" or "fp16" when formatting (default "bf16"); for an existing
+        device, None (the default) accepts its dtype and a value must match it.
+    lr, betas, eps, weight_decay: per-group defaults as in torch.optim.AdamW;
+        adam_l2=True gives Adam with L2 weight decay (torch.optim.Adam).
+
+    step(closure=None, *, grad_scale=None, blob=None) writes every p.grad in the
+    device's dtype (a param whose .grad is None gets a zero gradient: the device
+    updates every param at every step), multiplied on the device by
+    grad_scale x the clip coefficient of clip_grad_norm_(); commits with the
+    trainer blob; reads the params back into the model. `last_result` is the
+    commit's result: "committed", or "overflow" (a non-finite gradient: the step
+    was skipped, nothing changed, as GradScaler skips it).
+    """
+
+    def __init__(self, params, device_or_path, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
+                 weight_decay=1e-2, dtype=None, chunk_params=65536, *, adam_l2=False,
+                 size=None, init_from_model=False):
+        if not 0.0 <= lr:
+            raise ValueError(f"invalid learning rate: {lr}")
+        if not 0.0 <= eps:
+            raise ValueError(f"invalid epsilon value: {eps}")
+        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
+            raise ValueError(f"invalid betas: {betas}")
+        if not 0.0 <= weight_decay:
+            raise ValueError(f"invalid weight_decay value: {weight_decay}")
+        if dtype not in (None, "bf16", "fp16"):
+            raise ValueError(f"dtype must be 'bf16' or 'fp16', not {dtype!r}")
+        groups, names = _split_names(params)
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                        adam_l2=bool(adam_l2))
+        self._frozen = False
+        super().__init__(groups, defaults)
+        self._frozen = True
+        self._names = names
+        flat = [(n, p, gi) for gi, (g, ns) in enumerate(zip(self.param_groups, names))
+                for n, p in zip(ns, g["params"])]
+        seen = set()
+        for n, p, _ in flat:
+            if n in seen:
+                raise ValueError(f"two params are named {n!r}")
+            seen.add(n)
+            if p.is_sparse:
+                raise ValueError(f"{n!r}: sparse params are not supported")
+        self._flat = flat
+        self._layout = [(n, tuple(int(d) for d in p.shape), gi) for n, p, gi in flat]
+
+        self.last_result = None
+        self._grad_unscale = None   # 1/loss scale for the next step (LossScaler.unscale_)
+        self._clip_coef = 1.0       # from clip_grad_norm_, for the next step
+        self._blob_hook = None
+        self._owned = False
+        self.path = None
+
+        if isinstance(device_or_path, Device):
+            self.device = device_or_path
+            self.path = getattr(device_or_path, "path", None)
+            created = False
+        else:
+            self.path = os.fspath(device_or_path)
+            created = not os.path.exists(self.path)
+            if created:
+                self._create(self.path, dtype or "bf16", chunk_params, size)
+            self.device = _open(self.path)
+            self._owned = True
+        try:
+            self._check_layout(dtype)
+            if created:
+                self._resumed_step = 0
+            elif init_from_model:
+                if self.device.committed_step != 0:
+                    raise ValueError(f"init_from_model: the device is at committed step "
+                                     f"{self.device.committed_step}; only a device at step 0 "
+                                     f"takes the model's values")
+                self.device.load_params(self._model_values())
+                self._resumed_step = 0
+            else:
+                self._resumed_step = self.device.committed_step
+            self.uuid = read_uuid(self.path) if self.path else None
+            self._read_back()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- creation and checks
+    def _model_values(self):
+        return {n: p.detach().to(torch.float32).cpu().numpy() for n, p, _ in self._flat}
+
+    def _create(self, path, dtype, chunk_params, size):
+        layout = Layout()
+        for n, shape, gi in self._layout:
+            layout.add(n, shape, gi)
+        d = os.path.dirname(os.path.abspath(path))
+        tmp = os.path.join(d, f".{os.path.basename(path)}.tmp-{os.getpid()}")
+        try:
+            _format(tmp, layout, dtype=dtype, chunk_params=chunk_params, size=size)
+            with _open(tmp) as dev:
+                dev.load_params(self._model_values())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        fd = os.open(d, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _check_layout(self, dtype):
+        have = [(t["name"], tuple(int(d) for d in t["shape"]), int(t["group"]))
+                for t in self.device.tensors()]
+        where = self.path or "the device"
+        if dtype is not None and dtype != self.device.dtype:
+            raise LayoutMismatchError(f"{where} is a {self.device.dtype} device, the optimizer "
+                                      f"was asked for {dtype}")
+        if have == self._layout:
+            return
+        want_d = {n: (s, g) for n, s, g in self._layout}
+        have_d = {n: (s, g) for n, s, g in have}
+        problems = []
+        missing = [n for n in want_d if n not in have_d]
+        extra = [n for n in have_d if n not in want_d]
+        if missing:
+            problems.append(f"not on the device: {_short(missing)}")
+        if extra:
+            problems.append(f"on the device but not among the params: {_short(extra)}")
+        for n in want_d:
+            if n in have_d:
+                (ws, wg), (hs, hg) = want_d[n], have_d[n]
+                if ws != hs:
+                    problems.append(f"{n!r}: shape {list(ws)} in the model, {list(hs)} on the device")
+                if wg != hg:
+                    problems.append(f"{n!r}: param group {wg} in the optimizer, group {hg} on the device")
+        if not problems:
+            problems.append("same tensors in a different order: "
+                            f"{_short([n for n, _, _ in self._layout])} vs {_short([n for n, _, _ in have])}")
+        raise LayoutMismatchError(f"{where} does not hold these params ({len(have)} tensors on the "
+                                  f"device, {len(self._layout)} params): " + "; ".join(problems[:8])
+                                  + ("; ..." if len(problems) > 8 else ""))
+
+    def add_param_group(self, param_group):
+        if getattr(self, "_frozen", False):
+            raise RuntimeError("OffloadAdamW: the device's layout is fixed when it is formatted; "
+                               "param groups cannot be added later")
+        super().add_param_group(param_group)
+
+    # -- what the trainer sees
+    @property
+    def dtype(self):
+        return self.device.dtype
+
+    @property
+    def committed_step(self):
+        return self.device.committed_step
+
+    @property
+    def resumed_step(self):
+        """The committed step the device was at when the optimizer opened it."""
+        return self._resumed_step
+
+    def blob(self):
+        """The trainer blob committed with the device's committed step (b"" at step 0)."""
+        return self.device.blob()
+
+    def set_blob(self, blob_or_fn):
+        """The trainer blob committed with every following step: bytes, or a callable
+        called just before each commit and returning bytes (<= 2 KiB). None: no blob."""
+        self._blob_hook = blob_or_fn
+
+    def names(self):
+        """The device tensor name of every param, in the order of param_groups."""
+        return [n for n, _, _ in self._flat]
+
+    def master_params(self):
+        """{name: fp32 master tensor} read from the device (a copy)."""
+        return {n: torch.from_numpy(self.device.read_state(n)[0]) for n, _, _ in self._flat}
+
+    def read_state(self, name):
+        """(param, exp_avg, exp_avg_sq) of one tensor, fp32 torch tensors."""
+        return tuple(torch.from_numpy(a) for a in self.device.read_state(name))
+
+    def close(self):
+        """Closes the device if the optimizer opened it (from a path)."""
+        if self._owned and getattr(self, "device", None) is not None:
+            self.device.close()
+        self._owned = False
+
+    # -- gradient scale
+    def set_grad_unscale(self, factor):
+        """The inverse loss scale the next step multiplies gradients by (LossScaler.unscale_)."""
+        self._grad_unscale = float(factor)
+
+    def clip_grad_norm_(self, max_norm, norm_type=2.0):
+        """torch.nn.utils.clip_grad_norm_ for offloaded gradients.
+
+        Computes the total norm of the gradients as the device will apply them
+        (p.grad rounded to the device's dtype, x the pending 1/loss scale), as
+        torch's clip_grad_norm_ does over the same values, and folds its clip coefficient,
+        min(1, max_norm / (norm + 1e-6)), into the next step's grad_scale instead of
+        rewriting p.grad (fp16 gradients must stay scaled on their way to the device).
+        Returns the total norm (a tensor, like torch's). A non-finite norm leaves the
+        coefficient at 1: the device sees the non-finite gradient and skips the step.
+        """
+        lowp = torch.bfloat16 if self.device.dtype == "bf16" else torch.float16
+        grads = [p.grad.detach().to(lowp).to(torch.float32) for _, p, _ in self._flat
+                 if p.grad is not None]
+        if not grads:
+            return torch.tensor(0.0)
+        norm_type = float(norm_type)
+        if norm_type == math.inf:
+            total = torch.stack([g.abs().max() for g in grads]).max()
+        else:
+            total = torch.norm(torch.stack([torch.norm(g, norm_type) for g in grads]), norm_type)
+        total = total * (self._grad_unscale if self._grad_unscale is not None else 1.0)
+        t = float(total)
+        if math.isfinite(t):
+            self._clip_coef = min(1.0, float(max_norm) / (t + 1e-6))
+        return total
+
+    # -- the step
+    @torch.no_grad()
+    def step(self, closure=None, *, grad_scale=None, blob=None):
+        """One AdamW step on the device; returns closure()'s loss if a closure is given.
+
+        grad_scale: what the device multiplies every gradient by (default: the
+        pending 1/loss scale of LossScaler.unscale_, else 1), times the coefficient
+        of a preceding clip_grad_norm_(). blob: bytes committed with the step
+        (default: the set_blob() hook's).
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        scale = grad_scale if grad_scale is not None else (
+            self._grad_unscale if self._grad_unscale is not None else 1.0)
+        scale = float(scale) * self._clip_coef
+        self._grad_unscale, self._clip_coef = None, 1.0
+        dev, dtype = self.device, self.device.dtype
+        groups = [{k: g[k] for k in _HPARAM_KEYS} for g in self.param_groups]
+        dev.begin(groups, grad_scale=scale)
+        try:
+            for n, p, _ in self._flat:
+                if p.grad is None:
+                    g = np.zeros(p.numel(), dtype=np.float16 if dtype == "fp16" else np.uint16)
+                elif p.grad.is_sparse:
+                    raise RuntimeError(f"{n!r}: OffloadAdamW does not support sparse gradients")
+                else:
+                    g = torch_to_lowp(p.grad, dtype)
+                dev.write_grad(n, g)
+            if blob is None:
+                blob = self._blob_hook() if callable(self._blob_hook) else self._blob_hook
+            self.last_result = dev.commit(b"" if blob is None else bytes(blob))
+        except BaseException:
+            try:
+                dev.abort()
+            except CkptError:
+                pass
+            raise
+        if self.last_result == "committed":
+            self._read_back()
+        return loss
+
+    def _read_back(self):
+        dtype = self.device.dtype
+        for n, p, _ in self._flat:
+            p.data.copy_(lowp_to_torch(self.device.read_params(n), dtype).view(p.shape))
+
+    # -- torch's checkpoint protocol
+    def _identity(self):
+        return {"path": os.path.abspath(self.path) if self.path else None, "uuid": self.uuid,
+                "dtype": self.device.dtype,
+                "layout": [[n, list(s), g] for n, s, g in self._layout]}
+
+    def state_dict(self):
+        """torch's format, pointing at the device: {"state": {}, "param_groups": [...],
+        "ckpt": {"step", "path", "uuid", "dtype", "layout"}}. The tensors stay on
+        the device; the dict says which device and which committed step it means."""
+        groups, index = [], 0
+        for g, ns in zip(self.param_groups, self._names):
+            d = {k: v for k, v in g.items() if k != "params"}
+            d["params"] = list(range(index, index + len(g["params"])))
+            d["names"] = list(ns)
+            index += len(g["params"])
+            groups.append(d)
+        return {"state": {}, "param_groups": groups,
+                "ckpt": dict(self._identity(), step=int(self.device.committed_step))}
+
+    def load_state_dict(self, state_dict):
+        """Restores the hyperparameters of a state_dict() of this device at its
+        committed step; refuses one of another device, layout or step."""
+        meta = state_dict.get("ckpt")
+        if meta is None:
+            raise ValueError("not an OffloadAdamW state_dict (no 'ckpt' entry): the fp32 state "
+                             "of an OffloadAdamW lives on its device")
+        mine = self._identity()
+        if meta.get("uuid") and mine["uuid"] and meta["uuid"] != mine["uuid"]:
+            raise ValueError(f"state_dict is of device {meta['uuid']} ({meta.get('path')}), "
+                             f"this optimizer drives device {mine['uuid']} ({mine['path']})")
+        if not (meta.get("uuid") and mine["uuid"]) and meta.get("path") != mine["path"]:
+            warnings.warn(f"state_dict names device {meta.get('path')}, this optimizer drives "
+                          f"{mine['path']} (no uuid to compare)")
+        if meta.get("dtype") != mine["dtype"] or meta.get("layout") != mine["layout"]:
+            raise ValueError("state_dict is of another layout or dtype than this device's")
+        step = int(self.device.committed_step)
+        if int(meta.get("step", -1)) != step:
+            raise ValueError(f"state_dict is of step {meta.get('step')}, the device is at committed "
+                             f"step {step}: the device holds one state, reopen the device "
+                             f"instead of loading an older state_dict")
+        saved = state_dict["param_groups"]
+        if len(saved) != len(self.param_groups) or any(
+                len(s["params"]) != len(g["params"]) for s, g in zip(saved, self.param_groups)):
+            raise ValueError("state_dict has other param groups than this optimizer")
+        for s, g in zip(saved, self.param_groups):
+            for k, v in s.items():
+                if k not in ("params", "names"):
+                    g[k] = tuple(v) if k == "betas" else v
+
+    def __repr__(self):
+        r = super().__repr__()
+        return r.replace("OffloadAdamW (", f"OffloadAdamW ({self.path or 'device'}, {self.device.dtype}, "
+                                           f"committed step {self.device.committed_step};", 1)
+
+
+def _short(names, n=6):
+    s = ", ".join(repr(x) for x in names[:n])
+    return s + (f", ... ({len(names)} in all)" if len(names) > n else "")
+
+
+# ------------------------------------------------------------------ loss scaling
+
+class LossScaler:
+    """Dynamic loss scaling for fp16 devices, torch.cuda.amp.GradScaler's algorithm.
+
+        scaler = LossScaler()
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)                 # optional, before opt.clip_grad_norm_()
+        opt.clip_grad_norm_(1.0)             # optional
+        scaler.step(opt)                     # opt.step(grad_scale=1/scale)
+        scaler.update()
+
+    The gradients go to the device still scaled (fp16 needs the scale for its
+    range); the device multiplies them by 1/scale (x the clip coefficient) in fp32
+    and detects non-finite values itself: the commit then says "overflow", the
+    step is skipped, and update() backs off: scale *= backoff_factor, and the
+    count of good steps restarts. After growth_interval consecutive good steps,
+    scale *= growth_factor (kept if finite). The scale is an fp32 value, as in
+    GradScaler. state_dict() has GradScaler's keys.
+
+    Resuming: state_dict() always describes the scale the *next* step will use.
+    Called during scaler.step() (from the optimizer's blob hook, just before the
+    commit) it returns the state update() will leave if the step commits, which
+    is the only case in which that blob is committed; so a trainer that puts
+    scaler.state_dict() in its blob resumes with exactly the scale of an
+    uninterrupted run.
+    """
+
+    def __init__(self, init_scale=2.0 ** 16, growth_factor=2.0, backoff_factor=0.5,
+                 growth_interval=2000, enabled=True):
+        if not growth_factor > 1.0:
+            raise ValueError("growth_factor must be > 1")
+        if not 0.0 < backoff_factor < 1.0:
+            raise ValueError("backoff_factor must be in (0, 1)")
+        self._scale = np.float32(init_scale)
+        self._growth_factor = float(growth_factor)
+        self._backoff_factor = float(backoff_factor)
+        self._growth_interval = int(growth_interval)
+        self._growth_tracker = 0
+        self._enabled = bool(enabled)
+        self._found_inf = None      # after step(): True/False; during step(): "pending"
+        self._unscaled = set()
+
+    def is_enabled(self):
+        return self._enabled
+
+    def get_scale(self):
+        return float(self._scale) if self._enabled else 1.0
+
+    def get_growth_factor(self):
+        return self._growth_factor
+
+    def get_backoff_factor(self):
+        return self._backoff_factor
+
+    def get_growth_interval(self):
+        return self._growth_interval
+
+    def scale(self, outputs):
+        """outputs x scale (tensors, or nested lists/tuples of them)."""
+        if not self._enabled:
+            return outputs
+        if isinstance(outputs, torch.Tensor):
+            return outputs * torch.tensor(float(self._scale), dtype=torch.float32, device=outputs.device)
+        if isinstance(outputs, (list, tuple)):
+            return type(outputs)(self.scale(o) for o in outputs)
+        raise ValueError("outputs must be a tensor or an iterable of tensors")
+
+    def _inv_scale(self):
+        return 1.0 / float(self._scale) if self._enabled else 1.0
+
+    def unscale_(self, optimizer):
+        """Tells the optimizer that its next step's gradients are scaled: its
+        clip_grad_norm_() then measures unscaled norms. The gradients are not touched."""
+        if id(optimizer) in self._unscaled:
+            raise RuntimeError("unscale_() has already been called on this optimizer since the "
+                               "last update().")
+        optimizer.set_grad_unscale(self._inv_scale())
+        self._unscaled.add(id(optimizer))
+
+    def step(self, optimizer, *args, **kwargs):
+        """optimizer.step(grad_scale=1/scale x clip): returns its result, or None if
+        the device skipped the step (overflow)."""
+        if "grad_scale" in kwargs:
+            raise RuntimeError("LossScaler.step() sets grad_scale itself")
+        self._found_inf = "pending"
+        try:
+            ret = optimizer.step(*args, grad_scale=self._inv_scale(), **kwargs)
+        except BaseException:
+            self._found_inf = None
+            raise
+        self._found_inf = optimizer.last_result == "overflow"
+        return None if self._found_inf else ret
+
+    def _next(self, found_inf):
+        """(scale, growth_tracker) after update() with found_inf: GradScaler's
+        _amp_update_scale_."""
+        scale, tracker = self._scale, self._growth_tracker
+        if found_inf:
+            return np.float32(scale * np.float32(self._backoff_factor)), 0
+        tracker += 1
+        if tracker == self._growth_interval:
+            with np.errstate(over="ignore"):
+                grown = np.float32(scale * np.float32(self._growth_factor))
+            return (grown if np.isfinite(grown) else scale), 0
+        return scale, tracker
+
+    def update(self, new_scale=None):
+        """After step(): backs off on overflow, grows after growth_interval good steps.
+        new_scale (a float) sets the scale instead, like GradScaler.update(new_scale)."""
+        if not self._enabled:
+            return
+        if new_scale is not None:
+            self._scale = np.float32(float(new_scale))
+        else:
+            if self._found_inf is None or self._found_inf == "pending":
+                raise RuntimeError("update() without a preceding step()")
+            self._scale, self._growth_tracker = self._next(self._found_inf)
+        self._found_inf = None
+        self._unscaled.clear()
+
+    @property
+    def found_inf(self):
+        """Whether the last step() overflowed (None before a step)."""
+        return None if self._found_inf == "pending" else self._found_inf
+
+    def state_dict(self):
+        if not self._enabled:
+            return {}
+        if self._found_inf is None:
+            scale, tracker = self._scale, self._growth_tracker
+        else:   # between step() and update(): the state update() will leave
+            scale, tracker = self._next(self._found_inf is True)
+        return {"scale": float(scale), "growth_factor": self._growth_factor,
+                "backoff_factor": self._backoff_factor, "growth_interval": self._growth_interval,
+                "_growth_tracker": int(tracker)}
+
+    def load_state_dict(self, state_dict):
+        if not self._enabled:
+            return
+        if len(state_dict) == 0:
+            raise RuntimeError("The source state dict is empty, possibly because it was saved "
+                               "from a disabled instance of LossScaler.")
+        self._scale = np.float32(state_dict["scale"])
+        self._growth_factor = float(state_dict["growth_factor"])
+        self._backoff_factor = float(state_dict["backoff_factor"])
+        self._growth_interval = int(state_dict["growth_interval"])
+        self._growth_tracker = int(state_dict["_growth_tracker"])
+        self._found_inf = None
+        self._unscaled.clear()
+
+
+# ------------------------------------------------------------------ export
+
+def export_safetensors(device_or_path, out, what="master", metadata=None):
+    """Writes a device's params to a safetensors file and returns its path.
+
+    what="master": the fp32 master params (F32); "lowp": the low-precision
+    params the model trains with (BF16 / F16). The metadata records the device's
+    committed step, dtype and uuid, with the keys of `ckptctl export DEV --to
+    FILE`, which writes the same F32 tensors from the command line (and checks
+    every record's checksum on the way).
+    """
+    if what not in ("master", "lowp"):
+        raise ValueError("what must be 'master' or 'lowp'")
+    own = not isinstance(device_or_path, Device)
+    dev = _open(device_or_path) if own else device_or_path
+    try:
+        tensors = {}
+        for t in dev.tensors():
+            n = t["name"]
+            if what == "master":
+                tensors[n] = dev.read_state(n)[0]
+            else:
+                a = dev.read_params(n)
+                tensors[n] = ("BF16", np.ascontiguousarray(a).view(np.uint16)) if dev.dtype == "bf16" \
+                    else ("F16", np.ascontiguousarray(a).view(np.float16))
+        # the metadata keys of `ckptctl export`
+        meta = {"format": "pt", "step": str(dev.committed_step), "ckpt.dtype": dev.dtype}
+        if what == "lowp":
+            meta["ckpt.params"] = "lowp"
+        if own:
+            u = read_uuid(os.fspath(device_or_path))
+            if u:
+                meta["ckpt.uuid"] = u
+        meta.update(metadata or {})
+        _safetensors.save_file(tensors, out, metadata=meta)
+    finally:
+        if own:
+            dev.close()
+    return out
+
+
+def load_safetensors_into(module, path, strict=True):
+    """Loads a safetensors file (F32/F16/BF16) into module's params by name."""
+    arrays, dtypes, _ = _safetensors.load_file(path, with_metadata=True)
+    state = {}
+    for n, a in arrays.items():
+        t = lowp_to_torch(a, "bf16") if dtypes[n] == "BF16" else torch.from_numpy(a)
+        state[n] = t
+    return module.load_state_dict(state, strict=strict)
+
