@@ -162,7 +162,7 @@ struct ckpt_c {
 	/* the table line's optional arguments, in the order given */
 	unsigned int staging_kb;
 	unsigned int n_opts;
-	const char *opt_order[2];
+	unsigned int opt_order[2];	/* indices into ckpt_opt_args */
 };
 
 /* ---------------------------------------------------------------- helpers */
@@ -1040,14 +1040,34 @@ static void ckpt_free(struct ckpt_c *c)
 	kfree(c);
 }
 
+/* The optional table arguments: "<name> <value>" pairs, each at most once. */
+static const struct ckpt_opt_arg {
+	const char *name;
+	unsigned int min, max;
+	const char *err_dup, *err_missing, *err_nan, *err_range;
+} ckpt_opt_args[] = {
+	{ "queue_depth", 1, CKPT_MAX_QUEUE_DEPTH,
+	  "Duplicate queue_depth argument", "queue_depth needs a value",
+	  "Invalid queue_depth (not a number)", "queue_depth out of range (1..128)" },
+	{ "staging_kb", 1, CKPT_MAX_STAGING_KB,
+	  "Duplicate staging_kb argument", "staging_kb needs a value",
+	  "Invalid staging_kb (not a number)", "staging_kb out of range (1..4194304)" },
+};
+
+static unsigned int *ckpt_opt_value(struct ckpt_c *c, unsigned int i)
+{
+	return i == 0 ? &c->queue_depth : &c->staging_kb;
+}
+
 static int ckpt_parse_opts(struct ckpt_c *c, struct dm_arg_set *as, char **error)
 {
 	static const struct dm_arg arg_count = {
 		0, 4, "Invalid number of optional arguments (0, 2 or 4)"
 	};
-	bool have_qd = false, have_staging = false;
-	unsigned int n, v;
-	const char *name, *val;
+	bool seen[ARRAY_SIZE(ckpt_opt_args)] = { };
+	const struct ckpt_opt_arg *o;
+	unsigned int n, v, i;
+	const char *name;
 	int ret;
 
 	c->queue_depth = CKPT_DEFAULT_QUEUE_DEPTH;
@@ -1060,54 +1080,34 @@ static int ckpt_parse_opts(struct ckpt_c *c, struct dm_arg_set *as, char **error
 	while (n) {
 		name = dm_shift_arg(as);
 		n--;
-		if (!strcasecmp(name, "queue_depth")) {
-			if (have_qd) {
-				*error = "Duplicate queue_depth argument";
-				return -EINVAL;
-			}
-			if (!n) {
-				*error = "queue_depth needs a value";
-				return -EINVAL;
-			}
-			val = dm_shift_arg(as);
-			n--;
-			if (kstrtouint(val, 10, &v)) {
-				*error = "Invalid queue_depth (not a number)";
-				return -EINVAL;
-			}
-			if (v < 1 || v > CKPT_MAX_QUEUE_DEPTH) {
-				*error = "queue_depth out of range (1..128)";
-				return -EINVAL;
-			}
-			c->queue_depth = v;
-			have_qd = true;
-			c->opt_order[c->n_opts++] = "queue_depth";
-		} else if (!strcasecmp(name, "staging_kb")) {
-			if (have_staging) {
-				*error = "Duplicate staging_kb argument";
-				return -EINVAL;
-			}
-			if (!n) {
-				*error = "staging_kb needs a value";
-				return -EINVAL;
-			}
-			val = dm_shift_arg(as);
-			n--;
-			if (kstrtouint(val, 10, &v)) {
-				*error = "Invalid staging_kb (not a number)";
-				return -EINVAL;
-			}
-			if (v < 1 || v > CKPT_MAX_STAGING_KB) {
-				*error = "staging_kb out of range (1..4194304)";
-				return -EINVAL;
-			}
-			c->staging_kb = v;
-			have_staging = true;
-			c->opt_order[c->n_opts++] = "staging_kb";
-		} else {
+		for (i = 0; i < ARRAY_SIZE(ckpt_opt_args); i++)
+			if (!strcasecmp(name, ckpt_opt_args[i].name))
+				break;
+		if (i == ARRAY_SIZE(ckpt_opt_args)) {
 			*error = "Unknown optional argument";
 			return -EINVAL;
 		}
+		o = &ckpt_opt_args[i];
+		if (seen[i]) {
+			*error = (char *)o->err_dup;
+			return -EINVAL;
+		}
+		if (!n) {
+			*error = (char *)o->err_missing;
+			return -EINVAL;
+		}
+		n--;
+		if (kstrtouint(dm_shift_arg(as), 10, &v)) {
+			*error = (char *)o->err_nan;
+			return -EINVAL;
+		}
+		if (v < o->min || v > o->max) {
+			*error = (char *)o->err_range;
+			return -EINVAL;
+		}
+		*ckpt_opt_value(c, i) = v;
+		seen[i] = true;
+		c->opt_order[c->n_opts++] = i;
 	}
 	if (as->argc) {
 		*error = "Too many arguments";
@@ -1432,8 +1432,8 @@ static void ckpt_status(struct dm_target *ti, status_type_t type, unsigned int s
 
 			DMEMIT(" %u", 2 * c->n_opts);
 			for (i = 0; i < c->n_opts; i++)
-				DMEMIT(" %s %u", c->opt_order[i],
-				       c->opt_order[i][0] == 'q' ? c->queue_depth : c->staging_kb);
+				DMEMIT(" %s %u", ckpt_opt_args[c->opt_order[i]].name,
+				       *ckpt_opt_value(c, c->opt_order[i]));
 		}
 		break;
 	default:

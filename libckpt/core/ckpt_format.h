@@ -182,7 +182,7 @@ struct ckpt_sb_disk {
 	__le32 blob_len;
 	__le64 reserved1[4];
 	u8 blob[CKPT_BLOB_MAX];
-} __attribute__((packed));
+} __packed;
 
 /* The decoded, validated superblock. */
 struct ckpt_sb {
@@ -231,7 +231,7 @@ struct ckpt_rec_disk {
 	__le32 slot;
 	__le32 chunk_shift;
 	__le64 reserved[3];
-} __attribute__((packed));
+} __packed;
 
 struct ckpt_rec {
 	u32 chunk;
@@ -287,7 +287,7 @@ struct ckpt_hparams_disk {
 	__le32 decay;
 	__le32 flags;
 	__le32 reserved;
-} __attribute__((packed));
+} __packed;
 
 struct ckpt_cmd_disk {
 	__le32 magic;
@@ -301,7 +301,7 @@ struct ckpt_cmd_disk {
 	__le64 step;
 	__le64 reserved[3];
 	/* BEGIN: struct ckpt_hparams_disk[n_groups]; COMMIT: blob[blob_len] */
-} __attribute__((packed));
+} __packed;
 
 struct ckpt_cmd {
 	u32 opcode;
@@ -385,7 +385,7 @@ struct ckpt_status_disk {
 	__le32 blob_len;
 	__le64 reserved[8];
 	u8 blob[CKPT_BLOB_MAX];
-} __attribute__((packed));
+} __packed;
 
 void ckpt_status_encode(const struct ckpt_status *st, void *block);
 int ckpt_status_decode(const void *block, struct ckpt_status *st);

@@ -25,13 +25,15 @@ static inline u32 ckpt_crc32c_raw(u32 seed, const void *p, size_t len)
 #include <stdbool.h>
 #include <string.h> /* memcpy/memset only: the compiler inlines them */
 
-typedef uint8_t u8;
-typedef uint16_t u16;
-typedef uint32_t u32;
-typedef uint64_t u64;
-typedef int32_t s32;
-typedef int64_t s64;
 #include <linux/types.h>	/* __le16, __le32, __le64 */
+
+/* The kernel's names; x86_64 Linux only, where these are uint8_t... int64_t. */
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long u64;
+typedef int s32;
+typedef long s64;
 
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "dm-ckpt userspace: only little-endian hosts are supported"
@@ -43,6 +45,12 @@ typedef int64_t s64;
 #define le32_to_cpu(x) ((u32)(x))
 #define le64_to_cpu(x) ((u64)(x))
 
+#ifndef __packed
+#define __packed __attribute__((packed))
+#endif
+#ifndef __always_inline		/* glibc's sys/cdefs.h has one */
+#define __always_inline inline __attribute__((always_inline))
+#endif
 
 #ifdef __cplusplus
 extern "C" {

@@ -32,13 +32,12 @@
 
 #include "ckpt_update.h"
 
-#define CKPT_AI static inline __attribute__((always_inline))
 
 /* ------------------------------------------------------------------------ */
 /* Integer-only scalar conversions (no FPU, usable anywhere).                */
 /* ------------------------------------------------------------------------ */
 
-CKPT_AI u32 ckpt_f16_to_f32_int(u16 h)
+static __always_inline u32 ckpt_f16_to_f32_int(u16 h)
 {
 	u32 sign = (u32)(h & 0x8000u) << 16;
 	u32 e = (h >> 10) & 0x1fu;
@@ -62,7 +61,7 @@ CKPT_AI u32 ckpt_f16_to_f32_int(u16 h)
 	return sign | ((e + 112u) << 23) | (mant << 13);
 }
 
-CKPT_AI u16 ckpt_f32_to_f16_int(u32 f)
+static __always_inline u16 ckpt_f32_to_f16_int(u32 f)
 {
 	u32 sign = (f >> 16) & 0x8000u;
 	u32 a = f & 0x7fffffffu;
@@ -92,12 +91,12 @@ CKPT_AI u16 ckpt_f32_to_f16_int(u32 f)
 	return (u16)(sign | (a >> 13));
 }
 
-CKPT_AI u32 ckpt_bf16_to_f32_int(u16 h)
+static __always_inline u32 ckpt_bf16_to_f32_int(u16 h)
 {
 	return (u32)h << 16;
 }
 
-CKPT_AI u16 ckpt_f32_to_bf16_int(u32 f)
+static __always_inline u16 ckpt_f32_to_bf16_int(u32 f)
 {
 	if ((f & 0x7fffffffu) > 0x7f800000u)	/* NaN: quiet, keep sign */
 		return (u16)((f >> 16) | 0x0040u);
@@ -125,7 +124,7 @@ union ckpt_fu {
 	float f;
 };
 
-CKPT_AI float ckpt_as_f(u32 u)
+static __always_inline float ckpt_as_f(u32 u)
 {
 	union ckpt_fu x;
 
@@ -133,7 +132,7 @@ CKPT_AI float ckpt_as_f(u32 u)
 	return x.f;
 }
 
-CKPT_AI u32 ckpt_as_u(float f)
+static __always_inline u32 ckpt_as_u(float f)
 {
 	union ckpt_fu x;
 
@@ -143,7 +142,10 @@ CKPT_AI u32 ckpt_as_u(float f)
 
 /* all-ones if c, else 0 (c is 0 or 1) */
 #define CKPT_MASK(c) (0u - (u32)(c))
-#define CKPT_SEL(msk, a, b) (((msk) & (a)) | (~(msk) & (b)))
+static __always_inline u32 ckpt_sel(u32 msk, u32 a, u32 b)
+{
+	return (msk & a) | (~msk & b);
+}
 
 /*
  * fp16 -> fp32: normal, Inf and NaN by rebiasing the exponent with an exact
@@ -151,7 +153,7 @@ CKPT_AI u32 ckpt_as_u(float f)
  * exactly as vcvtph2ps does); subnormals by the exact magic subtraction
  * (0.5 + mant * 2^-24) - 0.5. One select.
  */
-CKPT_AI u32 ckpt_f16_to_f32_vec(u32 h)
+static __always_inline u32 ckpt_f16_to_f32_vec(u32 h)
 {
 	u32 a = h & 0x7fffu;
 	u32 sub = CKPT_MASK((s32)a < 0x400);		/* exponent 0 */
@@ -159,7 +161,7 @@ CKPT_AI u32 ckpt_f16_to_f32_vec(u32 h)
 			    ckpt_as_f(0x07800000u));	/* * 2^-112 */
 	u32 den = ckpt_as_u(ckpt_as_f(a | 0x3f000000u) - ckpt_as_f(0x3f000000u));
 
-	return CKPT_SEL(sub, den, nrm) | ((h & 0x8000u) << 16);
+	return ckpt_sel(sub, den, nrm) | ((h & 0x8000u) << 16);
 }
 
 /*
@@ -170,7 +172,7 @@ CKPT_AI u32 ckpt_f16_to_f32_vec(u32 h)
  * the fp16 exponent and mantissa (after Marat Dukhan's FP16 library). NaN:
  * quiet bit and top payload bits kept, as vcvtps2ph. Two selects.
  */
-CKPT_AI u32 ckpt_f32_to_f16_vec(u32 f)
+static __always_inline u32 ckpt_f32_to_f16_vec(u32 f)
 {
 	u32 a = f & 0x7fffffffu;
 	u32 nan = CKPT_MASK((s32)a > 0x7f800000);
@@ -180,25 +182,25 @@ CKPT_AI u32 ckpt_f32_to_f16_vec(u32 f)
 	u32 lo = CKPT_MASK(e < 0x38800000);	/* max(E, -14), SSE2 has no pmaxsd */
 	u32 r, o;
 
-	r = CKPT_SEL(lo, 0x38800000u, (u32)e);
+	r = ckpt_sel(lo, 0x38800000u, (u32)e);
 	r = ckpt_as_u(ckpt_as_f(r + 0x07800000u) + base);
 	o = ((r >> 13) & 0x7c00u) + (r & 0x0fffu);
-	o = CKPT_SEL(nan, 0x7e00u | ((a >> 13) & 0x3ffu), o);
+	o = ckpt_sel(nan, 0x7e00u | ((a >> 13) & 0x3ffu), o);
 	return o | ((f >> 16) & 0x8000u);
 }
 
-CKPT_AI u32 ckpt_bf16_to_f32_vec(u32 h)
+static __always_inline u32 ckpt_bf16_to_f32_vec(u32 h)
 {
 	return h << 16;
 }
 
-CKPT_AI u32 ckpt_f32_to_bf16_vec(u32 f)
+static __always_inline u32 ckpt_f32_to_bf16_vec(u32 f)
 {
 	u32 nan = CKPT_MASK((s32)(f & 0x7fffffffu) > (s32)0x7f800000);
 	u32 r = (f + 0x7fffu + ((f >> 16) & 1u)) >> 16;
 	u32 q = (f >> 16) | 0x0040u;
 
-	return CKPT_SEL(nan, q, r) & 0xffffu;
+	return ckpt_sel(nan, q, r) & 0xffffu;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -213,7 +215,7 @@ struct ckpt_upd_k {
  * bf16 and l2 are compile-time constants at every call site, so each of the
  * four combinations is its own branch-free loop.
  */
-CKPT_AI u32 ckpt_update_loop(const struct ckpt_upd_k *k, const int bf16, const int l2,
+static __always_inline u32 ckpt_update_loop(const struct ckpt_upd_k *k, const int bf16, const int l2,
 			     const u16 *__restrict grad, u32 *__restrict p,
 			     u32 *__restrict m, u32 *__restrict v,
 			     u16 *__restrict plo, u64 n)
@@ -251,7 +253,7 @@ CKPT_AI u32 ckpt_update_loop(const struct ckpt_upd_k *k, const int bf16, const i
 }
 
 /* The body of ckpt_update_chunk (same arguments and result). */
-CKPT_AI u32 ckpt_update_chunk_body(const struct ckpt_hparams *hp, u32 grad_scale,
+static __always_inline u32 ckpt_update_chunk_body(const struct ckpt_hparams *hp, u32 grad_scale,
 				   u32 dtype, const u16 *grad, u32 *p, u32 *m,
 				   u32 *v, u16 *plo, u64 n)
 {
@@ -278,7 +280,7 @@ CKPT_AI u32 ckpt_update_chunk_body(const struct ckpt_hparams *hp, u32 grad_scale
 }
 
 /* The body of ckpt_round_params. */
-CKPT_AI void ckpt_round_params_body(u32 dtype, const u32 *__restrict p,
+static __always_inline void ckpt_round_params_body(u32 dtype, const u32 *__restrict p,
 				    u16 *__restrict plo, u64 n)
 {
 	u64 i;
@@ -293,7 +295,7 @@ CKPT_AI void ckpt_round_params_body(u32 dtype, const u32 *__restrict p,
 }
 
 /* Same conversions, array form (for tests and hosts that convert in bulk). */
-CKPT_AI void ckpt_f16_to_f32_array_body(const u16 *__restrict h, u32 *__restrict f,
+static __always_inline void ckpt_f16_to_f32_array_body(const u16 *__restrict h, u32 *__restrict f,
 					u64 n)
 {
 	u64 i;
@@ -302,11 +304,9 @@ CKPT_AI void ckpt_f16_to_f32_array_body(const u16 *__restrict h, u32 *__restrict
 		f[i] = ckpt_f16_to_f32_vec(h[i]);
 }
 
-#undef CKPT_SEL
 #undef CKPT_MASK
 
 #endif /* !CKPT_UPDATE_INT_ONLY */
 
-#undef CKPT_AI
 
 #endif /* CKPT_UPDATE_IMPL_H */
