@@ -6,7 +6,7 @@ PYTHON ?= /usr/bin/python3
 JOBS ?= $(shell nproc)
 export PYTHONPATH := $(CURDIR)/$(BUILD)/python
 
-.PHONY: all deps configure check demo bench clean
+.PHONY: all deps configure check demo bench clean check-unit kmod check-vm vm-shell bench-vm
 
 all: configure
 	cmake --build $(BUILD) -j$(JOBS)
@@ -19,8 +19,13 @@ configure: $(BUILD)/CMakeCache.txt
 $(BUILD)/CMakeCache.txt:
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython3_EXECUTABLE=$(PYTHON)
 
+# The userspace tests (ctest), then the kernel target's VM suite; -k: the VM
+# suite runs even if ctest failed, and either failing fails check.
 check: deps
 	$(MAKE) all
+	$(MAKE) -k -j1 check-unit check-vm
+
+check-unit:
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
 
 demo: deps
@@ -33,3 +38,33 @@ bench: deps
 
 clean:
 	rm -rf $(BUILD)
+
+# --- the kernel target in Debian's kernels under qemu (scripts/vm/README.md) ---
+# KERNEL: 6.1 or 6.12 (or a full version in /lib/modules); VM_CPU: max or qemu64.
+KERNEL ?= 6.1
+VM_CPU ?= max
+
+# dm-ckpt.ko for every installed kernel with headers, kept in $(BUILD)/kmod/KVER/
+kmod:
+	BUILD=$(BUILD) scripts/vm/build-kmod.sh
+
+# every tests/kmod program and the byte-identity check, for each kernel/CPU of
+# CKPT_VM_MATRIX (default "6.1:max 6.1:qemu64 6.12:max 6.12:qemu64")
+check-vm: deps
+	$(MAKE) all
+	$(MAKE) kmod
+	BUILD=$(BUILD) scripts/vm/tests.sh
+
+# an interactive shell in the VM (dm-ckpt loaded if it builds); IMAGE=file to
+# back /dev/nvme0n1 with it. Ctrl-A X quits qemu.
+vm-shell:
+	$(MAKE) all
+	-BUILD=$(BUILD) scripts/vm/build-kmod.sh $(KERNEL)
+	BUILD=$(BUILD) scripts/vm/run --shell --kernel $(KERNEL) --cpu $(VM_CPU) --ckpt auto $(if $(IMAGE),--image $(IMAGE))
+
+# fio's raw bandwidth of the emulated NVMe and the target's update rate over
+# the same device, in one VM run; prints the ratio
+bench-vm: deps
+	$(MAKE) all
+	BUILD=$(BUILD) scripts/vm/build-kmod.sh $(KERNEL)
+	BUILD=$(BUILD) scripts/vm/bench.sh --kernel $(KERNEL) --cpu $(VM_CPU)

@@ -1,0 +1,44 @@
+#!/bin/bash
+# Build dm-ckpt.ko for each kernel (default: every installed kernel with
+# headers) with `make -C kmod KVER=...` and keep a copy per kernel in
+# build/kmod/KVER/dm-ckpt.ko, where scripts/vm/run looks first (kmod/dm-ckpt.ko
+# is overwritten by the next kernel's build).
+#
+#   scripts/vm/build-kmod.sh [6.1|6.12|FULL-VERSION ...]
+set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+# All of the script is one compound command, parsed before it runs: editing
+# the file while a run is under way cannot derail that run.
+{
+
+[ -f "$ROOT/kmod/Makefile" ] || die "kmod/Makefile missing: the kernel module is not in the tree"
+if [ $# -gt 0 ]; then
+	kvers=""
+	for k in "$@"; do
+		v=$(resolve_kernel "$k") || die "no installed kernel matches '$k'"
+		kvers="$kvers $v"
+	done
+else
+	kvers=$(installed_kernels)
+	[ -n "$kvers" ] || die "no kernel with image, modules and headers in /lib/modules"
+fi
+
+mkdir -p "$BUILD_DIR/kmod"
+# one build at a time in kmod/ (make check-vm and bench-vm may overlap)
+exec 9>"$BUILD_DIR/kmod/.lock"
+flock 9
+for v in $kvers; do
+	[ -e "/lib/modules/$v/build/Makefile" ] || die "no headers for $v (/lib/modules/$v/build)"
+	echo "build-kmod: dm-ckpt.ko for $v"
+	make -C "$ROOT/kmod" KVER="$v"
+	ko=$ROOT/kmod/dm-ckpt.ko
+	[ -f "$ko" ] || die "make -C kmod KVER=$v made no kmod/dm-ckpt.ko"
+	got=$(modinfo -F vermagic "$ko" | awk '{print $1}')
+	[ "$got" = "$v" ] || die "kmod/dm-ckpt.ko has vermagic '$got' after building for $v"
+	mkdir -p "$BUILD_DIR/kmod/$v"
+	cp "$ko" "$BUILD_DIR/kmod/$v/dm-ckpt.ko.tmp"
+	mv "$BUILD_DIR/kmod/$v/dm-ckpt.ko.tmp" "$BUILD_DIR/kmod/$v/dm-ckpt.ko"
+	echo "build-kmod: $BUILD_DIR/kmod/$v/dm-ckpt.ko"
+done
+exit
+}

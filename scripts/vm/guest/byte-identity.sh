@@ -1,0 +1,39 @@
+#!/bin/sh
+# Guest side of the byte-identity check (scripts/vm/tests.sh): map the
+# pre-formatted /dev/nvme0n1 through dm-ckpt and replay the seeded trace on
+# /dev/mapper/ckpt. Usage: byte-identity.sh STEPS [SEED]
+# The trace's output goes to /out/trace.txt for the host to diff.
+steps=${1:?steps}
+seed=${2:-}
+fail() { echo "byte-identity: FAIL: $*"; dmesg >/out/dmesg.txt; exit 1; }
+
+table=$(ckptctl info --table /dev/nvme0n1) || fail "ckptctl info --table /dev/nvme0n1 failed (exit $?)"
+[ -n "$table" ] || fail "ckptctl info --table printed nothing"
+echo "byte-identity: table: $table"
+echo "$table" >/out/table.txt
+dmsetup create ckpt --noudevsync --table "$table" || fail "dmsetup create failed"
+dmsetup mknodes ckpt
+[ -b /dev/mapper/ckpt ] || fail "/dev/mapper/ckpt missing after dmsetup create"
+dmsetup table ckpt
+start=$(cut -d' ' -f1 /proc/uptime)
+cpu0=$(head -1 /proc/stat)
+ckpt-trace /dev/mapper/ckpt --steps "$steps" ${seed:+--seed "$seed"} >/out/trace.txt 2>/out/trace.err
+rc=$?
+end=$(cut -d' ' -f1 /proc/uptime)
+cpu1=$(head -1 /proc/stat)
+tail -n 3 /out/trace.txt
+# where the time went (all CPUs, in seconds): user is mostly ckpt-trace's own
+# work (trace generation, CRCs), system mostly dm-ckpt's kworkers
+echo "$cpu0
+$cpu1" | awk '{ for (i = 2; i <= 8; i++) v[NR, i] = $i }
+	END { hz = 100; printf "byte-identity: guest cpu time: user %.1f s, system %.1f s, softirq %.1f s, idle %.1f s, iowait %.1f s\n",
+		(v[2,2] + v[2,3] - v[1,2] - v[1,3]) / hz, (v[2,4] - v[1,4]) / hz, (v[2,8] - v[1,8]) / hz,
+		(v[2,5] - v[1,5]) / hz, (v[2,6] - v[1,6]) / hz }'
+cat /out/trace.err
+echo "byte-identity: ckpt-trace exit $rc, $(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }') s"
+dmsetup status ckpt
+dmsetup remove --noudevsync ckpt || fail "dmsetup remove failed"
+sync
+echo 3 >/proc/sys/vm/drop_caches
+dmesg >/out/dmesg.txt
+[ $rc = 0 ] || fail "ckpt-trace on /dev/mapper/ckpt exited $rc"

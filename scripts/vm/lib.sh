@@ -1,0 +1,127 @@
+# shellcheck shell=bash
+# Shared helpers of the VM scripts (sourced by run, tests.sh, bench.sh,
+# build-kmod.sh). Bash only.
+
+VM_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$VM_DIR/../.." && pwd)
+BUILD=${BUILD:-build}
+case $BUILD in /*) BUILD_DIR=$BUILD ;; *) BUILD_DIR=$ROOT/$BUILD ;; esac
+VM_CACHE=$BUILD_DIR/vm
+
+# Modules every guest loads, in this order (dependencies and soft
+# dependencies are resolved with `modprobe --show-depends` for the kernel).
+# The first group is required; the rest are for fault tests and only warned
+# about if they fail to load.
+VM_REQUIRED_MODULES="nvme dm-mod"
+VM_OPTIONAL_MODULES="dm-flakey dm-log-writes dm-delay"
+# The output disk (--out) is virtio-blk, /dev/vda: a second NVMe namespace or
+# controller would race the first for the name nvme0n1 (6.12 scans async).
+VM_OUT_MODULES="virtio_pci virtio_blk"
+
+die() { echo "vm: error: $*" >&2; exit 2; }
+note() { echo "vm: $*" >&2; }
+
+# resolve_kernel 6.1|6.12|FULL-VERSION -> prints the full version (e.g.
+# 6.1.0-57-amd64), the newest installed one that matches.
+resolve_kernel() {
+	local want=$1 v best=""
+	if [ -e "/boot/vmlinuz-$want" ] && [ -d "/lib/modules/$want/kernel" ]; then
+		echo "$want"; return 0
+	fi
+	for v in $(ls /lib/modules 2>/dev/null | sort -V); do
+		case $v in "$want".*|"$want"-*) ;; *) continue ;; esac
+		[ -e "/boot/vmlinuz-$v" ] && [ -d "/lib/modules/$v/kernel" ] && best=$v
+	done
+	[ -n "$best" ] || return 1
+	echo "$best"
+}
+
+# installed_kernels: full versions with an image, modules and headers.
+installed_kernels() {
+	local v
+	for v in $(ls /lib/modules 2>/dev/null | sort -V); do
+		[ -e "/boot/vmlinuz-$v" ] && [ -d "/lib/modules/$v/kernel" ] &&
+			[ -e "/lib/modules/$v/build/Makefile" ] && echo "$v"
+	done
+}
+
+# The place of a host file in the guest: the guest has merged /usr like
+# Debian 12 (/lib -> usr/lib ...), so files go under /usr.
+guest_path() {
+	case $1 in
+	/lib/*|/lib64/*|/bin/*|/sbin/*) echo "/usr$1" ;;
+	*) echo "$1" ;;
+	esac
+}
+
+# ldd_libs FILE... -> the shared libraries (and the loader) they need, one
+# path a line, as ldd resolves them on this host.
+ldd_libs() {
+	local f
+	for f in "$@"; do
+		# static binaries: ldd says "not a dynamic executable" (exit 1)
+		LC_ALL=C ldd "$f" 2>/dev/null | awk '
+			/=> not found/ { print "NOTFOUND " $1; next }
+			/=>/ && $3 ~ /^\// { print $3; next }
+			$1 ~ /^\// { print $1 }'
+	done | sort -u
+}
+
+# spec_lib LIBPATH -> a cpio spec line for a library. Libraries outside the
+# standard directories (the project's build tree) go to the multiarch dir.
+spec_lib() {
+	local l=$1
+	case $l in
+	NOTFOUND*) die "library ${l#NOTFOUND } not found by ldd (is the build complete?)" ;;
+	/lib/*|/lib64/*|/usr/lib/*|/usr/lib64/*) echo "file $(guest_path "$l") $l" ;;
+	*) echo "file /usr/lib/x86_64-linux-gnu/$(basename "$l") $l" ;;
+	esac
+}
+
+# module_order KVER MOD... -> .ko paths on the host, dependencies first,
+# each once. Built-in modules are skipped.
+module_order() {
+	local kver=$1; shift
+	local m
+	for m in "$@"; do
+		modprobe -S "$kver" --show-depends "$m" 2>/dev/null ||
+			die "module $m not found for kernel $kver"
+	done | awk '$1 == "insmod" && !seen[$2]++ { print $2 }'
+}
+
+# module_file KVER HOSTKO -> a plain .ko (compressed modules are unpacked into
+# the cache once; busybox insmod cannot read .ko.xz).
+module_file() {
+	local kver=$1 ko=$2 out
+	case $ko in
+	*.ko) echo "$ko" ;;
+	*.ko.xz|*.ko.zst|*.ko.gz)
+		out=$VM_CACHE/$kver/modules/$(basename "${ko%.*}")
+		if [ ! -e "$out" ] || [ "$ko" -nt "$out" ]; then
+			mkdir -p "$(dirname "$out")"
+			case $ko in
+			*.xz) xz -dc "$ko" >"$out.tmp" ;;
+			*.zst) zstd -qdc "$ko" >"$out.tmp" ;;
+			*.gz) gzip -dc "$ko" >"$out.tmp" ;;
+			esac || die "cannot decompress $ko"
+			mv "$out.tmp" "$out"
+		fi
+		echo "$out" ;;
+	*) die "unknown module file $ko" ;;
+	esac
+}
+
+# ko_name FILE -> module name as the guest's insmod list shows it
+ko_name() { basename "$1" | sed -e 's/\.ko.*$//'; }
+
+# find_ckpt_module KVER -> path of a dm-ckpt.ko built for KVER, or nothing.
+find_ckpt_module() {
+	local kver=$1 f
+	for f in "$BUILD_DIR/kmod/$kver/dm-ckpt.ko" "$ROOT/kmod/dm-ckpt.ko"; do
+		[ -e "$f" ] || continue
+		if [ "$(modinfo -F vermagic "$f" 2>/dev/null | awk '{print $1}')" = "$kver" ]; then
+			echo "$f"; return 0
+		fi
+	done
+	return 1
+}

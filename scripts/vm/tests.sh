@@ -1,0 +1,240 @@
+#!/bin/bash
+# The VM test suite of the kernel target (make check-vm). For each kernel and
+# CPU model of the matrix it boots Debian's kernel in qemu twice:
+#   1. kmod tests: loads dm-ckpt and runs every tests/kmod program (TAP);
+#   2. byte identity: an image formatted on the host by ckpt-trace is mapped
+#      through dm-ckpt in the guest and the seeded trace is replayed on
+#      /dev/mapper/ckpt, while the host replays the same trace on a copy with
+#      the userspace engine; then the two images must be identical (cmp) and
+#      the two traces' output too (diff).
+# A crash, a kernel BUG/WARNING/Oops, a timeout or a missing program is a
+# failure. The last line is "N passed, N failed"; the exit status is non-zero
+# if anything failed.
+#
+#   scripts/vm/tests.sh [--matrix "6.1:max 6.1:qemu64 6.12:max"]
+#                       [--params N] [--steps N] [--seed N] [--presteps N]
+#                       [--only kmod|identity|scripts]
+# --presteps N: the host commits the first N steps (default 0) with the
+# userspace engine before the image is copied; both sides then continue from
+# step N+1 (so the kernel starts from a state the userspace engine wrote).
+# Environment: CKPT_VM_MATRIX, CKPT_VM_PARAMS, CKPT_VM_STEPS, CKPT_VM_SEED,
+# CKPT_VM_PRESTEPS,
+# CKPT_VM_TIMEOUT (per VM run), CKPT_VM_RUN_ARGS (extra options for
+# scripts/vm/run, e.g. "--smp 4"), BUILD (build directory, default build).
+set -uo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+# All of the script is one compound command, parsed before it runs: editing
+# the file while a run is under way cannot derail that run.
+{
+
+matrix=${CKPT_VM_MATRIX:-"6.1:max 6.1:qemu64 6.12:max 6.12:qemu64"}
+params=${CKPT_VM_PARAMS:-1000000}
+steps=${CKPT_VM_STEPS:-200}
+seed=${CKPT_VM_SEED:-}
+presteps=${CKPT_VM_PRESTEPS:-0}
+only=""
+while [ $# -gt 0 ]; do
+	case $1 in
+	--matrix) matrix=$2; shift 2 ;;
+	--params) params=$2; shift 2 ;;
+	--steps) steps=$2; shift 2 ;;
+	--seed) seed=$2; shift 2 ;;
+	--presteps) presteps=$2; shift 2 ;;
+	--only) only=$2; shift 2 ;;
+	-h|--help) sed -n '2,/^set -uo/p' "$0" | sed -e '/^set -uo/d' -e 's/^# \{0,1\}//'; exit 2 ;;
+	*) echo "tests.sh: unknown argument $1" >&2; exit 2 ;;
+	esac
+done
+
+RUN=$VM_DIR/run
+read -r -a run_args <<<"${CKPT_VM_RUN_ARGS:-}"
+TRACE=$BUILD_DIR/tools/ckpt-trace
+results=$VM_CACHE/results/$(date +%Y%m%d-%H%M%S)
+mkdir -p "$results"
+# keep the last 5 suites (images are kept for inspection: ~60 MB a kernel/CPU)
+ls -1d "$VM_CACHE"/results/*/ 2>/dev/null | head -n -5 | xargs -r rm -rf
+
+pass=0 fail=0 skip=0
+failures=()
+t0=$SECONDS
+
+ok() { pass=$((pass + 1)); echo "ok - $*"; }
+not_ok() { fail=$((fail + 1)); failures+=("$*"); echo "not ok - $*"; }
+log() { echo "# $*"; }
+
+# why RC: the runner's status as words
+why() {
+	case $1 in
+	0) echo "passed" ;;
+	2) echo "runner setup error" ;;
+	122) echo "the kernel reported BUG/WARNING/Oops/panic" ;;
+	123) echo "no exit marker: the guest crashed" ;;
+	124) echo "timeout" ;;
+	125) echo "guest setup failed (module load, NVMe, device-mapper)" ;;
+	*) echo "script exit status $1" ;;
+	esac
+}
+
+# runner_error FILE -> ": <the runner's error or setup failure>" if any
+runner_error() {
+	local e
+	e=$(grep -aE '^vm: error: |CKPT-VM-ERROR' "$1" 2>/dev/null | head -1 |
+		sed -e 's/^vm: error: //' -e 's/.*CKPT-VM-ERROR: //' -e 's/ ([0-9.]*s)$//')
+	[ -z "$e" ] || echo ": $e"
+}
+
+# The test programs: the list CMake wrote; the sources are the truth.
+programs=""
+srcs=$(ls "$ROOT"/tests/kmod/*.c 2>/dev/null | wc -l)
+if [ -f "$BUILD_DIR/tests/kmod/programs.txt" ]; then
+	programs=$(tr '\n' ' ' <"$BUILD_DIR/tests/kmod/programs.txt")
+fi
+nprog=$(echo $programs | wc -w)
+
+preflight_ok=1
+if [ "$nprog" -lt "$srcs" ]; then
+	not_ok "tests/kmod has $srcs program(s) but $nprog are configured in $BUILD/tests/kmod/programs.txt (run make all)"
+fi
+for p in $programs; do
+	[ -x "$BUILD_DIR/tests/kmod/bin/$p" ] || { not_ok "test program $p not built ($BUILD_DIR/tests/kmod/bin/$p)"; preflight_ok=0; }
+done
+[ -x "$TRACE" ] || { not_ok "$TRACE missing (run make all)"; preflight_ok=0; }
+[ "$nprog" -gt 0 ] || log "WARNING: no kernel target test programs (tests/kmod/*.c); running the byte-identity check only"
+
+kmod_run() { # KERNEL CPU DIR
+	local k=$1 c=$2 d=$3 rc f name line
+	[ "$nprog" -gt 0 ] || return 0
+	log "$k/$c: kmod tests ($programs)"
+	"$RUN" --kernel "$k" --cpu "$c" --quiet --out "$d/kmod" --log "$d/kmod.log" "${run_args[@]}" \
+		"$VM_DIR/guest/kmod-tests.sh" $programs 2>"$d/kmod.runner"
+	rc=$?
+	sed 's/^/# /' "$d/kmod.runner"
+	local counted=0
+	for f in "$d"/kmod/tap/*.tap; do
+		[ -f "$f" ] || continue
+		name=$(basename "$f" .tap)
+		while IFS= read -r line; do
+			case $line in
+			*"# SKIP"*)	# a skipped test did not pass
+				counted=$((counted + 1))
+				skip=$((skip + 1))
+				not_ok "$k/$c $name: ${line#ok } (skipped)" ;;
+			"ok "*)
+				counted=$((counted + 1))
+				ok "$k/$c $name: ${line#ok }" ;;
+			"not ok "*)
+				counted=$((counted + 1))
+				not_ok "$k/$c $name: ${line#not ok }" ;;
+			esac
+		done <"$f"
+	done
+	# A crash or a kernel report fails the run even if every test passed;
+	# a run that failed without any "not ok" line is a failure of its own.
+	if [ $rc -ne 0 ] && { [ $rc -ge 122 ] || [ $rc = 2 ] || ! grep -qs '^not ok' "$d"/kmod/tap/*.tap; }; then
+		not_ok "$k/$c kmod tests run: $(why $rc)$(runner_error "$d/kmod.runner") (log $d/kmod.log)"
+	fi
+	[ $counted -gt 0 ] || [ $rc -ne 0 ] || not_ok "$k/$c kmod tests: no TAP results"
+}
+
+identity_run() { # KERNEL CPU DIR
+	local k=$1 c=$2 d=$3 rc hrc kimg uimg
+	kimg=$d/kernel.img uimg=$d/user.img
+	log "$k/$c: byte identity, $params params, $presteps step(s) on the host then $steps steps in both${seed:+, seed $seed}"
+	if ! "$TRACE" "$kimg" --format --params "$params" --steps 0 ${seed:+--seed "$seed"} >"$d/format.txt" 2>&1; then
+		not_ok "$k/$c byte identity: ckpt-trace --format on the host failed: $(tail -1 "$d/format.txt")"
+		return
+	fi
+	if [ "$presteps" -gt 0 ] &&
+		! "$TRACE" "$kimg" --steps "$presteps" ${seed:+--seed "$seed"} >"$d/presteps.txt" 2>&1; then
+		not_ok "$k/$c byte identity: the host's first $presteps step(s) failed: $(tail -1 "$d/presteps.txt")"
+		return
+	fi
+	cp --sparse=always "$kimg" "$uimg"
+	# the userspace engine on the copy, while the guest runs
+	( "$TRACE" "$uimg" --steps "$steps" ${seed:+--seed "$seed"} >"$d/user.trace" 2>"$d/user.err"
+	  echo $? >"$d/user.rc" ) &
+	local hpid=$!
+	"$RUN" --kernel "$k" --cpu "$c" --quiet --image "$kimg" --out "$d/identity" \
+		--log "$d/identity.log" "${run_args[@]}" "$VM_DIR/guest/byte-identity.sh" "$steps" $seed \
+		2>"$d/identity.runner"
+	rc=$?
+	sed 's/^/# /' "$d/identity.runner"
+	wait $hpid
+	hrc=$(cat "$d/user.rc" 2>/dev/null || echo 1)
+	if [ "$hrc" != 0 ]; then
+		not_ok "$k/$c byte identity: the host's ckpt-trace failed (exit $hrc): $(tail -1 "$d/user.err")"
+		fail=$((fail + 1)); failures+=("$k/$c byte identity: trace not compared")
+		return
+	fi
+	if [ $rc -ne 0 ]; then
+		local reason
+		reason=$(grep -as 'byte-identity: FAIL' "$d/identity.log" | tr -d '\r' | head -1)
+		not_ok "$k/$c byte identity: guest run failed: $(why $rc)${reason:+: ${reason#byte-identity: FAIL: }}$(runner_error "$d/identity.runner") (log $d/identity.log)"
+		fail=$((fail + 1)); failures+=("$k/$c byte identity: trace not compared")
+		return
+	fi
+	if cmp "$kimg" "$uimg" >"$d/cmp.txt" 2>&1; then
+		ok "$k/$c byte identity: backing images identical ($(stat -c %s "$kimg") bytes)"
+	else
+		not_ok "$k/$c byte identity: backing images differ: $(head -1 "$d/cmp.txt") ($kimg vs $uimg)"
+	fi
+	if diff "$d/user.trace" "$d/identity/trace.txt" >"$d/trace.diff" 2>&1; then
+		ok "$k/$c byte identity: trace output identical ($(wc -l <"$d/user.trace") lines)"
+	else
+		not_ok "$k/$c byte identity: trace output differs ($d/trace.diff: $(grep -c '^[<>]' "$d/trace.diff") lines)"
+	fi
+}
+
+# Guest scripts (tests/vm/*.sh: the tools against the kernel target), TAP on
+# the console; run once per kernel, with -cpu max.
+scripts_run() { # KERNEL CPU DIR
+	local k=$1 c=$2 d=$3 rc script name line counted
+	for script in "$ROOT"/tests/vm/*.sh; do
+		[ -f "$script" ] || continue
+		name=$(basename "$script" .sh)
+		log "$k/$c: $name"
+		"$RUN" --kernel "$k" --cpu "$c" --log "$d/$name.log" "${run_args[@]}" "$script" \
+			>"$d/$name.out" 2>"$d/$name.runner"
+		rc=$?
+		sed 's/^/# /' "$d/$name.runner"
+		counted=0
+		while IFS= read -r line; do
+			case $line in
+			"ok "*) counted=$((counted + 1)); ok "$k/$c $name: ${line#ok }" ;;
+			"not ok "*) counted=$((counted + 1)); not_ok "$k/$c $name: ${line#not ok }" ;;
+			esac
+		done < <(tr -d '\r' <"$d/$name.out")
+		if [ $rc -ne 0 ] && { [ $rc -ge 122 ] || [ $rc = 2 ] || ! grep -qs '^not ok' <(tr -d '\r' <"$d/$name.out"); }; then
+			not_ok "$k/$c $name run: $(why $rc)$(runner_error "$d/$name.runner") (log $d/$name.log)"
+		fi
+		[ $counted -gt 0 ] || [ $rc -ne 0 ] || not_ok "$k/$c $name: no TAP results"
+	done
+}
+
+want() { [ -z "$only" ] || [ "$only" = "$1" ]; }
+
+if [ $preflight_ok = 1 ]; then
+	for combo in $matrix; do
+		k=${combo%%:*} c=${combo#*:}
+		[ "$c" != "$combo" ] || c=max
+		if ! kver=$(resolve_kernel "$k"); then
+			not_ok "$k/$c: kernel $k is not installed (scripts/deps.sh)"
+			continue
+		fi
+		d=$results/$k-$c
+		mkdir -p "$d"
+		ts=$SECONDS
+		if want kmod; then kmod_run "$k" "$c" "$d"; fi
+		if want identity; then identity_run "$k" "$c" "$d"; fi
+		if want scripts && [ "$c" = max ]; then scripts_run "$k" "$c" "$d"; fi
+		log "$k/$c ($kver): $((SECONDS - ts)) s"
+	done
+fi
+
+echo "# ---- VM suite: matrix '$matrix', $((SECONDS - t0)) s, results in $results"
+[ $skip -eq 0 ] || echo "# $skip of the passed tests were skipped (ok # SKIP)"
+for f in "${failures[@]}"; do echo "# FAILED: $f"; done
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]
+exit
+}
