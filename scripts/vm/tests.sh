@@ -232,7 +232,7 @@ if [ $preflight_ok = 1 ]; then
 fi
 
 echo "# ---- VM suite: matrix '$matrix', $((SECONDS - t0)) s, results in $results"
-[ $skip -eq 0 ] || echo "# $skip of the passed tests were skipped (ok # SKIP)"
+[ $skip -eq 0 ] || echo "# $skip tests were skipped (ok # SKIP), counted as failed"
 for f in "${failures[@]}"; do echo "# FAILED: $f"; done
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
