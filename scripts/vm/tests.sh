@@ -136,11 +136,11 @@ kmod_run() { # KERNEL CPU DIR
 	[ $counted -gt 0 ] || [ $rc -ne 0 ] || not_ok "$k/$c kmod tests: no TAP results"
 }
 
-identity_run() { # KERNEL CPU DIR
-	local k=$1 c=$2 d=$3 rc hrc kimg uimg
+identity_run() { # KERNEL CPU DIR DTYPE
+	local k=$1 c=$2 d=$3 dtype=$4 rc hrc kimg uimg
 	kimg=$d/kernel.img uimg=$d/user.img
-	log "$k/$c: byte identity, $params params, $presteps step(s) on the host then $steps steps in both${seed:+, seed $seed}"
-	if ! "$TRACE" "$kimg" --format --params "$params" --steps 0 ${seed:+--seed "$seed"} >"$d/format.txt" 2>&1; then
+	log "$k/$c: byte identity, $dtype, $params params, $presteps step(s) on the host then $steps steps in both${seed:+, seed $seed}"
+	if ! "$TRACE" "$kimg" --format --dtype "$dtype" --params "$params" --steps 0 ${seed:+--seed "$seed"} >"$d/format.txt" 2>&1; then
 		not_ok "$k/$c byte identity: ckpt-trace --format on the host failed: $(tail -1 "$d/format.txt")"
 		return
 	fi
@@ -225,7 +225,15 @@ if [ $preflight_ok = 1 ]; then
 		mkdir -p "$d"
 		ts=$SECONDS
 		if want kmod; then kmod_run "$k" "$c" "$d"; fi
-		if want identity; then identity_run "$k" "$c" "$d"; fi
+		# bf16 and fp16 (a loss scale, overflow steps) alternate along the
+		# matrix and start over swapped at each new kernel, so with the
+		# default matrix each dtype meets both kernels and both variants.
+		[ "$k" = "${last_k:-}" ] || { n_kernel=$((${n_kernel:-0} + 1)); n_combo=0; }
+		last_k=$k
+		n_combo=$((n_combo + 1))
+		if want identity; then
+			identity_run "$k" "$c" "$d" "$( (((n_combo + n_kernel) % 2)) && echo fp16 || echo bf16)"
+		fi
 		if want scripts && [ "$c" = max ]; then scripts_run "$k" "$c" "$d"; fi
 		log "$k/$c ($kver): $((SECONDS - ts)) s"
 	done
