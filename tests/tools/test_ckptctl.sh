@@ -11,42 +11,8 @@ ctl=$bin/ckptctl
 py=/usr/bin/python3
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-n=0
-failed=0
-
-ok() {	# ok DESCRIPTION COMMAND...: passes when COMMAND succeeds
-	n=$((n + 1))
-	desc=$1
-	shift
-	if "$@" >"$tmp/out" 2>&1; then
-		echo "ok $n - $desc"
-	else
-		echo "not ok $n - $desc"
-		sed 's/^/# /' "$tmp/out"
-		failed=$((failed + 1))
-	fi
-}
-
-fails_with() {	# fails_with DESCRIPTION STATUS PATTERN COMMAND...: must exit STATUS, saying PATTERN
-	n=$((n + 1))
-	desc=$1
-	want=$2
-	pattern=$3
-	shift 3
-	"$@" >"$tmp/out" 2>&1
-	rc=$?
-	if [ "$rc" -ne "$want" ]; then
-		echo "not ok $n - $desc (exit status $rc, expected $want)"
-		sed 's/^/# /' "$tmp/out"
-		failed=$((failed + 1))
-	elif grep -q -- "$pattern" "$tmp/out"; then
-		echo "ok $n - $desc"
-	else
-		echo "not ok $n - $desc (message lacks '$pattern')"
-		sed 's/^/# /' "$tmp/out"
-		failed=$((failed + 1))
-	fi
-}
+TAP_OUT=$tmp/out
+. "$(dirname "$0")/../tap.sh"
 
 cd "$tmp" || exit 1
 

@@ -6,38 +6,8 @@ set -u
 bin=${1:?usage: test_tools.sh BUILD_DIR}/tools
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-n=0
-failed=0
-
-ok() {	# ok DESCRIPTION COMMAND...: passes when COMMAND succeeds
-	n=$((n + 1))
-	desc=$1
-	shift
-	if "$@" >"$tmp/out" 2>&1; then
-		echo "ok $n - $desc"
-	else
-		echo "not ok $n - $desc"
-		sed 's/^/# /' "$tmp/out"
-		failed=$((failed + 1))
-	fi
-}
-
-fails_with() {	# fails_with DESCRIPTION PATTERN COMMAND...: must exit non-zero, saying PATTERN
-	n=$((n + 1))
-	desc=$1
-	pattern=$2
-	shift 2
-	if "$@" >"$tmp/out" 2>&1; then
-		echo "not ok $n - $desc (succeeded)"
-		failed=$((failed + 1))
-	elif grep -q -- "$pattern" "$tmp/out"; then
-		echo "ok $n - $desc"
-	else
-		echo "not ok $n - $desc (message lacks '$pattern')"
-		sed 's/^/# /' "$tmp/out"
-		failed=$((failed + 1))
-	fi
-}
+TAP_OUT=$tmp/out
+. "$(dirname "$0")/../tap.sh"
 
 cat >"$tmp/m.json" <<'JSON'
 {"dtype": "fp16", "chunk_params": 4096,
@@ -53,21 +23,21 @@ ok "info --table is a dm table line" sh -c \
 	"'$bin/ckptctl' info --table '$tmp/a.img' | grep -qE '^0 [0-9]+ ckpt $tmp/a.img\$'"
 ok "--chunk-params overrides the manifest" sh -c \
 	"'$bin/ckptctl' format '$tmp/b.img' -m '$tmp/m.json' --chunk-params 8192 --dtype bf16 | grep -q 'chunks of 8192, 2 groups, bf16'"
-fails_with "info on a missing file" "cannot open" "$bin/ckptctl" info "$tmp/missing.img"
+fails_with "info on a missing file" any "cannot open" "$bin/ckptctl" info "$tmp/missing.img"
 head -c 65536 /dev/urandom >"$tmp/random.img"
-fails_with "info on random bytes" "not a usable dm-ckpt image" "$bin/ckptctl" info "$tmp/random.img"
+fails_with "info on random bytes" any "not a usable dm-ckpt image" "$bin/ckptctl" info "$tmp/random.img"
 head -c 8192 "$tmp/a.img" >"$tmp/trunc.img"
-fails_with "info on a truncated image" "smaller than" "$bin/ckptctl" info "$tmp/trunc.img"
+fails_with "info on a truncated image" any "smaller than" "$bin/ckptctl" info "$tmp/trunc.img"
 echo '{"tensors": [' >"$tmp/bad.json"
-fails_with "format with a broken manifest" "not a JSON object" "$bin/ckptctl" format "$tmp/c.img" -m "$tmp/bad.json"
+fails_with "format with a broken manifest" any "not a JSON object" "$bin/ckptctl" format "$tmp/c.img" -m "$tmp/bad.json"
 echo '{"tensors": [{"name": "x", "shape": [4, 0]}]}' >"$tmp/bad.json"
-fails_with "format with an empty dimension" "empty dimension" "$bin/ckptctl" format "$tmp/c.img" -m "$tmp/bad.json"
+fails_with "format with an empty dimension" any "empty dimension" "$bin/ckptctl" format "$tmp/c.img" -m "$tmp/bad.json"
 echo '{"tensors": [{"name": "x", "shape": [4]}, {"name": "x", "shape": [4]}]}' >"$tmp/bad.json"
-fails_with "format with a duplicate name" "added twice" "$bin/ckptctl" format "$tmp/c.img" -m "$tmp/bad.json"
+fails_with "format with a duplicate name" any "added twice" "$bin/ckptctl" format "$tmp/c.img" -m "$tmp/bad.json"
 echo '{"tensors": [{"name": "x", "shape": [4], "group": 64}]}' >"$tmp/bad.json"
-fails_with "format with a group out of range" "group 64 out of range" "$bin/ckptctl" format "$tmp/c.img" -m "$tmp/bad.json"
-fails_with "format with a bad chunk size" "power of two" "$bin/ckptctl" format "$tmp/c.img" -m "$tmp/m.json" --chunk-params 3000
-fails_with "format into a file too small" "too small" "$bin/ckptctl" format "$tmp/c.img" -m "$tmp/m.json" --size 8192
+fails_with "format with a group out of range" any "group 64 out of range" "$bin/ckptctl" format "$tmp/c.img" -m "$tmp/bad.json"
+fails_with "format with a bad chunk size" any "power of two" "$bin/ckptctl" format "$tmp/c.img" -m "$tmp/m.json" --chunk-params 3000
+fails_with "format into a file too small" any "too small" "$bin/ckptctl" format "$tmp/c.img" -m "$tmp/m.json" --size 8192
 
 # The same trace with different engine concurrency leaves identical images.
 ok "trace: format" "$bin/ckpt-trace" "$tmp/t1.img" --format --params 200000 --chunk-params 4096 --steps 0 --seed 3

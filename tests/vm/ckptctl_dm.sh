@@ -11,47 +11,8 @@
 set -u
 dev=/dev/nvme0n1
 name=ckpt0
-n=0
-failed=0
-out=/tmp/ckptctl_dm.out
-
-ok() {	# ok DESCRIPTION COMMAND...
-	n=$((n + 1))
-	desc=$1
-	shift
-	if "$@" >"$out" 2>&1; then
-		echo "ok $n - $desc"
-	else
-		echo "not ok $n - $desc"
-		sed 's/^/# /' "$out"
-		failed=$((failed + 1))
-	fi
-}
-
-fails_with() {	# fails_with DESCRIPTION PATTERN COMMAND...: non-zero exit, saying PATTERN
-	n=$((n + 1))
-	desc=$1
-	pattern=$2
-	shift 2
-	if "$@" >"$out" 2>&1; then
-		echo "not ok $n - $desc (succeeded)"
-		sed 's/^/# /' "$out"
-		failed=$((failed + 1))
-	elif grep -q -- "$pattern" "$out"; then
-		echo "ok $n - $desc"
-	else
-		echo "not ok $n - $desc (message lacks '$pattern')"
-		sed 's/^/# /' "$out"
-		failed=$((failed + 1))
-	fi
-}
-
-has() {	# has PATTERN COMMAND...: COMMAND succeeds and prints PATTERN
-	pattern=$1
-	shift
-	"$@" >"$out.2" 2>&1 || { cat "$out.2"; return 1; }
-	grep -q -- "$pattern" "$out.2" || { cat "$out.2"; return 1; }
-}
+TAP_OUT=/tmp/ckptctl_dm.out
+. /ckpt/lib/tap.sh
 
 cd /tmp || exit 1
 echo "# kernel $(uname -r); $(ckptctl --help >/dev/null 2>&1 && echo ckptctl found || echo ckptctl MISSING)"
@@ -70,10 +31,10 @@ ckptctl probe $dev | sed 's/^/# /'
 
 # ---- create on a blank device
 dd if=/dev/zero of=$dev bs=4096 count=4 conv=fsync 2>/dev/null
-fails_with "create on a blank device is refused" "no valid dm-ckpt superblock" ckptctl create $name $dev
+fails_with "create on a blank device is refused" any "no valid dm-ckpt superblock" ckptctl create $name $dev
 ok "... and left no device behind" sh -c "! dmsetup info $name >/dev/null 2>&1"
-fails_with "status of a missing device" "no device-mapper device named" ckptctl status $name
-fails_with "remove of a missing device" "no device-mapper device named" ckptctl remove $name
+fails_with "status of a missing device" any "no device-mapper device named" ckptctl status $name
+fails_with "remove of a missing device" any "no device-mapper device named" ckptctl remove $name
 
 # ---- format, a few engine steps, create
 cat >/tmp/m.json <<'JSON'
@@ -93,12 +54,12 @@ ok "status --json has the parsed fields" sh -c \
 	"ckptctl status --json $name | grep -q '\"committed_step\": 2' && ckptctl status --json $name | grep -q '\"state\": \"idle\"'"
 ckptctl status $name | sed 's/^/# /'
 ok "message stats" has "committed_step 2" ckptctl message $name stats
-fails_with "message abort without an open step is refused" "failed" ckptctl message $name abort
-fails_with "format refuses a device the target holds" "in use" ckptctl format $dev -m /tmp/m.json
-fails_with "import refuses a dm device" "device-mapper device" ckptctl import /dev/mapper/$name --from /tmp/none
-fails_with "restore --rollback refuses a held device" "in use" ckptctl restore --rollback $dev
-fails_with "create twice is refused" "exists already" ckptctl create $name $dev
-fails_with "probe a dm device" "not an NVMe namespace" ckptctl probe /dev/mapper/$name
+fails_with "message abort without an open step is refused" any "failed" ckptctl message $name abort
+fails_with "format refuses a device the target holds" any "in use" ckptctl format $dev -m /tmp/m.json
+fails_with "import refuses a dm device" any "device-mapper device" ckptctl import /dev/mapper/$name --from /tmp/none
+fails_with "restore --rollback refuses a held device" any "in use" ckptctl restore --rollback $dev
+fails_with "create twice is refused" any "exists already" ckptctl create $name $dev
+fails_with "probe a dm device" any "not an NVMe namespace" ckptctl probe /dev/mapper/$name
 
 # ---- the kernel target steps the device
 ok "ckpt-trace: 2 steps through the kernel target" has "committed step 4" ckpt-trace /dev/mapper/$name --steps 2 --seed 3
@@ -121,8 +82,8 @@ ok "remove again" ckptctl remove $name
 
 # ---- remove --force guard: a device that is not dm-ckpt
 dmsetup create --noudevsync zero0 --table "0 8 error" && dmsetup mknodes zero0
-fails_with "remove refuses a non-dm-ckpt device" "not a dm-ckpt device" ckptctl remove zero0
-fails_with "status refuses a non-dm-ckpt device" "not a dm-ckpt device" ckptctl status zero0
+fails_with "remove refuses a non-dm-ckpt device" any "not a dm-ckpt device" ckptctl remove zero0
+fails_with "status refuses a non-dm-ckpt device" any "not a dm-ckpt device" ckptctl status zero0
 ok "remove --force removes it" ckptctl remove --force zero0
 
 echo "1..$n"

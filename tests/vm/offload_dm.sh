@@ -26,37 +26,16 @@ set -u
 dev=/dev/nvme0n1
 name=ckpt0
 map=/dev/mapper/$name
-n=0
-failed=0
-out=/tmp/offload_dm.out
+TAP_OUT=/tmp/offload_dm.out
+. /ckpt/lib/tap.sh
 t_start=$(date +%s)
-
-ok() {	# ok DESCRIPTION COMMAND...
-	n=$((n + 1))
-	desc=$1
-	shift
-	if "$@" >"$out" 2>&1; then
-		echo "ok $n - $desc"
-	else
-		echo "not ok $n - $desc"
-		sed 's/^/# /' "$out"
-		failed=$((failed + 1))
-	fi
-}
-
-has() {	# has PATTERN COMMAND...: COMMAND succeeds and prints PATTERN
-	pattern=$1
-	shift
-	"$@" >"$out.2" 2>&1 || { cat "$out.2"; return 1; }
-	grep -q -- "$pattern" "$out.2" || { cat "$out.2"; return 1; }
-}
 
 # py PHASE ARGS...: offload_dm.py in the host's Python; each of its PASS/FAIL
 # lines is a TAP line, then one more for the process's exit status.
 py() {
 	phase=$1
 	t=$(date +%s)
-	hostrun /usr/bin/python3 "$pyfile" "$@" >"$out.py" 2>&1
+	hostrun /usr/bin/python3 "$pyfile" "$@" >"$TAP_OUT.py" 2>&1
 	rc=$?
 	while IFS= read -r line; do
 		case $line in
@@ -65,7 +44,7 @@ py() {
 		"#"*) echo "$line" ;;
 		*) echo "# $line" ;;
 		esac
-	done <"$out.py"
+	done <"$TAP_OUT.py"
 	n=$((n + 1))
 	if [ $rc = 0 ]; then
 		echo "ok $n - offload_dm.py $phase: exit 0 ($(($(date +%s) - t)) s)"
