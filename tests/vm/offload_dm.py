@@ -30,6 +30,7 @@ T_START = time.monotonic()
 import json  # noqa: E402 - after T_START: the imports are timed
 import os  # noqa: E402
 import subprocess  # noqa: E402
+import tempfile  # noqa: E402
 import sys  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -42,7 +43,8 @@ SEED = 1234
 STEPS_BEFORE = 3      # userspace engine on the backing device
 STEPS_TOTAL = 8       # then 5 through the kernel target
 CHUNK = 2048          # the smallest chunk: 3 chunks (groups never share one)
-REF = "/tmp/offload_ref"
+TMP = tempfile.gettempdir()   # the guest's /tmp (hostrun sets TMPDIR)
+REF = os.path.join(TMP, "offload_ref")
 T0 = time.monotonic()
 failures = 0
 
@@ -229,7 +231,7 @@ def prep(dev, dtype):
         check(f"{dtype}: {STEPS_BEFORE} steps committed on {dev} with the userspace engine",
               d.committed_step == STEPS_BEFORE, f"committed step {d.committed_step}")
     same_log(log, ref_log, f"{dtype} engine on {dev}")
-    with open(f"/tmp/offload_{dtype}_engine.json", "w") as f:
+    with open(os.path.join(TMP, f"offload_{dtype}_engine.json"), "w") as f:
         json.dump(log, f)
 
 
