@@ -7,7 +7,7 @@
 # probe /dev/nvme0n1; create refused on a blank device; format; create /
 # status / message / remove; the kernel target stepping a device the
 # userspace engine started; verify, export and restore --rollback around it.
-# TAP output; the exit status is the number of failures (0: all passed).
+# TAP output; the exit status is 0 when all passed, else 1.
 set -u
 dev=/dev/nvme0n1
 name=ckpt0
@@ -88,4 +88,4 @@ ok "remove --force removes it" ckptctl remove --force zero0
 
 echo "1..$n"
 echo "$((n - failed)) passed, $failed failed"
-exit "$failed"
+exit $((failed > 0))	# 0 or 1: 2 and up are the runner's own failures

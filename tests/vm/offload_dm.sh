@@ -21,7 +21,7 @@
 #   5. a new process: the userspace engine on /dev/nvme0n1 is at step 8 with
 #      the reference's fp32 masters and moments, bit for bit; then the fp16
 #      variant of 1-5 in the same process (it calls ckptctl create/remove).
-# TAP output; the exit status is the number of failures (0: all passed).
+# TAP output; the exit status is 0 when all passed, else 1.
 set -u
 dev=/dev/nvme0n1
 name=ckpt0
@@ -60,7 +60,7 @@ finish() {
 	echo "# offload_dm: $(($(date +%s) - t_start)) s in the guest"
 	echo "1..$n"
 	echo "$((n - failed)) passed, $failed failed"
-	exit "$failed"
+	exit $((failed > 0))	# 0 or 1: 2 and up are the runner's own failures
 }
 
 cd /tmp || exit 1
