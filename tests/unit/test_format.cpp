@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "ckpt_format.h"
+#include "core_test_util.hpp"
 
 extern "C" {
 u32 ckpt_crc32c_sw(u32 seed, const void *p, size_t len);
@@ -110,30 +111,6 @@ int decode_sb(const Block &b, uint64_t dev)
 }
 
 uint64_t dev_of(const ckpt_sb &sb) { return sb.layout.dev_bytes; }
-
-uint32_t f32(float f)
-{
-	uint32_t u;
-	std::memcpy(&u, &f, 4);
-	return u;
-}
-
-ckpt_hparams test_hparams(int i)
-{
-	ckpt_hparams h{};
-	h.lr = f32(1e-3f * float(i + 1));
-	h.beta1 = f32(0.9f);
-	h.beta2 = f32(0.999f);
-	h.eps = f32(1e-8f);
-	h.weight_decay = f32(0.01f);
-	h.one_minus_beta1 = f32(0.1f);
-	h.one_minus_beta2 = f32(0.001f);
-	h.step_size = f32(0.01f);
-	h.bc2_sqrt = f32(0.0447f);
-	h.decay = f32(0.99999f);
-	h.flags = (i & 1) ? CKPT_GROUP_ADAM_L2 : 0;
-	return h;
-}
 
 std::unique_ptr<ckpt_cmd> begin_cmd(uint64_t step, uint32_t n_groups)
 {

@@ -11,38 +11,15 @@
 #include <vector>
 
 #include "ckpt_step.h"
+#include "core_test_util.hpp"
 
 namespace {
-
-uint32_t f32(float f)
-{
-	uint32_t u;
-	std::memcpy(&u, &f, 4);
-	return u;
-}
 
 constexpr uint32_t kInf = 0x7f800000u;
 constexpr uint32_t kNegInf = 0xff800000u;
 constexpr uint32_t kNaN = 0x7fc00000u;
 constexpr uint32_t kSNaN = 0x7f800001u;
 constexpr uint32_t kNegNaN = 0xffc00001u;
-
-ckpt_hparams good_hparams()
-{
-	ckpt_hparams h{};
-	h.lr = f32(1e-3f);
-	h.beta1 = f32(0.9f);
-	h.beta2 = f32(0.999f);
-	h.eps = f32(1e-8f);
-	h.weight_decay = f32(0.01f);
-	h.one_minus_beta1 = f32(0.1f);
-	h.one_minus_beta2 = f32(0.001f);
-	h.step_size = f32(0.01f);
-	h.bc2_sqrt = f32(0.0447f);
-	h.decay = f32(0.99999f);
-	h.flags = 0;
-	return h;
-}
 
 // The fp32 fields of ckpt_hparams, for "each field" loops.
 uint32_t ckpt_hparams::*const kFloatFields[] = {
@@ -98,7 +75,7 @@ protected:
 		c->grad_scale = f32(1.0f / 65536);
 		c->n_groups = kGroups;
 		for (uint32_t i = 0; i < kGroups; i++)
-			c->groups[i] = good_hparams();
+			c->groups[i] = test_hparams(0);
 		c->groups[1].lr = f32(2e-3f);
 		c->groups[1].flags = CKPT_GROUP_ADAM_L2;
 		return c;
