@@ -257,14 +257,17 @@ int ckpt_sb_encode(const struct ckpt_sb *sb, void *block)
 		return -CKPT_E_BLOB;
 	if (sb->manifest_len > sb->geo.manifest_bytes)
 		return -CKPT_E_MANIFEST;
+	if ((sb->feature_incompat & ~CKPT_FEATURE_INCOMPAT_SUPP) ||
+	    (sb->feature_ro_compat & ~CKPT_FEATURE_RO_COMPAT_SUPP))
+		return -CKPT_E_FEATURE;
 
 	memset(block, 0, CKPT_BLOCK);
 	d->magic = cpu_to_le32(CKPT_SB_MAGIC);
 	d->version = cpu_to_le32(CKPT_FORMAT_VERSION);
 	d->header_bytes = cpu_to_le32(sizeof(*d));
-	d->feature_compat = cpu_to_le32(CKPT_FEATURE_COMPAT_SUPP);
-	d->feature_incompat = cpu_to_le32(CKPT_FEATURE_INCOMPAT_SUPP);
-	d->feature_ro_compat = cpu_to_le32(CKPT_FEATURE_RO_COMPAT_SUPP);
+	d->feature_compat = cpu_to_le32(sb->feature_compat);
+	d->feature_incompat = cpu_to_le32(sb->feature_incompat);
+	d->feature_ro_compat = cpu_to_le32(sb->feature_ro_compat);
 	memcpy(d->uuid, sb->uuid, sizeof(d->uuid));
 	d->sequence = cpu_to_le64(sb->sequence);
 
@@ -341,6 +344,9 @@ int ckpt_sb_decode(const void *block, u64 dev_bytes, struct ckpt_sb *sb)
 
 	memcpy(sb->uuid, d->uuid, sizeof(sb->uuid));
 	sb->sequence = le64_to_cpu(d->sequence);
+	sb->feature_compat = le32_to_cpu(d->feature_compat);
+	sb->feature_incompat = le32_to_cpu(d->feature_incompat);
+	sb->feature_ro_compat = le32_to_cpu(d->feature_ro_compat);
 	sb->geo = geo;
 	sb->manifest_len = manifest_len;
 	sb->manifest_crc = le32_to_cpu(d->manifest_crc);

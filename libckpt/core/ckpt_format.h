@@ -188,6 +188,10 @@ struct ckpt_sb_disk {
 struct ckpt_sb {
 	u8 uuid[16];
 	u64 sequence;
+	/* the image's feature bits, carried into every superblock written */
+	u32 feature_compat;
+	u32 feature_incompat;
+	u32 feature_ro_compat;
 	struct ckpt_geometry geo;
 	struct ckpt_layout layout;
 	u32 manifest_len;
