@@ -118,7 +118,8 @@ int ckpt_geometry_check(const struct ckpt_geometry *g)
 	return 0;
 }
 
-int ckpt_layout_compute(const struct ckpt_geometry *g, struct ckpt_layout *l)
+int ckpt_layout_compute_features(const struct ckpt_geometry *g, u32 incompat,
+				 struct ckpt_layout *l)
 {
 	u64 plo_slot, rec_slot, off;
 	int ret;
@@ -128,6 +129,8 @@ int ckpt_layout_compute(const struct ckpt_geometry *g, struct ckpt_layout *l)
 	ret = ckpt_geometry_check(g);
 	if (ret)
 		return ret;
+	if (incompat & ~CKPT_FEATURE_INCOMPAT_SUPP)
+		return -CKPT_E_FEATURE;
 
 	memset(l, 0, sizeof(*l));
 	/*
@@ -162,6 +165,13 @@ int ckpt_layout_compute(const struct ckpt_geometry *g, struct ckpt_layout *l)
 	l->rec_off[1] = off;
 	if (!ckpt_add(&off, rec_slot))
 		return -CKPT_E_GEOMETRY;
+	if (incompat & CKPT_FEATURE_INCOMPAT_META2) {
+		/* Last, so that every offset of an image without it stays. */
+		l->meta2_off = off;
+		if (!ckpt_add(&off, l->group_bytes) ||
+		    !ckpt_add(&off, l->manifest_bytes))
+			return -CKPT_E_GEOMETRY;
+	}
 	l->dev_bytes = off;
 
 	l->grad_off = CKPT_BLOCK;
@@ -174,6 +184,11 @@ int ckpt_layout_compute(const struct ckpt_geometry *g, struct ckpt_layout *l)
 		return -CKPT_E_GEOMETRY;
 	l->virt_bytes = off;
 	return 0;
+}
+
+int ckpt_layout_compute(const struct ckpt_geometry *g, struct ckpt_layout *l)
+{
+	return ckpt_layout_compute_features(g, 0, l);
 }
 
 /* ---------------- superblock ---------------- */
@@ -211,10 +226,11 @@ static int ckpt_sb_check_layout(const struct ckpt_sb_disk *d,
 	u64 stored_dev;
 	int ret;
 
-	ret = ckpt_layout_compute(geo, l);
+	ret = ckpt_layout_compute_features(geo, le32_to_cpu(d->feature_incompat), l);
 	if (ret)
 		return ret;
-	if (le64_to_cpu(d->group_off) != l->group_off ||
+	if (le64_to_cpu(d->meta2_off) != l->meta2_off ||
+	    le64_to_cpu(d->group_off) != l->group_off ||
 	    le64_to_cpu(d->manifest_off) != l->manifest_off ||
 	    le64_to_cpu(d->plo_off[0]) != l->plo_off[0] ||
 	    le64_to_cpu(d->plo_off[1]) != l->plo_off[1] ||
@@ -238,10 +254,11 @@ int ckpt_sb_encode(const struct ckpt_sb *sb, void *block)
 	if (!sb || !block)
 		return -CKPT_E_INVAL;
 	/* Refuse to write what ckpt_sb_decode would refuse to read. */
-	ret = ckpt_layout_compute(&sb->geo, &l);
+	ret = ckpt_layout_compute_features(&sb->geo, sb->feature_incompat, &l);
 	if (ret)
 		return ret;
-	if (sb->layout.group_off != l.group_off ||
+	if (sb->layout.meta2_off != l.meta2_off ||
+	    sb->layout.group_off != l.group_off ||
 	    sb->layout.manifest_off != l.manifest_off ||
 	    sb->layout.plo_off[0] != l.plo_off[0] ||
 	    sb->layout.plo_off[1] != l.plo_off[1] ||
@@ -287,6 +304,9 @@ int ckpt_sb_encode(const struct ckpt_sb *sb, void *block)
 	d->rec_off[0] = cpu_to_le64(l.rec_off[0]);
 	d->rec_off[1] = cpu_to_le64(l.rec_off[1]);
 	d->record_bytes = cpu_to_le64(l.record_bytes);
+	d->meta2_off = cpu_to_le64(l.meta2_off);
+	if (sb->feature_incompat & CKPT_FEATURE_INCOMPAT_META2)
+		d->group_crc = cpu_to_le32(sb->group_crc);
 
 	d->committed_step = cpu_to_le64(sb->committed_step);
 	d->committed_slot = cpu_to_le32(sb->committed_slot);
@@ -350,6 +370,9 @@ int ckpt_sb_decode(const void *block, u64 dev_bytes, struct ckpt_sb *sb)
 	sb->geo = geo;
 	sb->manifest_len = manifest_len;
 	sb->manifest_crc = le32_to_cpu(d->manifest_crc);
+	sb->group_crc = 0;
+	if (sb->feature_incompat & CKPT_FEATURE_INCOMPAT_META2)
+		sb->group_crc = le32_to_cpu(d->group_crc);
 	sb->committed_step = le64_to_cpu(d->committed_step);
 	sb->committed_slot = slot;
 	sb->blob_len = blob_len;
@@ -393,6 +416,48 @@ int ckpt_sb_pick(const void *block0, const void *block1, u64 dev_bytes,
 	}
 	/* Neither is valid: a copy with the right magic says more about why. */
 	return r0 == -CKPT_E_MAGIC ? r1 : r0;
+}
+
+static bool ckpt_all_zero(const u8 *p, u32 n)
+{
+	u32 i;
+
+	for (i = 0; i < n; i++)
+		if (p[i])
+			return false;
+	return true;
+}
+
+int ckpt_sb_check_other(const void *block, u32 index, u64 dev_bytes,
+			const struct ckpt_sb *cur, struct ckpt_sb *scratch)
+{
+	int ret;
+
+	if (!block || !cur || !scratch || index > 1)
+		return -CKPT_E_INVAL;
+	if (ckpt_all_zero(block, CKPT_BLOCK))
+		return 0;
+	ret = ckpt_sb_decode(block, dev_bytes, scratch);
+	if (ret)
+		return ret;
+	if ((scratch->sequence & 1) != index || scratch->sequence >= cur->sequence)
+		return -CKPT_E_NO_SB;
+	return 0;
+}
+
+int ckpt_group_table_check(const struct ckpt_sb *sb, const u8 *table)
+{
+	u32 i;
+
+	if (!sb || !table)
+		return -CKPT_E_INVAL;
+	if ((sb->feature_incompat & CKPT_FEATURE_INCOMPAT_META2) &&
+	    ckpt_crc32c(table, sb->geo.n_chunks) != sb->group_crc)
+		return -CKPT_E_CRC;
+	for (i = 0; i < sb->geo.n_chunks; i++)
+		if (table[i] >= sb->geo.n_groups)
+			return -CKPT_E_LAYOUT;
+	return 0;
 }
 
 /* ---------------- state record header ---------------- */

@@ -13,6 +13,9 @@
  *   ...      p_lo slot 1
  *   ...      record slot 0: n_chunks records of record_bytes each
  *   ...      record slot 1
+ *   ...      with CKPT_FEATURE_INCOMPAT_META2: a second copy of the group table
+ *            and the manifest (same sizes, same content), after everything
+ *            else so that no offset of a v1 image moves
  *
  * A record is a 4 KiB header block followed by fp32 p[cp], m[cp], v[cp].
  * A step reads the committed slot and writes the other one; the committed slot
@@ -61,9 +64,22 @@ enum ckpt_optimizer {
 	CKPT_OPT_ADAM = 1,	/* state: fp32 p, exp_avg, exp_avg_sq */
 };
 
-/* No feature bits are defined in v1; unknown incompat/ro_compat bits refuse. */
+/*
+ * Feature bits of the superblock; unknown incompat/ro_compat bits refuse.
+ *
+ * META2: the layout ends with a second copy of the group table and the
+ * manifest (meta2_off), and the superblock carries a crc32c of the group
+ * table (group_crc). A reader takes the first copy whose checksum matches.
+ * Set by format for new images; images without it open as before (one
+ * copy, no group table checksum).
+ */
+#define CKPT_FEATURE_INCOMPAT_META2	(1u << 1)
+
+/* What format sets on new images. */
+#define CKPT_FEATURE_INCOMPAT_DEFAULT	CKPT_FEATURE_INCOMPAT_META2
+
 #define CKPT_FEATURE_COMPAT_SUPP	0u
-#define CKPT_FEATURE_INCOMPAT_SUPP	0u
+#define CKPT_FEATURE_INCOMPAT_SUPP	CKPT_FEATURE_INCOMPAT_META2
 #define CKPT_FEATURE_RO_COMPAT_SUPP	0u
 
 /* Errors of the core, returned negated. Every one has a message, ckpt_strerror(). */
@@ -125,6 +141,7 @@ struct ckpt_layout {
 	u64 manifest_off, manifest_bytes;
 	u64 plo_off[2];
 	u64 rec_off[2];
+	u64 meta2_off;		/* second group table + manifest; 0: none */
 	u64 dev_bytes;		/* minimum backing device size */
 	/* virtual device */
 	u64 grad_off;		/* = CKPT_BLOCK */
@@ -134,7 +151,27 @@ struct ckpt_layout {
 };
 
 int ckpt_geometry_check(const struct ckpt_geometry *g);
+/* The layout of geometry g for an image with incompat feature bits incompat. */
+int ckpt_layout_compute_features(const struct ckpt_geometry *g, u32 incompat,
+				 struct ckpt_layout *l);
+/* The layout of an image without feature bits (format v1 as first released). */
 int ckpt_layout_compute(const struct ckpt_geometry *g, struct ckpt_layout *l);
+
+/* Copies of the group table and manifest: 1, or 2 with META2. */
+static inline u32 ckpt_meta_copies(const struct ckpt_layout *l)
+{
+	return l->meta2_off ? 2 : 1;
+}
+
+static inline u64 ckpt_group_offset(const struct ckpt_layout *l, u32 copy)
+{
+	return copy ? l->meta2_off : l->group_off;
+}
+
+static inline u64 ckpt_manifest_offset(const struct ckpt_layout *l, u32 copy)
+{
+	return copy ? l->meta2_off + l->group_bytes : l->manifest_off;
+}
 
 static inline u64 ckpt_plo_offset(const struct ckpt_layout *l, u32 slot, u64 chunk)
 {
@@ -180,7 +217,11 @@ struct ckpt_sb_disk {
 	__le64 committed_step;
 	__le32 committed_slot;
 	__le32 blob_len;
-	__le64 reserved1[4];
+	/* META2 (zero without it) */
+	__le64 meta2_off;	/* second group table + manifest */
+	__le32 group_crc;	/* crc32c of the n_chunks bytes of the group table */
+	__le32 reserved2;
+	__le64 reserved1[2];
 	u8 blob[CKPT_BLOB_MAX];
 } __packed;
 
@@ -196,6 +237,7 @@ struct ckpt_sb {
 	struct ckpt_layout layout;
 	u32 manifest_len;
 	u32 manifest_crc;
+	u32 group_crc;		/* with META2 */
 	u64 committed_step;
 	u32 committed_slot;
 	u32 blob_len;
@@ -217,6 +259,23 @@ int ckpt_sb_decode(const void *block, u64 dev_bytes, struct ckpt_sb *sb);
  */
 int ckpt_sb_pick(const void *block0, const void *block1, u64 dev_bytes,
 		 struct ckpt_sb *out);
+/*
+ * Why the superblock copy the reader did not pick (index 0 or 1, as read from
+ * index * CKPT_BLOCK) cannot be used, given the picked one cur: 0 when it is
+ * blank (never written) or a valid older commit; else the negative error of
+ * its decode (-CKPT_E_NO_SB for a copy at the wrong offset for its
+ * sequence). A damaged copy may mean a newer commit was lost, or a commit
+ * torn by a crash; the next commit writes over it. scratch is overwritten.
+ */
+int ckpt_sb_check_other(const void *block, u32 index, u64 dev_bytes,
+			const struct ckpt_sb *cur, struct ckpt_sb *scratch);
+
+/*
+ * Check one copy of the group table (n_chunks bytes) against sb: its crc32c
+ * with META2 (-CKPT_E_CRC), and every group below n_groups (-CKPT_E_LAYOUT).
+ */
+int ckpt_group_table_check(const struct ckpt_sb *sb, const u8 *table);
+
 /* Where the next superblock write goes: never over the current copy. */
 static inline u64 ckpt_sb_next_offset(const struct ckpt_sb *cur)
 {

@@ -31,7 +31,8 @@ void format(const std::string &path, const Layout &layout, const FormatOptions &
 		fail(CKPT_E_DTYPE, "unknown dtype {}", opts.dtype);
 	const Layout::Placed placed = layout.place(static_cast<uint32_t>(__builtin_ctz(cp)), opts.dtype);
 	struct ckpt_layout l;
-	check_core(ckpt_layout_compute(&placed.geo, &l), "layout");
+	const uint32_t incompat = CKPT_FEATURE_INCOMPAT_DEFAULT;
+	check_core(ckpt_layout_compute_features(&placed.geo, incompat, &l), "layout");
 	const std::string manifest = Manifest::encode(placed.tensors, opts.dtype, cp);
 
 	int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
@@ -59,6 +60,8 @@ void format(const std::string &path, const Layout &layout, const FormatOptions &
 	std::memcpy(meta.as(), placed.group_table.data(), placed.group_table.size());
 	std::memcpy(meta.as() + (l.manifest_off - l.group_off), manifest.data(), manifest.size());
 	f.pwrite_all(meta.as(), meta.size(), l.group_off);
+	if (ckpt_meta_copies(&l) > 1)	// the second copy: same bytes, at the end
+		f.pwrite_all(meta.as(), meta.size(), ckpt_group_offset(&l, 1));
 
 	// Step 0: all state zero in slot 0. p_lo in large pieces, then each record.
 	Buffer chunk(std::max<uint64_t>(l.record_bytes, 8u << 20));
@@ -91,6 +94,8 @@ void format(const std::string &path, const Layout &layout, const FormatOptions &
 	sb.layout = l;
 	sb.manifest_len = static_cast<uint32_t>(manifest.size());
 	sb.manifest_crc = ckpt_crc32c(manifest.data(), manifest.size());
+	sb.feature_incompat = incompat;
+	sb.group_crc = ckpt_crc32c(placed.group_table.data(), placed.group_table.size());
 	sb.committed_step = 0;
 	sb.committed_slot = 0;
 	check_core(ckpt_sb_encode(&sb, zero.as()), "encode superblock");

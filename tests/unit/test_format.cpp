@@ -484,7 +484,10 @@ TEST(Superblock, HeaderCorruptions)
 		Block b = good;
 		put32(b, offsetof(ckpt_sb_disk, feature_incompat), 1u << bit);
 		recrc_block(b);
-		EXPECT_EQ(decode_sb(b, dev), -CKPT_E_FEATURE) << "incompat " << bit;
+		// A known bit changes the layout the stored offsets must match.
+		EXPECT_EQ(decode_sb(b, dev),
+			  (CKPT_FEATURE_INCOMPAT_SUPP & (1u << bit)) ? -CKPT_E_LAYOUT : -CKPT_E_FEATURE)
+			<< "incompat " << bit;
 		b = good;
 		put32(b, offsetof(ckpt_sb_disk, feature_ro_compat), 1u << bit);
 		recrc_block(b);
@@ -805,6 +808,142 @@ TEST(SuperblockPick, FailsWhenBothBad)
 	f.dev -= 4096;
 	EXPECT_EQ(f.pick(s4, s5), -CKPT_E_TOO_SMALL);
 	EXPECT_EQ(ckpt_sb_pick(nullptr, s5.data(), f.dev, f.out.get()), -CKPT_E_INVAL);
+}
+
+// The copy not picked: blank and older commits are fine, anything else is
+// damage the reader must report (a newer commit may have been lost).
+TEST(SuperblockPick, OtherCopyDamage)
+{
+	PickFixture f;
+	Block s4 = sb_with_seq(4, 40, &f.dev), s5 = sb_with_seq(5, 50);
+	Block zero = new_block();
+	Block crc1 = s5;
+	crc1[1000] ^= 0xff;
+	auto scratch = std::make_unique<ckpt_sb>();
+	auto other = [&](const Block &b, uint32_t index) {
+		return ckpt_sb_check_other(b.data(), index, f.dev, f.out.get(), scratch.get());
+	};
+
+	ASSERT_EQ(f.pick(s4, s5), 1);
+	EXPECT_EQ(other(s4, 0), 0);		// the previous commit
+	ASSERT_EQ(f.pick(zero, s5), 1);
+	EXPECT_EQ(other(zero, 0), 0);		// never written (a fresh format)
+	ASSERT_EQ(f.pick(s4, crc1), 0);		// the newest copy is corrupt: fall back ...
+	EXPECT_EQ(other(crc1, 1), -CKPT_E_CRC);	// ... and say why
+	Block torn = s5;			// a torn write: the tail is the old copy's
+	std::memcpy(torn.data() + 2048, sb_with_seq(3, 30).data() + 2048, 2048);
+	ASSERT_EQ(f.pick(s4, torn), 0);
+	EXPECT_EQ(other(torn, 1), -CKPT_E_CRC);
+	Block s6 = sb_with_seq(6, 60);		// valid, but at copy 1's offset
+	ASSERT_EQ(f.pick(s4, s6), 0);
+	EXPECT_EQ(other(s6, 1), -CKPT_E_NO_SB);
+	EXPECT_EQ(ckpt_sb_check_other(s4.data(), 2, f.dev, f.out.get(), scratch.get()), -CKPT_E_INVAL);
+}
+
+// ---------------------------------------------------------------- metadata copies
+
+TEST(Meta2, LayoutAppendsTheSecondCopyAndMovesNothing)
+{
+	ckpt_geometry g = test_geo();
+	ckpt_layout v1, l;
+	ASSERT_EQ(ckpt_layout_compute(&g, &v1), 0);
+	ASSERT_EQ(ckpt_layout_compute_features(&g, 0, &l), 0);
+	EXPECT_EQ(std::memcmp(&v1, &l, sizeof(l)), 0);
+	EXPECT_EQ(v1.meta2_off, 0u);
+	EXPECT_EQ(ckpt_meta_copies(&v1), 1u);
+
+	ASSERT_EQ(ckpt_layout_compute_features(&g, CKPT_FEATURE_INCOMPAT_META2, &l), 0);
+	EXPECT_EQ(ckpt_meta_copies(&l), 2u);
+	EXPECT_EQ(l.meta2_off, v1.dev_bytes);
+	EXPECT_EQ(l.dev_bytes, v1.dev_bytes + v1.group_bytes + v1.manifest_bytes);
+	EXPECT_EQ(ckpt_group_offset(&l, 0), l.group_off);
+	EXPECT_EQ(ckpt_manifest_offset(&l, 0), l.manifest_off);
+	EXPECT_EQ(ckpt_group_offset(&l, 1), l.meta2_off);
+	EXPECT_EQ(ckpt_manifest_offset(&l, 1), l.meta2_off + l.group_bytes);
+	// every other offset and the virtual device stay
+	ckpt_layout a = l;
+	a.meta2_off = 0;
+	a.dev_bytes = v1.dev_bytes;
+	EXPECT_EQ(std::memcmp(&a, &v1, sizeof(a)), 0);
+
+	EXPECT_EQ(ckpt_layout_compute_features(&g, 1u << 31, &l), -CKPT_E_FEATURE);
+	// the largest geometry still fits in 64 bits with the copy
+	g.n_chunks = CKPT_MAX_CHUNKS;
+	g.chunk_shift = CKPT_MAX_CHUNK_SHIFT;
+	g.manifest_bytes = CKPT_MANIFEST_MAX;
+	ASSERT_EQ(ckpt_layout_compute_features(&g, CKPT_FEATURE_INCOMPAT_META2, &l), 0);
+	EXPECT_EQ(l.dev_bytes - l.meta2_off, l.group_bytes + l.manifest_bytes);
+	EXPECT_EQ(l.meta2_off % 4096, 0u);
+}
+
+std::unique_ptr<ckpt_sb> meta2_sb(const std::vector<uint8_t> &groups)
+{
+	auto sb = test_sb();
+	sb->feature_incompat = CKPT_FEATURE_INCOMPAT_META2;
+	EXPECT_EQ(ckpt_layout_compute_features(&sb->geo, sb->feature_incompat, &sb->layout), 0);
+	sb->group_crc = ckpt_crc32c(groups.data(), sb->geo.n_chunks);
+	return sb;
+}
+
+TEST(Meta2, SuperblockCarriesTheGroupCrcAndTheLayout)
+{
+	const std::vector<uint8_t> groups = {0, 0, 0, 1, 1, 1, 1, 0, 0, 1};
+	auto sb = meta2_sb(groups);
+	Block b = encode_sb(*sb);
+	EXPECT_EQ(get32(b, offsetof(ckpt_sb_disk, feature_incompat)), CKPT_FEATURE_INCOMPAT_META2);
+	EXPECT_EQ(get64(b, offsetof(ckpt_sb_disk, meta2_off)), sb->layout.meta2_off);
+	EXPECT_EQ(get32(b, offsetof(ckpt_sb_disk, group_crc)), sb->group_crc);
+	auto out = std::make_unique<ckpt_sb>();
+	ASSERT_EQ(ckpt_sb_decode(b.data(), dev_of(*sb), out.get()), 0);
+	EXPECT_EQ(out->group_crc, sb->group_crc);
+	EXPECT_EQ(out->layout.meta2_off, sb->layout.meta2_off);
+	EXPECT_EQ(encode_sb(*out), b);
+	// the second copy is part of the layout: a device without it is too small
+	EXPECT_EQ(ckpt_sb_decode(b.data(), dev_of(*sb) - 1, out.get()), -CKPT_E_TOO_SMALL);
+	// a stored meta2_off that is not the derived one
+	Block bad = b;
+	put64(bad, offsetof(ckpt_sb_disk, meta2_off), sb->layout.meta2_off + 4096);
+	recrc_block(bad);
+	EXPECT_EQ(decode_sb(bad, dev_of(*sb) + 4096), -CKPT_E_LAYOUT);
+	// without the feature, meta2_off must be 0 and group_crc is not read
+	auto v1 = test_sb();
+	Block b1 = encode_sb(*v1);
+	EXPECT_EQ(get64(b1, offsetof(ckpt_sb_disk, meta2_off)), 0u);
+	put64(b1, offsetof(ckpt_sb_disk, meta2_off), sb->layout.meta2_off);
+	recrc_block(b1);
+	EXPECT_EQ(decode_sb(b1, dev_of(*sb)), -CKPT_E_LAYOUT);
+	// encode refuses a layout that is not the feature's
+	auto mixed = meta2_sb(groups);
+	mixed->layout = v1->layout;
+	Block tmp(CKPT_BLOCK);
+	EXPECT_EQ(ckpt_sb_encode(mixed.get(), tmp.data()), -CKPT_E_LAYOUT);
+}
+
+TEST(Meta2, GroupTableCheck)
+{
+	std::vector<uint8_t> groups = {0, 0, 0, 1, 1, 1, 1, 0, 0, 1};
+	groups.resize(4096, 0);
+	auto sb = meta2_sb(groups);
+	EXPECT_EQ(ckpt_group_table_check(sb.get(), groups.data()), 0);
+	// one flipped byte, still a valid group: only the checksum sees it
+	std::vector<uint8_t> flip = groups;
+	flip[4] ^= 1;
+	EXPECT_EQ(ckpt_group_table_check(sb.get(), flip.data()), -CKPT_E_CRC);
+	// padding after the last chunk is not covered
+	std::vector<uint8_t> pad = groups;
+	pad[100] = 0xff;
+	EXPECT_EQ(ckpt_group_table_check(sb.get(), pad.data()), 0);
+	// a group out of range with a matching crc (a format bug) still refuses
+	std::vector<uint8_t> range = groups;
+	range[2] = 7;
+	sb->group_crc = ckpt_crc32c(range.data(), sb->geo.n_chunks);
+	EXPECT_EQ(ckpt_group_table_check(sb.get(), range.data()), -CKPT_E_LAYOUT);
+	// without META2 there is no checksum: the range check is all there is
+	auto v1 = test_sb();
+	EXPECT_EQ(ckpt_group_table_check(v1.get(), flip.data()), 0);
+	EXPECT_EQ(ckpt_group_table_check(v1.get(), range.data()), -CKPT_E_LAYOUT);
+	EXPECT_EQ(ckpt_group_table_check(nullptr, groups.data()), -CKPT_E_INVAL);
+	EXPECT_EQ(ckpt_group_table_check(v1.get(), nullptr), -CKPT_E_INVAL);
 }
 
 // ---------------------------------------------------------------- state record

@@ -49,7 +49,7 @@ bool layout_of(uint32_t n_chunks, uint32_t shift, struct ckpt_layout *l)
 	g.dtype = CKPT_DTYPE_BF16;
 	g.optimizer = CKPT_OPT_ADAM;
 	g.manifest_bytes = manifest_estimate;
-	return ckpt_layout_compute(&g, l) == 0;
+	return ckpt_layout_compute_features(&g, CKPT_FEATURE_INCOMPAT_DEFAULT, l) == 0;
 }
 
 } // namespace
