@@ -2,10 +2,43 @@
 #include "image.hpp"
 
 #include <cstring>
+#include <optional>
 
 #include "error.hpp"
 
 namespace ckpt {
+
+namespace {
+
+// The bytes a truncated image lacks, when a copy decodes but for its size.
+std::string missing_bytes(const BackingFile &f, const uint8_t *blocks)
+{
+	struct ckpt_sb sb;
+	for (unsigned i = 0; i < 2; i++)
+		if (ckpt_sb_decode(blocks + i * CKPT_BLOCK, UINT64_MAX, &sb) == 0 &&
+		    sb.layout.dev_bytes > f.size)
+			return fmt::format("{} is smaller than the layout: {} bytes, its dm-ckpt layout needs {}: "
+					   "the last {} bytes are missing (truncated?)",
+					   f.path, f.size, sb.layout.dev_bytes, sb.layout.dev_bytes - f.size);
+	return {};
+}
+
+// Why one copy of the group table is not usable, or "".
+std::string group_error(const struct ckpt_sb &sb, const uint8_t *table)
+{
+	int ret = ckpt_group_table_check(&sb, table);
+	if (ret == -CKPT_E_CRC)
+		return fmt::format("checksum mismatch (crc32c {:#010x}, the superblock says {:#010x})",
+				   ckpt_crc32c(table, sb.geo.n_chunks), sb.group_crc);
+	if (ret < 0)
+		for (uint32_t c = 0; c < sb.geo.n_chunks; c++)
+			if (table[c] >= sb.geo.n_groups)
+				return fmt::format("chunk {} has group {}, the device has {} groups", c, table[c],
+						   sb.geo.n_groups);
+	return ret < 0 ? ckpt_strerror(-ret) : "";
+}
+
+} // namespace
 
 void Image::reload_superblock()
 {
@@ -15,9 +48,22 @@ void Image::reload_superblock()
 	Buffer block(2 * CKPT_BLOCK);
 	file.pread_all(block.as(), 2 * CKPT_BLOCK, 0);
 	int ret = ckpt_sb_pick(block.as(), block.as() + CKPT_BLOCK, file.size, &sb);
+	if (ret < 0) {
+		if (std::string why = missing_bytes(file, block.as()); !why.empty())
+			fail(CKPT_E_TOO_SMALL, "{}", why);
+		fail(-ret, "{} is not a usable dm-ckpt image: superblock: {}", file.path, ckpt_strerror(-ret));
+	}
+	sb_copy = static_cast<uint32_t>(ret);
+	sb_warning.clear();
+	const uint32_t other = sb_copy ^ 1;
+	struct ckpt_sb scratch;
+	ret = ckpt_sb_check_other(block.as() + other * CKPT_BLOCK, other, file.size, &sb, &scratch);
 	if (ret < 0)
-		fail(-ret, "{} is not a usable dm-ckpt image: superblock: {}", file.path,
-		     ckpt_strerror(-ret));
+		sb_warning = fmt::format("superblock copy {} (byte {}) is damaged ({}): using copy {} (sequence {}, "
+					 "committed step {}); a newer commit may have been lost (or one was torn by "
+					 "a crash)",
+					 other, other * CKPT_BLOCK, ckpt_strerror(-ret), sb_copy, sb.sequence,
+					 sb.committed_step);
 }
 
 Image Image::open(const std::string &path, bool writable)
@@ -28,19 +74,96 @@ Image Image::open(const std::string &path, bool writable)
 
 	const struct ckpt_sb &sb = img.sb;
 	const struct ckpt_layout &l = sb.layout;
-	Buffer meta(l.group_bytes + l.manifest_bytes);
-	img.file.pread_all(meta.as(), meta.size(), l.group_off);
-	img.group_table.assign(meta.as(), meta.as() + sb.geo.n_chunks);
-	for (uint32_t c = 0; c < sb.geo.n_chunks; c++)
-		if (img.group_table[c] >= sb.geo.n_groups)
-			fail(CKPT_E_LAYOUT, "{}: chunk {} has group {}, the device has {} groups", path, c,
-			     img.group_table[c], sb.geo.n_groups);
-	const uint8_t *text = meta.as() + (l.manifest_off - l.group_off);
-	if (ckpt_crc32c(text, sb.manifest_len) != sb.manifest_crc)
-		fail(CKPT_E_MANIFEST, "{}: tensor manifest checksum mismatch", path);
+	const uint32_t copies = ckpt_meta_copies(&l);
+	// group table and manifest are contiguous in both copies
+	std::vector<Buffer> bufs;
+	for (uint32_t k = 0; k < copies; k++) {
+		Buffer &meta = bufs.emplace_back(l.group_bytes + l.manifest_bytes);
+		img.file.pread_all(meta.as(), meta.size(), ckpt_group_offset(&l, k));
+		const uint8_t *text = meta.as() + l.group_bytes;
+		MetaCopy &c = img.meta.emplace_back();
+		c.group_error = group_error(sb, meta.as());
+		if (ckpt_crc32c(text, sb.manifest_len) != sb.manifest_crc)
+			c.manifest_error = "checksum mismatch";
+	}
+	auto first_good = [&](auto bad) -> std::optional<uint32_t> {
+		for (uint32_t k = 0; k < copies; k++)
+			if (bad(img.meta[k]).empty())
+				return k;
+		return std::nullopt;
+	};
+	auto all_bad = [&](const char *what, auto bad) {
+		std::string why;
+		for (uint32_t k = 0; k < copies; k++)
+			why += fmt::format("{}{}{}", k ? "; " : "",
+					   copies > 1 ? fmt::format("copy {} at byte {}: ", k,
+								    k ? ckpt_group_offset(&l, k) : l.group_off)
+						      : "",
+					   bad(img.meta[k]));
+		return fmt::format("{}: {}: {}", path, what, why);
+	};
+	const auto g = first_good([](const MetaCopy &c) { return c.group_error; });
+	if (!g)
+		fail(CKPT_E_LAYOUT, "{}", all_bad("group table", [](const MetaCopy &c) { return c.group_error; }));
+	const auto m = first_good([](const MetaCopy &c) { return c.manifest_error; });
+	if (!m)
+		fail(CKPT_E_MANIFEST, "{}", all_bad("tensor manifest", [](const MetaCopy &c) {
+			return c.manifest_error;
+		}));
+	img.group_copy = *g;
+	img.manifest_copy = *m;
+	img.group_table.assign(bufs[*g].as(), bufs[*g].as() + sb.geo.n_chunks);
+	const uint8_t *text = bufs[*m].as() + l.group_bytes;
 	img.manifest = Manifest::decode({reinterpret_cast<const char *>(text), sb.manifest_len}, l,
 					sb.geo, img.group_table);
 	return img;
+}
+
+std::vector<std::string> Image::warnings() const
+{
+	std::vector<std::string> out;
+	if (!sb_warning.empty())
+		out.push_back(sb_warning);
+	const struct ckpt_layout &l = sb.layout;
+	for (uint32_t k = 0; k < meta.size(); k++) {
+		if (!meta[k].group_error.empty())
+			out.push_back(fmt::format("group table copy {} (byte {}) is damaged ({}): using copy {}", k,
+						  ckpt_group_offset(&l, k), meta[k].group_error, group_copy));
+		if (!meta[k].manifest_error.empty())
+			out.push_back(fmt::format("tensor manifest copy {} (byte {}) is damaged ({}): using copy {}",
+						  k, ckpt_manifest_offset(&l, k), meta[k].manifest_error,
+						  manifest_copy));
+	}
+	return out;
+}
+
+unsigned Image::repair_meta()
+{
+	const struct ckpt_layout &l = sb.layout;
+	unsigned written = 0;
+	Buffer buf(std::max(l.group_bytes, l.manifest_bytes));
+	for (uint32_t k = 0; k < meta.size(); k++) {
+		if (!meta[k].group_error.empty()) {
+			file.pread_all(buf.as(), l.group_bytes, ckpt_group_offset(&l, group_copy));
+			if (ckpt_group_table_check(&sb, buf.as()) != 0)
+				fail(CKPT_E_LAYOUT, "{}: group table copy {} changed under us", file.path, group_copy);
+			file.pwrite_all(buf.as(), l.group_bytes, ckpt_group_offset(&l, k));
+			written++;
+		}
+		if (!meta[k].manifest_error.empty()) {
+			file.pread_all(buf.as(), l.manifest_bytes, ckpt_manifest_offset(&l, manifest_copy));
+			if (ckpt_crc32c(buf.as(), sb.manifest_len) != sb.manifest_crc)
+				fail(CKPT_E_MANIFEST, "{}: manifest copy {} changed under us", file.path, manifest_copy);
+			file.pwrite_all(buf.as(), l.manifest_bytes, ckpt_manifest_offset(&l, k));
+			written++;
+		}
+	}
+	if (written) {
+		file.flush();
+		for (MetaCopy &c : meta)
+			c = {};
+	}
+	return written;
 }
 
 void Image::check_record(const uint8_t *block, uint32_t chunk, uint32_t slot, uint64_t step,

@@ -13,14 +13,35 @@
 namespace ckpt {
 
 struct Image {
+	// One copy of the group table and manifest as read at open: empty
+	// strings when intact, else what is wrong with it.
+	struct MetaCopy {
+		std::string group_error;
+		std::string manifest_error;
+		bool ok() const { return group_error.empty() && manifest_error.empty(); }
+	};
+
 	BackingFile file;
 	struct ckpt_sb sb {};
+	uint32_t sb_copy = 0;			// the superblock copy in use
+	std::string sb_warning;			// the other copy is damaged: what and why
 	std::vector<uint8_t> group_table;	// one byte per chunk
 	Manifest manifest;
+	std::vector<MetaCopy> meta;		// one per copy on the device (1, or 2 with META2)
+	uint32_t group_copy = 0;		// the copies group_table and manifest came from
+	uint32_t manifest_copy = 0;
 
+	// Opens and validates path. The superblock, group table and manifest are
+	// taken from the first copy whose checksum matches; a damaged copy is
+	// reported in warnings(), not refused.
 	static Image open(const std::string &path, bool writable);
 	// Reads both superblock copies again (the device may have committed since).
 	void reload_superblock();
+	// Damaged copies of the superblock and metadata, one sentence each.
+	std::vector<std::string> warnings() const;
+	// Writes the intact copy of the group table and of the manifest over each
+	// damaged one, flushed; returns the regions written. Needs writable.
+	unsigned repair_meta();
 	// fp32 p, m, v of n params at param offset from the records of slot,
 	// whose headers must say step and sequence; data checksums verified.
 	// bounce holds at least one record.

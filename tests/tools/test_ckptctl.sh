@@ -113,6 +113,36 @@ if __name__ == "__main__":
             c = f.read(1)[0]
             f.seek(int(sys.argv[3]))
             f.write(bytes([c ^ 0x5a]))
+    elif cmd == "setbyte":  # setbyte FILE OFFSET VALUE
+        with open(sys.argv[2], "r+b") as f:
+            f.seek(int(sys.argv[3]))
+            f.write(bytes([int(sys.argv[4])]))
+    elif cmd == "off":  # off INFO_JSON KEY [PLUS]: a layout offset (+ PLUS)
+        j = json.load(open(sys.argv[2]))
+        print(j["layout"][sys.argv[3]] + (int(sys.argv[4]) if len(sys.argv) > 4 else 0))
+    elif cmd == "v1":  # v1 FILE: make a META2 image what main's format wrote (one metadata copy)
+        def crc32c(b):
+            c = 0xffffffff
+            for x in b:
+                c ^= x
+                for _ in range(8):
+                    c = (c >> 1) ^ (0x82f63b78 if c & 1 else 0)
+            return c ^ 0xffffffff
+        with open(sys.argv[2], "r+b") as f:
+            for k in (0, 1):
+                f.seek(k * 4096)
+                b = bytearray(f.read(4096))
+                if b[:4] != b"CKPT":
+                    continue
+                meta2 = struct.unpack_from("<Q", b, 168)[0]
+                struct.pack_into("<I", b, 20, 0)       # feature_incompat
+                struct.pack_into("<QI", b, 168, 0, 0)  # meta2_off, group_crc
+                struct.pack_into("<Q", b, 88, meta2)  # dev_bytes: the layout end without the copy
+                struct.pack_into("<I", b, 8, 0)
+                struct.pack_into("<I", b, 8, crc32c(bytes(b)))
+                f.seek(k * 4096)
+                f.write(b)
+            f.truncate(meta2)
     elif cmd == "recoff":  # recoff INFO_JSON TENSOR [SLOT]: byte offset of that tensor's first fp32 p
         j = json.load(open(sys.argv[2]))
         t = [x for x in j["tensors"] if x["name"] == sys.argv[3]][0]
@@ -270,7 +300,69 @@ fails_with "verify a missing device" 1 "cannot open" "$ctl" verify missing.img
 fails_with "verify random bytes" 1 "not a dm-ckpt image" "$ctl" verify random.img
 cp f32.img sb.img
 run_py flip sb.img 200
-ok "verify: a damaged older superblock copy is reported" sh -c "'$ctl' verify sb.img | grep -q 'INVALID'"
+fails_with "verify: a damaged superblock copy is reported" 3 "INVALID" "$ctl" verify sb.img
+fails_with "... and is not ok: DEGRADED, exit status 3" 3 "^verify: DEGRADED" "$ctl" verify sb.img
+
+# ---------------------------------------------------------------- damaged copies (META2)
+# f32.img is at step 3 (sequence 5: superblock copy 1 is the current one).
+cp f32.img cur.img
+run_py flip cur.img 4296
+ok "info: a damaged current superblock copy: the older commit is used, with a warning" sh -c \
+	"'$ctl' info cur.img | grep -q 'committed step  2' &&
+	 '$ctl' info cur.img | grep -q 'WARNING .*superblock copy 1 (byte 4096) is damaged (checksum mismatch): using copy 0.*may have been lost'"
+ok "info --json: superblock_copy and warnings" sh -c "'$ctl' info --json cur.img 2>/dev/null | $py -c '
+import json,sys; j=json.load(sys.stdin)
+assert j[\"superblock_copy\"] == 0 and len(j[\"warnings\"]) == 1 and \"superblock copy 1\" in j[\"warnings\"][0], j'"
+ok "info --json also warns on stderr" sh -c "'$ctl' info --json cur.img 2>&1 >/dev/null | grep -q 'warning: .*superblock copy 1'"
+fails_with "verify: DEGRADED, exit status 3" 3 "^verify: DEGRADED" "$ctl" verify cur.img
+ok "verify --json: status degraded" sh -c "'$ctl' verify --json cur.img | $py -c '
+import json,sys; j=json.load(sys.stdin); assert j[\"status\"] == \"degraded\" and not j[\"ok\"] and j[\"warnings\"], j'; test \$? -eq 0"
+
+"$ctl" format g.img --from-safetensors f32.safetensors --group 1:'*.bias,*norm*' --chunk-params 4096 >/dev/null 2>&1
+"$ctl" import g.img --from f32.safetensors >/dev/null
+"$ctl" info --json g.img >g.json
+ok "format: two copies of the group table and manifest" sh -c "'$ctl' info g.img | grep -q '2 copies of group table and manifest'"
+ok "verify: both copies intact" sh -c "'$ctl' verify g.img | grep -q 'manifest 1 (byte [0-9]*): ok' && '$ctl' verify g.img | grep -q '^verify: ok'"
+cp g.img gm.img
+run_py flip gm.img "$(run_py off g.json manifest_off 20)"
+ok "a flipped manifest byte: info works, with a warning" sh -c \
+	"'$ctl' info gm.img | grep -q 'WARNING .*tensor manifest copy 0 (byte [0-9]*) is damaged (checksum mismatch): using copy 1'"
+ok "... export works, with a warning, and exports the same tensors" sh -c \
+	"'$ctl' export gm.img --to gm.safetensors 2>gm.err && grep -q 'warning: .*manifest copy 0' gm.err &&
+	 $py st.py same f32.safetensors gm.safetensors"
+fails_with "... verify says DEGRADED, exit status 3" 3 "manifest 0 (byte [0-9]*): DAMAGED: checksum mismatch" "$ctl" verify gm.img
+ok "... verify --repair rewrites the damaged copy" sh -c "'$ctl' verify --repair gm.img | grep -q 'rewrote 1 damaged'"
+ok "... and verify is ok again, the image identical to the original" sh -c \
+	"'$ctl' verify gm.img | grep -q '^verify: ok' && cmp gm.img g.img"
+
+cp g.img gg.img
+run_py setbyte gg.img "$(run_py off g.json group_off)" 1
+ok "a group byte changed to another valid group: the checksum catches it, copy 1 is used" sh -c \
+	"'$ctl' info gg.img | grep -q 'WARNING .*group table copy 0 (byte 8192) is damaged (checksum mismatch'"
+ok "... every tensor keeps its own group" sh -c "'$ctl' info --json gg.img 2>/dev/null | $py -c '
+import json,sys; j=json.load(sys.stdin); assert {t[\"name\"]: t[\"group\"] for t in j[\"tensors\"]}[\"embed.weight\"] == 0, j'"
+fails_with "... verify says DEGRADED" 3 "group table 0 (byte 8192): DAMAGED: checksum mismatch" "$ctl" verify gg.img
+ok "... export still works" "$ctl" export gg.img --to gg.safetensors
+ok "... ckpt-trace (the engine) trains on it" "$bin/ckpt-trace" gg.img --steps 1 --seed 3
+ok "... verify --repair, then ok" sh -c "'$ctl' verify --repair gg.img | grep -q '^verify: ok' && '$ctl' verify gg.img"
+run_py flip gg.img "$(run_py off g.json meta2_off 4116)"	# manifest copy 1
+run_py flip gg.img "$(run_py off g.json manifest_off 4)"
+fails_with "both manifest copies damaged: info refuses, naming both" 1 "copy 0 at byte .*checksum mismatch; copy 1 at byte" "$ctl" info gg.img
+fails_with "... verify: CORRUPT" 2 "^verify: CORRUPT" "$ctl" verify gg.img
+
+cp g.img short.img
+truncate -s -1 short.img
+fails_with "a file one byte short: a clear error naming the missing bytes" 1 "the last 1 bytes are missing" "$ctl" info short.img
+fails_with "... verify too" 2 "the last 1 bytes are missing" "$ctl" verify short.img
+
+cp g.img old.img
+run_py v1 old.img
+ok "an image without META2 (as formatted before it) opens as before" sh -c \
+	"'$ctl' info old.img | grep -q '1 copy of group table and manifest' && '$ctl' verify old.img | grep -q '^verify: ok'"
+ok "... exports the same tensors" sh -c "'$ctl' export old.img --to old.safetensors && $py st.py same f32.safetensors old.safetensors"
+ok "... and trains" "$bin/ckpt-trace" old.img --steps 1 --seed 3
+run_py flip old.img "$(run_py off g.json manifest_off 20)"
+fails_with "... a flipped manifest byte there is still fatal (one copy)" 1 "tensor manifest: checksum mismatch" "$ctl" info old.img
 
 # ---------------------------------------------------------------- probe, create and friends off the VM
 fails_with "probe a regular file" 1 "not an NVMe namespace" "$ctl" probe f32.img

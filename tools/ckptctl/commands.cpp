@@ -108,6 +108,14 @@ void check_unused(const std::string &dev, const char *what)
 
 void print_json(const json &j) { std::cout << j.dump(2) << "\n"; }
 
+// Damaged copies the image was opened around, on stderr (the output stays
+// what it was for scripts).
+void print_warnings(const ckpt::Image &img)
+{
+	for (const std::string &w : img.warnings())
+		fmt::print(stderr, "ckptctl: warning: {}: {}\n", img.file.path, w);
+}
+
 // --------------------------------------------------------------- format/info
 
 json image_json(const ckpt::Image &img)
@@ -134,7 +142,11 @@ json image_json(const ckpt::Image &img)
 		{"backing_bytes", l.dev_bytes},
 		{"device_bytes", img.file.size},
 		{"virtual_sectors", l.virt_bytes / CKPT_SECTOR},
-		{"layout", {{"group_off", l.group_off}, {"manifest_off", l.manifest_off},
+		{"feature_incompat", sb.feature_incompat},
+		{"superblock_copy", img.sb_copy},
+		{"metadata_copies", ckpt_meta_copies(&l)},
+		{"warnings", img.warnings()},
+		{"layout", {{"group_off", l.group_off}, {"manifest_off", l.manifest_off}, {"meta2_off", l.meta2_off},
 			    {"manifest_bytes", l.manifest_bytes}, {"plo_off", {l.plo_off[0], l.plo_off[1]}},
 			    {"rec_off", {l.rec_off[0], l.rec_off[1]}}, {"record_bytes", l.record_bytes},
 			    {"plo_chunk_bytes", l.plo_chunk_bytes}, {"grad_off", l.grad_off},
@@ -156,6 +168,11 @@ void print_info(const json &j)
 	fmt::print("  backing         {} bytes used of {}\n", j["backing_bytes"].get<uint64_t>(),
 		   j["device_bytes"].get<uint64_t>());
 	fmt::print("  virtual device  {} sectors\n", j["virtual_sectors"].get<uint64_t>());
+	fmt::print("  metadata        superblock copy {}, {} cop{} of group table and manifest\n",
+		   j["superblock_copy"].get<int>(), j["metadata_copies"].get<int>(),
+		   j["metadata_copies"].get<int>() == 1 ? "y" : "ies");
+	for (const json &w : j["warnings"])
+		fmt::print("  WARNING         {}\n", w.get<std::string>());
 	fmt::print("  tensors         {}\n", j["tensors"].size());
 	for (const json &t : j["tensors"])
 		fmt::print("    {:<40} group {:<2} offset {:>12} numel {:>12} shape {}\n",
@@ -332,6 +349,8 @@ int cmd_info(const std::string &device, bool as_json, bool table)
 	const std::string path = backing_path(device);
 	ckpt::Image img = ckpt::Image::open(path, false);
 	json j = image_json(img);
+	if (table || as_json)
+		print_warnings(img);
 	if (table)
 		fmt::print("0 {} ckpt {}\n", img.sb.layout.virt_bytes / CKPT_SECTOR, path);
 	else if (as_json)
@@ -509,6 +528,7 @@ int cmd_export(const std::string &device, const std::string &to, bool with_optim
 {
 	const std::string path = backing_path(device);
 	ckpt::Image img = ckpt::Image::open(path, false);
+	print_warnings(img);
 	const struct ckpt_sb sb = img.sb;
 	std::vector<ckpt::safetensors::Writer::Entry> entries;
 	for (const ckpt::Tensor &t : img.manifest.tensors()) {
@@ -654,34 +674,88 @@ Checked check_all(const std::string &path, bool writable)
 
 } // namespace
 
-int cmd_verify(const std::string &device, bool as_json)
+namespace {
+
+json meta_json(const ckpt::Image &img)
 {
-	const Checked c = check_all(backing_path(device), false);
+	const struct ckpt_layout &l = img.sb.layout;
+	json a = json::array();
+	for (uint32_t k = 0; k < img.meta.size(); k++) {
+		const ckpt::Image::MetaCopy &m = img.meta[k];
+		json j = {{"index", k}, {"group_offset", ckpt_group_offset(&l, k)}, {"group_ok", m.group_error.empty()},
+			  {"manifest_offset", ckpt_manifest_offset(&l, k)}, {"manifest_ok", m.manifest_error.empty()}};
+		if (!m.group_error.empty())
+			j["group_error"] = m.group_error;
+		if (!m.manifest_error.empty())
+			j["manifest_error"] = m.manifest_error;
+		a.push_back(j);
+	}
+	return a;
+}
+
+void print_meta(const ckpt::Image &img)
+{
+	const struct ckpt_layout &l = img.sb.layout;
+	for (uint32_t k = 0; k < img.meta.size(); k++) {
+		const ckpt::Image::MetaCopy &m = img.meta[k];
+		fmt::print("  group table {} (byte {}): {}\n", k, ckpt_group_offset(&l, k),
+			   m.group_error.empty() ? "ok" : "DAMAGED: " + m.group_error);
+		fmt::print("  manifest {} (byte {}): {}\n", k, ckpt_manifest_offset(&l, k),
+			   m.manifest_error.empty() ? "ok" : "DAMAGED: " + m.manifest_error);
+	}
+}
+
+} // namespace
+
+int cmd_verify(const std::string &device, bool as_json, bool repair)
+{
+	if (repair)
+		check_unused(device, "verify --repair");
+	Checked c = check_all(repair ? device : backing_path(device), repair);
+	unsigned repaired = 0;
+	if (repair && c.img) {
+		repaired = c.img->repair_meta();
+		if (repaired)
+			c = check_all(c.path, false);
+	}
 	const bool ok = c.open_error.empty() && c.committed.ok();
+	const std::vector<std::string> warnings = c.img ? c.img->warnings() : std::vector<std::string>{};
+	const bool degraded = ok && !warnings.empty();
+	const int rc = !ok ? exit_corrupt : degraded ? exit_degraded : exit_ok;
 	if (as_json) {
-		json j = {{"path", c.path}, {"ok", ok}, {"superblocks", copies_json(c.copies)}};
+		json j = {{"path", c.path}, {"ok", ok && !degraded},
+			  {"status", !ok ? "corrupt" : degraded ? "degraded" : "ok"},
+			  {"superblocks", copies_json(c.copies)}, {"warnings", warnings}};
+		if (repair)
+			j["repaired"] = repaired;
 		if (!c.open_error.empty()) {
 			j["error"] = c.open_error;
 		} else {
 			const struct ckpt_sb &sb = c.img->sb;
 			j.update({{"committed_step", sb.committed_step}, {"committed_slot", sb.committed_slot},
-				  {"sequence", sb.sequence}, {"manifest_ok", true},
+				  {"sequence", sb.sequence}, {"superblock_copy", c.img->sb_copy},
+				  {"manifest_ok", true}, {"metadata", meta_json(*c.img)},
 				  {"tensors", c.img->manifest.tensors().size()},
 				  {"records_checked", c.committed.chunks}, {"damage", damage_json(c.committed.damage)},
 				  {"rollback", rollback_json(c.rollback)}});
 		}
 		print_json(j);
-		return ok ? exit_ok : exit_corrupt;
+		return rc;
 	}
 	fmt::print("{}:\n", c.path);
+	if (repair)
+		fmt::print("  repair: {}\n", repaired ? fmt::format("rewrote {} damaged metadata copies from the intact "
+								      "ones (flushed)", repaired)
+						      : "no damaged metadata copy to rewrite");
 	print_copies(c.copies);
 	if (!c.open_error.empty()) {
 		fmt::print("  image: {}\nverify: CORRUPT\n", c.open_error);
 		return exit_corrupt;
 	}
 	const struct ckpt_sb &sb = c.img->sb;
-	fmt::print("  group table, manifest: ok ({} tensors, {} groups)\n", c.img->manifest.tensors().size(),
-		   sb.geo.n_groups);
+	print_meta(*c.img);
+	fmt::print("  group table, manifest: in use: copies {} and {} ({} tensors, {} groups)\n", c.img->group_copy,
+		   c.img->manifest_copy, c.img->manifest.tensors().size(), sb.geo.n_groups);
 	fmt::print("  committed step {}: slot {}, {} records (headers, data checksums, p_lo): {}\n", sb.committed_step,
 		   sb.committed_slot, c.committed.chunks,
 		   c.committed.ok() ? "ok" : fmt::format("{} DAMAGED", c.committed.damage.size()));
@@ -690,8 +764,19 @@ int cmd_verify(const std::string &device, bool as_json)
 		fmt::print("  rollback: step {} is readable in slot {}\n", c.rollback.step, c.rollback.slot);
 	else
 		fmt::print("  rollback: not available: {}\n", c.rollback.reason);
-	fmt::print("verify: {}\n", ok ? "ok" : fmt::format("CORRUPT ({} problems)", c.committed.damage.size()));
-	return ok ? exit_ok : exit_corrupt;
+	for (const std::string &w : warnings)
+		fmt::print("  WARNING: {}\n", w);
+	if (!ok)
+		fmt::print("verify: CORRUPT ({} problems)\n", c.committed.damage.size());
+	else if (degraded)
+		fmt::print("verify: DEGRADED ({} damaged cop{}; the committed state is intact and readable{})\n",
+			   warnings.size(), warnings.size() == 1 ? "y" : "ies",
+			   c.img->sb_warning.empty() || warnings.size() > 1
+				   ? "; ckptctl verify --repair rewrites damaged metadata copies"
+				   : "; the next commit rewrites the damaged superblock copy");
+	else
+		fmt::print("verify: ok\n");
+	return rc;
 }
 
 int cmd_restore(const std::string &device, bool do_rollback, bool as_json)
@@ -702,6 +787,7 @@ int cmd_restore(const std::string &device, bool do_rollback, bool as_json)
 	Checked c = check_all(path, do_rollback);
 	if (!c.open_error.empty())
 		fail(CKPT_E_RECORD, "{}: {}", path, c.open_error);
+	print_warnings(*c.img);
 	const struct ckpt_sb before = c.img->sb;
 	bool rolled = false;
 	if (do_rollback) {

@@ -14,6 +14,7 @@ namespace ckptctl {
 constexpr int exit_ok = 0;
 constexpr int exit_error = 1;		// could not do what was asked
 constexpr int exit_corrupt = 2;		// verify/restore found damage or no rollback
+constexpr int exit_degraded = 3;	// verify: state intact, but a superblock or metadata copy is damaged
 
 struct FormatArgs {
 	std::string device, manifest, safetensors, dtype;
@@ -45,7 +46,7 @@ struct ImportArgs {
 };
 int cmd_import(const ImportArgs &a);
 int cmd_export(const std::string &device, const std::string &to, bool with_optimizer);
-int cmd_verify(const std::string &device, bool json);
+int cmd_verify(const std::string &device, bool json, bool repair);
 int cmd_restore(const std::string &device, bool rollback, bool json);
 
 } // namespace ckptctl

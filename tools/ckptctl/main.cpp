@@ -27,14 +27,21 @@ const char *top_help =
 	"A DEVICE argument is a backing file or block device. Read-only commands\n"
 	"(info, export, verify, restore without --rollback) also take a dm-ckpt\n"
 	"device (/dev/mapper/NAME) and read its backing device. Commands that write\n"
-	"a backing device (format, import, restore --rollback) refuse one that a\n"
-	"kernel target holds.";
+	"a backing device (format, import, restore --rollback, verify --repair)\n"
+	"refuse one that a kernel target holds.\n\n"
+	"The superblock has two copies; images formatted since the META2 feature\n"
+	"also keep two copies of the group table and manifest. Every command uses\n"
+	"the first intact copy and warns (on stderr; info also in its output) when\n"
+	"it had to skip a damaged one.";
 
 const char *top_footer =
 	"\nEXIT STATUS\n"
 	"  0  success\n"
 	"  1  error: bad arguments, unreadable or invalid input, device errors\n"
 	"  2  verify or restore found damage; restore --rollback found no usable previous step\n"
+	"  3  verify: DEGRADED: the committed state is intact, but a superblock copy\n"
+	"     or a copy of the group table or manifest is damaged (verify --repair\n"
+	"     rewrites a damaged metadata copy; the next commit, a superblock copy)\n"
 	"\nEXAMPLES\n"
 	"  ckptctl probe /dev/nvme0n1\n"
 	"  ckptctl format /dev/nvme0n1 --from-safetensors model.safetensors --group 1:'*.bias,*norm*'\n"
@@ -122,7 +129,11 @@ int main(int argc, char **argv)
 	auto *info = app.add_subcommand("info",
 		"Show the geometry, committed step and tensors of a device.\n\n"
 		"Reads the superblock, group table and manifest (all validated) of a\n"
-		"backing file or device, or of the backing device of /dev/mapper/NAME.");
+		"backing file or device, or of the backing device of /dev/mapper/NAME.\n"
+		"Shows which superblock copy is in use and a WARNING for each damaged\n"
+		"copy of the superblock, group table or manifest that was skipped (with\n"
+		"--json: \"warnings\"; a damaged newer superblock copy may mean that the\n"
+		"last commit was lost). 'ckptctl verify' checks everything.");
 	info->add_option("device", dev, "backing file or block device, or a dm-ckpt device")->required();
 	info->add_flag("--json", as_json, "print JSON");
 	info->add_flag("--table", as_table,
@@ -248,10 +259,26 @@ int main(int argc, char **argv)
 		"fp32 p, m, v, and p_lo == round-to-nearest-even(p) for every param. Damage\n"
 		"is reported with its byte offset and the tensors it holds. Also reports\n"
 		"whether the previous step (the other slot) is still readable for a rollback;\n"
-		"that is information, not an error. Exit status 2 on damage.");
-	verify->add_option("device", dev, "backing file or block device, or a dm-ckpt device")->required();
+		"that is information, not an error. Checks both copies of the group table\n"
+		"and manifest (images with two) against their checksums.\n\n"
+		"The last line is 'verify: ok' (exit 0), 'verify: CORRUPT ...' (exit 2:\n"
+		"the committed state or all copies of something are damaged) or\n"
+		"'verify: DEGRADED ...' (exit 3: the committed state is intact and usable,\n"
+		"but a superblock copy or one copy of the group table or manifest is\n"
+		"damaged; a damaged newer superblock copy may mean the last commit was lost,\n"
+		"or was torn by a crash). --repair rewrites each damaged copy of the group\n"
+		"table or manifest from the intact one (only those bytes, flushed) and\n"
+		"verifies again; a damaged superblock copy is rewritten by the next commit.");
+	verify->add_option("device", dev, "backing file or block device, or a dm-ckpt device\n"
+					  "(with --repair: not a dm-ckpt device)")
+		->required();
 	verify->add_flag("--json", as_json, "print JSON");
-	verify->footer("\nEXAMPLES\n  ckptctl verify /dev/nvme0n1\n  ckptctl verify --json model.img");
+	bool repair = false;
+	verify->add_flag("--repair", repair,
+			 "rewrite damaged group table/manifest copies from the\n"
+			 "intact ones; refused while a kernel target holds the device");
+	verify->footer("\nEXAMPLES\n  ckptctl verify /dev/nvme0n1\n  ckptctl verify --json model.img\n"
+		       "  ckptctl verify --repair model.img");
 
 	bool do_rollback = false;
 	auto *restore = app.add_subcommand("restore",
@@ -304,7 +331,7 @@ int main(int argc, char **argv)
 		if (*exportc)
 			return cmd_export(dev, to, with_opt);
 		if (*verify)
-			return cmd_verify(dev, as_json);
+			return cmd_verify(dev, as_json, repair);
 		if (*restore)
 			return cmd_restore(dev, do_rollback, as_json);
 	} catch (const ckpt::Error &e) {
