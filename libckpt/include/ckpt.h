@@ -42,6 +42,15 @@ int ckpt_format(const char *path, const ckpt_layout_builder *l, int dtype,
 int ckpt_open(const char *path, ckpt_device **out);
 void ckpt_close(ckpt_device *d);
 
+/*
+ * What ckpt_open had to work around: a damaged superblock copy (a newer
+ * commit may have been lost) or a damaged copy of the group table or
+ * manifest. Returns the number of warnings; when index is below it and msg
+ * is not NULL, *msg is set to that warning (valid until ckpt_close).
+ * ckptctl verify says more.
+ */
+int ckpt_warning(ckpt_device *d, uint32_t index, const char **msg);
+
 struct ckpt_info {
 	uint64_t committed_step;
 	uint64_t open_step;	/* 0 when no step is open */

@@ -16,6 +16,7 @@ struct ckpt_layout_builder {
 
 struct ckpt_device {
 	std::unique_ptr<ckpt::Device> dev;
+	std::vector<std::string> warnings;	// as of ckpt_open
 };
 
 namespace {
@@ -89,12 +90,23 @@ int ckpt_open(const char *path, ckpt_device **out)
 		need(out, "out");
 		auto d = std::make_unique<ckpt_device>();
 		d->dev = ckpt::Device::open(path);
+		d->warnings = d->dev->warnings();
 		*out = d.release();
 		return 0;
 	});
 }
 
 void ckpt_close(ckpt_device *d) { delete d; }
+
+int ckpt_warning(ckpt_device *d, uint32_t index, const char **msg)
+{
+	return guarded([&] {
+		need(d, "device");
+		if (msg && index < d->warnings.size())
+			*msg = d->warnings[index].c_str();
+		return static_cast<int>(d->warnings.size());
+	});
+}
 
 int ckpt_info(ckpt_device *d, struct ckpt_info *info)
 {

@@ -37,6 +37,8 @@ public:
 	const Manifest &manifest() const { return image().manifest; }
 	const struct ckpt_geometry &geometry() const { return image().sb.geo; }
 	const struct ckpt_layout &layout() const { return image().sb.layout; }
+	// Damaged superblock/metadata copies skipped when the image was read.
+	std::vector<std::string> warnings() const { return image().warnings(); }
 	// Writes to the device must be multiples of this (512 B, 4 KiB on 4Kn).
 	uint32_t block_size() const { return target_->block_size(); }
 	// The userspace engine, or null when the kernel target serves the device.

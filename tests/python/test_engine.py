@@ -14,6 +14,7 @@ Run: PYTHONPATH=<build>/python /usr/bin/python3 -m unittest -v test_engine
 
 import os
 import shutil
+import warnings
 import sys
 import unittest
 
@@ -539,6 +540,51 @@ class TestImages(EngineCase):
                 f.write(bytes([b[0] ^ 0x20]))
         self.dev.close()
         self.assertOpenFails(p, "E_CRC", "checksum")
+
+    def test_damaged_copies_are_reported(self):
+        """Opening around a damaged copy is not silent: the device's warnings
+        list and a CkptWarning say which copy and why (a corrupt newest
+        superblock copy costs a step: it may have been a lost commit)."""
+        self.full_step(b"one")
+        self.full_step(b"two")
+        self.dev.close()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with ckpt.open(self.path) as dev:
+                self.assertEqual(dev.warnings, [])
+        self.assertEqual([w for w in caught if issubclass(w.category, ckpt.CkptWarning)], [])
+        with open(self.path, "rb") as f:
+            head = f.read(8192)
+        seq = [int.from_bytes(head[k * 4096 + 48:k * 4096 + 56], "little") for k in (0, 1)]
+        newest = 0 if seq[0] > seq[1] else 1
+        p = os.path.join(self.dir, "flip")
+        shutil.copyfile(self.path, p)
+        with open(p, "r+b") as f:
+            f.seek(newest * 4096 + 200)
+            f.write(bytes([head[newest * 4096 + 200] ^ 1]))
+        with self.assertWarns(ckpt.CkptWarning) as cm:
+            dev = ckpt.open(p)
+        with dev:
+            self.assertEqual(dev.committed_step, 1)
+            self.assertEqual(len(dev.warnings), 1, dev.warnings)
+            self.assertIn(f"superblock copy {newest}", dev.warnings[0])
+            self.assertIn("checksum mismatch", dev.warnings[0])
+            self.assertIn("may have been lost", dev.warnings[0])
+        self.assertIn(p, str(cm.warning))
+        self.assertEqual(cm.filename, __file__)  # points at the caller of ckpt.open
+        # a damaged manifest copy: the other one is used
+        shutil.copyfile(self.path, p)
+        with open(p, "r+b") as f:
+            f.seek(4096 * 3 + 10)  # manifest copy 0 (after one block of group table)
+            b = f.read(1)
+            f.seek(4096 * 3 + 10)
+            f.write(bytes([b[0] ^ 1]))
+        with self.assertWarns(ckpt.CkptWarning):
+            dev = ckpt.open(p)
+        with dev:
+            self.assertEqual(dev.committed_step, 2)
+            self.assertEqual(len(dev.warnings), 1, dev.warnings)
+            self.assertIn("manifest copy 0", dev.warnings[0])
 
     def test_format_size(self):
         with self.assertRaises(ckpt.CkptError) as cm:

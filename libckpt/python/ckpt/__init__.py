@@ -22,8 +22,9 @@ devices take and return numpy float16 (uint16 bit patterns work too).
 
 import ctypes
 import os
+import warnings as _warnings
 
-__all__ = ["CkptError", "Layout", "Device", "format", "open"]
+__all__ = ["CkptError", "CkptWarning", "Layout", "Device", "format", "open"]
 
 _lib = ctypes.CDLL(os.path.join(os.path.dirname(os.path.abspath(__file__)), "libckpt.so"))
 
@@ -103,6 +104,7 @@ for _name, _res, _args in [
     ("ckpt_open", _int, [_cp, ctypes.POINTER(_vp)]),
     ("ckpt_close", None, [_vp]),
     ("ckpt_info", _int, [_vp, ctypes.POINTER(_Info)]),
+    ("ckpt_warning", _int, [_vp, _u32, ctypes.POINTER(_cp)]),
     ("ckpt_tensor", _int, [_vp, _u32, ctypes.POINTER(_TensorInfo)]),
     ("ckpt_load_params_multi", _int, [_vp, _u32, ctypes.POINTER(_cp), ctypes.POINTER(_f32p), _u64p]),
     ("ckpt_begin", _int, [_vp, ctypes.POINTER(_HParams), _u32, ctypes.c_double]),
@@ -161,10 +163,23 @@ def open(path):  # noqa: A001 - the module's verb, like the builtin for files
     return Device(h, os.fspath(path))
 
 
+class CkptWarning(UserWarning):
+    """The device opened, but around a damaged superblock or metadata copy."""
+
+
 class Device:
     def __init__(self, handle, path):
         self._h = handle
         self.path = path  # where it was opened from
+        # Damaged copies skipped on open (a damaged superblock copy may mean
+        # the last commit was lost); each also raised as a CkptWarning.
+        self.warnings = []
+        msg = ctypes.c_char_p()
+        for i in range(_check(_lib.ckpt_warning(self._h, 0, None))):
+            _check(_lib.ckpt_warning(self._h, i, ctypes.byref(msg)))
+            self.warnings.append(msg.value.decode("utf-8", "replace"))
+        for w in self.warnings:
+            _warnings.warn(f"{path}: {w}", CkptWarning, stacklevel=3)
         info = self.info()
         self.dtype = _DTYPE_NAMES[info["dtype"]]
         self._tensors = []
