@@ -17,9 +17,9 @@ std::string missing_bytes(const BackingFile &f, const uint8_t *blocks)
 	for (unsigned i = 0; i < 2; i++)
 		if (ckpt_sb_decode(blocks + i * CKPT_BLOCK, UINT64_MAX, &sb) == 0 &&
 		    sb.layout.dev_bytes > f.size)
-			return fmt::format("{} is smaller than the layout: {} bytes, its dm-ckpt layout needs {}: "
-					   "the last {} bytes are missing (truncated?)",
-					   f.path, f.size, sb.layout.dev_bytes, sb.layout.dev_bytes - f.size);
+			return fmt::format("smaller than the layout: {} bytes, its dm-ckpt layout needs {}: the "
+					   "last {} bytes are missing (truncated?)",
+					   f.size, sb.layout.dev_bytes, sb.layout.dev_bytes - f.size);
 	return {};
 }
 
@@ -47,17 +47,28 @@ void Image::reload_superblock()
 		     file.path, file.size);
 	Buffer block(2 * CKPT_BLOCK);
 	file.pread_all(block.as(), 2 * CKPT_BLOCK, 0);
-	int ret = ckpt_sb_pick(block.as(), block.as() + CKPT_BLOCK, file.size, &sb);
+	uint64_t dev = file.size;
+	short_warning.clear();
+	int ret = ckpt_sb_pick(block.as(), block.as() + CKPT_BLOCK, dev, &sb);
 	if (ret < 0) {
-		if (std::string why = missing_bytes(file, block.as()); !why.empty())
-			fail(CKPT_E_TOO_SMALL, "{}", why);
-		fail(-ret, "{} is not a usable dm-ckpt image: superblock: {}", file.path, ckpt_strerror(-ret));
+		std::string why = missing_bytes(file, block.as());
+		if (why.empty())
+			fail(-ret, "{} is not a usable dm-ckpt image: superblock: {}", file.path,
+			     ckpt_strerror(-ret));
+		if (!salvage)
+			fail(CKPT_E_TOO_SMALL, "{} is {}", file.path, why);
+		// Read what is there: reads past the end fail where they happen.
+		dev = UINT64_MAX;
+		ret = ckpt_sb_pick(block.as(), block.as() + CKPT_BLOCK, dev, &sb);
+		if (ret < 0)
+			fail(CKPT_E_TOO_SMALL, "{} is {}", file.path, why);
+		short_warning = "the file is " + why;
 	}
 	sb_copy = static_cast<uint32_t>(ret);
 	sb_warning.clear();
 	const uint32_t other = sb_copy ^ 1;
 	struct ckpt_sb scratch;
-	ret = ckpt_sb_check_other(block.as() + other * CKPT_BLOCK, other, file.size, &sb, &scratch);
+	ret = ckpt_sb_check_other(block.as() + other * CKPT_BLOCK, other, dev, &sb, &scratch);
 	if (ret < 0)
 		sb_warning = fmt::format("superblock copy {} (byte {}) is damaged ({}): using copy {} (sequence {}, "
 					 "committed step {}); a newer commit may have been lost (or one was torn by "
@@ -66,24 +77,37 @@ void Image::reload_superblock()
 					 sb.committed_step);
 }
 
-Image Image::open(const std::string &path, bool writable)
+Image Image::open(const std::string &path, bool writable, bool salvage)
 {
 	Image img;
 	img.file = BackingFile::open(path, writable);
+	img.salvage = salvage;
 	img.reload_superblock();
 
 	const struct ckpt_sb &sb = img.sb;
 	const struct ckpt_layout &l = sb.layout;
 	const uint32_t copies = ckpt_meta_copies(&l);
-	// group table and manifest are contiguous in both copies
+	// Each copy: group table, then manifest (contiguous in both copies).
 	std::vector<Buffer> bufs;
+	auto read = [&](uint8_t *buf, uint64_t len, uint64_t off, std::string &error) {
+		try {
+			img.file.pread_all(buf, len, off);
+			return true;
+		} catch (const Error &e) {
+			if (!img.salvage)
+				throw;
+			error = e.what();	// past the end of a short file
+			return false;
+		}
+	};
 	for (uint32_t k = 0; k < copies; k++) {
 		Buffer &meta = bufs.emplace_back(l.group_bytes + l.manifest_bytes);
-		img.file.pread_all(meta.as(), meta.size(), ckpt_group_offset(&l, k));
-		const uint8_t *text = meta.as() + l.group_bytes;
 		MetaCopy &c = img.meta.emplace_back();
-		c.group_error = group_error(sb, meta.as());
-		if (ckpt_crc32c(text, sb.manifest_len) != sb.manifest_crc)
+		if (read(meta.as(), l.group_bytes, ckpt_group_offset(&l, k), c.group_error))
+			c.group_error = group_error(sb, meta.as());
+		const uint8_t *text = meta.as() + l.group_bytes;
+		if (read(meta.as() + l.group_bytes, l.manifest_bytes, ckpt_manifest_offset(&l, k), c.manifest_error) &&
+		    ckpt_crc32c(text, sb.manifest_len) != sb.manifest_crc)
 			c.manifest_error = "checksum mismatch";
 	}
 	auto first_good = [&](auto bad) -> std::optional<uint32_t> {
@@ -122,6 +146,8 @@ Image Image::open(const std::string &path, bool writable)
 std::vector<std::string> Image::warnings() const
 {
 	std::vector<std::string> out;
+	if (!short_warning.empty())
+		out.push_back(short_warning);
 	if (!sb_warning.empty())
 		out.push_back(sb_warning);
 	const struct ckpt_layout &l = sb.layout;
@@ -140,6 +166,9 @@ std::vector<std::string> Image::warnings() const
 unsigned Image::repair_meta()
 {
 	const struct ckpt_layout &l = sb.layout;
+	if (!short_warning.empty())
+		fail(CKPT_E_TOO_SMALL, "{}: cannot repair: {}; extend it to {} bytes first (truncate -s {} {})",
+		     file.path, short_warning, l.dev_bytes, l.dev_bytes, file.path);
 	unsigned written = 0;
 	Buffer buf(std::max(l.group_bytes, l.manifest_bytes));
 	for (uint32_t k = 0; k < meta.size(); k++) {

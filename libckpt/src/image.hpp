@@ -23,6 +23,8 @@ struct Image {
 
 	BackingFile file;
 	struct ckpt_sb sb {};
+	bool salvage = false;			// opened to read what a short file still has
+	std::string short_warning;		// the file is shorter than its layout (salvage)
 	uint32_t sb_copy = 0;			// the superblock copy in use
 	std::string sb_warning;			// the other copy is damaged: what and why
 	std::vector<uint8_t> group_table;	// one byte per chunk
@@ -33,8 +35,10 @@ struct Image {
 
 	// Opens and validates path. The superblock, group table and manifest are
 	// taken from the first copy whose checksum matches; a damaged copy is
-	// reported in warnings(), not refused.
-	static Image open(const std::string &path, bool writable);
+	// reported in warnings(), not refused. A file shorter than its layout is
+	// refused, unless salvage (export, verify: read-only): then reads past its
+	// end fail where they happen and warnings() names the missing bytes.
+	static Image open(const std::string &path, bool writable, bool salvage = false);
 	// Reads both superblock copies again (the device may have committed since).
 	void reload_superblock();
 	// Damaged copies of the superblock and metadata, one sentence each.

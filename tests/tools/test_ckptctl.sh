@@ -353,7 +353,17 @@ fails_with "... verify: CORRUPT" 2 "^verify: CORRUPT" "$ctl" verify gg.img
 cp g.img short.img
 truncate -s -1 short.img
 fails_with "a file one byte short: a clear error naming the missing bytes" 1 "the last 1 bytes are missing" "$ctl" info short.img
-fails_with "... verify too" 2 "the last 1 bytes are missing" "$ctl" verify short.img
+fails_with "... verify salvages it: DEGRADED, naming the missing bytes" 3 "WARNING: the file is smaller than the layout: .* the last 1 bytes are missing" "$ctl" verify short.img
+fails_with "... and the manifest copy it cut" 3 "manifest 1 (byte [0-9]*): DAMAGED: read at [0-9]* from short.img: unexpected end of file" "$ctl" verify short.img
+ok "... export salvages it, with a warning" sh -c \
+	"'$ctl' export short.img --to short.safetensors 2>&1 | grep -q 'warning: .*last 1 bytes are missing' &&
+	 $py st.py same f32.safetensors short.safetensors"
+fails_with "... verify --repair refuses it, saying how to go on" 1 "cannot repair: .*truncate -s" "$ctl" verify --repair short.img
+ok "... extended to its size, verify --repair makes it whole" sh -c \
+	"truncate -s $(stat -c %s g.img) short.img && '$ctl' verify --repair short.img | grep -q '^verify: ok' && cmp short.img g.img"
+cp g.img short2.img
+truncate -s 1000000 short2.img
+fails_with "a file cut into its records: verify says CORRUPT and why" 2 "unexpected end of file" "$ctl" verify short2.img
 
 cp g.img old.img
 run_py v1 old.img

@@ -527,7 +527,7 @@ int cmd_import(const ImportArgs &a)
 int cmd_export(const std::string &device, const std::string &to, bool with_optimizer)
 {
 	const std::string path = backing_path(device);
-	ckpt::Image img = ckpt::Image::open(path, false);
+	ckpt::Image img = ckpt::Image::open(path, false, true);
 	print_warnings(img);
 	const struct ckpt_sb sb = img.sb;
 	std::vector<ckpt::safetensors::Writer::Entry> entries;
@@ -649,7 +649,8 @@ struct Checked {
 	ckpt::RollbackCheck rollback;
 };
 
-Checked check_all(const std::string &path, bool writable)
+// salvage: a file shorter than its layout is checked as far as it goes.
+Checked check_all(const std::string &path, bool writable, bool salvage)
 {
 	Checked c;
 	c.path = path;
@@ -660,15 +661,21 @@ Checked check_all(const std::string &path, bool writable)
 	if (!c.copies[0].magic && !c.copies[1].magic)
 		fail(CKPT_E_NO_SB, "{} is not a dm-ckpt image: neither superblock copy has the magic number", path);
 	try {
-		c.img = ckpt::Image::open(path, writable);
+		c.img = ckpt::Image::open(path, writable, salvage);
 	} catch (const ckpt::Error &e) {
 		if (e.code() == CKPT_E_IO && !c.copies[0].valid && !c.copies[1].valid)
 			throw;
 		c.open_error = e.what();
 		return c;
 	}
-	c.committed = ckpt::check_committed(*c.img);
-	c.rollback = ckpt::check_rollback(*c.img, c.copies);
+	try {
+		c.committed = ckpt::check_committed(*c.img);
+		c.rollback = ckpt::check_rollback(*c.img, c.copies);
+	} catch (const ckpt::Error &e) {
+		if (c.img->short_warning.empty())
+			throw;
+		c.open_error = e.what();	// a record past the end of a short file
+	}
 	return c;
 }
 
@@ -711,12 +718,12 @@ int cmd_verify(const std::string &device, bool as_json, bool repair)
 {
 	if (repair)
 		check_unused(device, "verify --repair");
-	Checked c = check_all(repair ? device : backing_path(device), repair);
+	Checked c = check_all(repair ? device : backing_path(device), repair, true);
 	unsigned repaired = 0;
 	if (repair && c.img) {
 		repaired = c.img->repair_meta();
 		if (repaired)
-			c = check_all(c.path, false);
+			c = check_all(c.path, false, true);
 	}
 	const bool ok = c.open_error.empty() && c.committed.ok();
 	const std::vector<std::string> warnings = c.img ? c.img->warnings() : std::vector<std::string>{};
@@ -749,6 +756,8 @@ int cmd_verify(const std::string &device, bool as_json, bool repair)
 						      : "no damaged metadata copy to rewrite");
 	print_copies(c.copies);
 	if (!c.open_error.empty()) {
+		for (const std::string &w : warnings)
+			fmt::print("  WARNING: {}\n", w);
 		fmt::print("  image: {}\nverify: CORRUPT\n", c.open_error);
 		return exit_corrupt;
 	}
@@ -784,7 +793,7 @@ int cmd_restore(const std::string &device, bool do_rollback, bool as_json)
 	if (do_rollback)
 		check_unused(device, "restore --rollback");
 	const std::string path = do_rollback ? device : backing_path(device);
-	Checked c = check_all(path, do_rollback);
+	Checked c = check_all(path, do_rollback, false);
 	if (!c.open_error.empty())
 		fail(CKPT_E_RECORD, "{}: {}", path, c.open_error);
 	print_warnings(*c.img);
