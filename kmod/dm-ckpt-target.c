@@ -933,17 +933,43 @@ static const char *ckpt_sb_error(int err)
 }
 
 /*
+ * Read one copy of the group table into table and check it against sb.
+ * Returns 0, -EIO, or -EINVAL with *why set.
+ */
+static int ckpt_read_groups(struct ckpt_c *c, const struct ckpt_sb *sb, u32 copy,
+			    u8 *table, const char **why)
+{
+	int ret;
+
+	ret = ckpt_io_sync(c, REQ_OP_READ | REQ_SYNC, table,
+			   ckpt_group_offset(&sb->layout, copy), sb->layout.group_bytes);
+	if (ret) {
+		*why = "read error";
+		return ret;
+	}
+	ret = ckpt_group_table_check(sb, table);
+	if (ret) {
+		*why = ret == -CKPT_E_CRC ? "checksum mismatch" : "a chunk's group is out of range";
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/*
  * Read both superblock copies and the group table into sb and groups (n_chunks
- * bytes, or NULL to skip the group table). Returns 0 or -errno with *error set
- * to a static message.
+ * bytes, or NULL to skip the group table). The group table comes from the
+ * first copy that checks out; a damaged superblock or group table copy that
+ * was skipped is logged. Returns 0 or -errno with *error set to a static
+ * message.
  */
 static int ckpt_read_sb(struct ckpt_c *c, struct ckpt_sb *sb, struct ckpt_sb *scratch,
 			u8 **groups, char **error)
 {
 	u64 dev_bytes = bdev_nr_bytes(c->dev->bdev);
+	const char *why[2] = { NULL, NULL };
 	u8 *buf, *table = NULL;
 	int ret, r0, r1;
-	u32 i;
+	u32 copy, copies, other;
 
 	if (dev_bytes < 2 * CKPT_BLOCK) {
 		*error = "Backing device too small for a superblock";
@@ -971,9 +997,17 @@ static int ckpt_read_sb(struct ckpt_c *c, struct ckpt_sb *sb, struct ckpt_sb *sc
 		ret = -EINVAL;
 		goto out;
 	}
+	copy = ret;
 	ret = 0;
 	if (!groups)
 		goto out;
+
+	other = copy ^ 1;
+	r1 = ckpt_sb_check_other(buf + other * CKPT_BLOCK, other, dev_bytes, sb, scratch);
+	if (r1)
+		DMWARN("%s: superblock copy %u on %s is damaged (%s): using copy %u (sequence %llu, step %llu), a newer commit may be lost",
+		       ckpt_name(c), other, c->dev->name, ckpt_strerror(r1), copy,
+		       sb->sequence, sb->committed_step);
 
 	table = kvmalloc(sb->layout.group_bytes, GFP_KERNEL);
 	if (!table) {
@@ -981,21 +1015,26 @@ static int ckpt_read_sb(struct ckpt_c *c, struct ckpt_sb *sb, struct ckpt_sb *sc
 		ret = -ENOMEM;
 		goto out;
 	}
-	ret = ckpt_io_sync(c, REQ_OP_READ | REQ_SYNC, table, sb->layout.group_off,
-			   sb->layout.group_bytes);
+	copies = ckpt_meta_copies(&sb->layout);
+	for (copy = 0; copy < copies; copy++) {
+		ret = ckpt_read_groups(c, sb, copy, table, &why[copy]);
+		if (!ret)
+			break;
+	}
 	if (ret) {
-		*error = "Cannot read the group table";
+		DMERR("%s: group table on %s: copy 0: %s%s%s", ckpt_name(c), c->dev->name,
+		      why[0], copies > 1 ? ", copy 1: " : "", copies > 1 ? why[1] : "");
+		if (copies > 1)
+			*error = "Group table: no intact copy";
+		else if (ret == -EINVAL)
+			*error = "Group table: a chunk's group is out of range";
+		else
+			*error = "Cannot read the group table";
 		goto out;
 	}
-	for (i = 0; i < sb->geo.n_chunks; i++) {
-		if (table[i] >= sb->geo.n_groups) {
-			DMERR("%s: chunk %u has group %u, the device has %u groups",
-			      ckpt_name(c), i, table[i], sb->geo.n_groups);
-			*error = "Group table: a chunk's group is out of range";
-			ret = -EINVAL;
-			goto out;
-		}
-	}
+	if (copy)
+		DMWARN("%s: group table copy 0 on %s is damaged (%s): using copy 1",
+		       ckpt_name(c), c->dev->name, why[0]);
 	*groups = table;
 	table = NULL;
 out:

@@ -405,4 +405,131 @@ TEST_F(ctr, picks_the_newest_valid_copy)
 	free(blk);
 }
 
+/*
+ * Turn the fixture's image into a META2 one: the layout grows a second group
+ * table (and manifest, empty here) after the last record slot, and the
+ * superblock (copy 1, sequence 1) carries the group table's crc32c.
+ */
+static int make_meta2(struct ck_model *m)
+{
+	uint8_t *blk = ck_alloc(CKPT_BLOCK);
+	struct ckpt_layout l;
+	int fd, ret = -1;
+
+	if (!blk || ckpt_layout_compute_features(&m->sb.geo, CKPT_FEATURE_INCOMPAT_META2, &l) ||
+	    l.group_bytes != CKPT_BLOCK || ck_dev_bytes(m->dev) < l.dev_bytes)
+		goto out;
+	m->l = l;
+	m->sb.layout = l;
+	m->sb.feature_incompat = CKPT_FEATURE_INCOMPAT_META2;
+	m->sb.group_crc = ckpt_crc32c(m->groups, m->sb.geo.n_chunks);
+	fd = open(m->dev, O_RDWR | O_DIRECT);
+	if (fd < 0)
+		goto out;
+	memcpy(blk, m->groups, m->sb.geo.n_chunks);
+	ret = ck_write_at(fd, blk, CKPT_BLOCK, l.meta2_off);
+	if (!ret)
+		ret = ckpt_sb_encode(&m->sb, blk) ? -1 : ck_write_at(fd, blk, CKPT_BLOCK, CKPT_BLOCK);
+	close(fd);
+out:
+	free(blk);
+	return ret;
+}
+
+/* Set chunk's group in copy k of the group table, behind the superblock's back. */
+static int poke_group(const struct ck_model *m, uint32_t k, uint32_t chunk, uint8_t group)
+{
+	uint8_t *blk = ck_alloc(CKPT_BLOCK);
+	uint64_t off = ckpt_group_offset(&m->l, k);
+	int fd = open(m->dev, O_RDWR | O_DIRECT), ret = -1;
+
+	if (fd >= 0 && blk && !ck_read_at(fd, blk, CKPT_BLOCK, off)) {
+		blk[chunk] = group;
+		ret = ck_write_at(fd, blk, CKPT_BLOCK, off);
+	}
+	if (fd >= 0)
+		close(fd);
+	free(blk);
+	return ret;
+}
+
+/*
+ * META2: a flipped group byte (still a valid group) in copy 0 fails the
+ * group table checksum; the target uses copy 1, says so, and updates every
+ * chunk with its own group's hyperparameters. With both copies damaged the
+ * constructor refuses.
+ */
+TEST_F(ctr, group_table_checksum_falls_back_to_copy)
+{
+	struct ck_model *m = &self->m;
+	struct ckpt_hparams hp[2];
+	uint16_t *grad = NULL;
+	char table[512], why[256];
+	uint64_t i;
+	int fd;
+
+	ASSERT_EQ(0, make_meta2(m));
+	ASSERT_EQ(1, m->groups[5]);
+	ASSERT_EQ(0, poke_group(m, 0, 5, 0));
+	snprintf(table, sizeof(table), "0 %llu ckpt %s", (unsigned long long)ck_sectors(m), ck_dev());
+	ck_kmsg_clear();
+	ASSERT_EQ(0, ck_create(CK_NAME, table));
+	EXPECT_TRUE(ck_kmsg_has("group table copy 0"));
+	EXPECT_TRUE(ck_kmsg_has("is damaged (checksum mismatch): using copy 1"));
+
+	/* group 1 moves 1000 times further than group 0: a wrong group shows */
+	hp[0] = ck_hparams(1e-4, 0.9, 0.999, 1e-8, 0.0, 0, 1);
+	hp[1] = ck_hparams(1e-1, 0.9, 0.999, 1e-8, 0.0, 0, 1);
+	grad = ck_alloc(m->l.window_bytes);
+	ASSERT_NE(NULL, grad);
+	for (i = 0; i < m->l.n_params; i++)
+		grad[i] = (uint16_t)(i & 1 ? 0x3f80 : 0xbf80);	/* bf16 +-1 */
+	fd = ck_open_dm(CK_NAME);
+	ASSERT_LE(0, fd);
+	ASSERT_EQ(0, ck_begin(fd, 1, ck_f32(1.0), hp, 2));
+	ck_model_step(m, 1, hp, ck_f32(1.0), grad, NULL);
+	ASSERT_EQ(0, ck_grad(fd, m, grad, 0, m->l.window_bytes));
+	ASSERT_EQ(0, ck_commit(fd, 1, NULL, 0));
+	close(fd);
+	ck_remove(CK_NAME);
+	ck_model_commit(m, 1, NULL, 0);
+	EXPECT_EQ(0, ck_model_verify(m, why, sizeof(why)));
+	if (ck_model_verify(m, why, sizeof(why)))
+		TH_LOG("backing device: %s", why);
+	free(grad);
+
+	ASSERT_EQ(0, poke_group(m, 1, 2, 1));
+	snprintf(table, sizeof(table), "0 %llu ckpt %s", (unsigned long long)ck_sectors(m), ck_dev());
+	EXPECT_EQ(0, expect_refused(_metadata, table, "Group table: no intact copy"));
+}
+
+/* A damaged superblock copy next to the one in use is logged, not ignored. */
+TEST_F(ctr, damaged_superblock_copy_warns)
+{
+	uint8_t *blk = ck_alloc(CKPT_BLOCK);
+	struct ckpt_sb sb = self->m.sb;
+	char table[512];
+
+	/* copy 0: a sequence 2 commit with a flipped byte (a lost newer commit) */
+	sb.sequence = 2;
+	ASSERT_EQ(0, ckpt_sb_encode(&sb, blk));
+	blk[200] ^= 0x01;
+	ASSERT_EQ(0, ck_write_sb_block(ck_dev(), blk, 0));
+	snprintf(table, sizeof(table), "0 %llu ckpt %s", (unsigned long long)ck_sectors(&self->m),
+		 ck_dev());
+	ck_kmsg_clear();
+	ASSERT_EQ(0, ck_create(CK_NAME, table));
+	EXPECT_TRUE(ck_kmsg_has("superblock copy 0"));
+	EXPECT_TRUE(ck_kmsg_has("is damaged (checksum mismatch): using copy 1 (sequence 1"));
+	ck_remove(CK_NAME);
+
+	/* a blank copy 0 (as after format) is no damage */
+	memset(blk, 0, CKPT_BLOCK);
+	ASSERT_EQ(0, ck_write_sb_block(ck_dev(), blk, 0));
+	ck_kmsg_clear();
+	ASSERT_EQ(0, ck_create(CK_NAME, table));
+	EXPECT_FALSE(ck_kmsg_has("is damaged"));
+	free(blk);
+}
+
 TEST_HARNESS_MAIN

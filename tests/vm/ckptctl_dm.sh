@@ -58,6 +58,8 @@ fails_with "message abort without an open step is refused" any "failed" ckptctl 
 fails_with "format refuses a device the target holds" any "in use" ckptctl format $dev -m /tmp/m.json
 fails_with "import refuses a dm device" any "device-mapper device" ckptctl import /dev/mapper/$name --from /tmp/none
 fails_with "restore --rollback refuses a held device" any "in use" ckptctl restore --rollback $dev
+fails_with "verify --repair refuses a held device" any "in use" ckptctl verify --repair $dev
+fails_with "verify --repair refuses a dm device" any "device-mapper device" ckptctl verify --repair /dev/mapper/$name
 fails_with "create twice is refused" any "exists already" ckptctl create $name $dev
 fails_with "probe a dm device" any "not an NVMe namespace" ckptctl probe /dev/mapper/$name
 
