@@ -1003,11 +1003,13 @@ static int ckpt_read_sb(struct ckpt_c *c, struct ckpt_sb *sb, struct ckpt_sb *sc
 		goto out;
 
 	other = copy ^ 1;
+	/* It may have been a newer commit: the device would resume one step back. */
 	r1 = ckpt_sb_check_other(buf + other * CKPT_BLOCK, other, dev_bytes, sb, scratch);
 	if (r1)
 		DMWARN("%s: superblock copy %u on %s is damaged (%s): using copy %u (sequence %llu, step %llu), a newer commit may be lost",
-		       ckpt_name(c), other, c->dev->name, ckpt_strerror(r1), copy,
-		       sb->sequence, sb->committed_step);
+		       ckpt_name(c), other, c->dev->name,
+		       r1 == -CKPT_E_NO_SB ? "its sequence belongs to the other copy" :
+		       ckpt_strerror(r1), copy, sb->sequence, sb->committed_step);
 
 	table = kvmalloc(sb->layout.group_bytes, GFP_KERNEL);
 	if (!table) {

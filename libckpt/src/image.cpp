@@ -73,8 +73,10 @@ void Image::reload_superblock()
 		sb_warning = fmt::format("superblock copy {} (byte {}) is damaged ({}): using copy {} (sequence {}, "
 					 "committed step {}); a newer commit may have been lost (or one was torn by "
 					 "a crash)",
-					 other, other * CKPT_BLOCK, ckpt_strerror(-ret), sb_copy, sb.sequence,
-					 sb.committed_step);
+					 other, other * CKPT_BLOCK,
+					 ret == -CKPT_E_NO_SB ? "its sequence belongs to the other copy"
+							       : ckpt_strerror(-ret),
+					 sb_copy, sb.sequence, sb.committed_step);
 }
 
 Image Image::open(const std::string &path, bool writable, bool salvage)
@@ -116,24 +118,22 @@ Image Image::open(const std::string &path, bool writable, bool salvage)
 				return k;
 		return std::nullopt;
 	};
-	auto all_bad = [&](const char *what, auto bad) {
+	auto all_bad = [&](const char *what, auto bad, auto offset) {
 		std::string why;
 		for (uint32_t k = 0; k < copies; k++)
 			why += fmt::format("{}{}{}", k ? "; " : "",
-					   copies > 1 ? fmt::format("copy {} at byte {}: ", k,
-								    k ? ckpt_group_offset(&l, k) : l.group_off)
-						      : "",
+					   copies > 1 ? fmt::format("copy {} at byte {}: ", k, offset(&l, k)) : "",
 					   bad(img.meta[k]));
 		return fmt::format("{}: {}: {}", path, what, why);
 	};
-	const auto g = first_good([](const MetaCopy &c) { return c.group_error; });
+	auto group_bad = [](const MetaCopy &c) { return c.group_error; };
+	auto manifest_bad = [](const MetaCopy &c) { return c.manifest_error; };
+	const auto g = first_good(group_bad);
 	if (!g)
-		fail(CKPT_E_LAYOUT, "{}", all_bad("group table", [](const MetaCopy &c) { return c.group_error; }));
-	const auto m = first_good([](const MetaCopy &c) { return c.manifest_error; });
+		fail(CKPT_E_LAYOUT, "{}", all_bad("group table", group_bad, ckpt_group_offset));
+	const auto m = first_good(manifest_bad);
 	if (!m)
-		fail(CKPT_E_MANIFEST, "{}", all_bad("tensor manifest", [](const MetaCopy &c) {
-			return c.manifest_error;
-		}));
+		fail(CKPT_E_MANIFEST, "{}", all_bad("tensor manifest", manifest_bad, ckpt_manifest_offset));
 	img.group_copy = *g;
 	img.manifest_copy = *m;
 	img.group_table.assign(bufs[*g].as(), bufs[*g].as() + sb.geo.n_chunks);

@@ -679,10 +679,6 @@ Checked check_all(const std::string &path, bool writable, bool salvage)
 	return c;
 }
 
-} // namespace
-
-namespace {
-
 json meta_json(const ckpt::Image &img)
 {
 	const struct ckpt_layout &l = img.sb.layout;
@@ -751,8 +747,8 @@ int cmd_verify(const std::string &device, bool as_json, bool repair)
 	}
 	fmt::print("{}:\n", c.path);
 	if (repair)
-		fmt::print("  repair: {}\n", repaired ? fmt::format("rewrote {} damaged metadata copies from the intact "
-								      "ones (flushed)", repaired)
+		fmt::print("  repair: {}\n", repaired ? fmt::format("rewrote {} damaged metadata cop{} from the intact "
+								      "one (flushed)", repaired, repaired == 1 ? "y" : "ies")
 						      : "no damaged metadata copy to rewrite");
 	print_copies(c.copies);
 	if (!c.open_error.empty()) {
