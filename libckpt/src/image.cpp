@@ -28,7 +28,7 @@ std::string group_error(const struct ckpt_sb &sb, const uint8_t *table)
 {
 	int ret = ckpt_group_table_check(&sb, table);
 	if (ret == -CKPT_E_CRC)
-		return fmt::format("checksum mismatch (crc32c {:#010x}, the superblock says {:#010x})",
+		return fmt::format("checksum mismatch: crc32c {:#010x}, the superblock says {:#010x}",
 				   ckpt_crc32c(table, sb.geo.n_chunks), sb.group_crc);
 	if (ret < 0)
 		for (uint32_t c = 0; c < sb.geo.n_chunks; c++)

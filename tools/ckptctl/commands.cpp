@@ -773,12 +773,17 @@ int cmd_verify(const std::string &device, bool as_json, bool repair)
 		fmt::print("  WARNING: {}\n", w);
 	if (!ok)
 		fmt::print("verify: CORRUPT ({} problems)\n", c.committed.damage.size());
-	else if (degraded)
-		fmt::print("verify: DEGRADED ({} damaged cop{}; the committed state is intact and readable{})\n",
-			   warnings.size(), warnings.size() == 1 ? "y" : "ies",
-			   c.img->sb_warning.empty() || warnings.size() > 1
-				   ? "; ckptctl verify --repair rewrites damaged metadata copies"
-				   : "; the next commit rewrites the damaged superblock copy");
+	else if (degraded) {
+		std::string hint;
+		if (!c.img->short_warning.empty())
+			hint += "; the file is short: extend it, then verify --repair";
+		else if (std::any_of(c.img->meta.begin(), c.img->meta.end(), [](const auto &m) { return !m.ok(); }))
+			hint += "; ckptctl verify --repair rewrites the damaged metadata copies";
+		if (!c.img->sb_warning.empty())
+			hint += "; the next commit rewrites the damaged superblock copy";
+		fmt::print("verify: DEGRADED ({} warning{}; the committed state is intact and readable{})\n",
+			   warnings.size(), warnings.size() == 1 ? "" : "s", hint);
+	}
 	else
 		fmt::print("verify: ok\n");
 	return rc;
