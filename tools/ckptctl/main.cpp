@@ -243,7 +243,10 @@ int main(int argc, char **argv)
 		"the manifest's shapes; with --with-optimizer also '<name>.exp_avg' and\n"
 		"'<name>.exp_avg_sq'. __metadata__ holds format=pt, step, ckpt.dtype,\n"
 		"ckpt.uuid and (with --with-optimizer) ckpt.trainer_blob in hex. Every record\n"
-		"read is checked (header and checksum). The file appears only when complete.");
+		"read is checked (header and checksum). The file appears only when complete.\n"
+		"A backing file shorter than its layout is read as far as it goes (with a\n"
+		"warning naming the missing bytes): the export works if the committed\n"
+		"state is all there.");
 	exportc->add_option("device", dev, "backing file or block device, or a dm-ckpt device")->required();
 	exportc->add_option("--to", to, "output safetensors file")->required();
 	exportc->add_flag("--with-optimizer", with_opt, "also write exp_avg and exp_avg_sq");
@@ -268,7 +271,8 @@ int main(int argc, char **argv)
 		"damaged; a damaged newer superblock copy may mean the last commit was lost,\n"
 		"or was torn by a crash). --repair rewrites each damaged copy of the group\n"
 		"table or manifest from the intact one (only those bytes, flushed) and\n"
-		"verifies again; a damaged superblock copy is rewritten by the next commit.");
+		"verifies again; a damaged superblock copy is rewritten by the next commit.\n"
+		"A backing file shorter than its layout is checked as far as it goes.");
 	verify->add_option("device", dev, "backing file or block device, or a dm-ckpt device\n"
 					  "(with --repair: not a dm-ckpt device)")
 		->required();
