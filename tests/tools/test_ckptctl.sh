@@ -356,7 +356,7 @@ fails_with "a file one byte short: a clear error naming the missing bytes" 1 "th
 fails_with "... verify salvages it: DEGRADED, naming the missing bytes" 3 "WARNING: the file is smaller than the layout: .* the last 1 bytes are missing" "$ctl" verify short.img
 fails_with "... and the manifest copy it cut" 3 "manifest 1 (byte [0-9]*): DAMAGED: read at [0-9]* from short.img: unexpected end of file" "$ctl" verify short.img
 ok "... export salvages it, with a warning" sh -c \
-	"'$ctl' export short.img --to short.safetensors 2>&1 | grep -q 'warning: .*last 1 bytes are missing' &&
+	"'$ctl' export short.img --to short.safetensors 2>short.err && grep -q 'warning: .*last 1 bytes are missing' short.err &&
 	 $py st.py same f32.safetensors short.safetensors"
 fails_with "... verify --repair refuses it, saying how to go on" 1 "cannot repair: .*truncate -s" "$ctl" verify --repair short.img
 ok "... extended to its size, verify --repair makes it whole" sh -c \
