@@ -383,8 +383,9 @@ class TestNumerics(EngineCase):
         # bf16 1e-20: g*g (1e-40) is an fp32 subnormal; 1e-30: g*g underflows
         for mag in (1e-20, 1e-30, 1e-38):
             self.step_with(self.scaled(mag))
-        # g*g overflows fp32 (v = inf, the update is 0, as in torch): not an overflow
-        self.step_with(self.scaled(1e25))
+        # g*g overflows fp32: torch would store v = inf (and never move the
+        # param again); the device skips the step like an overflow
+        self.step_with(self.scaled(1e25), expect="overflow")
         self.step_with(self.scaled(1.0))
 
     def test_grad_scale_edges(self):
@@ -416,18 +417,20 @@ class TestNumericsFp16(TestNumerics):
     dtype = "fp16"
 
     def test_subnormal_and_huge_values(self):
-        # fp16 subnormal gradients (< 6.1e-5), and 65504 with grad_scale 1e35:
-        # finite, and g*g overflows fp32
+        # fp16 subnormal gradients (< 6.1e-5), and 65504 with grad_scale 1e30:
+        # finite, but g*g overflows fp32: v would be inf, the step is skipped
         for mag in (1e-5, 1e-7):
             self.step_with(self.scaled(mag))
         g = {n: np.full(s, 65504, np.float16) for n, s, _ in self.tensors}
-        self.step_with(g, grad_scale=1e30)
+        self.step_with(g, grad_scale=1e30, expect="overflow")
+        self.step_with(g, grad_scale=1e10)
         self.step_with(self.scaled(1.0), grad_scale=1.0 / 3000)
 
     def test_grad_scale_edges(self):
         g = {n: np.full(s, 65504, np.float16) for n, s, _ in self.tensors}
         self.step_with(g, grad_scale=1e34, expect="overflow")  # 65504 * 1e34 > fp32 max
-        self.step_with(g, grad_scale=1e33)
+        self.step_with(g, grad_scale=1e33, expect="overflow")  # finite, but v = g * g is not
+        self.step_with(g, grad_scale=1e10)
 
 
 class TestImages(EngineCase):
