@@ -81,6 +81,7 @@ std::unique_ptr<Device> Device::open(const std::string &path, const EngineOption
 	d->cmd_ = std::make_unique<struct ckpt_cmd>();
 	d->page_ = Buffer(CKPT_BLOCK);
 	d->tail_ = Buffer(d->layout().plo_chunk_bytes + CKPT_BLOCK);
+	d->plo_checked_.assign(d->geometry().n_chunks, false);
 	if (d->kernel_) {
 		const struct ckpt_status st = d->status();
 		if (memcmp(&st.geo, &d->geometry(), sizeof(st.geo)) != 0)
@@ -148,8 +149,11 @@ CommitResult Device::commit(std::span<const uint8_t> blob)
 	if (!blob.empty())
 		std::memcpy(cmd.blob, blob.data(), blob.size());
 	send(cmd);
-	return status().last_result == CKPT_RESULT_OVERFLOW ? CommitResult::overflow
-							     : CommitResult::committed;
+	if (status().last_result == CKPT_RESULT_OVERFLOW)
+		return CommitResult::overflow;
+	// The step wrote every chunk's p_lo, rounded from checked state.
+	plo_checked_.assign(plo_checked_.size(), true);
+	return CommitResult::committed;
 }
 
 void Device::abort()
@@ -199,9 +203,44 @@ void Device::write_grad_window(uint64_t off, const void *buf, uint64_t len)
 	target_->write(l.grad_off + off, buf, len);
 }
 
+// A bit flipped in committed p_lo would come back into a resumed model: before
+// the first read of a chunk's params, its committed p_lo is checked against
+// the checksum in its record header. The header's own crc, step and sequence
+// tie it to the superblock; its p, m, v (six times larger) are not read, a
+// step checks those.
+void Device::check_params(const Tensor &t)
+{
+	if (!(image().sb.feature_incompat & CKPT_FEATURE_INCOMPAT_PLO_CRC) || !t.numel)
+		return;
+	const uint64_t cp = layout().chunk_params;
+	const uint32_t first = static_cast<uint32_t>(t.offset / cp);
+	const uint32_t last = static_cast<uint32_t>((t.offset + t.numel - 1) / cp);
+	bool fresh = false;
+	for (uint32_t c = first; c <= last; c++) {
+		if (plo_checked_[c])
+			continue;
+		if (backing_ && !fresh) {	// the kernel may have committed since
+			backing_->reload_superblock();
+			fresh = true;
+		}
+		const Image &img = image();
+		const struct ckpt_sb &sb = img.sb;
+		const struct ckpt_layout &l = sb.layout;
+		if (!plo_check_.size())
+			plo_check_ = Buffer(CKPT_BLOCK + l.plo_chunk_bytes);
+		uint8_t *plo = plo_check_.as() + CKPT_BLOCK;
+		img.file.pread_all(plo_check_.as(), CKPT_BLOCK, ckpt_record_offset(&l, sb.committed_slot, c));
+		img.file.pread_all(plo, l.plo_chunk_bytes, ckpt_plo_offset(&l, sb.committed_slot, c));
+		img.check_record(plo_check_.as(), c, sb.committed_slot, sb.committed_step, sb.sequence, false,
+				 plo);
+		plo_checked_[c] = true;
+	}
+}
+
 void Device::read_params(const std::string &name, uint16_t *out, uint64_t n)
 {
 	const Tensor &t = tensor(name, n);
+	check_params(t);
 	target_->read(layout().param_off + t.offset * 2, out, n * 2);
 }
 

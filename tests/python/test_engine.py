@@ -14,6 +14,7 @@ Run: PYTHONPATH=<build>/python /usr/bin/python3 -m unittest -v test_engine
 
 import os
 import shutil
+import struct
 import sys
 import unittest
 
@@ -473,6 +474,38 @@ class TestImages(EngineCase):
             shutil.copyfile(self.path, p)
             os.truncate(p, cut)
             yield p
+
+    def committed_plo_offset(self, name):
+        """Byte offset of tensor name's first committed p_lo (from the newest
+        superblock copy: ckpt_sb_disk's plo_off and committed_slot)."""
+        with open(self.path, "rb") as f:
+            copies = [f.read(4096), f.read(4096)]
+        sb = max((c for c in copies if c[:4] == b"CKPT"), key=lambda c: struct.unpack_from("<Q", c, 48)[0])
+        plo_off = struct.unpack_from("<2Q", sb, 112)
+        slot = struct.unpack_from("<I", sb, 160)[0]
+        t = [x for x in self.dev.tensors() if x["name"] == name][0]
+        return plo_off[slot] + 2 * t["offset"]
+
+    def test_flipped_params_bit_fails_read_params(self):
+        """A flipped bit in committed p_lo must not come back into a resumed
+        model: the p_lo checksum in the record header catches it on open."""
+        self.full_step(b"one")
+        self.dev.close()
+        off = self.committed_plo_offset("e") + 6
+        with open(self.path, "r+b") as f:
+            f.seek(off)
+            c = f.read(1)[0]
+            f.seek(off)
+            f.write(bytes([c ^ 0x04]))
+        self.dev = ckpt.open(self.path)
+        with self.assertRaises(ckpt.CkptError) as cm:
+            self.dev.read_params("e")
+        e = cm.exception
+        self.assertEqual(e.name, "E_RECORD", e.message)
+        self.assertIn("'e'", e.message)
+        self.assertIn("chunk 2", e.message)
+        self.assertIn("p_lo checksum mismatch", e.message)
+        self.dev.read_params("w")  # chunks 0 and 1 are intact
 
     def test_truncated_image_after_steps(self):
         self.full_step(b"one")

@@ -245,7 +245,8 @@ int main(int argc, char **argv)
 		"Checks both superblock copies and their checksums, the group table and\n"
 		"manifest checksum, and every record of the committed slot: header checksum,\n"
 		"chunk, slot, step and sequence equal to the superblock's, data checksum of\n"
-		"fp32 p, m, v, and p_lo == round-to-nearest-even(p) for every param. Damage\n"
+		"fp32 p, m, v, checksum of p_lo (images formatted with the p_lo checksum\n"
+		"feature), and p_lo == round-to-nearest-even(p) for every param. Damage\n"
 		"is reported with its byte offset and the tensors it holds. Also reports\n"
 		"whether the previous step (the other slot) is still readable for a rollback;\n"
 		"that is information, not an error. Exit status 2 on damage.");
@@ -259,7 +260,7 @@ int main(int argc, char **argv)
 		"Reports the committed step, its trainer blob (hex and printable), whether\n"
 		"its state is intact, and whether the previous step is still readable: the\n"
 		"older superblock copy commits it and every record of the other slot is at\n"
-		"that step and sequence with intact data. With --rollback, makes that\n"
+		"that step and sequence with intact data (and p_lo). With --rollback, makes that\n"
 		"previous step the committed one (only when fully verified): its record\n"
 		"headers are stamped with a new sequence, the device is flushed, and a\n"
 		"superblock with the previous step and its blob is written with FUA over the\n"
