@@ -247,7 +247,7 @@ TEST_F(ctr, corrupt_superblocks)
 		{ "version", F_VERSION, 2, 0, "Superblock: unsupported format version" },
 		{ "version 0", F_VERSION, 0, 0, "Superblock: unsupported format version" },
 		{ "header_bytes", F_HEADER_BYTES, 100, 0, "Superblock: unsupported format version" },
-		{ "incompat", F_INCOMPAT, 1, 0, "Superblock: unsupported feature bits" },
+		{ "incompat", F_INCOMPAT, 0x80000000u, 0, "Superblock: unsupported feature bits" },
 		{ "ro_compat", F_RO_COMPAT, 0x80000000u, 0, "Superblock: unsupported feature bits" },
 		{ "n_chunks 0", F_N_CHUNKS, 0, 0, geo },
 		{ "n_chunks max+1", F_N_CHUNKS, (1u << 24) + 1, 0, geo },
