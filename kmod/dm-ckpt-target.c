@@ -377,8 +377,9 @@ static int ckpt_check_record(struct ckpt_c *c, struct ckpt_job *j)
 	if (f == CKPT_REC_OK)
 		return 0;
 	if (f == CKPT_REC_HEADER)
-		DMERR_LIMIT("%s: state record of chunk %u slot %u: %s", ckpt_name(c),
-			    j->chunk, j->src, ckpt_rec_fault_str(f));
+		DMERR_LIMIT("%s: state record of chunk %u slot %u: %s (%s)", ckpt_name(c),
+			    j->chunk, j->src, ckpt_rec_fault_str(f),
+			    ckpt_strerror(ckpt_rec_decode(j->rec, &got)));
 	else
 		DMERR_LIMIT("%s: state record of chunk %u slot %u: %s (holds chunk %u slot %u step %llu seq %llu, want step %llu seq %llu)",
 			    ckpt_name(c), j->chunk, j->src, ckpt_rec_fault_str(f),

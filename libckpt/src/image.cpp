@@ -69,6 +69,8 @@ void Image::check_record(const uint8_t *block, uint32_t chunk, uint32_t slot, ui
 		return;
 	std::string what = fmt::format("{}: state record of chunk {} slot {} ({}): {}", file.path, chunk,
 				       slot, tensors_of_chunk(chunk), ckpt_rec_fault_str(f));
+	if (f == CKPT_REC_HEADER)
+		what += fmt::format(" ({})", ckpt_strerror(-ckpt_rec_decode(block, &got)));
 	if (f == CKPT_REC_PLACE || f == CKPT_REC_STEP)
 		what += fmt::format(" (it holds chunk {} slot {} step {} sequence {}, expected step {} "
 				    "sequence {})",
