@@ -98,6 +98,7 @@ struct ckpt_job {
 	u64 step;		/* the open step: the new record's step */
 	u64 src_step;		/* the committed step: the source record's */
 	u64 src_sequence;	/* the current superblock's sequence */
+	u32 incompat;		/* the image's incompat feature bits */
 	struct ckpt_hparams hp;
 	u8 *rec;		/* record_bytes: 4 KiB header, fp32 p, m, v */
 	u16 *plo;		/* plo_chunk_bytes */
@@ -356,24 +357,35 @@ static u32 ckpt_run_update(struct ckpt_job *j, u32 *p, u32 *m, u32 *v, u64 n)
 	return nonfinite;
 }
 
+/*
+ * The record a step reads must be the committed state of its chunk, intact:
+ * bit rot built upon would become new committed state with a fresh checksum.
+ */
 static int ckpt_check_record(struct ckpt_c *c, struct ckpt_job *j)
 {
-	struct ckpt_rec rec;
-	int ret = ckpt_rec_decode(j->rec, &rec);
+	struct ckpt_rec want = {
+		.chunk = j->chunk,
+		.slot = j->src,
+		.chunk_shift = c->chunk_shift,
+		.step = j->src_step,
+		.sequence = j->src_sequence,
+	};
+	struct ckpt_rec got;
+	enum ckpt_rec_fault f = ckpt_rec_check(j->rec, j->rec + CKPT_BLOCK, NULL,
+						&want, 0, &got);
 
-	if (ret < 0) {
-		DMERR_LIMIT("%s: state record of chunk %u slot %u: %s", ckpt_name(c),
-			    j->chunk, j->src, ckpt_strerror(ret));
-		return -EIO;
-	}
-	if (rec.chunk != j->chunk || rec.slot != j->src || rec.step != j->src_step ||
-	    rec.sequence != j->src_sequence || rec.chunk_shift != c->chunk_shift) {
-		DMERR_LIMIT("%s: chunk %u slot %u: stale record (%u/%u step %llu seq %llu, want step %llu seq %llu)",
-			    ckpt_name(c), j->chunk, j->src, rec.chunk, rec.slot, rec.step,
-			    rec.sequence, j->src_step, j->src_sequence);
-		return -EIO;
-	}
-	return 0;
+	if (f == CKPT_REC_OK)
+		return 0;
+	if (f == CKPT_REC_HEADER)
+		DMERR_LIMIT("%s: state record of chunk %u slot %u: %s (%s)", ckpt_name(c),
+			    j->chunk, j->src, ckpt_rec_fault_str(f),
+			    ckpt_strerror(ckpt_rec_decode(j->rec, &got)));
+	else
+		DMERR_LIMIT("%s: state record of chunk %u slot %u: %s (holds chunk %u slot %u step %llu seq %llu, want step %llu seq %llu)",
+			    ckpt_name(c), j->chunk, j->src, ckpt_rec_fault_str(f),
+			    got.chunk, got.slot, got.step, got.sequence,
+			    j->src_step, j->src_sequence);
+	return -EIO;
 }
 
 static void ckpt_write_done(unsigned long error, void *context)
@@ -457,6 +469,8 @@ static void ckpt_job_work(struct work_struct *work)
 	rec.step = j->step;
 	rec.sequence = j->src_sequence + 1;
 	rec.data_crc = ckpt_crc32c(p, 12 * cp);
+	if (j->incompat & CKPT_FEATURE_INCOMPAT_PLO_CRC)
+		rec.plo_crc = ckpt_plo_crc(j->plo, c->chunk_shift);
 	ckpt_rec_encode(&rec, j->rec);
 	ret = ckpt_write_state(c, j);
 	if (ret) {
@@ -496,6 +510,7 @@ static void ckpt_dispatch(struct ckpt_c *c, struct bio *bio, u32 chunk,
 	j->chunk = chunk;
 	j->src_step = c->sb->committed_step;
 	j->src_sequence = c->sb->sequence;
+	j->incompat = c->sb->feature_incompat;
 	spin_lock(&c->sm_lock);
 	ret = ckpt_sm_claim(&c->sm, chunk);
 	j->src = ckpt_sm_src_slot(&c->sm);

@@ -474,12 +474,13 @@ void ckpt_rec_encode(const struct ckpt_rec *r, void *block)
 	d->sequence = cpu_to_le64(r->sequence);
 	d->slot = cpu_to_le32(r->slot);
 	d->chunk_shift = cpu_to_le32(r->chunk_shift);
+	d->plo_crc = cpu_to_le32(r->plo_crc);
 	d->crc32c = cpu_to_le32(ckpt_crc_skip(block, sizeof(*d), CKPT_REC_CRC_OFF));
 }
 
 /*
- * Validates the header on its own; the caller compares chunk, slot,
- * chunk_shift and step with what it expected at that offset.
+ * Validates the header on its own. Readers of state call ckpt_rec_check(),
+ * which also checks the record's place, step and checksums.
  */
 int ckpt_rec_decode(const void *block, struct ckpt_rec *r)
 {
@@ -504,9 +505,53 @@ int ckpt_rec_decode(const void *block, struct ckpt_rec *r)
 	r->slot = slot;
 	r->chunk_shift = shift;
 	r->data_crc = le32_to_cpu(d->data_crc);
+	r->plo_crc = le32_to_cpu(d->plo_crc);
 	r->step = le64_to_cpu(d->step);
 	r->sequence = le64_to_cpu(d->sequence);
 	return 0;
+}
+
+u32 ckpt_plo_crc(const void *plo, u32 chunk_shift)
+{
+	return ckpt_crc32c(plo, (size_t)2 << chunk_shift);
+}
+
+enum ckpt_rec_fault ckpt_rec_check(const void *header, const void *data,
+				   const void *plo, const struct ckpt_rec *want,
+				   u32 incompat, struct ckpt_rec *got)
+{
+	if (ckpt_rec_decode(header, got) < 0)
+		return CKPT_REC_HEADER;
+	if (got->chunk != want->chunk || got->slot != want->slot ||
+	    got->chunk_shift != want->chunk_shift)
+		return CKPT_REC_PLACE;
+	if (data && ckpt_crc32c(data, (size_t)12 << want->chunk_shift) != got->data_crc)
+		return CKPT_REC_DATA;
+	if (got->step != want->step || got->sequence != want->sequence)
+		return CKPT_REC_STEP;
+	if (plo && (incompat & CKPT_FEATURE_INCOMPAT_PLO_CRC) &&
+	    ckpt_plo_crc(plo, want->chunk_shift) != got->plo_crc)
+		return CKPT_REC_PLO;
+	return CKPT_REC_OK;
+}
+
+const char *ckpt_rec_fault_str(enum ckpt_rec_fault f)
+{
+	switch (f) {
+	case CKPT_REC_OK:
+		return "ok";
+	case CKPT_REC_HEADER:
+		return "corrupt header";
+	case CKPT_REC_PLACE:
+		return "misplaced record";
+	case CKPT_REC_DATA:
+		return "data checksum mismatch";
+	case CKPT_REC_STEP:
+		return "stale record";
+	case CKPT_REC_PLO:
+		return "p_lo checksum mismatch";
+	}
+	return "unknown fault";
 }
 
 /* ---------------- commands ---------------- */

@@ -67,19 +67,27 @@ enum ckpt_optimizer {
 /*
  * Feature bits of the superblock; unknown incompat/ro_compat bits refuse.
  *
+ * PLO_CRC: every record header carries a crc32c of its chunk's p_lo (the
+ * fp16/bf16 params of the same slot), so a reader restoring a model can
+ * check them. Incompat: a writer that does not know it would leave stale
+ * checksums behind.
+ *
  * META2: the layout ends with a second copy of the group table and the
  * manifest (meta2_off), and the superblock carries a crc32c of the group
  * table (group_crc). A reader takes the first copy whose checksum matches.
- * Set by format for new images; images without it open as before (one
- * copy, no group table checksum).
+ *
+ * Both are set by format for new images; images without them open and work
+ * as before, without those checks (one metadata copy, no group table or
+ * p_lo checksum).
  */
+#define CKPT_FEATURE_INCOMPAT_PLO_CRC	(1u << 0)
 #define CKPT_FEATURE_INCOMPAT_META2	(1u << 1)
 
 /* What format sets on new images. */
-#define CKPT_FEATURE_INCOMPAT_DEFAULT	CKPT_FEATURE_INCOMPAT_META2
+#define CKPT_FEATURE_INCOMPAT_DEFAULT	(CKPT_FEATURE_INCOMPAT_PLO_CRC | CKPT_FEATURE_INCOMPAT_META2)
 
 #define CKPT_FEATURE_COMPAT_SUPP	0u
-#define CKPT_FEATURE_INCOMPAT_SUPP	CKPT_FEATURE_INCOMPAT_META2
+#define CKPT_FEATURE_INCOMPAT_SUPP	CKPT_FEATURE_INCOMPAT_DEFAULT
 #define CKPT_FEATURE_RO_COMPAT_SUPP	0u
 
 /* Errors of the core, returned negated. Every one has a message, ckpt_strerror(). */
@@ -293,7 +301,9 @@ struct ckpt_rec_disk {
 	__le64 sequence;	/* superblock sequence that commits it */
 	__le32 slot;
 	__le32 chunk_shift;
-	__le64 reserved[3];
+	__le32 plo_crc;		/* PLO_CRC: crc32c of the chunk's p_lo; else 0 */
+	__le32 reserved0;
+	__le64 reserved[2];
 } __packed;
 
 struct ckpt_rec {
@@ -301,12 +311,46 @@ struct ckpt_rec {
 	u32 slot;
 	u32 chunk_shift;
 	u32 data_crc;
+	u32 plo_crc;
 	u64 step;
 	u64 sequence;
 };
 
 void ckpt_rec_encode(const struct ckpt_rec *r, void *block);
 int ckpt_rec_decode(const void *block, struct ckpt_rec *r);
+
+/* What is wrong with a state record, in the order ckpt_rec_check() looks. */
+enum ckpt_rec_fault {
+	CKPT_REC_OK = 0,
+	CKPT_REC_HEADER,	/* header unreadable: magic, crc or a field out of range */
+	CKPT_REC_PLACE,		/* another chunk's, slot's or geometry's record */
+	CKPT_REC_DATA,		/* data checksum mismatch: p, m or v corrupt */
+	CKPT_REC_STEP,		/* intact, but not the step and sequence expected */
+	CKPT_REC_PLO,		/* p_lo checksum mismatch */
+};
+
+/*
+ * The one check of a state record read from the place of chunk want->chunk
+ * in slot want->slot, used by both targets before a step builds upon it and
+ * by every reader: the header (magic, crc), its place (chunk, slot,
+ * chunk_shift), the data checksum over the 12 B * 2^chunk_shift of p, m, v
+ * at data, then step and sequence; with PLO_CRC in incompat (the image's
+ * feature bits), the checksum of the chunk's p_lo (2 B * 2^chunk_shift at
+ * plo). data or plo NULL: that checksum is not checked (a reader of p_lo
+ * alone needs only the header).
+ *
+ * Returns the first fault found (CKPT_REC_OK if none); *got holds the
+ * decoded header unless the fault is CKPT_REC_HEADER. A caller accepting
+ * other steps or sequences (verify's rollback check) may judge a
+ * CKPT_REC_STEP itself: everything before it was checked.
+ */
+enum ckpt_rec_fault ckpt_rec_check(const void *header, const void *data,
+				   const void *plo, const struct ckpt_rec *want,
+				   u32 incompat, struct ckpt_rec *got);
+/* A short description of a fault, for messages. */
+const char *ckpt_rec_fault_str(enum ckpt_rec_fault f);
+/* crc32c of a chunk's p_lo (what the PLO_CRC record field holds). */
+u32 ckpt_plo_crc(const void *plo, u32 chunk_shift);
 
 /* ---------------- commands (written to the control block) ---------------- */
 

@@ -52,19 +52,61 @@ void ckpt_sm_init(struct ckpt_step_sm *sm, const struct ckpt_sb *sb,
 	sm->last_result = CKPT_RESULT_NONE;
 }
 
-static int ckpt_hparams_check(const struct ckpt_hparams *h)
+/* >= 0 (+0 or -0 included), finite */
+static bool ckpt_f32_nonneg(u32 bits)
 {
-	if (!ckpt_f32_finite(h->lr) || !ckpt_f32_finite(h->beta1) ||
-	    !ckpt_f32_finite(h->beta2) || !ckpt_f32_finite(h->eps) ||
-	    !ckpt_f32_finite(h->weight_decay) ||
-	    !ckpt_f32_finite(h->one_minus_beta1) ||
-	    !ckpt_f32_finite(h->one_minus_beta2) ||
-	    !ckpt_f32_finite(h->step_size) || !ckpt_f32_finite(h->bc2_sqrt) ||
-	    !ckpt_f32_finite(h->decay))
-		return -CKPT_E_HPARAM;
-	if (h->flags & ~CKPT_GROUP_ADAM_L2)
-		return -CKPT_E_HPARAM;
-	return 0;
+	return ckpt_f32_finite(bits) && (!(bits & CKPT_F32_SIGN) || bits == CKPT_F32_SIGN);
+}
+
+/*
+ * Non-negative finite floats order like their bit patterns, so the ranges are
+ * integer comparisons.
+ */
+#define CKPT_F32_ONE	0x3f800000u
+
+/* in [0, 1] */
+static bool ckpt_f32_unit(u32 bits)
+{
+	return ckpt_f32_nonneg(bits) && (bits & ~CKPT_F32_SIGN) <= CKPT_F32_ONE;
+}
+
+/* in (0, 1] */
+static bool ckpt_f32_unit_pos(u32 bits)
+{
+	return !(bits & CKPT_F32_SIGN) && bits != 0 && bits <= CKPT_F32_ONE;
+}
+
+int ckpt_hparams_check(const struct ckpt_hparams *h, const char **field)
+{
+	const char *bad = NULL;
+
+	if (!ckpt_f32_nonneg(h->lr))
+		bad = "lr";
+	else if (!ckpt_f32_unit(h->beta1))
+		bad = "beta1";
+	else if (!ckpt_f32_unit(h->beta2))
+		bad = "beta2";
+	else if (!ckpt_f32_nonneg(h->eps))
+		bad = "eps";
+	else if (!ckpt_f32_nonneg(h->weight_decay))
+		bad = "weight_decay";
+	else if (!ckpt_f32_unit_pos(h->one_minus_beta1))
+		bad = "one_minus_beta1";
+	else if (!ckpt_f32_unit_pos(h->one_minus_beta2))
+		bad = "one_minus_beta2";
+	else if (!ckpt_f32_nonneg(h->step_size))
+		bad = "step_size";
+	else if (!ckpt_f32_unit_pos(h->bc2_sqrt))
+		bad = "bc2_sqrt";
+	else if (!ckpt_f32_finite(h->decay))
+		bad = "decay";
+	else if (h->flags & ~CKPT_GROUP_ADAM_L2)
+		bad = "flags";
+	if (!bad)
+		return 0;
+	if (field)
+		*field = bad;
+	return -CKPT_E_HPARAM;
 }
 
 int ckpt_sm_begin(struct ckpt_step_sm *sm, const struct ckpt_cmd *cmd)
@@ -86,7 +128,7 @@ int ckpt_sm_begin(struct ckpt_step_sm *sm, const struct ckpt_cmd *cmd)
 	if (!ckpt_f32_finite(gs) || (gs & CKPT_F32_SIGN) || gs == 0)
 		return -CKPT_E_HPARAM;
 	for (i = 0; i < cmd->n_groups; i++) {
-		ret = ckpt_hparams_check(&cmd->groups[i]);
+		ret = ckpt_hparams_check(&cmd->groups[i], NULL);
 		if (ret)
 			return ret;
 	}

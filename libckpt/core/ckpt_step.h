@@ -57,7 +57,19 @@ struct ckpt_step_sm {
 void ckpt_sm_init(struct ckpt_step_sm *sm, const struct ckpt_sb *sb,
 		  u64 *claimed, u64 *applied);
 
-/* BEGIN: state IDLE, step == committed + 1, n_groups matches, finite hparams. */
+/*
+ * The range check of one group's hyperparameters, on their fp32 bit patterns:
+ * what torch.optim.AdamW refuses (lr, eps, weight_decay < 0; a beta outside
+ * [0, 1)) and derived fields no valid input gives (1 - beta outside (0, 1],
+ * bc2_sqrt outside (0, 1], step_size < 0), every field finite, known flags.
+ * A beta may be 1.0f: the fp32 of a double just below 1, which torch takes;
+ * 1 - beta, computed in double, is what must be positive. -0.0 counts as 0.
+ * Returns 0, or -CKPT_E_HPARAM with *field naming the first bad field (as in
+ * struct ckpt_hparams) when field is not NULL.
+ */
+int ckpt_hparams_check(const struct ckpt_hparams *h, const char **field);
+
+/* BEGIN: state IDLE, step == committed + 1, n_groups matches, hparams valid. */
 int ckpt_sm_begin(struct ckpt_step_sm *sm, const struct ckpt_cmd *cmd);
 /* Before a chunk's update is dispatched: OPEN, in range, not yet claimed. */
 int ckpt_sm_claim(struct ckpt_step_sm *sm, u32 chunk);

@@ -28,8 +28,9 @@ extern "C" {
  *   plo = round_nearest_even(p) in dtype
  *
  * p, m, v are fp32 arrays (as bits); grad and plo are fp16/bf16 per dtype.
- * Returns nonzero if any scaled gradient is not finite; the outputs are then
- * meaningless and the step must be discarded.
+ * Returns nonzero if any scaled gradient or any new p, m or v is not finite;
+ * the outputs are then meaningless and the step must be discarded (skipped,
+ * as torch's GradScaler skips an overflowed step).
  */
 u32 ckpt_update_chunk(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
 		      const u16 *grad, u32 *p, u32 *m, u32 *v, u16 *plo, u64 n);

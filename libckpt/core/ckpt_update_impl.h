@@ -16,7 +16,9 @@
  *    that gcc 12 vectorizes the loop for SSE2 and AVX2 as well as AVX-512
  *    ("control flow in loop" otherwise);
  *  - the non-finite check is an OR-reduction over the exponent bits of the
- *    scaled gradient, no branch.
+ *    scaled gradient and of the new p, m and v, no branch: a result that is
+ *    not finite (eps = 0 with a zero gradient gives 0/0; m or v overflowing)
+ *    skips the step like an overflowed gradient, instead of committing it.
  *
  * Two float operations appear inside the vector conversions, both exact or
  * rounding-mode-only dependent (MXCSR default, RNE, which kernel_fpu_begin()
@@ -243,6 +245,9 @@ static __always_inline u32 ckpt_update_loop(const struct ckpt_upd_k *k, const in
 		vv = ckpt_as_f(v[i]) * beta2 + (g * g) * omb2;
 		denom = __builtin_sqrtf(vv) / bc2 + eps;
 		pp = pp - step_size * (mm / denom);
+		nf |= ((ckpt_as_u(pp) & 0x7f800000u) + 0x00800000u) |
+		      ((ckpt_as_u(mm) & 0x7f800000u) + 0x00800000u) |
+		      ((ckpt_as_u(vv) & 0x7f800000u) + 0x00800000u);
 		p[i] = ckpt_as_u(pp);
 		m[i] = ckpt_as_u(mm);
 		v[i] = ckpt_as_u(vv);

@@ -7,6 +7,10 @@
 #include "block_target.hpp"
 #include "error.hpp"
 
+extern "C" {
+#include "ckpt_step.h"
+}
+
 namespace ckpt {
 
 namespace {
@@ -17,6 +21,24 @@ uint32_t f32_bits(double v)
 	uint32_t u;
 	std::memcpy(&u, &f, 4);
 	return u;
+}
+
+// What torch.optim.AdamW refuses, with its rules (in double).
+void check_hparams(const GroupHparams &g, size_t i)
+{
+	auto bad = [&](const char *field, double v, const char *rule) {
+		fail(CKPT_E_HPARAM, "begin: group {}: {} = {} is invalid: it must be {}", i, field, v, rule);
+	};
+	if (!(g.lr >= 0) || !std::isfinite(g.lr))
+		bad("lr", g.lr, "finite and >= 0");
+	if (!(g.eps >= 0) || !std::isfinite(g.eps))
+		bad("eps", g.eps, "finite and >= 0");
+	if (!(g.beta1 >= 0 && g.beta1 < 1))
+		bad("beta1", g.beta1, "in [0, 1)");
+	if (!(g.beta2 >= 0 && g.beta2 < 1))
+		bad("beta2", g.beta2, "in [0, 1)");
+	if (!(g.weight_decay >= 0) || !std::isfinite(g.weight_decay))
+		bad("weight_decay", g.weight_decay, "finite and >= 0");
 }
 
 } // namespace
@@ -59,6 +81,7 @@ std::unique_ptr<Device> Device::open(const std::string &path, const EngineOption
 	d->cmd_ = std::make_unique<struct ckpt_cmd>();
 	d->page_ = Buffer(CKPT_BLOCK);
 	d->tail_ = Buffer(d->layout().plo_chunk_bytes + CKPT_BLOCK);
+	d->plo_checked_.assign(d->geometry().n_chunks, false);
 	if (d->kernel_) {
 		const struct ckpt_status st = d->status();
 		if (memcmp(&st.geo, &d->geometry(), sizeof(st.geo)) != 0)
@@ -99,8 +122,17 @@ void Device::begin(std::span<const GroupHparams> groups, double grad_scale)
 	cmd.step = st.committed_step + 1;
 	cmd.grad_scale = f32_bits(grad_scale);
 	cmd.n_groups = static_cast<uint32_t>(groups.size());
-	for (size_t i = 0; i < groups.size(); i++)
+	for (size_t i = 0; i < groups.size(); i++) {
+		check_hparams(groups[i], i);
 		cmd.groups[i] = hparams_for_step(groups[i], cmd.step);
+		// What the target checks on the fp32 values (ckpt_hparams_check).
+		const char *field = nullptr;
+		if (ckpt_hparams_check(&cmd.groups[i], &field) < 0)
+			fail(CKPT_E_HPARAM, "begin: group {}: {} out of range at step {} (lr {}, betas ({}, {}), "
+					    "eps {}, weight_decay {})",
+			     i, field, cmd.step, groups[i].lr, groups[i].beta1, groups[i].beta2, groups[i].eps,
+			     groups[i].weight_decay);
+	}
 	send(cmd);
 }
 
@@ -117,8 +149,11 @@ CommitResult Device::commit(std::span<const uint8_t> blob)
 	if (!blob.empty())
 		std::memcpy(cmd.blob, blob.data(), blob.size());
 	send(cmd);
-	return status().last_result == CKPT_RESULT_OVERFLOW ? CommitResult::overflow
-							     : CommitResult::committed;
+	if (status().last_result == CKPT_RESULT_OVERFLOW)
+		return CommitResult::overflow;
+	// The step wrote every chunk's p_lo, rounded from checked state.
+	plo_checked_.assign(plo_checked_.size(), true);
+	return CommitResult::committed;
 }
 
 void Device::abort()
@@ -168,9 +203,44 @@ void Device::write_grad_window(uint64_t off, const void *buf, uint64_t len)
 	target_->write(l.grad_off + off, buf, len);
 }
 
+// A bit flipped in committed p_lo would come back into a resumed model: before
+// the first read of a chunk's params, its committed p_lo is checked against
+// the checksum in its record header. The header's own crc, step and sequence
+// tie it to the superblock; its p, m, v (six times larger) are not read, a
+// step checks those.
+void Device::check_params(const Tensor &t)
+{
+	if (!(image().sb.feature_incompat & CKPT_FEATURE_INCOMPAT_PLO_CRC) || !t.numel)
+		return;
+	const uint64_t cp = layout().chunk_params;
+	const uint32_t first = static_cast<uint32_t>(t.offset / cp);
+	const uint32_t last = static_cast<uint32_t>((t.offset + t.numel - 1) / cp);
+	bool fresh = false;
+	for (uint32_t c = first; c <= last; c++) {
+		if (plo_checked_[c])
+			continue;
+		if (backing_ && !fresh) {	// the kernel may have committed since
+			backing_->reload_superblock();
+			fresh = true;
+		}
+		const Image &img = image();
+		const struct ckpt_sb &sb = img.sb;
+		const struct ckpt_layout &l = sb.layout;
+		if (!plo_check_.size())
+			plo_check_ = Buffer(CKPT_BLOCK + l.plo_chunk_bytes);
+		uint8_t *plo = plo_check_.as() + CKPT_BLOCK;
+		img.file.pread_all(plo_check_.as(), CKPT_BLOCK, ckpt_record_offset(&l, sb.committed_slot, c));
+		img.file.pread_all(plo, l.plo_chunk_bytes, ckpt_plo_offset(&l, sb.committed_slot, c));
+		img.check_record(plo_check_.as(), c, sb.committed_slot, sb.committed_step, sb.sequence, false,
+				 plo);
+		plo_checked_[c] = true;
+	}
+}
+
 void Device::read_params(const std::string &name, uint16_t *out, uint64_t n)
 {
 	const Tensor &t = tensor(name, n);
+	check_params(t);
 	target_->read(layout().param_off + t.offset * 2, out, n * 2);
 }
 

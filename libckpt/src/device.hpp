@@ -59,6 +59,12 @@ private:
 	const Image &image() const { return engine_ ? engine_->image() : *backing_; }
 	void send(const struct ckpt_cmd &cmd);
 	const Tensor &tensor(const std::string &name, uint64_t n);
+	void check_params(const Tensor &t);
+
+	// Chunks whose committed p_lo was checked against its record (PLO_CRC
+	// images), once per open: every committed step writes all of them anew.
+	std::vector<bool> plo_checked_;
+	Buffer plo_check_;	// a record header and a chunk of p_lo
 
 	std::unique_ptr<Engine> engine_;
 	std::unique_ptr<Target> kernel_;	// the kernel target's virtual device

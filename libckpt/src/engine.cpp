@@ -413,7 +413,10 @@ void Engine::worker_main(Worker &w)
 				}
 				if (static_cast<uint64_t>(res) != l.record_bytes)
 					fail(CKPT_E_IO, "short read of chunk {} state", chunk);
-				img_.check_record(s.rec.as(), chunk, src, img_.sb.committed_step, img_.sb.sequence, false);
+				// The full check, data checksum included: a step must not
+				// turn bit rot into new committed state with a fresh checksum.
+				img_.check_record(s.rec.as(), chunk, src, img_.sb.committed_step, img_.sb.sequence,
+						  true);
 				auto *p = reinterpret_cast<uint32_t *>(s.rec.as() + CKPT_BLOCK);
 				uint32_t nonfinite = 0;
 				if (load) {
@@ -452,6 +455,8 @@ void Engine::worker_main(Worker &w)
 				rec.step = step;
 				rec.sequence = img_.sb.sequence + 1;
 				rec.data_crc = ckpt_crc32c(p, 12 * cp);
+				if (img_.sb.feature_incompat & CKPT_FEATURE_INCOMPAT_PLO_CRC)
+					rec.plo_crc = ckpt_plo_crc(s.plo.as(), rec.chunk_shift);
 				ckpt_rec_encode(&rec, s.rec.as());
 				w.ring.write(fd, s.rec.as(), static_cast<unsigned>(l.record_bytes),
 					     ckpt_record_offset(&l, dst, chunk), tag);

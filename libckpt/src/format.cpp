@@ -29,10 +29,11 @@ void format(const std::string &path, const Layout &layout, const FormatOptions &
 		fail(CKPT_E_GEOMETRY, "chunk_params {} is not a power of two", cp);
 	if (opts.dtype != CKPT_DTYPE_BF16 && opts.dtype != CKPT_DTYPE_FP16)
 		fail(CKPT_E_DTYPE, "unknown dtype {}", opts.dtype);
+	if (opts.incompat & ~CKPT_FEATURE_INCOMPAT_SUPP)
+		fail(CKPT_E_FEATURE, "unknown incompat feature bits {:#x}", opts.incompat);
 	const Layout::Placed placed = layout.place(static_cast<uint32_t>(__builtin_ctz(cp)), opts.dtype);
 	struct ckpt_layout l;
-	const uint32_t incompat = CKPT_FEATURE_INCOMPAT_DEFAULT;
-	check_core(ckpt_layout_compute_features(&placed.geo, incompat, &l), "layout");
+	check_core(ckpt_layout_compute_features(&placed.geo, opts.incompat, &l), "layout");
 	const std::string manifest = Manifest::encode(placed.tensors, opts.dtype, cp);
 
 	int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
@@ -76,6 +77,8 @@ void format(const std::string &path, const Layout &layout, const FormatOptions &
 	rec.step = 0;
 	rec.sequence = 1;
 	rec.data_crc = ckpt_crc32c(chunk.as() + CKPT_BLOCK, 12 * l.chunk_params);
+	if (opts.incompat & CKPT_FEATURE_INCOMPAT_PLO_CRC)	// of zeros too
+		rec.plo_crc = ckpt_plo_crc(chunk.as() + CKPT_BLOCK, placed.geo.chunk_shift);
 	for (uint32_t c = 0; c < placed.geo.n_chunks; c++) {
 		rec.chunk = c;
 		ckpt_rec_encode(&rec, chunk.as());
@@ -90,11 +93,11 @@ void format(const std::string &path, const Layout &layout, const FormatOptions &
 	sb.uuid[6] = (sb.uuid[6] & 0x0f) | 0x40;	// RFC 4122 version 4
 	sb.uuid[8] = (sb.uuid[8] & 0x3f) | 0x80;
 	sb.sequence = 1;
+	sb.feature_incompat = opts.incompat;
 	sb.geo = placed.geo;
 	sb.layout = l;
 	sb.manifest_len = static_cast<uint32_t>(manifest.size());
 	sb.manifest_crc = ckpt_crc32c(manifest.data(), manifest.size());
-	sb.feature_incompat = incompat;
 	sb.group_crc = ckpt_crc32c(placed.group_table.data(), placed.group_table.size());
 	sb.committed_step = 0;
 	sb.committed_slot = 0;

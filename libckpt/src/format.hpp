@@ -12,6 +12,9 @@ struct FormatOptions {
 	uint32_t dtype = CKPT_DTYPE_BF16;
 	uint32_t chunk_params = 1u << CKPT_DEFAULT_CHUNK_SHIFT;
 	uint64_t size = 0;	// 0: what the layout needs
+	// Incompat feature bits of the new image (0 gives an image as the first
+	// v1 release wrote it, for compatibility tests).
+	uint32_t incompat = CKPT_FEATURE_INCOMPAT_DEFAULT;
 };
 
 // Creates (a file) or formats (a file or block device) path for layout:

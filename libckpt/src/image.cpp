@@ -195,21 +195,39 @@ unsigned Image::repair_meta()
 	return written;
 }
 
-void Image::check_record(const uint8_t *block, uint32_t chunk, uint32_t slot, uint64_t step,
-			 uint64_t sequence, bool check_data) const
+std::string Image::tensors_of_chunk(uint32_t chunk) const
 {
-	struct ckpt_rec rec;
-	int ret = ckpt_rec_decode(block, &rec);
-	if (ret < 0)
-		fail(CKPT_E_RECORD, "state record of chunk {} slot {}: {}", chunk, slot, ckpt_strerror(-ret));
-	if (rec.chunk != chunk || rec.slot != slot || rec.step != step || rec.sequence != sequence ||
-	    rec.chunk_shift != sb.geo.chunk_shift)
-		fail(CKPT_E_RECORD,
-		     "state record of chunk {} slot {} is stale or misplaced: holds chunk {} slot {} "
-		     "step {} sequence {}, expected step {} sequence {}",
-		     chunk, slot, rec.chunk, rec.slot, rec.step, rec.sequence, step, sequence);
-	if (check_data && ckpt_crc32c(block + CKPT_BLOCK, 12 * sb.layout.chunk_params) != rec.data_crc)
-		fail(CKPT_E_RECORD, "state record of chunk {} slot {}: data checksum mismatch", chunk, slot);
+	const uint64_t cp = sb.layout.chunk_params, lo = chunk * cp, hi = lo + cp;
+	std::string out;
+	for (const Tensor &t : manifest.tensors())
+		if (t.offset < hi && lo < t.offset + t.extent)
+			out += fmt::format("{}'{}'", out.empty() ? "" : ", ", t.name);
+	return out.empty() ? "no tensor" : out;
+}
+
+void Image::check_record(const uint8_t *block, uint32_t chunk, uint32_t slot, uint64_t step,
+			 uint64_t sequence, bool data, const uint8_t *plo) const
+{
+	struct ckpt_rec want = {};
+	want.chunk = chunk;
+	want.slot = slot;
+	want.chunk_shift = sb.geo.chunk_shift;
+	want.step = step;
+	want.sequence = sequence;
+	struct ckpt_rec got;
+	const enum ckpt_rec_fault f = ckpt_rec_check(block, data ? block + CKPT_BLOCK : nullptr, plo, &want,
+						     sb.feature_incompat, &got);
+	if (f == CKPT_REC_OK)
+		return;
+	std::string what = fmt::format("{}: state record of chunk {} slot {} ({}): {}", file.path, chunk,
+				       slot, tensors_of_chunk(chunk), ckpt_rec_fault_str(f));
+	if (f == CKPT_REC_HEADER)
+		what += fmt::format(" ({})", ckpt_strerror(-ckpt_rec_decode(block, &got)));
+	if (f == CKPT_REC_PLACE || f == CKPT_REC_STEP)
+		what += fmt::format(" (it holds chunk {} slot {} step {} sequence {}, expected step {} "
+				    "sequence {})",
+				    got.chunk, got.slot, got.step, got.sequence, step, sequence);
+	throw Error(CKPT_E_RECORD, what);
 }
 
 void Image::read_state(uint32_t slot, uint64_t step, uint64_t sequence, uint64_t offset, uint64_t n,

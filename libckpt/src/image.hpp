@@ -51,10 +51,15 @@ struct Image {
 	// bounce holds at least one record.
 	void read_state(uint32_t slot, uint64_t step, uint64_t sequence, uint64_t offset, uint64_t n,
 			float *p, float *m, float *v, Buffer &bounce) const;
-	// Throws CKPT_E_RECORD unless block is the record of chunk in slot at
-	// step and sequence (and, with check_data, its data checksum matches).
+	// Throws CKPT_E_RECORD, naming the chunk and its tensors, unless block
+	// is the intact record header of chunk in slot at step and sequence
+	// (ckpt_rec_check); with data, block holds the whole record and its
+	// data checksum must match; with plo and the PLO_CRC feature, so must
+	// the chunk's p_lo.
 	void check_record(const uint8_t *block, uint32_t chunk, uint32_t slot, uint64_t step,
-			  uint64_t sequence, bool check_data) const;
+			  uint64_t sequence, bool data, const uint8_t *plo = nullptr) const;
+	// The names of the tensors with params in chunk, quoted, for messages.
+	std::string tensors_of_chunk(uint32_t chunk) const;
 };
 
 // A range [off, off + len) cut at multiples of `unit`: f(index, offset in unit, length).

@@ -15,8 +15,12 @@ namespace ckpt {
 
 namespace {
 
-// Expected step/sequence of a record, or why it is not what the slot needs.
-using RecordRule = std::function<std::string(const struct ckpt_rec &)>;
+// The step and sequence a slot's records should have; why decides on others
+// (empty: accepted as well).
+struct RecordRule {
+	uint64_t step = 0, sequence = 0;
+	std::function<std::string(const struct ckpt_rec &)> why;
+};
 
 std::string describe(const Manifest &m, uint64_t param)
 {
@@ -43,32 +47,45 @@ SlotCheck check_slot(const Image &img, uint32_t slot, const RecordRule &rule)
 			out.damage.push_back({slot, c, off, std::move(what), std::move(tensors)});
 		};
 		const auto chunk_tensors = tensors_in(img.manifest, c * cp, cp);
+		const uint64_t poff = ckpt_plo_offset(&l, slot, c);
 		img.file.pread_all(rec.as(), l.record_bytes, roff);
-		struct ckpt_rec r;
-		int ret = ckpt_rec_decode(rec.as(), &r);
-		if (ret < 0) {
+		img.file.pread_all(plo.as(), l.plo_chunk_bytes, poff);
+		struct ckpt_rec expect = {}, r;
+		expect.chunk = c;
+		expect.slot = slot;
+		expect.chunk_shift = img.sb.geo.chunk_shift;
+		expect.step = rule.step;
+		expect.sequence = rule.sequence;
+		enum ckpt_rec_fault f = ckpt_rec_check(rec.as(), rec.as() + CKPT_BLOCK, plo.as(), &expect, img.sb.feature_incompat, &r);
+		if (f == CKPT_REC_HEADER) {
+			int ret = ckpt_rec_decode(rec.as(), &r);
 			damage(roff, fmt::format("record header of chunk {}: {}", c, ckpt_strerror(-ret)),
 			       chunk_tensors);
 			continue;
 		}
-		if (r.chunk != c || r.slot != slot || r.chunk_shift != img.sb.geo.chunk_shift) {
+		if (f == CKPT_REC_PLACE) {
 			damage(roff, fmt::format("record header of chunk {} is misplaced: it says chunk {} slot {} "
 						 "chunk_shift {}", c, r.chunk, r.slot, r.chunk_shift),
 			       chunk_tensors);
 			continue;
 		}
-		if (std::string why = rule(r); !why.empty()) {
-			damage(roff, fmt::format("record of chunk {} {}", c, why), chunk_tensors);
-			continue;
+		if (f == CKPT_REC_STEP) {
+			if (std::string why = rule.why(r); !why.empty()) {
+				damage(roff, fmt::format("record of chunk {} {}", c, why), chunk_tensors);
+				continue;
+			}
+			expect.step = r.step;	// accepted: check the rest against it
+			expect.sequence = r.sequence;
+			f = ckpt_rec_check(rec.as(), rec.as() + CKPT_BLOCK, plo.as(), &expect, img.sb.feature_incompat, &r);
 		}
-		const bool data_ok = ckpt_crc32c(rec.as() + CKPT_BLOCK, 12 * cp) == r.data_crc;
+		const bool data_ok = f != CKPT_REC_DATA;
 		if (!data_ok)
 			damage(roff + CKPT_BLOCK, fmt::format("record data of chunk {} (fp32 p, m, v): checksum "
 							      "mismatch", c), chunk_tensors);
+		if (f == CKPT_REC_PLO)
+			damage(poff, fmt::format("p_lo of chunk {}: checksum mismatch", c), chunk_tensors);
 		// p_lo must be p rounded to nearest even. Where the data checksum
 		// failed, this also points at a corrupt p.
-		const uint64_t poff = ckpt_plo_offset(&l, slot, c);
-		img.file.pread_all(plo.as(), l.plo_chunk_bytes, poff);
 		ckpt_round_params(img.sb.geo.dtype, reinterpret_cast<const uint32_t *>(rec.as() + CKPT_BLOCK),
 				  want.data(), cp);
 		const uint16_t *have = plo.as<uint16_t>();
@@ -157,13 +174,15 @@ std::array<SuperblockCopy, 2> inspect_superblocks(const BackingFile &f)
 SlotCheck check_committed(const Image &img)
 {
 	const struct ckpt_sb &sb = img.sb;
-	return check_slot(img, sb.committed_slot, [&](const struct ckpt_rec &r) -> std::string {
-		if (r.step != sb.committed_step || r.sequence != sb.sequence)
-			return fmt::format("is at step {} sequence {}, the superblock commits step {} sequence {} "
-					   "(a lost or misdirected write)",
-					   r.step, r.sequence, sb.committed_step, sb.sequence);
-		return {};
-	});
+	RecordRule rule;
+	rule.step = sb.committed_step;
+	rule.sequence = sb.sequence;
+	rule.why = [&](const struct ckpt_rec &r) {
+		return fmt::format("is at step {} sequence {}, the superblock commits step {} sequence {} "
+				   "(a lost or misdirected write)",
+				   r.step, r.sequence, sb.committed_step, sb.sequence);
+	};
+	return check_slot(img, sb.committed_slot, rule);
 }
 
 RollbackCheck check_rollback(const Image &img, const std::array<SuperblockCopy, 2> &copies)
@@ -198,15 +217,19 @@ RollbackCheck check_rollback(const Image &img, const std::array<SuperblockCopy, 
 	}
 	// Records at the previous step, committed by the previous superblock; or
 	// already stamped with the next sequence by an interrupted rollback.
-	rb.records = check_slot(img, rb.slot, [&](const struct ckpt_rec &r) -> std::string {
-		if (r.step == rb.step && (r.sequence == p.sequence || r.sequence == sb.sequence + 1))
+	RecordRule rule;
+	rule.step = rb.step;
+	rule.sequence = p.sequence;
+	rule.why = [&](const struct ckpt_rec &r) -> std::string {
+		if (r.step == rb.step && r.sequence == sb.sequence + 1)
 			return {};
 		if (r.step > sb.committed_step)
 			return fmt::format("was overwritten by step {} (an open, aborted, skipped or crashed step)",
 					   r.step);
 		return fmt::format("is at step {} sequence {}, not the previous step {} sequence {}", r.step,
 				   r.sequence, rb.step, p.sequence);
-	});
+	};
+	rb.records = check_slot(img, rb.slot, rule);
 	if (!rb.records.ok()) {
 		const Damage &d = rb.records.damage.front();
 		rb.reason = fmt::format("slot {} does not hold step {} intact: {}{}", rb.slot, rb.step, d.what,

@@ -340,10 +340,11 @@ static CK_UNUSED void ck_record_block(const struct ck_model *m, int slot, uint32
 /*
  * Format the device: zero superblocks, group table (chunk % n_groups), step 0
  * in slot 0 with random p (m = v = 0), slot 1 zeroed, superblock copy 1
- * (sequence 1). Returns 0 or -errno.
+ * (sequence 1), with incompat feature bits incompat. Returns 0 or -errno.
  */
-static CK_UNUSED int ck_format(struct ck_model *m, const char *dev,
-			       const struct ckpt_geometry *g, uint64_t seed)
+static CK_UNUSED int ck_format_features(struct ck_model *m, const char *dev,
+					const struct ckpt_geometry *g, uint64_t seed,
+					uint32_t incompat)
 {
 	struct ck_rng r = { seed };
 	uint8_t *blk = NULL;
@@ -376,10 +377,14 @@ static CK_UNUSED int ck_format(struct ck_model *m, const char *dev,
 		m->rec[0][c].step = 0;
 		m->rec[0][c].sequence = 1;
 		m->rec[0][c].data_crc = ckpt_crc32c(p, 12 * (size_t)m->cp);
+		if (incompat & CKPT_FEATURE_INCOMPAT_PLO_CRC)
+			m->rec[0][c].plo_crc = ckpt_plo_crc(m->plo[0] + (size_t)c * m->cp,
+							    g->chunk_shift);
 		m->valid[0][c] = 1;
 	}
 
 	memset(&m->sb, 0, sizeof(m->sb));
+	m->sb.feature_incompat = incompat;
 	for (i = 0; i < 16; i++)
 		m->sb.uuid[i] = (uint8_t)ck_next(&r);
 	m->sb.sequence = 1;
@@ -418,6 +423,13 @@ out:
 	return ret;
 }
 
+/* Format with the p_lo checksum in every record (ctr_test adds META2 itself). */
+static CK_UNUSED int ck_format(struct ck_model *m, const char *dev,
+			       const struct ckpt_geometry *g, uint64_t seed)
+{
+	return ck_format_features(m, dev, g, seed, CKPT_FEATURE_INCOMPAT_PLO_CRC);
+}
+
 /* Write one superblock block (4 KiB) at copy k of the device. */
 static CK_UNUSED int ck_write_sb_block(const char *dev, const void *block, int k)
 {
@@ -435,8 +447,9 @@ static CK_UNUSED int ck_write_sb_block(const char *dev, const void *block, int k
 /*
  * Apply step t to the model as the target must: every chunk updated from the
  * committed slot into the other one. grads: n_params values. Chunks whose
- * scaled gradient is not finite are not written (their bit in written[] stays
- * 0). Returns 1 if any chunk overflowed. Call ck_model_commit() to commit.
+ * scaled gradient or new state is not finite are not written (their bit in
+ * written[] stays 0). Returns 1 if any chunk overflowed. Call
+ * ck_model_commit() to commit.
  */
 static CK_UNUSED int ck_model_step(struct ck_model *m, uint64_t t,
 				   const struct ckpt_hparams *hp, uint32_t grad_scale,
@@ -469,6 +482,9 @@ static CK_UNUSED int ck_model_step(struct ck_model *m, uint64_t t,
 		m->rec[dst][c].step = t;
 		m->rec[dst][c].sequence = m->sb.sequence + 1;
 		m->rec[dst][c].data_crc = ckpt_crc32c(buf, 12 * (size_t)m->cp);
+		m->rec[dst][c].plo_crc = 0;
+		if (m->sb.feature_incompat & CKPT_FEATURE_INCOMPAT_PLO_CRC)
+			m->rec[dst][c].plo_crc = ckpt_plo_crc(plo, m->sb.geo.chunk_shift);
 		m->valid[dst][c] = 1;
 	}
 	free(buf);

@@ -247,7 +247,7 @@ TEST_F(ctr, corrupt_superblocks)
 		{ "version", F_VERSION, 2, 0, "Superblock: unsupported format version" },
 		{ "version 0", F_VERSION, 0, 0, "Superblock: unsupported format version" },
 		{ "header_bytes", F_HEADER_BYTES, 100, 0, "Superblock: unsupported format version" },
-		{ "incompat", F_INCOMPAT, 1, 0, "Superblock: unsupported feature bits" },
+		{ "incompat", F_INCOMPAT, 0x80000000u, 0, "Superblock: unsupported feature bits" },
 		{ "ro_compat", F_RO_COMPAT, 0x80000000u, 0, "Superblock: unsupported feature bits" },
 		{ "n_chunks 0", F_N_CHUNKS, 0, 0, geo },
 		{ "n_chunks max+1", F_N_CHUNKS, (1u << 24) + 1, 0, geo },
@@ -416,12 +416,14 @@ static int make_meta2(struct ck_model *m)
 	struct ckpt_layout l;
 	int fd, ret = -1;
 
-	if (!blk || ckpt_layout_compute_features(&m->sb.geo, CKPT_FEATURE_INCOMPAT_META2, &l) ||
+	if (!blk ||
+	    ckpt_layout_compute_features(&m->sb.geo,
+					 m->sb.feature_incompat | CKPT_FEATURE_INCOMPAT_META2, &l) ||
 	    l.group_bytes != CKPT_BLOCK || ck_dev_bytes(m->dev) < l.dev_bytes)
 		goto out;
 	m->l = l;
 	m->sb.layout = l;
-	m->sb.feature_incompat = CKPT_FEATURE_INCOMPAT_META2;
+	m->sb.feature_incompat |= CKPT_FEATURE_INCOMPAT_META2;
 	m->sb.group_crc = ckpt_crc32c(m->groups, m->sb.geo.n_chunks);
 	fd = open(m->dev, O_RDWR | O_DIRECT);
 	if (fd < 0)

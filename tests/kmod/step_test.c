@@ -9,6 +9,7 @@
  */
 #include "ckpt_kmod.h"
 #include <pthread.h>
+#include <stddef.h>
 #include "kselftest_harness.h"
 
 #define N_CHUNKS 8
@@ -707,6 +708,129 @@ TEST_F(step, backing_error_fails_the_target)
 	EXPECT_EQ(CKPT_STATE_IDLE, st.state);
 	EXPECT_EQ(1, st.committed_step);
 	EXPECT_EQ(0, verify(_metadata, self));
+	ASSERT_EQ(0, full_step(_metadata, self, 2, "two"));
+}
+
+/*
+ * Bit rot in committed state must not become new committed state with a fresh
+ * checksum: the step checks the data crc of the record it reads, fails the
+ * write and the target, and the committed state stays as it was (damage
+ * included, for ckptctl verify to find).
+ */
+TEST_F(step, flipped_data_bit_fails_the_step)
+{
+	const uint32_t slot = 1;	/* committed after step 1 */
+	uint64_t off;
+	uint8_t *blk = ck_alloc(CKPT_BLOCK);
+	struct ckpt_status st;
+	int dfd;
+
+	ASSERT_EQ(0, full_step(_metadata, self, 1, "one"));
+	ASSERT_EQ(slot, self->m.sb.committed_slot);
+	/* an exponent bit of p[0] of chunk 0, on the device and in the model */
+	off = ckpt_record_offset(&self->m.l, slot, 0) + CKPT_BLOCK;
+	dfd = open(ck_dev(), O_RDWR | O_DIRECT);
+	ASSERT_LE(0, dfd);
+	ASSERT_EQ(0, ck_pread(dfd, blk, CKPT_BLOCK, off));
+	blk[2] ^= 0x40;
+	ASSERT_EQ(0, ck_pwrite(dfd, blk, CKPT_BLOCK, off));
+	ASSERT_EQ(0, fsync(dfd));
+	close(dfd);
+	((uint8_t *)self->m.state[slot])[2] ^= 0x40;
+
+	ck_kmsg_clear();
+	make_grads(self);
+	ASSERT_EQ(0, begin(self, 2));
+	EXPECT_EQ(-EIO, ck_grad(self->fd, &self->m, self->grad, 0, self->cb));
+	ASSERT_EQ(0, ck_status(self->fd, &st));
+	EXPECT_EQ(CKPT_STATE_FAILED, st.state);
+	EXPECT_EQ(1, st.committed_step);
+	EXPECT_EQ(1, ck_kmsg_has("chunk 0 slot 1: data checksum mismatch"));
+	EXPECT_EQ(-EIO, ck_commit(self->fd, 2, NULL, 0));
+	ASSERT_EQ(0, ck_status(self->fd, &st));
+	EXPECT_EQ(CKPT_E_FAILED, st.last_error);
+	/* nothing written: the model (with the flipped bit) is what is on disk */
+	EXPECT_EQ(0, verify(_metadata, self));
+	free(blk);
+}
+
+/*
+ * What torch.optim.AdamW refuses (and derived values no valid input gives)
+ * is refused at BEGIN: E_HPARAM, nothing changes.
+ */
+TEST_F(step, begin_refuses_out_of_range_hparams)
+{
+	struct ckpt_status st;
+	const struct {
+		size_t off;
+		uint32_t bits;
+	} bad[] = {
+		{ offsetof(struct ckpt_hparams, lr), 0xba83126fu },		/* -1e-3 */
+		{ offsetof(struct ckpt_hparams, beta1), 0x3fc00000u },		/* 1.5 */
+		{ offsetof(struct ckpt_hparams, beta2), 0xbdcccccdu },		/* -0.1 */
+		{ offsetof(struct ckpt_hparams, eps), 0xb22bcc77u },		/* -1e-8 */
+		{ offsetof(struct ckpt_hparams, weight_decay), 0xbc23d70au },	/* -0.01 */
+		{ offsetof(struct ckpt_hparams, one_minus_beta1), 0 },
+		{ offsetof(struct ckpt_hparams, one_minus_beta2), 0x40000000u },	/* 2 */
+		{ offsetof(struct ckpt_hparams, step_size), 0xbc23d70au },
+		{ offsetof(struct ckpt_hparams, bc2_sqrt), 0 },
+	};
+	size_t i;
+
+	for (i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		step_params(self, 1);
+		memcpy((uint8_t *)&self->hp[1] + bad[i].off, &bad[i].bits, 4);
+		EXPECT_EQ(-EIO, ck_begin(self->fd, 1, self->gs, self->hp, N_GROUPS));
+		ASSERT_EQ(0, ck_status(self->fd, &st));
+		EXPECT_EQ(CKPT_RESULT_REJECTED, st.last_result);
+		EXPECT_EQ(CKPT_E_HPARAM, st.last_error);
+		EXPECT_EQ(CKPT_STATE_IDLE, st.state);
+		EXPECT_EQ(0, st.committed_step);
+		EXPECT_EQ(i + 1, st.commands_rejected);
+	}
+	EXPECT_EQ(0, verify(_metadata, self));
+	ASSERT_EQ(0, full_step(_metadata, self, 1, "one"));
+}
+
+/*
+ * eps = 0 with a zero gradient on zero moments is 0/0: treated as an
+ * overflow, the step is skipped and no chunk is written.
+ */
+TEST_F(step, eps_zero_with_zero_gradient_is_skipped)
+{
+	struct ckpt_status st;
+
+	memset(self->grad, 0, self->window);
+	step_params(self, 1);
+	self->hp[0].eps = 0;
+	self->hp[1].eps = 0;
+	self->hp[1].weight_decay = 0;	/* Adam-L2: g stays 0 */
+	ASSERT_EQ(0, ck_begin(self->fd, 1, self->gs, self->hp, N_GROUPS));
+	ASSERT_EQ(1, ck_model_step(&self->m, 1, self->hp, self->gs, self->grad, NULL));
+	ASSERT_EQ(0, ck_grad(self->fd, &self->m, self->grad, 0, self->window));
+	ASSERT_EQ(0, ck_status(self->fd, &st));
+	EXPECT_EQ(1, st.overflow);
+	ASSERT_EQ(0, ck_commit(self->fd, 1, NULL, 0));
+	ASSERT_EQ(0, ck_status(self->fd, &st));
+	EXPECT_EQ(CKPT_RESULT_OVERFLOW, st.last_result);
+	EXPECT_EQ(0, st.committed_step);
+	EXPECT_EQ(0, verify(_metadata, self));
+	ASSERT_EQ(0, full_step(_metadata, self, 1, "one"));
+}
+
+/* An image formatted without the p_lo checksum feature steps as before. */
+TEST_F(step, image_without_plo_crc)
+{
+	struct ckpt_geometry g = self->m.sb.geo;
+
+	close(self->fd);
+	ck_remove(CK_NAME);
+	ck_model_free(&self->m);
+	ASSERT_EQ(0, ck_format_features(&self->m, ck_dev(), &g, 12, 0));
+	ASSERT_EQ(0, create_default(&self->m, NULL));
+	self->fd = ck_open_dm(CK_NAME);
+	ASSERT_LE(0, self->fd);
+	ASSERT_EQ(0, full_step(_metadata, self, 1, "one"));
 	ASSERT_EQ(0, full_step(_metadata, self, 2, "two"));
 }
 

@@ -92,7 +92,9 @@ def hparams_f32(group, step):
 
 
 def exact_update(p, m, v, grad_bits, dtype, hp, grad_scale):
-    """One step of ckpt_update_chunk in numpy fp32. Returns (p, m, v, finite)."""
+    """One step of ckpt_update_chunk in numpy fp32. Returns (p, m, v, finite):
+    finite is False when a scaled gradient or a new p, m or v is not finite
+    (the device skips such a step)."""
     with np.errstate(all="ignore"):
         g = lowp_bits_to_f32(grad_bits, dtype) * np.float32(grad_scale)
         finite = bool(np.isfinite(g).all())
@@ -104,6 +106,7 @@ def exact_update(p, m, v, grad_bits, dtype, hp, grad_scale):
         v = v * hp["beta2"] + (g * g) * hp["omb2"]
         denom = np.sqrt(v) / hp["bc2"] + hp["eps"]
         p = p - hp["step_size"] * (m / denom)
+        finite = finite and bool(np.isfinite(p).all() and np.isfinite(m).all() and np.isfinite(v).all())
     return p.astype(np.float32), m.astype(np.float32), v.astype(np.float32), finite
 
 
@@ -118,7 +121,7 @@ class Model:
                       for n, s, _ in tensors}
 
     def step(self, t, groups, grads, grad_scale=1.0):
-        """Applies step t (all tensors) unless a gradient is non-finite; returns finite."""
+        """Applies step t (all tensors) unless a gradient or a result is non-finite; returns finite."""
         hps = [hparams_f32(g, t) for g in groups]
         new, finite = {}, True
         for n, (p, m, v) in self.state.items():

@@ -14,9 +14,10 @@ Run: PYTHONPATH=<build>/python /usr/bin/python3 -m unittest -v test_engine
 
 import os
 import shutil
-import warnings
+import struct
 import sys
 import unittest
+import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -384,8 +385,9 @@ class TestNumerics(EngineCase):
         # bf16 1e-20: g*g (1e-40) is an fp32 subnormal; 1e-30: g*g underflows
         for mag in (1e-20, 1e-30, 1e-38):
             self.step_with(self.scaled(mag))
-        # g*g overflows fp32 (v = inf, the update is 0, as in torch): not an overflow
-        self.step_with(self.scaled(1e25))
+        # g*g overflows fp32: torch would store v = inf (and never move the
+        # param again); the device skips the step like an overflow
+        self.step_with(self.scaled(1e25), expect="overflow")
         self.step_with(self.scaled(1.0))
 
     def test_grad_scale_edges(self):
@@ -417,18 +419,20 @@ class TestNumericsFp16(TestNumerics):
     dtype = "fp16"
 
     def test_subnormal_and_huge_values(self):
-        # fp16 subnormal gradients (< 6.1e-5), and 65504 with grad_scale 1e35:
-        # finite, and g*g overflows fp32
+        # fp16 subnormal gradients (< 6.1e-5), and 65504 with grad_scale 1e30:
+        # finite, but g*g overflows fp32: v would be inf, the step is skipped
         for mag in (1e-5, 1e-7):
             self.step_with(self.scaled(mag))
         g = {n: np.full(s, 65504, np.float16) for n, s, _ in self.tensors}
-        self.step_with(g, grad_scale=1e30)
+        self.step_with(g, grad_scale=1e30, expect="overflow")
+        self.step_with(g, grad_scale=1e10)
         self.step_with(self.scaled(1.0), grad_scale=1.0 / 3000)
 
     def test_grad_scale_edges(self):
         g = {n: np.full(s, 65504, np.float16) for n, s, _ in self.tensors}
         self.step_with(g, grad_scale=1e34, expect="overflow")  # 65504 * 1e34 > fp32 max
-        self.step_with(g, grad_scale=1e33)
+        self.step_with(g, grad_scale=1e33, expect="overflow")  # finite, but v = g * g is not
+        self.step_with(g, grad_scale=1e10)
 
 
 class TestImages(EngineCase):
@@ -471,6 +475,38 @@ class TestImages(EngineCase):
             shutil.copyfile(self.path, p)
             os.truncate(p, cut)
             yield p
+
+    def committed_plo_offset(self, name):
+        """Byte offset of tensor name's first committed p_lo (from the newest
+        superblock copy: ckpt_sb_disk's plo_off and committed_slot)."""
+        with open(self.path, "rb") as f:
+            copies = [f.read(4096), f.read(4096)]
+        sb = max((c for c in copies if c[:4] == b"CKPT"), key=lambda c: struct.unpack_from("<Q", c, 48)[0])
+        plo_off = struct.unpack_from("<2Q", sb, 112)
+        slot = struct.unpack_from("<I", sb, 160)[0]
+        t = [x for x in self.dev.tensors() if x["name"] == name][0]
+        return plo_off[slot] + 2 * t["offset"]
+
+    def test_flipped_params_bit_fails_read_params(self):
+        """A flipped bit in committed p_lo must not come back into a resumed
+        model: the p_lo checksum in the record header catches it on open."""
+        self.full_step(b"one")
+        self.dev.close()
+        off = self.committed_plo_offset("e") + 6
+        with open(self.path, "r+b") as f:
+            f.seek(off)
+            c = f.read(1)[0]
+            f.seek(off)
+            f.write(bytes([c ^ 0x04]))
+        self.dev = ckpt.open(self.path)
+        with self.assertRaises(ckpt.CkptError) as cm:
+            self.dev.read_params("e")
+        e = cm.exception
+        self.assertEqual(e.name, "E_RECORD", e.message)
+        self.assertIn("'e'", e.message)
+        self.assertIn("chunk 2", e.message)
+        self.assertIn("p_lo checksum mismatch", e.message)
+        self.dev.read_params("w")  # chunks 0 and 1 are intact
 
     def test_truncated_image_after_steps(self):
         self.full_step(b"one")

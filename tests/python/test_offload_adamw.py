@@ -457,6 +457,58 @@ class OffloadAdamWTest(unittest.TestCase):
         opt.step()
         self.assertEqual((opt.last_result, opt.committed_step), ("committed", 2))
 
+    def test_hyperparameters_torch_refuses(self):
+        """ValueError, with torch's message, for what torch.optim.AdamW refuses;
+        also when a param group or a scheduler sets it later."""
+        model = make_model()
+        bad = [(dict(lr=-1e-3), "Invalid learning rate"), (dict(lr=float("nan")), "Invalid learning rate"),
+               (dict(eps=-1e-8), "Invalid epsilon value"),
+               (dict(betas=(1.0, 0.999)), "Invalid beta parameter at index 0"),
+               (dict(betas=(-0.1, 0.999)), "Invalid beta parameter at index 0"),
+               (dict(betas=(0.9, 1.5)), "Invalid beta parameter at index 1"),
+               (dict(weight_decay=-0.01), "Invalid weight_decay value")]
+        for kw, msg in bad:
+            with self.subTest(kw=kw):
+                with self.assertRaisesRegex(ValueError, msg):
+                    torch.optim.AdamW(model.parameters(), **kw)  # the reference
+                with self.assertRaisesRegex(ValueError, msg):
+                    OffloadAdamW(model.named_parameters(), self.path(), **kw)
+                self.assertFalse(os.path.exists(self.path()))
+        opt = OffloadAdamW(groups_of(model), self.path(), lr=1e-2)
+        self.addCleanup(opt.close)
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        loss_of(model, *batch(np.random.default_rng(0))).backward()
+        for key, value, msg in (("lr", -0.5, "Invalid learning rate"),
+                                ("betas", (0.9, 1.0), "Invalid beta parameter at index 1"),
+                                ("weight_decay", -1.0, "Invalid weight_decay value")):
+            with self.subTest(key=key):
+                saved = opt.param_groups[1][key]
+                opt.param_groups[1][key] = value
+                with self.assertRaisesRegex(ValueError, "param group 1: " + msg):
+                    opt.step()
+                opt.param_groups[1][key] = saved
+                self.assertEqual(opt.device.info()["open_step"], 0)
+                self.assertEqual(opt.committed_step, 0)
+        for n, p in model.named_parameters():
+            self.assertTrue(torch.equal(p.detach(), before[n]), n)
+        opt.step()
+        self.assertEqual((opt.last_result, opt.committed_step), ("committed", 1))
+
+    def test_eps_zero_with_a_zero_gradient_is_skipped(self):
+        """torch takes eps=0; with a zero gradient on zero moments the update is
+        0/0: the device skips the step instead of committing NaN masters."""
+        model = make_model()
+        opt = OffloadAdamW(model.named_parameters(), self.path(), lr=1e-2, eps=0.0)
+        self.addCleanup(opt.close)
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        opt.step()  # every grad is None: zero gradients
+        self.assertEqual((opt.last_result, opt.committed_step), ("overflow", 0))
+        for n, p in model.named_parameters():
+            self.assertFalse(torch.isnan(p).any(), n)
+            self.assertTrue(torch.equal(p.detach(), before[n]), n)
+        for n, pm in opt.master_params().items():
+            self.assertTrue(torch.equal(bf16_round(pm), before[n]), n)
+
     def test_set_blob_hook(self):
         model = make_model()
         opt = OffloadAdamW(model.parameters(), self.path())

@@ -150,6 +150,10 @@ if __name__ == "__main__":
         L, cp = j["layout"], j["chunk_params"]
         c, i = divmod(t["offset"], cp)
         print(L["rec_off"][slot] + c * L["record_bytes"] + 4096 + i * 4 + 2)
+    elif cmd == "plooff":  # plooff INFO_JSON TENSOR: byte offset of that tensor's first committed p_lo
+        j = json.load(open(sys.argv[2]))
+        t = [x for x in j["tensors"] if x["name"] == sys.argv[3]][0]
+        print(j["layout"]["plo_off"][j["committed_slot"]] + t["offset"] * 2)
     elif cmd == "bad":  # headers that lie, one file each
         def raw(path, h, data=b"", hlen=None):
             with open(path, "wb") as f:
@@ -281,6 +285,11 @@ fails_with "export refuses the damaged state" 1 "data checksum mismatch" "$ctl" 
 fails_with "restore reports the damage" 2 "DAMAGED" "$ctl" restore v.img
 ok "restore --rollback recovers the previous step" sh -c "'$ctl' restore --rollback v.img | grep -q 'rolled back from step 3 to step 2'"
 ok "... which verifies" "$ctl" verify v.img
+cp f32.img pl.img
+run_py flip pl.img "$(run_py plooff v.json head.bias)"
+fails_with "verify checks the p_lo checksum" 2 "p_lo of chunk .*checksum mismatch" "$ctl" verify pl.img
+fails_with "... and names the tensor" 2 "tensors: head.bias" "$ctl" verify pl.img
+fails_with "restore reports it" 2 "DAMAGED" "$ctl" restore pl.img
 cp f32.img w.img
 ok "restore shows step, blob and the previous step" sh -c \
 	"'$ctl' restore w.img | grep -q 'printable .*step 3' && '$ctl' restore w.img | grep -q 'previous step   2 is readable'"

@@ -49,5 +49,21 @@ ok "trace: the same output" cmp "$tmp/t1.txt" "$tmp/t2.txt"
 ok "trace: byte-identical images" cmp "$tmp/t1.img" "$tmp/t2.img"
 ok "trace: resumes from the committed step" sh -c "'$bin/ckpt-trace' '$tmp/t1.img' --steps 5 --seed 3 | tail -1 | grep -q 'committed step 65'"
 
+# A step must not build upon a corrupt committed record: the flipped bit would
+# become new committed state with a fresh checksum (and verify would say ok).
+cp "$tmp/t1.img" "$tmp/t3.img"
+flip_off=$("$bin/ckptctl" info --json "$tmp/t3.img" | /usr/bin/python3 -c \
+	'import json,sys; j=json.load(sys.stdin); L=j["layout"]; print(L["rec_off"][j["committed_slot"]] + 4096 + 2)')
+/usr/bin/python3 -c 'import sys
+with open(sys.argv[1], "r+b") as f:
+    f.seek(int(sys.argv[2])); c = f.read(1)[0]; f.seek(int(sys.argv[2])); f.write(bytes([c ^ 0x40]))' \
+	"$tmp/t3.img" "$flip_off"
+fails_with "trace: a flipped bit in committed state fails the step" any "chunk 0 slot .*data checksum mismatch" \
+	"$bin/ckpt-trace" "$tmp/t3.img" --steps 1 --seed 3
+ok "... and commits nothing" sh -c "'$bin/ckptctl' info --json '$tmp/t3.img' | /usr/bin/python3 -c \
+	'import json,sys; assert json.load(sys.stdin)[\"committed_step\"] == 65'"
+fails_with "... verify still finds the flipped bit" 2 "record data of chunk 0 .*checksum mismatch" \
+	"$bin/ckptctl" verify "$tmp/t3.img"
+
 echo "1..$n"
 [ "$failed" -eq 0 ]

@@ -3,6 +3,8 @@
 // kernel target must answer the same way.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -51,6 +53,46 @@ protected:
 	}
 
 	static std::vector<ckpt::GroupHparams> groups() { return std::vector<ckpt::GroupHparams>(2); }
+
+	// XOR mask into the byte at off of the closed image.
+	void flip(uint64_t off, uint8_t mask = 0x01)
+	{
+		std::fstream f(path_, std::ios::in | std::ios::out | std::ios::binary);
+		f.seekg(static_cast<std::streamoff>(off));
+		char b = 0;
+		f.get(b);
+		f.seekp(static_cast<std::streamoff>(off));
+		f.put(static_cast<char>(b ^ static_cast<char>(mask)));
+	}
+
+	std::vector<char> bytes(uint64_t off, uint64_t n)
+	{
+		std::ifstream f(path_, std::ios::binary);
+		f.seekg(static_cast<std::streamoff>(off));
+		std::vector<char> out(n);
+		f.read(out.data(), static_cast<std::streamsize>(n));
+		return out;
+	}
+
+	static std::string message_of(const std::function<void()> &f)
+	{
+		try {
+			f();
+		} catch (const ckpt::Error &e) {
+			return e.what();
+		}
+		return {};
+	}
+
+	// One committed step of gradient 1.0 everywhere.
+	static void step(ckpt::Device &d)
+	{
+		const struct ckpt_layout &l = d.layout();
+		std::vector<uint16_t> g(l.n_params, 0x3f80);
+		d.begin(groups(), 1.0);
+		d.write_grad_window(0, g.data(), l.window_bytes);
+		ASSERT_EQ(d.commit({}), ckpt::CommitResult::committed);
+	}
 
 	fs::path dir_;
 	std::string path_;
@@ -220,6 +262,176 @@ TEST_F(EngineTest, CorruptStateRecordFailsTheDevice)
 	EXPECT_EQ(st.state, CKPT_STATE_FAILED);
 	EXPECT_EQ(code_of([&] { d->commit({}); }), CKPT_E_FAILED);
 	EXPECT_EQ(st.committed_step, 0u);
+}
+
+// Bit rot in committed state must not become new committed state with a
+// fresh checksum: the step reads the record, checks its data crc and fails.
+TEST_F(EngineTest, FlippedDataBitFailsTheStep)
+{
+	{
+		auto d = open();
+		step(*d);
+	}
+	const ckpt::Image img = ckpt::Image::open(path_, false);
+	const struct ckpt_layout l = img.sb.layout;
+	const uint32_t slot = img.sb.committed_slot;
+	const uint64_t rec0 = ckpt_record_offset(&l, slot, 0);
+	flip(rec0 + CKPT_BLOCK + 2, 0x40);	// an exponent bit of p[0]
+	const std::vector<char> before = bytes(l.plo_off[0], l.dev_bytes - l.plo_off[0]);
+
+	auto d = open();
+	std::vector<uint16_t> g(l.n_params, 0x3f80);
+	d->begin(groups(), 1.0);
+	const std::string what = message_of([&] { d->write_grad_window(0, g.data(), l.window_bytes); });
+	EXPECT_NE(what.find("chunk 0"), std::string::npos) << what;
+	EXPECT_NE(what.find("data checksum"), std::string::npos) << what;
+	struct ckpt_status st = d->status();
+	EXPECT_EQ(st.state, CKPT_STATE_FAILED);
+	EXPECT_EQ(st.committed_step, 1u);
+	EXPECT_EQ(code_of([&] { d->commit({}); }), CKPT_E_FAILED);
+	d.reset();
+	// The committed slot is untouched: the damage is still there to see.
+	const uint64_t from = ckpt_record_offset(&l, slot, 0) - l.plo_off[0];
+	const std::vector<char> after = bytes(l.plo_off[0], l.dev_bytes - l.plo_off[0]);
+	EXPECT_TRUE(std::equal(before.begin() + static_cast<long>(from),
+			       before.begin() + static_cast<long>(from + l.record_bytes * img.sb.geo.n_chunks),
+			       after.begin() + static_cast<long>(from)));
+	const ckpt::Image again = ckpt::Image::open(path_, false);
+	EXPECT_EQ(again.sb.committed_step, 1u);
+	EXPECT_EQ(again.sb.sequence, img.sb.sequence);
+}
+
+// A flipped bit in committed p_lo must not come back into a resumed model.
+TEST_F(EngineTest, FlippedPloBitFailsReadParams)
+{
+	{
+		auto d = open();
+		step(*d);
+	}
+	const ckpt::Image img = ckpt::Image::open(path_, false);
+	const struct ckpt_layout l = img.sb.layout;
+	const ckpt::Tensor &c = img.manifest.find("c");
+	flip(ckpt_plo_offset(&l, img.sb.committed_slot, 0) + c.offset * 2 + 10, 0x02);
+
+	auto d = open();
+	std::vector<uint16_t> out(c.numel);
+	EXPECT_EQ(code_of([&] { d->read_params("c", out.data(), out.size()); }), CKPT_E_RECORD);
+	const std::string what = message_of([&] { d->read_params("c", out.data(), out.size()); });
+	EXPECT_NE(what.find("chunk 3"), std::string::npos) << what;
+	EXPECT_NE(what.find("'c'"), std::string::npos) << what;
+	EXPECT_NE(what.find("p_lo checksum"), std::string::npos) << what;
+	// Other chunks read fine.
+	std::vector<uint16_t> a(5000);
+	d->read_params("a", a.data(), a.size());
+}
+
+// Images formatted before the p_lo checksum keep opening and working, without
+// the check.
+TEST_F(EngineTest, ImageWithoutPloCrcKeepsWorking)
+{
+	const ckpt::Image img0 = ckpt::Image::open(path_, false);
+	struct ckpt_sb sb = img0.sb;
+	sb.feature_incompat = 0;
+	{
+		std::vector<uint8_t> block(CKPT_BLOCK);
+		ASSERT_EQ(ckpt_sb_encode(&sb, block.data()), 0);
+		std::fstream f(path_, std::ios::in | std::ios::out | std::ios::binary);
+		f.seekp(static_cast<std::streamoff>((sb.sequence & 1) * CKPT_BLOCK));
+		f.write(reinterpret_cast<const char *>(block.data()), CKPT_BLOCK);
+	}
+	{
+		auto d = open();
+		step(*d);
+	}
+	const ckpt::Image img = ckpt::Image::open(path_, false);
+	EXPECT_EQ(img.sb.feature_incompat, 0u);
+	const ckpt::Tensor &c = img.manifest.find("c");
+	flip(ckpt_plo_offset(&img.sb.layout, img.sb.committed_slot, 0) + c.offset * 2 + 10, 0x02);
+	auto d = open();
+	std::vector<uint16_t> out(c.numel);
+	d->read_params("c", out.data(), out.size());	// not checked: no checksum
+	step(*d);
+}
+
+// eps = 0 with a zero gradient gives 0/0: the step is skipped like an
+// overflow, the masters stay as they were (not NaN).
+TEST_F(EngineTest, EpsZeroWithZeroGradientIsSkipped)
+{
+	auto d = open();	// step 0: p, m, v all zero
+	const struct ckpt_layout &l = d->layout();
+	auto gs = groups();
+	gs[1].eps = 0;		// group 1: tensor c
+	std::vector<uint16_t> g(l.n_params, 0x3f80);
+	const ckpt::Tensor &c = d->manifest().find("c");
+	std::fill(g.begin() + static_cast<long>(c.offset), g.end(), 0);
+	d->begin(gs, 1.0);
+	d->write_grad_window(0, g.data(), l.window_bytes);
+	EXPECT_EQ(d->status().overflow, 1u);
+	EXPECT_EQ(d->commit({}), ckpt::CommitResult::overflow);
+	struct ckpt_status st = d->status();
+	EXPECT_EQ(st.committed_step, 0u);
+	EXPECT_EQ(st.steps_skipped, 1u);
+	std::vector<float> p(1000, 1.0f), m(1000, 1.0f), v(1000, 1.0f);
+	d->read_state("c", p.data(), m.data(), v.data(), 1000);
+	std::vector<uint16_t> plo(1000, 1);
+	d->read_params("c", plo.data(), plo.size());
+	for (size_t i = 0; i < 1000; i++) {
+		ASSERT_EQ(p[i], 0.0f) << i;	// not NaN
+		ASSERT_EQ(m[i], 0.0f) << i;
+		ASSERT_EQ(v[i], 0.0f) << i;
+		ASSERT_EQ(plo[i], 0u) << i;
+	}
+	// The same step with eps > 0 commits.
+	d->begin(groups(), 1.0);
+	d->write_grad_window(0, g.data(), l.window_bytes);
+	EXPECT_EQ(d->commit({}), ckpt::CommitResult::committed);
+}
+
+// What torch.optim.AdamW refuses, the client refuses first, naming the group
+// and the field; nothing reaches the device.
+TEST_F(EngineTest, BeginRefusesWhatTorchRefuses)
+{
+	auto d = open();
+	struct Bad {
+		const char *field;
+		std::function<void(ckpt::GroupHparams &)> set;
+	};
+	const Bad cases[] = {
+		{"lr", [](auto &g) { g.lr = -1e-3; }},
+		{"eps", [](auto &g) { g.eps = -1e-8; }},
+		{"beta1", [](auto &g) { g.beta1 = 1.0; }},
+		{"beta1", [](auto &g) { g.beta1 = -0.1; }},
+		{"beta2", [](auto &g) { g.beta2 = 1.5; }},
+		{"weight_decay", [](auto &g) { g.weight_decay = -0.01; }},
+	};
+	for (const Bad &b : cases) {
+		auto gs = groups();
+		b.set(gs[1]);
+		const std::string what = message_of([&] { d->begin(gs, 1.0); });
+		EXPECT_NE(what.find("group 1"), std::string::npos) << what;
+		EXPECT_NE(what.find(b.field), std::string::npos) << what;
+		EXPECT_EQ(code_of([&] { d->begin(gs, 1.0); }), CKPT_E_HPARAM);
+		struct ckpt_status st = d->status();
+		EXPECT_EQ(st.state, CKPT_STATE_IDLE) << b.field;
+		EXPECT_EQ(st.commands_rejected, 0u) << b.field;
+	}
+	// The device refuses them too, when a client sends them anyway.
+	struct ckpt_cmd cmd = {};
+	cmd.opcode = CKPT_OP_BEGIN;
+	cmd.step = 1;
+	cmd.grad_scale = 0x3f800000u;
+	cmd.n_groups = 2;
+	cmd.groups[0] = ckpt::hparams_for_step(groups()[0], 1);
+	cmd.groups[1] = ckpt::hparams_for_step(groups()[1], 1);
+	cmd.groups[1].lr = 0xbf800000u;	// -1.0
+	std::vector<uint8_t> page(CKPT_BLOCK);
+	const int len = ckpt_cmd_encode(&cmd, page.data());
+	ASSERT_GT(len, 0);
+	const uint64_t padded = (static_cast<uint64_t>(len) + CKPT_SECTOR - 1) / CKPT_SECTOR * CKPT_SECTOR;
+	EXPECT_EQ(code_of([&] { d->engine()->write(0, page.data(), padded); }), CKPT_E_HPARAM);
+	struct ckpt_status st = d->status();
+	EXPECT_EQ(st.state, CKPT_STATE_IDLE);
+	EXPECT_EQ(st.last_error, CKPT_E_HPARAM);
 }
 
 } // namespace

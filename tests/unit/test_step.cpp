@@ -206,12 +206,11 @@ TEST_F(StepTest, BeginHparamsMustBeFinite)
 					<< "group " << g << " bits " << std::hex << bad;
 				EXPECT_TRUE(snap() == s);
 			}
-	// Finite extremes are accepted: the machine checks finiteness only.
+	// decay = 1 - lr * weight_decay has no range but finiteness.
 	for (uint32_t ok : {0u, 0x80000000u, 0x00000001u, 0x7f7fffffu, 0xff7fffffu}) {
 		init(41, 1);
 		auto b = begin(42);
-		for (auto field : kFloatFields)
-			b->groups[0].*field = ok;
+		b->groups[0].decay = ok;
 		EXPECT_EQ(ckpt_sm_begin(&sm, b.get()), 0) << std::hex << ok;
 	}
 	// Groups beyond n_groups are not looked at.
@@ -219,6 +218,54 @@ TEST_F(StepTest, BeginHparamsMustBeFinite)
 	auto b = begin(42);
 	b->groups[kGroups].lr = kNaN;
 	EXPECT_EQ(ckpt_sm_begin(&sm, b.get()), 0);
+}
+
+// What torch.optim.AdamW refuses (lr, eps, weight_decay < 0; beta outside
+// [0, 1)) and derived values no valid input gives are refused by both targets:
+// E_HPARAM, nothing changed.
+TEST_F(StepTest, BeginHparamsOutOfRange)
+{
+	const uint32_t kOne = f32(1.0f), kNegZero = 0x80000000u, kNegTiny = 0x80000001u;
+	const uint32_t kAbove1 = f32(1.0000001f);
+	struct Case {
+		uint32_t ckpt_hparams::*field;
+		const char *name;
+		std::vector<uint32_t> bad, ok;
+	};
+	const Case cases[] = {
+		{&ckpt_hparams::lr, "lr", {f32(-1e-3f), kNegTiny, f32(-1e30f)}, {0u, kNegZero, f32(10.0f)}},
+		{&ckpt_hparams::beta1, "beta1", {f32(-0.1f), kNegTiny, kAbove1, f32(2.0f)},
+		 {0u, kNegZero, f32(0.9f), kOne}},
+		{&ckpt_hparams::beta2, "beta2", {f32(-0.5f), kAbove1, f32(1e30f)}, {0u, f32(0.999f), kOne}},
+		{&ckpt_hparams::eps, "eps", {f32(-1e-8f), kNegTiny}, {0u, kNegZero, f32(1.0f)}},
+		{&ckpt_hparams::weight_decay, "weight_decay", {f32(-0.01f), kNegTiny}, {0u, kNegZero, f32(5.0f)}},
+		{&ckpt_hparams::one_minus_beta1, "one_minus_beta1", {0u, kNegZero, f32(-0.1f), kAbove1},
+		 {0x00000001u, f32(0.1f), kOne}},
+		{&ckpt_hparams::one_minus_beta2, "one_minus_beta2", {0u, kNegZero, f32(-0.001f), f32(1.5f)},
+		 {f32(1e-8f), kOne}},
+		{&ckpt_hparams::step_size, "step_size", {f32(-0.01f), kNegTiny}, {0u, kNegZero, f32(100.0f)}},
+		{&ckpt_hparams::bc2_sqrt, "bc2_sqrt", {0u, kNegZero, f32(-0.5f), kAbove1},
+		 {0x00000001u, f32(0.0447f), kOne}},
+	};
+	Snap s = snap();
+	for (const Case &c : cases) {
+		for (uint32_t bad : c.bad) {
+			auto b = begin(42);
+			b->groups[1].*c.field = bad;
+			EXPECT_EQ(ckpt_sm_begin(&sm, b.get()), -CKPT_E_HPARAM) << c.name << " " << std::hex << bad;
+			EXPECT_TRUE(snap() == s) << c.name;
+			const char *field = nullptr;
+			EXPECT_EQ(ckpt_hparams_check(&b->groups[1], &field), -CKPT_E_HPARAM);
+			EXPECT_STREQ(field, c.name);
+		}
+		for (uint32_t ok : c.ok) {
+			init(41, 1);
+			auto b = begin(42);
+			b->groups[0].*c.field = ok;
+			EXPECT_EQ(ckpt_sm_begin(&sm, b.get()), 0) << c.name << " " << std::hex << ok;
+		}
+		init(41, 1);
+	}
 }
 
 TEST_F(StepTest, BeginFlags)

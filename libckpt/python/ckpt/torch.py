@@ -84,6 +84,20 @@ def read_uuid(path):
 
 # ------------------------------------------------------------------ the optimizer
 
+def _check_hparams(lr, betas, eps, weight_decay, where=""):
+    """torch.optim.AdamW's checks, with its messages (NaN fails them all)."""
+    if not 0.0 <= lr:
+        raise ValueError(f"{where}Invalid learning rate: {lr}")
+    if not 0.0 <= eps:
+        raise ValueError(f"{where}Invalid epsilon value: {eps}")
+    if not 0.0 <= betas[0] < 1.0:
+        raise ValueError(f"{where}Invalid beta parameter at index 0: {betas[0]}")
+    if not 0.0 <= betas[1] < 1.0:
+        raise ValueError(f"{where}Invalid beta parameter at index 1: {betas[1]}")
+    if not 0.0 <= weight_decay:
+        raise ValueError(f"{where}Invalid weight_decay value: {weight_decay}")
+
+
 def _split_names(params):
     """torch's params argument, optionally with names, as (groups, names per group).
 
@@ -153,14 +167,7 @@ class OffloadAdamW(torch.optim.Optimizer):
     def __init__(self, params, device_or_path, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
                  weight_decay=1e-2, dtype=None, chunk_params=65536, *, adam_l2=False,
                  size=None, init_from_model=False):
-        if not 0.0 <= lr:
-            raise ValueError(f"invalid learning rate: {lr}")
-        if not 0.0 <= eps:
-            raise ValueError(f"invalid epsilon value: {eps}")
-        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
-            raise ValueError(f"invalid betas: {betas}")
-        if not 0.0 <= weight_decay:
-            raise ValueError(f"invalid weight_decay value: {weight_decay}")
+        _check_hparams(lr, betas, eps, weight_decay)
         if dtype not in (None, "bf16", "fp16"):
             raise ValueError(f"dtype must be 'bf16' or 'fp16', not {dtype!r}")
         groups, names = _split_names(params)
@@ -365,6 +372,10 @@ class OffloadAdamW(torch.optim.Optimizer):
         of a preceding clip_grad_norm_(). blob: bytes committed with the step
         (default: the set_blob() hook's).
         """
+        # A scheduler or a per-group value may have set what the constructor
+        # refuses; the device would refuse it too (E_HPARAM), this says why.
+        for i, g in enumerate(self.param_groups):
+            _check_hparams(g["lr"], g["betas"], g["eps"], g["weight_decay"], f"param group {i}: ")
         loss = None
         if closure is not None:
             with torch.enable_grad():
