@@ -358,8 +358,9 @@ void expect_same_as_scalar(const char *name, ckpt_update_fn fn, const ckpt_hpara
 					       a.m.data(), a.v.data(), a.plo.data(), n);
 	uint32_t rb = fn(&hp, scale, dtype, b.g.data(), b.p.data(), b.m.data(), b.v.data(),
 			 b.plo.data(), n);
-	if (expect_nf)
+	if (expect_nf) {
 		ASSERT_EQ(ra != 0, *expect_nf) << "scalar flag, n=" << n;
+	}
 	ASSERT_EQ(rb != 0, ra != 0) << name << " flag, n=" << n;
 	for (size_t i = 0; i < n; i++) {
 		const uint32_t *sa[3] = {&a.p[i], &a.m[i], &a.v[i]};
