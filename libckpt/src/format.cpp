@@ -2,10 +2,15 @@
 #include "format.hpp"
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
 
+#include <blkid/blkid.h>
 #include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "error.hpp"
@@ -22,35 +27,119 @@ uint32_t parse_dtype(const std::string &name)
 	fail(CKPT_E_DTYPE, "unknown dtype '{}': use bf16 or fp16", name);
 }
 
-void format(const std::string &path, const Layout &layout, const FormatOptions &opts)
-{
-	const uint32_t cp = opts.chunk_params;
-	if (cp == 0 || (cp & (cp - 1)))
-		fail(CKPT_E_GEOMETRY, "chunk_params {} is not a power of two", cp);
-	if (opts.dtype != CKPT_DTYPE_BF16 && opts.dtype != CKPT_DTYPE_FP16)
-		fail(CKPT_E_DTYPE, "unknown dtype {}", opts.dtype);
-	const Layout::Placed placed = layout.place(static_cast<uint32_t>(__builtin_ctz(cp)), opts.dtype);
-	struct ckpt_layout l;
-	check_core(ckpt_layout_compute(&placed.geo, &l), "layout");
-	const std::string manifest = Manifest::encode(placed.tensors, opts.dtype, cp);
+namespace {
 
-	int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-	if (fd < 0)
-		fail(CKPT_E_IO, "cannot create {}: {}", path, strerror(errno));
-	Fd guard(fd);
-	BackingFile f = BackingFile::open(path, true);
-	if (!f.block_device) {
-		uint64_t want = std::max(opts.size, l.dev_bytes);
-		if (opts.size && opts.size < l.dev_bytes)
-			fail(CKPT_E_TOO_SMALL, "{}: size {} is too small: this layout needs {} bytes", path,
-			     opts.size, l.dev_bytes);
-		if (ftruncate(f.fd.get(), 0) < 0 || ftruncate(f.fd.get(), static_cast<off_t>(want)) < 0)
-			fail(CKPT_E_IO, "cannot size {} to {} bytes: {}", path, want, strerror(errno));
-		f.size = want;
-	} else if (f.size < l.dev_bytes) {
-		fail(CKPT_E_TOO_SMALL, "{} has {} bytes: this layout needs {}", path, f.size, l.dev_bytes);
+// What format would destroy on path: a dm-ckpt image (the magic in either
+// superblock copy), or anything libblkid recognizes (a file system, a
+// partition table, RAID or LVM metadata); "" when there is nothing.
+std::string signature(const std::string &path)
+{
+	struct stat st;
+	Fd fd = open_file(path, O_RDONLY, true, st);	// no O_DIRECT: libblkid reads unaligned
+	uint8_t magic[4];
+	for (uint64_t copy = 0; copy < 2; copy++)
+		if (::pread(fd.get(), magic, 4, static_cast<off_t>(copy * CKPT_BLOCK)) == 4 &&
+		    (magic[0] | magic[1] << 8 | magic[2] << 16 | static_cast<uint32_t>(magic[3]) << 24) == CKPT_SB_MAGIC)
+			return "a dm-ckpt image";
+	std::unique_ptr<std::remove_pointer_t<blkid_probe>, decltype(&blkid_free_probe)> pr(blkid_new_probe(),
+											       blkid_free_probe);
+	if (!pr)
+		fail(CKPT_E_NOMEM, "{}: cannot allocate a libblkid probe", path);
+	if (blkid_probe_set_device(pr.get(), fd.get(), 0, 0) < 0)
+		fail(CKPT_E_IO, "{}: libblkid cannot probe it", path);
+	blkid_probe_enable_superblocks(pr.get(), 1);
+	blkid_probe_enable_partitions(pr.get(), 1);
+	const int ret = blkid_do_safeprobe(pr.get());
+	if (ret == -2)
+		return "several conflicting signatures (blkid)";
+	if (ret != 0)
+		return {};
+	const char *v = nullptr;
+	if (blkid_probe_lookup_value(pr.get(), "TYPE", &v, nullptr) == 0)
+		return fmt::format("a {} signature (blkid)", v);
+	if (blkid_probe_lookup_value(pr.get(), "PTTYPE", &v, nullptr) == 0)
+		return fmt::format("a {} partition table (blkid)", v);
+	return "a signature blkid recognizes";
+}
+
+// The new image of a regular file, built beside it under a temporary name so
+// that the old file stays whole until the new one is complete and flushed;
+// removed again unless replace() put it in place.
+class NewFile {
+public:
+	NewFile(const std::string &path, const struct stat *old) : path_(path)
+	{
+		std::random_device rd;
+		for (int tries = 0;; tries++) {
+			tmp_ = fmt::format("{}.format-{:08x}", path, rd());
+			int fd = ::open(tmp_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+			if (fd >= 0) {
+				fd_ = Fd(fd);
+				break;
+			}
+			if (errno != EEXIST || tries == 100)
+				fail(CKPT_E_IO, "cannot create {} (as {}): {}", path, tmp_, strerror(errno));
+		}
+		if (old) {	// the image replaces the file: keep its mode and owner
+			if (fchmod(fd_.get(), old->st_mode & 07777) < 0)
+				fail(CKPT_E_IO, "cannot set the mode of {}: {}", tmp_, strerror(errno));
+			(void)!fchown(fd_.get(), old->st_uid, old->st_gid);	// only root can; fine if not
+		}
+	}
+	NewFile(const NewFile &) = delete;
+	NewFile &operator=(const NewFile &) = delete;
+	~NewFile()
+	{
+		if (!tmp_.empty())
+			::unlink(tmp_.c_str());
+	}
+	const std::string &tmp() const { return tmp_; }
+
+	// Reserves the whole image now, so that a full file system fails the
+	// format rather than a later step. posix_fallocate emulates where
+	// fallocate is missing; where even that is not possible the file is
+	// only sized (sparse).
+	void reserve(uint64_t bytes)
+	{
+		int ret = posix_fallocate(fd_.get(), 0, static_cast<off_t>(bytes));
+		if (ret == ENOSPC || ret == EDQUOT) {
+			struct statvfs vfs;
+			const uint64_t avail = fstatvfs(fd_.get(), &vfs) == 0 ? uint64_t{vfs.f_bavail} * vfs.f_frsize : 0;
+			fail(CKPT_E_IO, "not enough space for {}: the image needs {} bytes, the file system has {} "
+					"free{}", path_, bytes, avail, ret == EDQUOT ? " (disk quota exceeded)" : "");
+		}
+		if (ret == EOPNOTSUPP || ret == EINVAL)
+			ret = ftruncate(fd_.get(), static_cast<off_t>(bytes)) < 0 ? errno : 0;
+		if (ret)
+			fail(CKPT_E_IO, "cannot size {} to {} bytes: {}", path_, bytes, strerror(ret));
 	}
 
+	// The complete, flushed image takes the file's name; the directory is
+	// flushed so that the rename survives a crash.
+	void replace()
+	{
+		if (fsync(fd_.get()) < 0)
+			fail(CKPT_E_IO, "flush of {} failed: {}", tmp_, strerror(errno));
+		if (::rename(tmp_.c_str(), path_.c_str()) < 0)
+			fail(CKPT_E_IO, "cannot rename {} to {}: {}", tmp_, path_, strerror(errno));
+		tmp_.clear();
+		const std::string dir = path_.find('/') == std::string::npos ? "." : path_.substr(0, path_.rfind('/') + 1);
+		Fd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+		if (!d || fsync(d.get()) < 0)
+			fail(CKPT_E_IO, "flush of directory {} failed: {}", dir, strerror(errno));
+	}
+
+private:
+	std::string path_, tmp_;
+	Fd fd_;
+};
+
+// Writes the image into f: the old superblocks are invalidated first and the
+// new one is written last, so an interrupted format of a device leaves no
+// image, never a mix.
+void write_image(const BackingFile &f, const Layout::Placed &placed, const struct ckpt_layout &l,
+		 const std::string &manifest)
+{
 	Buffer zero(2 * CKPT_BLOCK);
 	f.pwrite_all(zero.as(), 2 * CKPT_BLOCK, 0);	// no old superblock survives
 	f.flush();
@@ -95,6 +184,61 @@ void format(const std::string &path, const Layout &layout, const FormatOptions &
 	sb.committed_slot = 0;
 	check_core(ckpt_sb_encode(&sb, zero.as()), "encode superblock");
 	f.pwrite_durable(zero.as(), CKPT_BLOCK, (sb.sequence & 1) * CKPT_BLOCK);
+}
+
+} // namespace
+
+void format(const std::string &path_arg, const Layout &layout, const FormatOptions &opts)
+{
+	const uint32_t cp = opts.chunk_params;
+	if (cp == 0 || (cp & (cp - 1)))
+		fail(CKPT_E_GEOMETRY, "chunk_params {} is not a power of two", cp);
+	if (opts.dtype != CKPT_DTYPE_BF16 && opts.dtype != CKPT_DTYPE_FP16)
+		fail(CKPT_E_DTYPE, "unknown dtype {}", opts.dtype);
+	const Layout::Placed placed = layout.place(static_cast<uint32_t>(__builtin_ctz(cp)), opts.dtype);
+	struct ckpt_layout l;
+	check_core(ckpt_layout_compute(&placed.geo, &l), "layout");
+	const std::string manifest = Manifest::encode(placed.tensors, opts.dtype, cp);
+
+	// A symlink stands for the file it names: that file is replaced.
+	std::string path = path_arg;
+	struct stat st;
+	const bool exists = stat(path.c_str(), &st) == 0;
+	if (!exists && errno != ENOENT)
+		fail(CKPT_E_IO, "cannot stat {}: {}", path, strerror(errno));
+	if (exists && !S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode))
+		fail(CKPT_E_INVAL, "{} is {}: format takes a regular file (created if missing) or a block device",
+		     path, file_kind(st.st_mode));
+	if (struct stat lst; exists && lstat(path.c_str(), &lst) == 0 && S_ISLNK(lst.st_mode)) {
+		std::unique_ptr<char, decltype(&free)> real(realpath(path.c_str(), nullptr), free);
+		if (!real)
+			fail(CKPT_E_IO, "cannot resolve {}: {}", path, strerror(errno));
+		path = real.get();
+	}
+
+	// The existing file or device stays open, locked, until the end: no
+	// trainer can open it meanwhile, and none has it open now.
+	BackingFile old;
+	if (exists) {
+		old = BackingFile::open(path, true);
+		if (!opts.force)
+			if (const std::string sig = signature(path); !sig.empty())
+				fail(CKPT_E_STATE, "{} holds {}: format would destroy it (--force formats anyway)",
+				     path_arg, sig);
+	}
+	if (old.block_device) {	// formatted in place: no rename for a device
+		if (old.size < l.dev_bytes)
+			fail(CKPT_E_TOO_SMALL, "{} has {} bytes: this layout needs {}", path, old.size, l.dev_bytes);
+		write_image(old, placed, l, manifest);
+		return;
+	}
+	if (opts.size && opts.size < l.dev_bytes)
+		fail(CKPT_E_TOO_SMALL, "{}: size {} is too small: this layout needs {} bytes", path, opts.size,
+		     l.dev_bytes);
+	NewFile file(path, exists ? &st : nullptr);
+	file.reserve(std::max(opts.size, l.dev_bytes));
+	write_image(BackingFile::open(file.tmp(), true), placed, l, manifest);
+	file.replace();
 }
 
 } // namespace ckpt

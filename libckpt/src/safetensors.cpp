@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <random>
 #include <set>
 
 #include <fcntl.h>
@@ -13,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "error.hpp"
+#include "io.hpp"
 
 extern "C" {
 #include "ckpt_update.h"
@@ -211,15 +213,9 @@ Reader Reader::open(const std::string &path)
 {
 	Reader r;
 	r.path_ = path;
-	int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		fail(CKPT_E_IO, "cannot open {}: {}", path, strerror(errno));
-	r.fd_ = Fd(fd);
 	struct stat st;
-	if (fstat(fd, &st) < 0)
-		fail(CKPT_E_IO, "cannot stat {}: {}", path, strerror(errno));
-	if (!S_ISREG(st.st_mode))
-		fail(CKPT_E_INVAL, "{}: not a regular file", path);
+	r.fd_ = open_file(path, O_RDONLY, false, st);
+	const int fd = r.fd_.get();
 	const uint64_t size = static_cast<uint64_t>(st.st_size);
 	if (size < 8)
 		bad(path, fmt::format("{} bytes, too short for the header length", size));
@@ -283,10 +279,26 @@ std::vector<float> Reader::read_f32(const TensorInfo &t) const
 	return out;
 }
 
+namespace {
+
+// The output may be a new path or a regular file, which the rename replaces;
+// never a device node or FIFO (the rename would put a file in its place) nor
+// a directory.
+void check_output(const std::string &path)
+{
+	struct stat st;
+	if (stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+		fail(CKPT_E_INVAL, "{} is {}: the output must be a new path or a regular file{}", path,
+		     file_kind(st.st_mode), S_ISDIR(st.st_mode) ? " (give a file name in the directory)" : "");
+}
+
+} // namespace
+
 Writer::Writer(const std::string &path, std::vector<Entry> entries,
 	       const std::map<std::string, std::string> &metadata)
-	: path_(path), tmp_(path + ".tmp"), entries_(std::move(entries))
+	: path_(path), entries_(std::move(entries))
 {
+	check_output(path);
 	json h = json::object();
 	if (!metadata.empty())
 		h["__metadata__"] = metadata;
@@ -308,23 +320,36 @@ Writer::Writer(const std::string &path, std::vector<Entry> entries,
 	std::string text = h.dump();
 	// The data buffer starts 8-byte aligned: pad the header with spaces.
 	text.append((8 - text.size() % 8) % 8, ' ');
-	int fd = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-	if (fd < 0)
-		fail(CKPT_E_IO, "cannot create {}: {}", tmp_, strerror(errno));
-	fd_ = Fd(fd);
-	uint8_t len_le[8];
-	for (int i = 0; i < 8; i++)
-		len_le[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
-	write_all(fd, len_le, 8, tmp_);
-	write_all(fd, text.data(), text.size(), tmp_);
+	// A fresh temporary name beside the output (O_EXCL: never another
+	// file's), removed on any failure, here or later.
+	std::random_device rd;
+	for (int tries = 0;; tries++) {
+		const std::string tmp = fmt::format("{}.tmp-{:08x}", path, rd());
+		int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+		if (fd >= 0) {
+			fd_ = Fd(fd);
+			tmp_ = tmp;
+			break;
+		}
+		if (errno != EEXIST || tries == 100)
+			fail(CKPT_E_IO, "cannot create {} (as {}): {}", path, tmp, strerror(errno));
+	}
+	try {
+		uint8_t len_le[8];
+		for (int i = 0; i < 8; i++)
+			len_le[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
+		write_all(fd_.get(), len_le, 8, tmp_);
+		write_all(fd_.get(), text.data(), text.size(), tmp_);
+	} catch (...) {
+		::unlink(tmp_.c_str());	// no destructor runs for a constructor that throws
+		throw;
+	}
 }
 
 Writer::~Writer()
 {
-	if (!done_ && fd_) {
-		fd_.reset();
+	if (!done_)
 		::unlink(tmp_.c_str());
-	}
 }
 
 void Writer::write(const void *data, uint64_t bytes)
@@ -343,6 +368,7 @@ void Writer::finish()
 	if (fsync(fd_.get()) < 0)
 		fail(CKPT_E_IO, "{}: fsync failed: {}", tmp_, strerror(errno));
 	fd_.reset();
+	check_output(path_);	// again: it may have changed while we wrote
 	if (::rename(tmp_.c_str(), path_.c_str()) < 0)
 		fail(CKPT_E_IO, "cannot rename {} to {}: {}", tmp_, path_, strerror(errno));
 	done_ = true;
