@@ -63,37 +63,18 @@ std::string signature(const std::string &path)
 }
 
 // The new image of a regular file, built beside it under a temporary name so
-// that the old file stays whole until the new one is complete and flushed;
-// removed again unless replace() put it in place.
+// that the old file stays whole until the new one is complete and flushed.
 class NewFile {
 public:
-	NewFile(const std::string &path, const struct stat *old) : path_(path)
+	NewFile(const std::string &path, const struct stat *old) : path_(path), tmp_(path, "format", O_RDWR)
 	{
-		std::random_device rd;
-		for (int tries = 0;; tries++) {
-			tmp_ = fmt::format("{}.format-{:08x}", path, rd());
-			int fd = ::open(tmp_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-			if (fd >= 0) {
-				fd_ = Fd(fd);
-				break;
-			}
-			if (errno != EEXIST || tries == 100)
-				fail(CKPT_E_IO, "cannot create {} (as {}): {}", path, tmp_, strerror(errno));
-		}
 		if (old) {	// the image replaces the file: keep its mode and owner
-			if (fchmod(fd_.get(), old->st_mode & 07777) < 0)
-				fail(CKPT_E_IO, "cannot set the mode of {}: {}", tmp_, strerror(errno));
-			(void)!fchown(fd_.get(), old->st_uid, old->st_gid);	// only root can; fine if not
+			if (fchmod(tmp_.fd(), old->st_mode & 07777) < 0)
+				fail(CKPT_E_IO, "cannot set the mode of {}: {}", tmp_.path(), strerror(errno));
+			(void)!fchown(tmp_.fd(), old->st_uid, old->st_gid);	// only root can; fine if not
 		}
 	}
-	NewFile(const NewFile &) = delete;
-	NewFile &operator=(const NewFile &) = delete;
-	~NewFile()
-	{
-		if (!tmp_.empty())
-			::unlink(tmp_.c_str());
-	}
-	const std::string &tmp() const { return tmp_; }
+	const std::string &tmp() const { return tmp_.path(); }
 
 	// Reserves the whole image now, so that a full file system fails the
 	// format rather than a later step. posix_fallocate emulates where
@@ -101,15 +82,15 @@ public:
 	// only sized (sparse).
 	void reserve(uint64_t bytes)
 	{
-		int ret = posix_fallocate(fd_.get(), 0, static_cast<off_t>(bytes));
+		int ret = posix_fallocate(tmp_.fd(), 0, static_cast<off_t>(bytes));
 		if (ret == ENOSPC || ret == EDQUOT) {
 			struct statvfs vfs;
-			const uint64_t avail = fstatvfs(fd_.get(), &vfs) == 0 ? uint64_t{vfs.f_bavail} * vfs.f_frsize : 0;
+			const uint64_t avail = fstatvfs(tmp_.fd(), &vfs) == 0 ? uint64_t{vfs.f_bavail} * vfs.f_frsize : 0;
 			fail(CKPT_E_IO, "not enough space for {}: the image needs {} bytes, the file system has {} "
 					"free{}", path_, bytes, avail, ret == EDQUOT ? " (disk quota exceeded)" : "");
 		}
 		if (ret == EOPNOTSUPP || ret == EINVAL)
-			ret = ftruncate(fd_.get(), static_cast<off_t>(bytes)) < 0 ? errno : 0;
+			ret = ftruncate(tmp_.fd(), static_cast<off_t>(bytes)) < 0 ? errno : 0;
 		if (ret)
 			fail(CKPT_E_IO, "cannot size {} to {} bytes: {}", path_, bytes, strerror(ret));
 	}
@@ -118,20 +99,14 @@ public:
 	// flushed so that the rename survives a crash.
 	void replace()
 	{
-		if (fsync(fd_.get()) < 0)
-			fail(CKPT_E_IO, "flush of {} failed: {}", tmp_, strerror(errno));
-		if (::rename(tmp_.c_str(), path_.c_str()) < 0)
-			fail(CKPT_E_IO, "cannot rename {} to {}: {}", tmp_, path_, strerror(errno));
-		tmp_.clear();
-		const std::string dir = path_.find('/') == std::string::npos ? "." : path_.substr(0, path_.rfind('/') + 1);
-		Fd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-		if (!d || fsync(d.get()) < 0)
-			fail(CKPT_E_IO, "flush of directory {} failed: {}", dir, strerror(errno));
+		if (fsync(tmp_.fd()) < 0)
+			fail(CKPT_E_IO, "flush of {} failed: {}", tmp_.path(), strerror(errno));
+		tmp_.rename_over(path_, true);
 	}
 
 private:
-	std::string path_, tmp_;
-	Fd fd_;
+	std::string path_;
+	TempFile tmp_;
 };
 
 // Writes the image into f: the old superblocks are invalidated first and the

@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <random>
 #include <sstream>
 
 #include <fcntl.h>
@@ -76,6 +77,42 @@ const char *file_kind(mode_t m)
 	default:
 		return "not a regular file";
 	}
+}
+
+TempFile::TempFile(const std::string &path, const char *tag, int flags)
+{
+	std::random_device rd;
+	for (int tries = 0;; tries++) {
+		const std::string tmp = fmt::format("{}.{}-{:08x}", path, tag, rd());
+		int fd = ::open(tmp.c_str(), flags | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+		if (fd >= 0) {
+			fd_ = Fd(fd);
+			tmp_ = tmp;
+			return;
+		}
+		if (errno != EEXIST || tries == 100)
+			fail(CKPT_E_IO, "cannot create {} (as {}): {}", path, tmp, strerror(errno));
+	}
+}
+
+TempFile::~TempFile()
+{
+	if (!tmp_.empty())
+		::unlink(tmp_.c_str());
+}
+
+void TempFile::rename_over(const std::string &target, bool sync_dir)
+{
+	if (::rename(tmp_.c_str(), target.c_str()) < 0)
+		fail(CKPT_E_IO, "cannot rename {} to {}: {}", tmp_, target, strerror(errno));
+	tmp_.clear();
+	if (!sync_dir)
+		return;
+	const size_t slash = target.rfind('/');
+	const std::string dir = slash == std::string::npos ? "." : target.substr(0, slash + 1);
+	Fd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+	if (!d || fsync(d.get()) < 0)
+		fail(CKPT_E_IO, "flush of directory {} failed: {}", dir, strerror(errno));
 }
 
 namespace {

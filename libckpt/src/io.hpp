@@ -63,6 +63,26 @@ private:
 // reading, a FIFO waits for a writer forever. Fills st.
 Fd open_file(const std::string &path, int flags, bool block_ok, struct stat &st);
 
+// A new file under a fresh name beside path (path.TAG-XXXXXXXX, O_EXCL: never
+// another file), removed when this goes away unless rename_over() put it in
+// place. An owner that throws, even from its constructor, leaves nothing.
+class TempFile {
+public:
+	TempFile(const std::string &path, const char *tag, int flags);
+	TempFile(const TempFile &) = delete;
+	TempFile &operator=(const TempFile &) = delete;
+	~TempFile();
+	const std::string &path() const { return tmp_; }
+	int fd() const { return fd_.get(); }
+	void close() { fd_.reset(); }
+	// Renames it over target (whose directory is flushed when sync_dir).
+	void rename_over(const std::string &target, bool sync_dir);
+
+private:
+	std::string tmp_;
+	Fd fd_;
+};
+
 // "a FIFO", "a directory", ...: what a file of mode m is, for messages.
 const char *file_kind(mode_t m);
 

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <random>
 #include <set>
 
 #include <fcntl.h>
@@ -284,21 +283,21 @@ namespace {
 // The output may be a new path or a regular file, which the rename replaces;
 // never a device node or FIFO (the rename would put a file in its place) nor
 // a directory.
-void check_output(const std::string &path)
+const std::string &check_output(const std::string &path)
 {
 	struct stat st;
 	if (stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
 		fail(CKPT_E_INVAL, "{} is {}: the output must be a new path or a regular file{}", path,
 		     file_kind(st.st_mode), S_ISDIR(st.st_mode) ? " (give a file name in the directory)" : "");
+	return path;
 }
 
 } // namespace
 
 Writer::Writer(const std::string &path, std::vector<Entry> entries,
 	       const std::map<std::string, std::string> &metadata)
-	: path_(path), entries_(std::move(entries))
+	: path_(path), entries_(std::move(entries)), tmp_(check_output(path), "tmp", O_WRONLY)
 {
-	check_output(path);
 	json h = json::object();
 	if (!metadata.empty())
 		h["__metadata__"] = metadata;
@@ -320,36 +319,11 @@ Writer::Writer(const std::string &path, std::vector<Entry> entries,
 	std::string text = h.dump();
 	// The data buffer starts 8-byte aligned: pad the header with spaces.
 	text.append((8 - text.size() % 8) % 8, ' ');
-	// A fresh temporary name beside the output (O_EXCL: never another
-	// file's), removed on any failure, here or later.
-	std::random_device rd;
-	for (int tries = 0;; tries++) {
-		const std::string tmp = fmt::format("{}.tmp-{:08x}", path, rd());
-		int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-		if (fd >= 0) {
-			fd_ = Fd(fd);
-			tmp_ = tmp;
-			break;
-		}
-		if (errno != EEXIST || tries == 100)
-			fail(CKPT_E_IO, "cannot create {} (as {}): {}", path, tmp, strerror(errno));
-	}
-	try {
-		uint8_t len_le[8];
-		for (int i = 0; i < 8; i++)
-			len_le[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
-		write_all(fd_.get(), len_le, 8, tmp_);
-		write_all(fd_.get(), text.data(), text.size(), tmp_);
-	} catch (...) {
-		::unlink(tmp_.c_str());	// no destructor runs for a constructor that throws
-		throw;
-	}
-}
-
-Writer::~Writer()
-{
-	if (!done_)
-		::unlink(tmp_.c_str());
+	uint8_t len_le[8];
+	for (int i = 0; i < 8; i++)
+		len_le[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
+	write_all(tmp_.fd(), len_le, 8, tmp_.path());
+	write_all(tmp_.fd(), text.data(), text.size(), tmp_.path());
 }
 
 void Writer::write(const void *data, uint64_t bytes)
@@ -357,7 +331,7 @@ void Writer::write(const void *data, uint64_t bytes)
 	if (next_ >= entries_.size() || bytes != sizes_[next_])
 		fail(CKPT_E_SIZE, "{}: data of {} bytes for entry {} does not match its header", path_, bytes,
 		     next_);
-	write_all(fd_.get(), data, bytes, tmp_);
+	write_all(tmp_.fd(), data, bytes, tmp_.path());
 	next_++;
 }
 
@@ -365,13 +339,10 @@ void Writer::finish()
 {
 	if (next_ != entries_.size())
 		fail(CKPT_E_SIZE, "{}: {} of {} tensors written", path_, next_, entries_.size());
-	if (fsync(fd_.get()) < 0)
-		fail(CKPT_E_IO, "{}: fsync failed: {}", tmp_, strerror(errno));
-	fd_.reset();
-	check_output(path_);	// again: it may have changed while we wrote
-	if (::rename(tmp_.c_str(), path_.c_str()) < 0)
-		fail(CKPT_E_IO, "cannot rename {} to {}: {}", tmp_, path_, strerror(errno));
-	done_ = true;
+	if (fsync(tmp_.fd()) < 0)
+		fail(CKPT_E_IO, "{}: fsync failed: {}", tmp_.path(), strerror(errno));
+	tmp_.close();
+	tmp_.rename_over(check_output(path_), true);	// checked again: it may have changed meanwhile
 }
 
 } // namespace ckpt::safetensors
