@@ -318,18 +318,24 @@ ok "import takes step 2^63-1, and the device can step from it" sh -c \
 # ---------------------------------------------------------------- one writer at a time
 cp z.img lk.img
 cp z.img lk2.img
+# Python with libckpt through ctypes; under an ASan build its runtime must
+# be loaded first.
+pyckpt() {
+	asan=$(ldd "$bin/../libckpt/libckpt.so" 2>/dev/null | awk '/libasan/ {print $3}')
+	env PYTHONPATH="$bin/../python" ${asan:+LD_PRELOAD=$asan ASAN_OPTIONS=detect_leaks=0} "$py" "$@"
+}
 # A trainer: holds lk.img open through the engine until its stdin closes.
 mkfifo hold
-PYTHONPATH=$bin/../python "$py" -c "
-import ckpt, sys
+pyckpt -c "
+import ckpt, os, sys
 d = ckpt.open(sys.argv[1])
-print('open', flush=True)
+print('open', os.getpid(), flush=True)
 sys.stdin.read()
 " lk.img <hold >held 2>&1 &
-holder=$!
 exec 9>hold
 for i in $(seq 100); do grep -q open held && break; sleep 0.1; done
 ok "a trainer has lk.img open" grep -q open held
+holder=$(sed -n 's/^open //p' held)
 fails_with "a second trainer is refused and told who holds it" 1 "in use: process $holder (python3)" \
 	"$bin/ckpt-trace" lk.img --steps 1
 fails_with "import is refused" 1 "lk.img is in use: process $holder" "$ctl" import lk.img --from f32.safetensors
@@ -339,9 +345,9 @@ ok "info, verify, restore and export still work" sh -c \
 	"'$ctl' info lk.img >/dev/null && '$ctl' verify lk.img >/dev/null && '$ctl' restore lk.img >/dev/null &&
 	 '$ctl' export lk.img --to lk.safetensors >/dev/null"
 exec 9>&-
-wait $holder
+wait
 ok "once the trainer is gone, a step goes through" "$bin/ckpt-trace" lk.img --steps 1 --seed 2
-ok "two opens in one process: the second is refused" env PYTHONPATH=$bin/../python "$py" -c "
+ok "two opens in one process: the second is refused" pyckpt -c "
 import ckpt, sys
 d = ckpt.open(sys.argv[1])
 try:
