@@ -82,13 +82,21 @@ public:
 	// only sized (sparse).
 	void reserve(uint64_t bytes)
 	{
-		int ret = posix_fallocate(tmp_.fd(), 0, static_cast<off_t>(bytes));
-		if (ret == ENOSPC || ret == EDQUOT) {
-			struct statvfs vfs;
-			const uint64_t avail = fstatvfs(tmp_.fd(), &vfs) == 0 ? uint64_t{vfs.f_bavail} * vfs.f_frsize : 0;
+		// Asked first: a fallocate that fails fills the file system up to
+		// the brim before it gives up, for everyone on it.
+		struct statvfs vfs;
+		const uint64_t avail = fstatvfs(tmp_.fd(), &vfs) == 0 ? uint64_t{vfs.f_bavail} * vfs.f_frsize : 0;
+		auto full = [&](const char *why) {
 			fail(CKPT_E_IO, "not enough space for {}: the image needs {} bytes, the file system has {} "
-					"free{}", path_, bytes, avail, ret == EDQUOT ? " (disk quota exceeded)" : "");
-		}
+					"free{}", path_, bytes, avail, why);
+		};
+		if (avail && bytes > avail)
+			full("");
+		int ret = posix_fallocate(tmp_.fd(), 0, static_cast<off_t>(bytes));
+		if (ret == ENOSPC)
+			full("");
+		if (ret == EDQUOT)
+			full(" (disk quota exceeded)");
 		if (ret == EOPNOTSUPP || ret == EINVAL)
 			ret = ftruncate(tmp_.fd(), static_cast<off_t>(bytes)) < 0 ? errno : 0;
 		if (ret)
