@@ -109,7 +109,7 @@ int main(int argc, char **argv)
 		std::string path = (std::filesystem::path(dir) / "ckpt-engine-bench.img").string();
 		ckpt::Layout layout;
 		layout.add("w", {params}, 0);
-		ckpt::format(path, layout, {});
+		ckpt::format(path, layout, {.force = true});	// a file left by an interrupted run
 		{
 			// Preallocate the other slot, so no round times page allocation.
 			ckpt::Image img = ckpt::Image::open(path, true);
@@ -129,7 +129,8 @@ int main(int argc, char **argv)
 		const struct ckpt_layout l = dev->layout();
 		const uint32_t n_chunks = dev->geometry().n_chunks;
 		const uint64_t step_bytes = n_chunks * (2 * l.record_bytes + l.plo_chunk_bytes);
-		ckpt::BackingFile raw = ckpt::BackingFile::open(path, true);
+		// The engine's own fd: a second writable open would be refused.
+		const ckpt::BackingFile &raw = dev->engine()->image().file;
 		const unsigned threads = workers ? workers : std::clamp(std::thread::hardware_concurrency(), 1u, 4u);
 		std::vector<std::vector<ckpt::Buffer>> rec(threads), plo(threads);
 		for (unsigned t = 0; t < threads; t++)

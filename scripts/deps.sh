@@ -6,7 +6,7 @@ set -eu
 
 PACKAGES="
 build-essential cmake pkg-config
-liburing-dev libcli11-dev libfmt-dev nlohmann-json3-dev
+liburing-dev libblkid-dev libcli11-dev libfmt-dev nlohmann-json3-dev
 libgtest-dev libgmock-dev libbenchmark-dev
 libdevmapper-dev libnvme-dev
 python3 python3-numpy python3-torch python3-matplotlib

@@ -20,6 +20,13 @@
 extern "C" {
 #endif
 
+/*
+ * The largest step a load of state (import) may commit: each committed step
+ * must leave room for the next one, BEGIN(committed + 1), and steps up to
+ * 2^63 - 1 stay representable as signed 64-bit integers (Python, torch).
+ */
+#define CKPT_STEP_MAX 0x7fffffffffffffffULL
+
 static inline u64 ckpt_bitmap_words(u64 bits)
 {
 	return (bits + 63) / 64;

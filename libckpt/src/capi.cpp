@@ -78,6 +78,7 @@ int ckpt_format(const char *path, const ckpt_layout_builder *l, int dtype, uint3
 		opts.dtype = static_cast<uint32_t>(dtype);
 		opts.chunk_params = chunk_params;
 		opts.size = size;
+		opts.force = true;	// the ABI formats what it is given, as it always did
 		ckpt::format(path, l->layout, opts);
 		return 0;
 	});

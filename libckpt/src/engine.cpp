@@ -535,6 +535,9 @@ void Engine::load_state(const std::vector<StateSpan> &spans, uint64_t step, std:
 	if (img_.sb.committed_step != 0)
 		fail(CKPT_E_STATE, "state can be loaded only before the first step (committed step is {})",
 		     img_.sb.committed_step);
+	if (step > CKPT_STEP_MAX)
+		fail(CKPT_E_STEP, "step {} is beyond the largest step a device can continue from ({})", step,
+		     CKPT_STEP_MAX);
 	if (blob.size() > CKPT_BLOB_MAX)
 		fail(CKPT_E_BLOB, "trainer blob of {} bytes, at most {}", blob.size(), CKPT_BLOB_MAX);
 	for (const StateSpan &s : spans)

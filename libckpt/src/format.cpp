@@ -2,10 +2,15 @@
 #include "format.hpp"
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
 
+#include <blkid/blkid.h>
 #include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "error.hpp"
@@ -22,37 +27,102 @@ uint32_t parse_dtype(const std::string &name)
 	fail(CKPT_E_DTYPE, "unknown dtype '{}': use bf16 or fp16", name);
 }
 
-void format(const std::string &path, const Layout &layout, const FormatOptions &opts)
-{
-	const uint32_t cp = opts.chunk_params;
-	if (cp == 0 || (cp & (cp - 1)))
-		fail(CKPT_E_GEOMETRY, "chunk_params {} is not a power of two", cp);
-	if (opts.dtype != CKPT_DTYPE_BF16 && opts.dtype != CKPT_DTYPE_FP16)
-		fail(CKPT_E_DTYPE, "unknown dtype {}", opts.dtype);
-	if (opts.incompat & ~CKPT_FEATURE_INCOMPAT_SUPP)
-		fail(CKPT_E_FEATURE, "unknown incompat feature bits {:#x}", opts.incompat);
-	const Layout::Placed placed = layout.place(static_cast<uint32_t>(__builtin_ctz(cp)), opts.dtype);
-	struct ckpt_layout l;
-	check_core(ckpt_layout_compute_features(&placed.geo, opts.incompat, &l), "layout");
-	const std::string manifest = Manifest::encode(placed.tensors, opts.dtype, cp);
+namespace {
 
-	int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-	if (fd < 0)
-		fail(CKPT_E_IO, "cannot create {}: {}", path, strerror(errno));
-	Fd guard(fd);
-	BackingFile f = BackingFile::open(path, true);
-	if (!f.block_device) {
-		uint64_t want = std::max(opts.size, l.dev_bytes);
-		if (opts.size && opts.size < l.dev_bytes)
-			fail(CKPT_E_TOO_SMALL, "{}: size {} is too small: this layout needs {} bytes", path,
-			     opts.size, l.dev_bytes);
-		if (ftruncate(f.fd.get(), 0) < 0 || ftruncate(f.fd.get(), static_cast<off_t>(want)) < 0)
-			fail(CKPT_E_IO, "cannot size {} to {} bytes: {}", path, want, strerror(errno));
-		f.size = want;
-	} else if (f.size < l.dev_bytes) {
-		fail(CKPT_E_TOO_SMALL, "{} has {} bytes: this layout needs {}", path, f.size, l.dev_bytes);
+// What format would destroy on path: a dm-ckpt image (the magic in either
+// superblock copy), or anything libblkid recognizes (a file system, a
+// partition table, RAID or LVM metadata); "" when there is nothing.
+std::string signature(const std::string &path)
+{
+	struct stat st;
+	Fd fd = open_file(path, O_RDONLY, true, st);	// no O_DIRECT: libblkid reads unaligned
+	uint8_t magic[4];
+	for (uint64_t copy = 0; copy < 2; copy++)
+		if (::pread(fd.get(), magic, 4, static_cast<off_t>(copy * CKPT_BLOCK)) == 4 &&
+		    (magic[0] | magic[1] << 8 | magic[2] << 16 | static_cast<uint32_t>(magic[3]) << 24) == CKPT_SB_MAGIC)
+			return "a dm-ckpt image";
+	std::unique_ptr<std::remove_pointer_t<blkid_probe>, decltype(&blkid_free_probe)> pr(blkid_new_probe(),
+											       blkid_free_probe);
+	if (!pr)
+		fail(CKPT_E_NOMEM, "{}: cannot allocate a libblkid probe", path);
+	if (blkid_probe_set_device(pr.get(), fd.get(), 0, 0) < 0)
+		fail(CKPT_E_IO, "{}: libblkid cannot probe it", path);
+	blkid_probe_enable_superblocks(pr.get(), 1);
+	blkid_probe_enable_partitions(pr.get(), 1);
+	const int ret = blkid_do_safeprobe(pr.get());
+	if (ret == -2)
+		return "several conflicting signatures (blkid)";
+	if (ret != 0)
+		return {};
+	const char *v = nullptr;
+	if (blkid_probe_lookup_value(pr.get(), "TYPE", &v, nullptr) == 0)
+		return fmt::format("a {} signature (blkid)", v);
+	if (blkid_probe_lookup_value(pr.get(), "PTTYPE", &v, nullptr) == 0)
+		return fmt::format("a {} partition table (blkid)", v);
+	return "a signature blkid recognizes";
+}
+
+// The new image of a regular file, built beside it under a temporary name so
+// that the old file stays whole until the new one is complete and flushed.
+class NewFile {
+public:
+	NewFile(const std::string &path, const struct stat *old) : path_(path), tmp_(path, "format", O_RDWR)
+	{
+		if (old) {	// the image replaces the file: keep its mode and owner
+			if (fchmod(tmp_.fd(), old->st_mode & 07777) < 0)
+				fail(CKPT_E_IO, "cannot set the mode of {}: {}", tmp_.path(), strerror(errno));
+			(void)!fchown(tmp_.fd(), old->st_uid, old->st_gid);	// only root can; fine if not
+		}
+	}
+	const std::string &tmp() const { return tmp_.path(); }
+
+	// Reserves the whole image now, so that a full file system fails the
+	// format rather than a later step. posix_fallocate emulates where
+	// fallocate is missing; where even that is not possible the file is
+	// only sized (sparse).
+	void reserve(uint64_t bytes)
+	{
+		// Asked first: a fallocate that fails fills the file system up to
+		// the brim before it gives up, for everyone on it.
+		struct statvfs vfs;
+		const uint64_t avail = fstatvfs(tmp_.fd(), &vfs) == 0 ? uint64_t{vfs.f_bavail} * vfs.f_frsize : 0;
+		auto full = [&](const char *why) {
+			fail(CKPT_E_IO, "not enough space for {}: the image needs {} bytes, the file system has {} "
+					"free{}", path_, bytes, avail, why);
+		};
+		if (avail && bytes > avail)
+			full("");
+		int ret = posix_fallocate(tmp_.fd(), 0, static_cast<off_t>(bytes));
+		if (ret == ENOSPC)
+			full("");
+		if (ret == EDQUOT)
+			full(" (disk quota exceeded)");
+		if (ret == EOPNOTSUPP || ret == EINVAL)
+			ret = ftruncate(tmp_.fd(), static_cast<off_t>(bytes)) < 0 ? errno : 0;
+		if (ret)
+			fail(CKPT_E_IO, "cannot size {} to {} bytes: {}", path_, bytes, strerror(ret));
 	}
 
+	// The complete, flushed image takes the file's name; the directory is
+	// flushed so that the rename survives a crash.
+	void replace()
+	{
+		if (fsync(tmp_.fd()) < 0)
+			fail(CKPT_E_IO, "flush of {} failed: {}", tmp_.path(), strerror(errno));
+		tmp_.rename_over(path_, true);
+	}
+
+private:
+	std::string path_;
+	TempFile tmp_;
+};
+
+// Writes the image into f: the old superblocks are invalidated first and the
+// new one is written last, so an interrupted format of a device leaves no
+// image, never a mix.
+void write_image(const BackingFile &f, const Layout::Placed &placed, const struct ckpt_layout &l,
+		 const std::string &manifest, uint32_t incompat)
+{
 	Buffer zero(2 * CKPT_BLOCK);
 	f.pwrite_all(zero.as(), 2 * CKPT_BLOCK, 0);	// no old superblock survives
 	f.flush();
@@ -77,7 +147,7 @@ void format(const std::string &path, const Layout &layout, const FormatOptions &
 	rec.step = 0;
 	rec.sequence = 1;
 	rec.data_crc = ckpt_crc32c(chunk.as() + CKPT_BLOCK, 12 * l.chunk_params);
-	if (opts.incompat & CKPT_FEATURE_INCOMPAT_PLO_CRC)	// of zeros too
+	if (incompat & CKPT_FEATURE_INCOMPAT_PLO_CRC)	// of zeros too
 		rec.plo_crc = ckpt_plo_crc(chunk.as() + CKPT_BLOCK, placed.geo.chunk_shift);
 	for (uint32_t c = 0; c < placed.geo.n_chunks; c++) {
 		rec.chunk = c;
@@ -93,7 +163,7 @@ void format(const std::string &path, const Layout &layout, const FormatOptions &
 	sb.uuid[6] = (sb.uuid[6] & 0x0f) | 0x40;	// RFC 4122 version 4
 	sb.uuid[8] = (sb.uuid[8] & 0x3f) | 0x80;
 	sb.sequence = 1;
-	sb.feature_incompat = opts.incompat;
+	sb.feature_incompat = incompat;
 	sb.geo = placed.geo;
 	sb.layout = l;
 	sb.manifest_len = static_cast<uint32_t>(manifest.size());
@@ -103,6 +173,63 @@ void format(const std::string &path, const Layout &layout, const FormatOptions &
 	sb.committed_slot = 0;
 	check_core(ckpt_sb_encode(&sb, zero.as()), "encode superblock");
 	f.pwrite_durable(zero.as(), CKPT_BLOCK, (sb.sequence & 1) * CKPT_BLOCK);
+}
+
+} // namespace
+
+void format(const std::string &path_arg, const Layout &layout, const FormatOptions &opts)
+{
+	const uint32_t cp = opts.chunk_params;
+	if (cp == 0 || (cp & (cp - 1)))
+		fail(CKPT_E_GEOMETRY, "chunk_params {} is not a power of two", cp);
+	if (opts.dtype != CKPT_DTYPE_BF16 && opts.dtype != CKPT_DTYPE_FP16)
+		fail(CKPT_E_DTYPE, "unknown dtype {}", opts.dtype);
+	if (opts.incompat & ~CKPT_FEATURE_INCOMPAT_SUPP)
+		fail(CKPT_E_FEATURE, "unknown incompat feature bits {:#x}", opts.incompat);
+	const Layout::Placed placed = layout.place(static_cast<uint32_t>(__builtin_ctz(cp)), opts.dtype);
+	struct ckpt_layout l;
+	check_core(ckpt_layout_compute_features(&placed.geo, opts.incompat, &l), "layout");
+	const std::string manifest = Manifest::encode(placed.tensors, opts.dtype, cp);
+
+	// A symlink stands for the file it names: that file is replaced.
+	std::string path = path_arg;
+	struct stat st;
+	const bool exists = stat(path.c_str(), &st) == 0;
+	if (!exists && errno != ENOENT)
+		fail(CKPT_E_IO, "cannot stat {}: {}", path, strerror(errno));
+	if (exists && !S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode))
+		fail(CKPT_E_INVAL, "{} is {}: format takes a regular file (created if missing) or a block device",
+		     path, file_kind(st.st_mode));
+	if (struct stat lst; exists && lstat(path.c_str(), &lst) == 0 && S_ISLNK(lst.st_mode)) {
+		std::unique_ptr<char, decltype(&free)> real(realpath(path.c_str(), nullptr), free);
+		if (!real)
+			fail(CKPT_E_IO, "cannot resolve {}: {}", path, strerror(errno));
+		path = real.get();
+	}
+
+	// The existing file or device stays open, locked, until the end: no
+	// trainer can open it meanwhile, and none has it open now.
+	BackingFile old;
+	if (exists) {
+		old = BackingFile::open(path, true);
+		if (!opts.force)
+			if (const std::string sig = signature(path); !sig.empty())
+				fail(CKPT_E_STATE, "{} holds {}: format would destroy it (--force formats anyway)",
+				     path_arg, sig);
+	}
+	if (old.block_device) {	// formatted in place: no rename for a device
+		if (old.size < l.dev_bytes)
+			fail(CKPT_E_TOO_SMALL, "{} has {} bytes: this layout needs {}", path, old.size, l.dev_bytes);
+		write_image(old, placed, l, manifest, opts.incompat);
+		return;
+	}
+	if (opts.size && opts.size < l.dev_bytes)
+		fail(CKPT_E_TOO_SMALL, "{}: size {} is too small: this layout needs {} bytes", path, opts.size,
+		     l.dev_bytes);
+	NewFile file(path, exists ? &st : nullptr);
+	file.reserve(std::max(opts.size, l.dev_bytes));
+	write_image(BackingFile::open(file.tmp(), true), placed, l, manifest, opts.incompat);
+	file.replace();
 }
 
 } // namespace ckpt

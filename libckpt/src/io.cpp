@@ -3,12 +3,17 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
 
 #include <fcntl.h>
 #include <linux/fs.h>
+#include <sys/file.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -54,31 +59,171 @@ Buffer::~Buffer()
 		munmap(p_, n_);
 }
 
+const char *file_kind(mode_t m)
+{
+	switch (m & S_IFMT) {
+	case S_IFREG:
+		return "a regular file";
+	case S_IFBLK:
+		return "a block device";
+	case S_IFCHR:
+		return "a character device";
+	case S_IFIFO:
+		return "a FIFO";
+	case S_IFDIR:
+		return "a directory";
+	case S_IFSOCK:
+		return "a socket";
+	default:
+		return "not a regular file";
+	}
+}
+
+TempFile::TempFile(const std::string &path, const char *tag, int flags)
+{
+	std::random_device rd;
+	for (int tries = 0;; tries++) {
+		const std::string tmp = fmt::format("{}.{}-{:08x}", path, tag, rd());
+		int fd = ::open(tmp.c_str(), flags | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+		if (fd >= 0) {
+			fd_ = Fd(fd);
+			tmp_ = tmp;
+			return;
+		}
+		if (errno != EEXIST || tries == 100)
+			fail(CKPT_E_IO, "cannot create {} (as {}): {}", path, tmp, strerror(errno));
+	}
+}
+
+TempFile::~TempFile()
+{
+	if (!tmp_.empty())
+		::unlink(tmp_.c_str());
+}
+
+void TempFile::rename_over(const std::string &target, bool sync_dir)
+{
+	if (::rename(tmp_.c_str(), target.c_str()) < 0)
+		fail(CKPT_E_IO, "cannot rename {} to {}: {}", tmp_, target, strerror(errno));
+	tmp_.clear();
+	if (!sync_dir)
+		return;
+	const size_t slash = target.rfind('/');
+	const std::string dir = slash == std::string::npos ? "." : target.substr(0, slash + 1);
+	Fd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+	if (!d || fsync(d.get()) < 0)
+		fail(CKPT_E_IO, "flush of directory {} failed: {}", dir, strerror(errno));
+}
+
+namespace {
+
+// open(2) that does not block on a FIFO, then the type check; -errno when
+// open itself fails, so that callers can retry without O_DIRECT.
+int open_checked(const std::string &path, int flags, bool block_ok, struct stat &st)
+{
+	int fd = ::open(path.c_str(), flags | O_NONBLOCK | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	Fd guard(fd);
+	if (fstat(fd, &st) < 0)
+		fail(CKPT_E_IO, "cannot stat {}: {}", path, strerror(errno));
+	if (!S_ISREG(st.st_mode) && !(block_ok && S_ISBLK(st.st_mode)))
+		fail(CKPT_E_INVAL, "{} is {}, not a regular file{}", path, file_kind(st.st_mode),
+		     block_ok ? " or block device" : "");
+	int fl = fcntl(fd, F_GETFL);
+	if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0)
+		fail(CKPT_E_IO, "cannot clear O_NONBLOCK on {}: {}", path, strerror(errno));
+	return guard.release();
+}
+
+// The live process holding a lock on st's file, from /proc/locks ("1: FLOCK
+// ADVISORY  WRITE 22703 fe:00:10953371 0 EOF"), or "" when it names none (a
+// holder in another pid namespace, or one that died, shows as pid 0).
+std::string lock_holder(const struct stat &st)
+{
+	std::ifstream in("/proc/locks");
+	for (std::string line; std::getline(in, line);) {
+		std::istringstream w(line);
+		std::string id, type, adv, mode, file;
+		long pid = 0;
+		if (!(w >> id >> type >> adv >> mode >> pid >> file) || type == "->")
+			continue;	// "->" marks a waiter, not a holder
+		unsigned maj, min;
+		unsigned long long ino;
+		if (sscanf(file.c_str(), "%x:%x:%llu", &maj, &min, &ino) != 3 || ino != st.st_ino ||
+		    maj != major(st.st_dev) || min != minor(st.st_dev) || pid <= 0)
+			continue;
+		if (pid == getpid())
+			return "this process (another open of the same image)";
+		std::string comm;
+		std::ifstream proc(fmt::format("/proc/{}/comm", pid));
+		if (!proc)
+			continue;	// gone: its lock is on its way out
+		std::getline(proc, comm);
+		return fmt::format("process {} ({})", pid, comm);
+	}
+	return {};
+}
+
+// The writer's lock on a regular file. A process that died holding it may
+// keep it for a moment: the lock goes with the last reference to the open
+// file, and io_uring requests in flight hold references until the kernel
+// has torn the ring down. So when no live process holds it, try again for
+// a while before calling the file busy.
+void lock(int fd, const std::string &path, const struct stat &st)
+{
+	for (int tries = 0;; tries++) {
+		if (flock(fd, LOCK_EX | LOCK_NB) == 0)
+			return;
+		if (errno != EWOULDBLOCK)
+			fail(CKPT_E_IO, "cannot lock {}: {}", path, strerror(errno));
+		const std::string who = lock_holder(st);
+		if (!who.empty() || tries == 200)
+			fail(CKPT_E_STATE, "{} is in use: {} has it open for writing (a trainer or a ckptctl "
+					   "command); one writer at a time (info, verify and export only read, "
+					   "they still work)", path, who.empty() ? "another process" : who);
+		usleep(10000);
+	}
+}
+
+} // namespace
+
+Fd open_file(const std::string &path, int flags, bool block_ok, struct stat &st)
+{
+	int fd = open_checked(path, flags, block_ok, st);
+	if (fd < 0)
+		fail(CKPT_E_IO, "cannot open {}: {}", path, strerror(-fd));
+	return Fd(fd);
+}
+
 BackingFile BackingFile::open(const std::string &path, bool writable)
 {
 	BackingFile f;
 	f.path = path;
-	int flags = (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC;
-	int fd = ::open(path.c_str(), flags | O_DIRECT);
-	if (fd >= 0) {
-		f.direct = true;
-	} else if (errno == EINVAL) {	// tmpfs and friends have no O_DIRECT
-		fd = ::open(path.c_str(), flags);
-	}
-	if (fd < 0)
-		fail(CKPT_E_IO, "cannot open {}: {}", path, strerror(errno));
-	f.fd = Fd(fd);
+	// O_EXCL without O_CREAT claims a block device (and Linux ignores it
+	// on anything else): it fails while another writer, a kernel target
+	// or a mount holds the device.
+	int flags = writable ? O_RDWR | O_EXCL : O_RDONLY;
 	struct stat st;
-	if (fstat(fd, &st) < 0)
-		fail(CKPT_E_IO, "cannot stat {}: {}", path, strerror(errno));
+	int fd = open_checked(path, flags | O_DIRECT, true, st);
+	if (fd >= 0)
+		f.direct = true;
+	else if (fd == -EINVAL)	// tmpfs and friends have no O_DIRECT
+		fd = open_checked(path, flags, true, st);
+	if (fd == -EBUSY)
+		fail(CKPT_E_STATE, "{} is in use: another writer, a kernel target (dm-ckpt) or a mount holds it",
+		     path);
+	if (fd < 0)
+		fail(CKPT_E_IO, "cannot open {}: {}", path, strerror(-fd));
+	f.fd = Fd(fd);
+	if (writable && S_ISREG(st.st_mode))
+		lock(f.fd.get(), path, st);
 	if (S_ISBLK(st.st_mode)) {
 		f.block_device = true;
 		if (ioctl(fd, BLKGETSIZE64, &f.size) < 0)
 			fail(CKPT_E_IO, "cannot get the size of {}: {}", path, strerror(errno));
-	} else if (S_ISREG(st.st_mode)) {
-		f.size = static_cast<uint64_t>(st.st_size);
 	} else {
-		fail(CKPT_E_INVAL, "{} is neither a regular file nor a block device", path);
+		f.size = static_cast<uint64_t>(st.st_size);
 	}
 	return f;
 }

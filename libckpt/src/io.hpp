@@ -8,6 +8,7 @@
 #include <utility>
 
 #include <liburing.h>
+#include <sys/stat.h>
 
 namespace ckpt {
 
@@ -30,6 +31,7 @@ public:
 	int get() const { return fd_; }
 	explicit operator bool() const { return fd_ >= 0; }
 	void reset();
+	int release() { return std::exchange(fd_, -1); }
 
 private:
 	int fd_ = -1;
@@ -55,8 +57,44 @@ private:
 	size_t n_ = 0;
 };
 
+// Opens an existing file to read (flags O_RDONLY) or write, refusing anything
+// but a regular file (or, with block_ok, a block device) with an error naming
+// what it is. The type is checked before anything can block: opened for
+// reading, a FIFO waits for a writer forever. Fills st.
+Fd open_file(const std::string &path, int flags, bool block_ok, struct stat &st);
+
+// A new file under a fresh name beside path (path.TAG-XXXXXXXX, O_EXCL: never
+// another file), removed when this goes away unless rename_over() put it in
+// place. An owner that throws, even from its constructor, leaves nothing.
+class TempFile {
+public:
+	TempFile(const std::string &path, const char *tag, int flags);
+	TempFile(const TempFile &) = delete;
+	TempFile &operator=(const TempFile &) = delete;
+	~TempFile();
+	const std::string &path() const { return tmp_; }
+	int fd() const { return fd_.get(); }
+	void close() { fd_.reset(); }
+	// Renames it over target (whose directory is flushed when sync_dir).
+	void rename_over(const std::string &target, bool sync_dir);
+
+private:
+	std::string tmp_;
+	Fd fd_;
+};
+
+// "a FIFO", "a directory", ...: what a file of mode m is, for messages.
+const char *file_kind(mode_t m);
+
 // An open backing file or block device. Uses O_DIRECT where the file system
 // supports it; otherwise buffered I/O made durable by fdatasync.
+//
+// A writable open is exclusive, for as long as the fd lives: a regular file
+// takes an flock (per open file description, so two opens in one process
+// exclude each other too), a block device is opened O_EXCL (which also fails
+// while a kernel target or a mount holds it). A second writer gets an error
+// naming the holder where /proc/locks tells it. Readers take no lock: info,
+// verify and export work while a trainer runs.
 struct BackingFile {
 	Fd fd;
 	uint64_t size = 0;

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "error.hpp"
+#include "io.hpp"
 
 extern "C" {
 #include "ckpt_update.h"
@@ -211,15 +212,9 @@ Reader Reader::open(const std::string &path)
 {
 	Reader r;
 	r.path_ = path;
-	int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		fail(CKPT_E_IO, "cannot open {}: {}", path, strerror(errno));
-	r.fd_ = Fd(fd);
 	struct stat st;
-	if (fstat(fd, &st) < 0)
-		fail(CKPT_E_IO, "cannot stat {}: {}", path, strerror(errno));
-	if (!S_ISREG(st.st_mode))
-		fail(CKPT_E_INVAL, "{}: not a regular file", path);
+	r.fd_ = open_file(path, O_RDONLY, false, st);
+	const int fd = r.fd_.get();
 	const uint64_t size = static_cast<uint64_t>(st.st_size);
 	if (size < 8)
 		bad(path, fmt::format("{} bytes, too short for the header length", size));
@@ -283,9 +278,25 @@ std::vector<float> Reader::read_f32(const TensorInfo &t) const
 	return out;
 }
 
+namespace {
+
+// The output may be a new path or a regular file, which the rename replaces;
+// never a device node or FIFO (the rename would put a file in its place) nor
+// a directory.
+const std::string &check_output(const std::string &path)
+{
+	struct stat st;
+	if (stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+		fail(CKPT_E_INVAL, "{} is {}: the output must be a new path or a regular file{}", path,
+		     file_kind(st.st_mode), S_ISDIR(st.st_mode) ? " (give a file name in the directory)" : "");
+	return path;
+}
+
+} // namespace
+
 Writer::Writer(const std::string &path, std::vector<Entry> entries,
 	       const std::map<std::string, std::string> &metadata)
-	: path_(path), tmp_(path + ".tmp"), entries_(std::move(entries))
+	: path_(path), entries_(std::move(entries)), tmp_(check_output(path), "tmp", O_WRONLY)
 {
 	json h = json::object();
 	if (!metadata.empty())
@@ -308,23 +319,11 @@ Writer::Writer(const std::string &path, std::vector<Entry> entries,
 	std::string text = h.dump();
 	// The data buffer starts 8-byte aligned: pad the header with spaces.
 	text.append((8 - text.size() % 8) % 8, ' ');
-	int fd = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-	if (fd < 0)
-		fail(CKPT_E_IO, "cannot create {}: {}", tmp_, strerror(errno));
-	fd_ = Fd(fd);
 	uint8_t len_le[8];
 	for (int i = 0; i < 8; i++)
 		len_le[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
-	write_all(fd, len_le, 8, tmp_);
-	write_all(fd, text.data(), text.size(), tmp_);
-}
-
-Writer::~Writer()
-{
-	if (!done_ && fd_) {
-		fd_.reset();
-		::unlink(tmp_.c_str());
-	}
+	write_all(tmp_.fd(), len_le, 8, tmp_.path());
+	write_all(tmp_.fd(), text.data(), text.size(), tmp_.path());
 }
 
 void Writer::write(const void *data, uint64_t bytes)
@@ -332,7 +331,7 @@ void Writer::write(const void *data, uint64_t bytes)
 	if (next_ >= entries_.size() || bytes != sizes_[next_])
 		fail(CKPT_E_SIZE, "{}: data of {} bytes for entry {} does not match its header", path_, bytes,
 		     next_);
-	write_all(fd_.get(), data, bytes, tmp_);
+	write_all(tmp_.fd(), data, bytes, tmp_.path());
 	next_++;
 }
 
@@ -340,12 +339,10 @@ void Writer::finish()
 {
 	if (next_ != entries_.size())
 		fail(CKPT_E_SIZE, "{}: {} of {} tensors written", path_, next_, entries_.size());
-	if (fsync(fd_.get()) < 0)
-		fail(CKPT_E_IO, "{}: fsync failed: {}", tmp_, strerror(errno));
-	fd_.reset();
-	if (::rename(tmp_.c_str(), path_.c_str()) < 0)
-		fail(CKPT_E_IO, "cannot rename {} to {}: {}", tmp_, path_, strerror(errno));
-	done_ = true;
+	if (fsync(tmp_.fd()) < 0)
+		fail(CKPT_E_IO, "{}: fsync failed: {}", tmp_.path(), strerror(errno));
+	tmp_.close();
+	tmp_.rename_over(check_output(path_), true);	// checked again: it may have changed meanwhile
 }
 
 } // namespace ckpt::safetensors

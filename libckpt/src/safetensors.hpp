@@ -82,18 +82,16 @@ public:
 	       const std::map<std::string, std::string> &metadata);
 	Writer(const Writer &) = delete;
 	Writer &operator=(const Writer &) = delete;
-	~Writer();
 	// The next entry's data, exactly its size in bytes.
 	void write(const void *data, uint64_t bytes);
 	void finish();
 
 private:
-	std::string path_, tmp_;
+	std::string path_;
 	std::vector<Entry> entries_;
 	std::vector<uint64_t> sizes_;
 	size_t next_ = 0;
-	Fd fd_;
-	bool done_ = false;
+	TempFile tmp_;	// becomes path_ in finish(); removed on any failure
 };
 
 } // namespace ckpt::safetensors

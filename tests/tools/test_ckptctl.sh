@@ -154,6 +154,17 @@ if __name__ == "__main__":
         j = json.load(open(sys.argv[2]))
         t = [x for x in j["tensors"] if x["name"] == sys.argv[3]][0]
         print(j["layout"]["plo_off"][j["committed_slot"]] + t["offset"] * 2)
+    elif cmd == "many":  # many FILE N [params]: N tensors of shape [3] with moments (or not), step 7
+        r = np.random.default_rng(3)
+        t = {}
+        for i in range(int(sys.argv[3])):
+            for sfx in ("",) if sys.argv[4:] == ["params"] else ("", ".exp_avg", ".exp_avg_sq"):
+                a = r.standard_normal(3).astype(np.float32)
+                t[f"t{i}{sfx}"] = ("F32", np.abs(a) if sfx == ".exp_avg_sq" else a)
+        write(sys.argv[2], t, {"format": "pt", "step": "7"})
+    elif cmd == "step":  # step IN OUT STEP: IN with __metadata__ step STEP
+        t, m = read(sys.argv[2])
+        write(sys.argv[3], t, m | {"step": sys.argv[4]})
     elif cmd == "bad":  # headers that lie, one file each
         def raw(path, h, data=b"", hlen=None):
             with open(path, "wb") as f:
@@ -239,7 +250,7 @@ ok "import without --with-optimizer ignores the moments" sh -c \
 	 '$ctl' import r2.img --from s3.safetensors | grep -q 'ignored 12 exp_avg'"
 
 # ---------------------------------------------------------------- import errors
-"$ctl" format e.img --from-safetensors f32.safetensors --chunk-params 4096 >/dev/null 2>&1
+"$ctl" format e.img --force --from-safetensors f32.safetensors --chunk-params 4096 >/dev/null 2>&1
 fails_with "import into a missing device" 1 "cannot open" "$ctl" import missing.img --from f32.safetensors
 head -c 65536 /dev/urandom >random.img
 fails_with "import into random bytes" 1 "not a usable dm-ckpt image" "$ctl" import random.img --from f32.safetensors
@@ -249,11 +260,11 @@ fails_with "import with a wrong shape" 1 "has shape \[3,100\]" "$ctl" import e.i
 run_py write one.safetensors head.bias 300 1
 fails_with "import of a file lacking tensors" 1 "lacks tensors of the device" "$ctl" import e.img --from one.safetensors
 ok "import --partial keeps the others" sh -c "'$ctl' import e.img --from one.safetensors --partial | grep -q 'kept 5 tensors'"
-"$ctl" format e.img --from-safetensors f32.safetensors --chunk-params 4096 >/dev/null 2>&1
+"$ctl" format e.img --force --from-safetensors f32.safetensors --chunk-params 4096 >/dev/null 2>&1
 run_py extra f32.safetensors extra.safetensors other
 fails_with "import of unknown tensors" 1 "has tensors the device lacks: other" "$ctl" import e.img --from extra.safetensors
 ok "import --partial skips them" sh -c "'$ctl' import e.img --from extra.safetensors --partial | grep -q 'skipped 1 tensors the device lacks: other'"
-"$ctl" format e.img --from-safetensors f32.safetensors --chunk-params 4096 >/dev/null 2>&1
+"$ctl" format e.img --force --from-safetensors f32.safetensors --chunk-params 4096 >/dev/null 2>&1
 fails_with "import --with-optimizer without moments" 1 "has no 'embed.weight.exp_avg'" "$ctl" import e.img --from f32.safetensors --with-optimizer
 run_py write nan.safetensors head.bias 300 nan
 fails_with "import of a NaN" 1 "element 0 is nan" "$ctl" import e.img --from nan.safetensors --partial
@@ -382,6 +393,153 @@ ok "... exports the same tensors" sh -c "'$ctl' export old.img --to old.safetens
 ok "... and trains" "$bin/ckpt-trace" old.img --steps 1 --seed 3
 run_py flip old.img "$(run_py off g.json manifest_off 20)"
 fails_with "... a flipped manifest byte there is still fatal (one copy)" 1 "tensor manifest: checksum mismatch" "$ctl" info old.img
+
+# ---------------------------------------------------------------- many tensors
+# import once kept pointers into a manifest it had freed: zeros or bad_alloc
+# from a few dozen tensors on.
+for nt in 24 400; do
+	run_py many many$nt.safetensors $nt
+	ok "$nt tensors: format, import --with-optimizer, export" sh -c \
+		"'$ctl' format many$nt.img --from-safetensors many$nt.safetensors --chunk-params 2048 >/dev/null 2>&1 &&
+		 '$ctl' import many$nt.img --from many$nt.safetensors --with-optimizer | grep -q 'imported $nt tensors.*committed step 7' &&
+		 '$ctl' export many$nt.img --to many$nt.out.safetensors --with-optimizer"
+	ok "$nt tensors: the export equals the input, moments and step" run_py identical many$nt.safetensors many$nt.out.safetensors
+done
+run_py many params400.safetensors 400 params
+ok "... params only: import, export, equal" sh -c \
+	"'$ctl' format many1.img --from-safetensors params400.safetensors --chunk-params 2048 >/dev/null 2>&1 &&
+	 '$ctl' import many1.img --from params400.safetensors >/dev/null &&
+	 '$ctl' export many1.img --to many1.out.safetensors && $py st.py same params400.safetensors many1.out.safetensors"
+
+# ---------------------------------------------------------------- import: the step must leave room
+"$ctl" format e.img --from-safetensors many24.safetensors --chunk-params 2048 --force >/dev/null 2>&1
+run_py step many24.safetensors max.safetensors 18446744073709551615
+fails_with "import refuses __metadata__ step 2^64-1" 1 "leaves the device no next step" \
+	"$ctl" import e.img --from max.safetensors --with-optimizer
+fails_with "import refuses --step 2^64-1" 1 "leaves the device no next step" \
+	"$ctl" import e.img --from many24.safetensors --with-optimizer --step 18446744073709551615
+fails_with "import refuses --step 2^63" 1 "at most 9223372036854775807" \
+	"$ctl" import e.img --from many24.safetensors --with-optimizer --step 9223372036854775808
+ok "... and changed nothing" sh -c "'$ctl' info --json e.img | grep -q '\"committed_step\": 0,'"
+ok "import takes step 2^63-1, and the device can step from it" sh -c \
+	"'$ctl' import e.img --from many24.safetensors --with-optimizer --step 9223372036854775807 >/dev/null &&
+	 '$bin/ckpt-trace' e.img --steps 1 --seed 1 >/dev/null &&
+	 '$ctl' info --json e.img | grep -q '\"committed_step\": 9223372036854775808'"
+
+# ---------------------------------------------------------------- one writer at a time
+cp z.img lk.img
+cp z.img lk2.img
+# Python with libckpt through ctypes; under an ASan build its runtime must
+# be loaded first.
+pyckpt() {
+	asan=$(ldd "$bin/../libckpt/libckpt.so" 2>/dev/null | awk '/libasan/ {print $3}')
+	env PYTHONPATH="$bin/../python" ${asan:+LD_PRELOAD=$asan ASAN_OPTIONS=detect_leaks=0} "$py" "$@"
+}
+# A trainer: holds lk.img open through the engine until its stdin closes.
+mkfifo hold
+pyckpt -c "
+import ckpt, os, sys
+d = ckpt.open(sys.argv[1])
+print('open', os.getpid(), flush=True)
+sys.stdin.read()
+" lk.img <hold >held 2>&1 &
+exec 9>hold
+for i in $(seq 100); do grep -q open held && break; sleep 0.1; done
+ok "a trainer has lk.img open" grep -q open held
+holder=$(sed -n 's/^open //p' held)
+fails_with "a second trainer is refused and told who holds it" 1 "in use: process $holder (python3)" \
+	"$bin/ckpt-trace" lk.img --steps 1
+fails_with "import is refused" 1 "lk.img is in use: process $holder" "$ctl" import lk.img --from f32.safetensors
+fails_with "format is refused, even with --force" 1 "lk.img is in use" "$ctl" format lk.img --force --from-safetensors f32.safetensors
+fails_with "restore --rollback is refused" 1 "lk.img is in use" "$ctl" restore --rollback lk.img
+ok "info, verify, restore and export still work" sh -c \
+	"'$ctl' info lk.img >/dev/null && '$ctl' verify lk.img >/dev/null && '$ctl' restore lk.img >/dev/null &&
+	 '$ctl' export lk.img --to lk.safetensors >/dev/null"
+exec 9>&-
+wait
+ok "once the trainer is gone, a step goes through" "$bin/ckpt-trace" lk.img --steps 1 --seed 2
+ok "two opens in one process: the second is refused" pyckpt -c "
+import ckpt, sys
+d = ckpt.open(sys.argv[1])
+try:
+    ckpt.open(sys.argv[1])
+except ckpt.CkptError as e:
+    assert e.name == 'E_STATE' and 'this process' in e.message, e
+else:
+    raise SystemExit('second open succeeded')
+d.close()
+ckpt.open(sys.argv[1]).close()  # closed: free again
+" lk2.img
+
+# ---------------------------------------------------------------- FIFOs and other non-files
+mkfifo fifo
+for c in info verify restore "export --to fifo.out"; do
+	fails_with "$c on a FIFO says so instead of hanging" 1 "fifo is a FIFO" timeout 20 "$ctl" $c fifo
+done
+fails_with "import from a FIFO" 1 "fifo is a FIFO" timeout 20 "$ctl" import e.img --from fifo
+fails_with "import into a FIFO" 1 "fifo is a FIFO" timeout 20 "$ctl" import fifo --from f32.safetensors
+fails_with "format -m a FIFO" 1 "fifo is a FIFO" timeout 20 "$ctl" format xf.img -m fifo
+fails_with "format --from-safetensors a FIFO" 1 "fifo is a FIFO" timeout 20 "$ctl" format xf.img --from-safetensors fifo
+fails_with "format onto a FIFO" 1 "fifo is a FIFO" timeout 20 "$ctl" format fifo --from-safetensors f32.safetensors
+fails_with "info on a directory" 1 "is a directory" "$ctl" info .
+ok "... and nothing was created" sh -c "[ ! -e xf.img ] && [ ! -e fifo.out ] && [ -p fifo ]"
+
+# ---------------------------------------------------------------- export --to what is not a file
+# A character device node of our own (as /dev/null): root could replace it.
+if [ "$(id -u)" -eq 0 ] && mknod null c 1 3; then
+	fails_with "export --to a character device is refused" 1 "null is a character device" \
+		"$ctl" export f32.img --to null
+	ok "... it is still a character device" test -c null
+else
+	ok "export --to a character device is refused # SKIP needs root" true
+fi
+fails_with "export --to a FIFO is refused" 1 "fifo is a FIFO" timeout 20 "$ctl" export f32.img --to fifo
+ok "... the FIFO is still one" test -p fifo
+mkdir outdir
+fails_with "export --to a directory is refused" 1 "outdir is a directory" "$ctl" export f32.img --to outdir
+fails_with "export --to the device itself is refused" 1 "is the device itself" "$ctl" export z.img --to z.img
+ok "... which still verifies" "$ctl" verify z.img
+fails_with "export --to a missing directory" 1 "cannot create nodir/x.safetensors" "$ctl" export f32.img --to nodir/x.safetensors
+cp f32.img vd.img
+run_py flip vd.img "$(run_py recoff v.json head.bias)"
+fails_with "export of damaged state fails" 1 "data checksum mismatch" "$ctl" export vd.img --to vd.safetensors
+ok "no temporary file is left behind, anywhere" sh -c "[ -z \"\$(ls -A outdir)\" ] && ! ls | grep -q '\\.tmp'"
+
+# ---------------------------------------------------------------- format: refuse, reserve, replace
+cp z.img old.img
+cp z.img old.ref
+fails_with "format over an image without --force is refused" 1 "holds a dm-ckpt image.*--force" \
+	"$ctl" format old.img --from-safetensors f16.safetensors
+ok "... and left it as it was" cmp old.img old.ref
+head -c 1048576 /dev/zero >swap.img
+mkswap swap.img >/dev/null 2>&1
+fails_with "format over a blkid signature (swap) is refused" 1 "holds a swap signature" \
+	"$ctl" format swap.img --from-safetensors f16.safetensors
+fails_with "format with a too small --size fails" 1 "too small" \
+	"$ctl" format old.img --force --from-safetensors f16.safetensors --size 8192
+ok "... and left the old image as it was" cmp old.img old.ref
+fails_with "a failed format of a new file" 1 "too small" "$ctl" format new.img --from-safetensors f16.safetensors --size 8192
+ok "... leaves nothing behind" sh -c "[ ! -e new.img ] && ! ls | grep -q format-"
+chmod 0600 old.img
+ok "format --force over an image" sh -c "'$ctl' format old.img --force --from-safetensors f16.safetensors | grep -q 'groups, fp16'"
+ok "... keeps the file's mode" sh -c "[ \"\$(stat -c %a old.img)\" = 600 ]"
+echo '{"tensors": [{"name": "w", "shape": [5]}], "chunk_params": 2048}' >w.json
+: >empty.img
+ok "format over an empty file needs no --force" "$ctl" format empty.img -m w.json
+if [ "$(id -u)" -eq 0 ] && mkdir small && mount -t tmpfs -o size=3m tmpfs small; then
+	trap 'umount "$tmp/small" 2>/dev/null; rm -rf "$tmp"' EXIT
+	fails_with "format reserves its space: larger than the file system fails" 1 "not enough space for small/x.img" \
+		"$ctl" format small/x.img --from-safetensors f16.safetensors --size 4000000
+	ok "... and leaves nothing" sh -c "[ -z \"\$(ls -A small)\" ]"
+	ok "an image that fits" sh -c "'$ctl' format small/x.img --from-safetensors f16.safetensors --chunk-params 2048 >/dev/null"
+	cp small/x.img x.ref
+	fails_with "format --force over it, larger than the space left, fails" 1 "not enough space" \
+		"$ctl" format small/x.img --force --from-safetensors f16.safetensors --size 2900000
+	ok "... and leaves the old image and nothing else" sh -c "cmp small/x.img x.ref && [ \"\$(ls -A small)\" = x.img ]"
+	umount small
+else
+	ok "format on a full file system # SKIP needs root and tmpfs" true
+fi
 
 # ---------------------------------------------------------------- probe, create and friends off the VM
 fails_with "probe a regular file" 1 "not an NVMe namespace" "$ctl" probe f32.img

@@ -43,6 +43,8 @@ cat >/tmp/m.json <<'JSON'
              {"name": "head", "shape": [70, 300]}]}
 JSON
 ok "format $dev from a manifest" ckptctl format $dev -m /tmp/m.json
+fails_with "format again is refused without --force" any "holds a dm-ckpt image" ckptctl format $dev -m /tmp/m.json
+ok "format --force formats it again" ckptctl format $dev -m /tmp/m.json --force
 ok "ckpt-trace: format and 2 steps on the backing device (userspace engine)" \
 	ckpt-trace $dev --format --params 200000 --chunk-params 4096 --steps 2 --seed 3
 ok "create $name --queue-depth 4 --staging-kb 2048" has "created /dev/mapper/$name" \

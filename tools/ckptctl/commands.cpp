@@ -5,7 +5,6 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <iostream>
 #include <map>
 #include <sstream>
@@ -24,6 +23,7 @@
 #include "error.hpp"
 #include "format.hpp"
 #include "image.hpp"
+#include "io.hpp"
 #include "probe.hpp"
 #include "safetensors.hpp"
 #include "verify.hpp"
@@ -190,12 +190,22 @@ struct ManifestFile {
 // "tensors": [{"name": "w", "shape": [4, 4], "group": 0}, ...]}.
 ManifestFile read_manifest(const std::string &path)
 {
-	std::ifstream in(path);
-	if (!in)
-		fail(CKPT_E_IO, "cannot read manifest {}: {}", path, strerror(errno));
-	std::stringstream text;
-	text << in.rdbuf();
-	json j = json::parse(text.str(), nullptr, false);
+	std::string text;
+	try {
+		struct stat st;
+		ckpt::Fd fd = ckpt::open_file(path, O_RDONLY, false, st);
+		char buf[65536];
+		for (ssize_t n; (n = ::read(fd.get(), buf, sizeof(buf))) != 0;) {
+			if (n < 0 && errno == EINTR)
+				continue;
+			if (n < 0)
+				fail(CKPT_E_IO, "{}", strerror(errno));
+			text.append(buf, static_cast<size_t>(n));
+		}
+	} catch (const ckpt::Error &e) {
+		fail(e.code(), "cannot read manifest {}: {}", path, e.what());
+	}
+	json j = json::parse(text, nullptr, false);
 	if (j.is_discarded() || !j.is_object())
 		fail(CKPT_E_MANIFEST, "{}: not a JSON object", path);
 	ManifestFile m;
@@ -334,6 +344,7 @@ int cmd_format(const FormatArgs &a)
 	opts.dtype = ckpt::parse_dtype(a.dtype.empty() ? m.dtype : a.dtype);
 	opts.chunk_params = a.chunk_params ? a.chunk_params : m.chunk_params;
 	opts.size = a.size;
+	opts.force = a.force;
 	check_unused(a.device, "format");
 	ckpt::format(a.device, m.layout, opts);
 	json j = image_json(ckpt::Image::open(a.device, false));
@@ -381,8 +392,14 @@ int cmd_import(const ImportArgs &a)
 	check_unused(a.device, "import");
 	const auto st = ckpt::safetensors::Reader::open(a.from);
 	const auto &h = st.header();
-	// Validate names and shapes against the device before reading any data.
-	ckpt::Image img = ckpt::Image::open(a.device, false);
+	// The engine opens the device writable, and so locked: nobody else
+	// writes it from here on. Its image (which the items below point into,
+	// so it lives as long as they do) is what the file is validated
+	// against, names and shapes, before any data is read.
+	const auto dev = ckpt::Device::open(a.device);
+	if (!dev->engine())
+		fail(CKPT_E_STATE, "{}: import needs the userspace engine on the backing device", a.device);
+	const ckpt::Image &img = dev->engine()->image();
 	if (img.sb.committed_step != 0)
 		fail(CKPT_E_STATE, "{} has committed step {}: import only goes into a device before its first step "
 				   "(format it again to start over)", a.device, img.sb.committed_step);
@@ -466,6 +483,9 @@ int cmd_import(const ImportArgs &a)
 			if (errno || it->second.empty() || *end || it->second[0] == '-')
 				fail(CKPT_E_INVAL, "{}: __metadata__ step '{}' is not a step number", a.from, it->second);
 		}
+		if (step > CKPT_STEP_MAX)
+			fail(CKPT_E_STEP, "{}: step {}{} leaves the device no next step: at most {}", a.from, step,
+			     a.step ? " (--step)" : " (__metadata__)", CKPT_STEP_MAX);
 		if (auto it = h.metadata.find("ckpt.trainer_blob"); it != h.metadata.end()) {
 			blob = unhex(it->second, a.from + ": __metadata__ ckpt.trainer_blob");
 			if (blob.size() > CKPT_BLOB_MAX)
@@ -492,11 +512,6 @@ int cmd_import(const ImportArgs &a)
 		}
 		n_params += items[i].dev->numel;
 	}
-	img = {};	// the engine opens it writable
-
-	auto dev = ckpt::Device::open(a.device);
-	if (!dev->engine())
-		fail(CKPT_E_STATE, "{}: import needs the userspace engine on the backing device", a.device);
 	if (a.with_optimizer) {
 		std::vector<ckpt::StateSpan> spans;
 		for (size_t i = 0; i < items.size(); i++)
@@ -529,6 +544,10 @@ int cmd_export(const std::string &device, const std::string &to, bool with_optim
 	const std::string path = backing_path(device);
 	ckpt::Image img = ckpt::Image::open(path, false, true);
 	print_warnings(img);
+	struct stat in, out;
+	if (fstat(img.file.fd.get(), &in) == 0 && stat(to.c_str(), &out) == 0 && in.st_dev == out.st_dev &&
+	    in.st_ino == out.st_ino)
+		fail(CKPT_E_INVAL, "--to {} is the device itself", to);
 	const struct ckpt_sb sb = img.sb;
 	std::vector<ckpt::safetensors::Writer::Entry> entries;
 	for (const ckpt::Tensor &t : img.manifest.tensors()) {

@@ -22,7 +22,7 @@ struct FormatArgs {
 	std::vector<std::string> include, exclude;
 	uint32_t chunk_params = 0;
 	uint64_t size = 0;
-	bool json = false;
+	bool json = false, force = false;
 };
 int cmd_format(const FormatArgs &a);
 

@@ -28,7 +28,10 @@ const char *top_help =
 	"(info, export, verify, restore without --rollback) also take a dm-ckpt\n"
 	"device (/dev/mapper/NAME) and read its backing device. Commands that write\n"
 	"a backing device (format, import, restore --rollback, verify --repair)\n"
-	"refuse one that a kernel target holds.\n\n"
+	"refuse one that a kernel target holds, and, like a trainer, take an\n"
+	"exclusive lock on it (flock on a file, O_EXCL on a block device): one\n"
+	"writer at a time, and the second one is told which process holds it.\n"
+	"Readers take no lock.\n\n"
 	"The superblock has two copies; images formatted since the META2 feature\n"
 	"also keep two copies of the group table and manifest. Every command uses\n"
 	"the first intact copy and warns (on stderr; info also in its output) when\n"
@@ -87,10 +90,15 @@ int main(int argc, char **argv)
 		"Lay out tensors on a backing file or block device and write step 0.\n\n"
 		"Writes the superblock, group table, tensor manifest and all-zero state\n"
 		"(step 0) for the tensors of a manifest or of a safetensors file. Everything\n"
-		"on the device is lost. A file is created or resized to what the layout\n"
-		"needs (or --size). Each tensor starts at a multiple of 2048 params; tensors\n"
-		"of different hyperparameter groups never share a chunk. Load initial\n"
-		"weights afterwards with 'ckptctl import'.\n\n"
+		"on the device is lost: a device or file that holds a dm-ckpt image or any\n"
+		"signature blkid knows (a file system, a partition table) is refused unless\n"
+		"--force. A file gets all the space the layout needs (or --size) reserved\n"
+		"up front, so a full file system fails the format, not a later step; it is\n"
+		"built beside the old file and renamed over it only when complete, so a\n"
+		"failed format leaves the old file as it was and nothing new behind. A\n"
+		"block device is written in place. Each tensor starts at a multiple of\n"
+		"2048 params; tensors of different hyperparameter groups never share a\n"
+		"chunk. Load initial weights afterwards with 'ckptctl import'.\n\n"
 		"The manifest is JSON: {\"dtype\": \"bf16\", \"chunk_params\": 65536,\n"
 		"\"tensors\": [{\"name\": \"w\", \"shape\": [4096, 4096], \"group\": 0}, ...]}.\n"
 		"From a safetensors file, its floating-point tensors (F32, F16, BF16, F64) are\n"
@@ -115,6 +123,7 @@ int main(int argc, char **argv)
 	format->add_option("--chunk-params", fa.chunk_params,
 			   "params per chunk, a power of two from 2048 to 4194304\n(default: the manifest's, else 65536)");
 	format->add_option("--size", fa.size, "size of a file in bytes (default: what the layout needs)");
+	format->add_flag("--force", fa.force, "format over an existing dm-ckpt image or signature");
 	format->add_flag("--json", fa.json, "print the resulting geometry as JSON (as info --json)");
 	format->footer(
 		"\nEXAMPLES\n"
@@ -243,12 +252,14 @@ int main(int argc, char **argv)
 		"the manifest's shapes; with --with-optimizer also '<name>.exp_avg' and\n"
 		"'<name>.exp_avg_sq'. __metadata__ holds format=pt, step, ckpt.dtype,\n"
 		"ckpt.uuid and (with --with-optimizer) ckpt.trainer_blob in hex. Every record\n"
-		"read is checked (header and checksum). The file appears only when complete.\n"
-		"A backing file shorter than its layout is read as far as it goes (with a\n"
-		"warning naming the missing bytes): the export works if the committed\n"
-		"state is all there.");
+		"read is checked (header and checksum). The file appears only when complete:\n"
+		"it is written under a temporary name beside it, removed on any failure.\n"
+		"--to must be a new path or a regular file (which is replaced); a directory,\n"
+		"device node or FIFO is refused. A backing file shorter than its layout is\n"
+		"read as far as it goes (with a warning naming the missing bytes): the\n"
+		"export works if the committed state is all there.");
 	exportc->add_option("device", dev, "backing file or block device, or a dm-ckpt device")->required();
-	exportc->add_option("--to", to, "output safetensors file")->required();
+	exportc->add_option("--to", to, "output safetensors file (new, or a regular file to replace)")->required();
 	exportc->add_flag("--with-optimizer", with_opt, "also write exp_avg and exp_avg_sq");
 	exportc->footer("\nEXAMPLES\n  ckptctl export /dev/nvme0n1 --to weights.safetensors\n"
 			"  ckptctl export /dev/mapper/ckpt0 --to step.safetensors --with-optimizer");

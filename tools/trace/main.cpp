@@ -110,6 +110,7 @@ int main(int argc, char **argv)
 			ckpt::FormatOptions opts;
 			opts.dtype = ckpt::parse_dtype(dtype);
 			opts.chunk_params = chunk_params;
+			opts.force = true;	// --format asks for it: the scripts reformat their images
 			ckpt::format(dev, trace_layout(seed, params), opts);
 		}
 		auto d = ckpt::Device::open(dev, engine);
