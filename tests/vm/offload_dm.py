@@ -15,7 +15,9 @@ chrooted into the host's / shared read-only over 9p):
                                        the reference's state; then the fp16
                                        variant (LossScaler) through the whole
                                        flow, calling ckptctl create/remove itself
-                                       (MAPPER is /dev/mapper/NAME)
+                                       (MAPPER is /dev/mapper/NAME); then a
+                                       flipped p_lo bit makes read_params
+                                       through the kernel target fail
 
 Every assertion prints "PASS what" or "FAIL what: why"; offload_dm.sh turns
 them into TAP lines. Other lines are comments. Each phase also works with
@@ -298,6 +300,42 @@ def ckptctl(*args):
     return r.returncode == 0
 
 
+def flipped_params(dev, mapper, no_target):
+    """A flipped bit in the committed p_lo of DEV: read_params through the
+    kernel target fails with E_RECORD naming the tensor (the client checks the
+    p_lo against its record header on the backing device)."""
+    info = json.loads(subprocess.run(["ckptctl", "info", "--json", dev], capture_output=True,
+                                     text=True, check=True).stdout)
+    t = info["tensors"][-1]
+    off = info["layout"]["plo_off"][info["committed_slot"]] + 2 * t["offset"] + 1
+
+    def flip():
+        fd = os.open(dev, os.O_RDWR)
+        try:
+            b = os.pread(fd, 1, off)
+            os.pwrite(fd, bytes([b[0] ^ 0x10]), off)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    flip()
+    name = os.path.basename(mapper)
+    if not no_target:
+        check(f"p_lo: ckptctl create {name} {dev} with a flipped p_lo bit", ckptctl("create", name, dev))
+    try:
+        with ckpt.open(mapper) as d:
+            try:
+                d.read_params(t["name"])
+                check(f"p_lo: read_params({t['name']!r}) through {mapper} fails", False, "it did not")
+            except ckpt.CkptError as e:
+                check(f"p_lo: read_params({t['name']!r}) through {mapper} fails with E_RECORD naming it",
+                      e.name == "E_RECORD" and f"'{t['name']}'" in e.message, f"{e.name}: {e.message}")
+    finally:
+        if not no_target:
+            check(f"p_lo: ckptctl remove {name}", ckptctl("remove", name))
+        flip()
+
+
 def main(argv):
     torch.set_num_threads(1)
     no_target = "--no-target" in argv
@@ -329,6 +367,7 @@ def main(argv):
             if not no_target:
                 check(f"fp16: ckptctl remove {name}", ckptctl("remove", name))
         after(dev, "fp16")
+        flipped_params(dev, mapper, no_target)
     else:
         raise SystemExit(f"unknown phase {phase}")
     say(f"# offload_dm.py {phase}: {time.monotonic() - T0:.1f} s after the imports, "
