@@ -16,6 +16,9 @@ device restores it.
         dev.commit(b"trainer state")                 # "committed" or "overflow"
         w = dev.read_params("w")
 
+A Device may be shared by threads: its calls are serialized, close() waits
+for the one in flight, and calls after close() raise CkptError E_STATE.
+
 bf16 values travel as uint16 bit patterns (numpy has no bfloat16); fp16
 devices take and return numpy float16 (uint16 bit patterns work too).
 """
@@ -177,10 +180,14 @@ class Device:
         self._by_name = {t["name"]: t for t in self._tensors}
 
     # -- lifecycle
+    # Threads: libckpt serializes the calls on one device (ctypes releases
+    # the GIL during them). close() waits for the call in flight; a thread
+    # that took the handle before close() gets E_STATE from the library (its
+    # handles are never reused), one after it from _handle().
     def close(self):
-        if self._h:
-            _lib.ckpt_close(self._h)
-            self._h = None
+        h, self._h = getattr(self, "_h", None), None
+        if h:
+            _lib.ckpt_close(h)
 
     def __enter__(self):
         return self
