@@ -1,11 +1,13 @@
 # SPDX-License-Identifier: MIT
-"""The C ABI's handle contract seen from Python: threads.
+"""The C ABI's handle contract seen from Python: threads and names.
 
 ctypes releases the GIL during every call into libckpt, so calls from several
 threads run in the library at the same time. One device's calls are
 serialized; close() waits for the calls in flight, and every call after it
 fails with a clear CkptError (never a crash: a SIGSEGV here kills the whole
-test process, which ctest reports as a failure).
+test process, which ctest reports as a failure). Tensor names and paths are
+refused, by name, when they cannot cross into C unchanged (a NUL would cut
+"w\\x00x" to "w").
 
 Run: PYTHONPATH=<build>/python /usr/bin/python3 -m unittest -v test_capi
 """
@@ -166,6 +168,64 @@ class TestThreads(DeviceCase):
             r = ckpt._lib.ckpt_info(ckpt.ctypes.c_void_p(12345), ckpt.ctypes.byref(i))
             self.assertEqual(-r, ckpt.ERRORS.index("E_INVAL"))
             self.assertIn(b"not a device", ckpt._lib.ckpt_last_error())
+
+
+class TestNames(DeviceCase):
+    """A name crosses into C as a NUL-terminated string: "w\\x00x" must not
+    become "w"."""
+
+    def assertBadName(self, fn, *args):
+        with self.assertRaises(ckpt.CkptError) as cm:
+            fn(*args)
+        self.assertEqual(cm.exception.name, "E_INVAL")
+        self.assertIn("NUL", cm.exception.message)
+
+    def test_nul_in_tensor_names(self):
+        with ckpt.open(self.path) as dev:
+            dev.begin(GROUPS)
+            before = snapshot(dev)
+            self.assertBadName(dev.write_grad, "b\x00x", np.zeros(1000, np.uint16))
+            self.assertBadName(dev.read_params, "b\x00x")
+            self.assertBadName(dev.read_state, "w\x00")
+            self.assertEqual(snapshot(dev), before)
+            # b was not written: writing it now is its first time
+            dev.write_grad("b", np.zeros(1000, np.uint16))
+            dev.abort()
+        with tempdir() as d:
+            layout = ckpt.Layout()
+            self.assertBadName(layout.add, "w\x00x", (3,))
+            self.assertEqual(layout.tensors, [])
+            p = os.path.join(d, "img")
+            ckpt.format(p, layout.add("w", (3,)), chunk_params=2048)
+            with ckpt.open(p) as dev:
+                before = snapshot(dev)
+                self.assertBadName(dev.load_params, "w\x00x", np.zeros(3, np.float32))
+                self.assertBadName(dev.load_params, {"w\x00": np.zeros(3, np.float32)})
+                self.assertEqual(snapshot(dev), before)
+
+    def test_junk_names(self):
+        with ckpt.open(self.path) as dev:
+            dev.begin(GROUPS)
+            for junk in (b"w", None, 3, ["w"]):
+                for fn, args in ((dev.write_grad, (junk, np.zeros(3, np.uint16))),
+                                 (dev.read_params, (junk,)), (dev.read_state, (junk,)),
+                                 (dev.load_params, (junk, np.zeros(3, np.float32))),
+                                 (ckpt.Layout().add, (junk, (3,)))):
+                    with self.assertRaises(TypeError, msg=f"{fn.__name__}({junk!r})") as cm:
+                        fn(*args)
+                    self.assertIn("name must be a str", str(cm.exception))
+            with self.assertRaises(ckpt.CkptError) as cm:  # not encodable as UTF-8
+                dev.read_params("w\udcff")
+            self.assertEqual(cm.exception.name, "E_INVAL")
+            self.assertIn("UTF-8", cm.exception.message)
+            dev.abort()
+
+    def test_nul_in_paths(self):
+        self.assertBadName(ckpt.open, self.path + "\x00junk")
+        self.assertBadName(ckpt.open, os.fsencode(self.path) + b"\x00junk")
+        stub = os.path.join(self._tmp.name, "new")
+        self.assertBadName(ckpt.format, stub + "\x00junk", ckpt.Layout().add("w", (3,)))
+        self.assertFalse(os.path.exists(stub))
 
 
 if __name__ == "__main__":
