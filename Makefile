@@ -6,7 +6,7 @@ PYTHON ?= /usr/bin/python3
 JOBS ?= $(shell nproc)
 export PYTHONPATH := $(CURDIR)/$(BUILD)/python
 
-.PHONY: all deps configure check demo bench clean check-unit kmod check-vm vm-shell bench-vm
+.PHONY: all deps configure check demo bench clean check-unit check-asan kmod check-vm vm-shell bench-vm
 
 all: configure
 	cmake --build $(BUILD) -j$(JOBS)
@@ -19,14 +19,24 @@ configure: $(BUILD)/CMakeCache.txt
 $(BUILD)/CMakeCache.txt:
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython3_EXECUTABLE=$(PYTHON)
 
-# The userspace tests (ctest), then the kernel target's VM suite; -k: the VM
-# suite runs even if ctest failed, and either failing fails check.
+# The userspace tests (ctest), the same without Python under ASan+UBSan, then
+# the kernel target's VM suite; -k: each runs even if one before failed, and
+# any failing fails check.
 check: deps
 	$(MAKE) all
-	$(MAKE) -k -j1 check-unit check-vm
+	$(MAKE) -k -j1 check-unit check-asan check-vm
 
 check-unit:
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
+
+# The library, tools and unit tests built with -fsanitize=address,undefined
+# in $(ASAN_BUILD); any sanitizer report fails (scripts/check-asan.sh).
+ASAN_BUILD ?= $(BUILD)-asan
+
+check-asan:
+	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPT_SANITIZE=ON -DPython3_EXECUTABLE=$(PYTHON)
+	cmake --build $(ASAN_BUILD) -j$(JOBS)
+	scripts/check-asan.sh $(ASAN_BUILD) -j$(JOBS)
 
 demo: deps
 	$(MAKE) all
@@ -37,7 +47,7 @@ bench: deps
 	scripts/bench.sh $(BUILD)
 
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD)
 
 # --- the kernel target in Debian's kernels under qemu (scripts/vm/README.md) ---
 # KERNEL: 6.1 or 6.12 (or a full version in /lib/modules); VM_CPU: max or qemu64.

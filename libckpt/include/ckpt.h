@@ -6,6 +6,14 @@
  * Every function returns 0 (or a non-negative value) on success and a negated
  * enum ckpt_err on failure; ckpt_last_error() then describes what is wrong in
  * words. Nothing changes on the device when a call fails.
+ *
+ * Threads: any thread may call any function. The calls on one device are
+ * serialized (each runs whole, the others wait); different devices run in
+ * parallel. ckpt_close() waits for the call in flight on the device, and
+ * every call with the handle after it fails with CKPT_E_STATE ("device is
+ * closed"): a device handle is an id, never reused, not memory, so a stale or
+ * made-up handle is refused (CKPT_E_INVAL), never dereferenced. A layout
+ * builder is used by one thread at a time. ckpt_last_error() is per thread.
  */
 #ifndef CKPT_H
 #define CKPT_H
@@ -40,6 +48,7 @@ int ckpt_format(const char *path, const ckpt_layout_builder *l, int dtype,
 		uint32_t chunk_params, uint64_t size);
 
 int ckpt_open(const char *path, ckpt_device **out);
+/* Waits for the call in flight, then closes; a closed or unknown d is ignored. */
 void ckpt_close(ckpt_device *d);
 
 /*
@@ -92,7 +101,10 @@ struct ckpt_group_hparams {
 	int adam_l2;		/* Adam with L2 penalty instead of decoupled decay */
 };
 
-/* Open step committed + 1; grad_scale multiplies every gradient. */
+/*
+ * Open step committed + 1; grad_scale multiplies every gradient. groups has
+ * n_groups entries, the device's group count (else CKPT_E_GROUPS).
+ */
 int ckpt_begin(ckpt_device *d, const struct ckpt_group_hparams *groups,
 	       uint32_t n_groups, double grad_scale);
 /* fp16/bf16 gradient bits of one whole tensor. */

@@ -16,6 +16,9 @@ device restores it.
         dev.commit(b"trainer state")                 # "committed" or "overflow"
         w = dev.read_params("w")
 
+A Device may be shared by threads: its calls are serialized, close() waits
+for the one in flight, and calls after close() raise CkptError E_STATE.
+
 bf16 values travel as uint16 bit patterns (numpy has no bfloat16); fp16
 devices take and return numpy float16 (uint16 bit patterns work too).
 """
@@ -120,10 +123,28 @@ for _name, _res, _args in [
     _fn.argtypes = _args
 
 
+def _c_string(b, what, value):
+    """b, the bytes of value, as a C string: C would stop at a NUL ("w\\0x"
+    would name tensor "w"), so one is refused."""
+    if b"\0" in b:
+        raise CkptError(ERRORS.index("E_INVAL"), f"{what} {value!r} contains a NUL character")
+    return b
+
+
 def _name_bytes(name):
+    """A tensor name as it crosses into C: a str, UTF-8, no NUL."""
     if not isinstance(name, str):
         raise TypeError(f"tensor name must be a str, not {type(name).__name__}")
-    return name.encode("utf-8")
+    try:
+        b = name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise CkptError(ERRORS.index("E_INVAL"), f"tensor name {name!r} is not valid UTF-8 text") from None
+    return _c_string(b, "tensor name", name)
+
+
+def _path_bytes(path):
+    """A path (str, bytes or os.PathLike) as it crosses into C."""
+    return _c_string(os.fsencode(path), "path", path)
 
 
 class Layout:
@@ -152,15 +173,19 @@ def format(path, layout, dtype="bf16", chunk_params=65536, size=None):
     """Create or format a backing file or block device for layout."""
     if dtype not in _DTYPES:
         raise CkptError(ERRORS.index("E_DTYPE"), f"unknown dtype {dtype!r}: use 'bf16' or 'fp16'")
-    _check(_lib.ckpt_format(os.fsencode(path), layout._h, _DTYPES[dtype], int(chunk_params),
+    _check(_lib.ckpt_format(_path_bytes(path), layout._h, _DTYPES[dtype], int(chunk_params),
                             int(size or 0)))
 
 
 def open(path):  # noqa: A001 - the module's verb, like the builtin for files
     """Open a formatted backing file or device with the userspace engine."""
     h = ctypes.c_void_p()
-    _check(_lib.ckpt_open(os.fsencode(path), ctypes.byref(h)))
-    return Device(h, os.fspath(path))
+    _check(_lib.ckpt_open(_path_bytes(path), ctypes.byref(h)))
+    try:
+        return Device(h, os.fspath(path))
+    except BaseException:
+        _lib.ckpt_close(h)
+        raise
 
 
 class CkptWarning(UserWarning):
@@ -192,10 +217,14 @@ class Device:
         self._by_name = {t["name"]: t for t in self._tensors}
 
     # -- lifecycle
+    # Threads: libckpt serializes the calls on one device (ctypes releases
+    # the GIL during them). close() waits for the call in flight; a thread
+    # that took the handle before close() gets E_STATE from the library (its
+    # handles are never reused), one after it from _handle().
     def close(self):
-        if self._h:
-            _lib.ckpt_close(self._h)
-            self._h = None
+        h, self._h = getattr(self, "_h", None), None
+        if h:
+            _lib.ckpt_close(h)
 
     def __enter__(self):
         return self
@@ -272,8 +301,9 @@ class Device:
         _check(_lib.ckpt_begin(self._handle(), arr, len(groups), float(grad_scale)))
 
     def write_grad(self, name, array):
+        c_name = _name_bytes(name)
         a = self._lowp_in(name, array)
-        _check(_lib.ckpt_write_grad(self._handle(), _name_bytes(name), a.ctypes.data_as(_u16p), a.size))
+        _check(_lib.ckpt_write_grad(self._handle(), c_name, a.ctypes.data_as(_u16p), a.size))
 
     def commit(self, blob=b""):
         """Returns "committed", or "overflow" when a non-finite gradient skipped the step."""
@@ -285,18 +315,20 @@ class Device:
         _check(_lib.ckpt_abort(self._handle()))
 
     def read_params(self, name):
+        c_name = _name_bytes(name)
         t = self._tensor(name)
         out = np.empty(t["numel"], dtype=np.uint16)
-        _check(_lib.ckpt_read_params(self._handle(), _name_bytes(name), out.ctypes.data_as(_u16p), out.size))
+        _check(_lib.ckpt_read_params(self._handle(), c_name, out.ctypes.data_as(_u16p), out.size))
         if self.dtype == "fp16":
             out = out.view(np.float16)
         return out.reshape(t["shape"])
 
     def read_state(self, name):
         """fp32 (param, exp_avg, exp_avg_sq) of the latest applied step."""
+        c_name = _name_bytes(name)
         t = self._tensor(name)
         p, m, v = (np.empty(t["numel"], dtype=np.float32) for _ in range(3))
-        _check(_lib.ckpt_read_state(self._handle(), _name_bytes(name), p.ctypes.data_as(_f32p),
+        _check(_lib.ckpt_read_state(self._handle(), c_name, p.ctypes.data_as(_f32p),
                                     m.ctypes.data_as(_f32p), v.ctypes.data_as(_f32p), p.size))
         return tuple(x.reshape(t["shape"]) for x in (p, m, v))
 

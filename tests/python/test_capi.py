@@ -1,0 +1,232 @@
+# SPDX-License-Identifier: MIT
+"""The C ABI's handle contract seen from Python: threads and names.
+
+ctypes releases the GIL during every call into libckpt, so calls from several
+threads run in the library at the same time. One device's calls are
+serialized; close() waits for the calls in flight, and every call after it
+fails with a clear CkptError (never a crash: a SIGSEGV here kills the whole
+test process, which ctest reports as a failure). Tensor names and paths are
+refused, by name, when they cannot cross into C unchanged (a NUL would cut
+"w\\x00x" to "w").
+
+Run: PYTHONPATH=<build>/python /usr/bin/python3 -m unittest -v test_capi
+"""
+
+import os
+import sys
+import threading
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import numpy as np  # noqa: E402
+
+import ckpt  # noqa: E402
+from ckpt_testlib import snapshot, tempdir  # noqa: E402
+
+CHUNK = 4096
+# big enough that read_state spends its time inside the library
+TENSORS = [("w", (256, 1024)), ("b", (1000,))]
+GROUPS = [{"lr": 1e-3}]
+
+
+class DeviceCase(unittest.TestCase):
+    def setUp(self):
+        self._tmp = tempdir()
+        self.path = os.path.join(self._tmp.name, "img")
+        layout = ckpt.Layout()
+        for n, s in TENSORS:
+            layout.add(n, s)
+        ckpt.format(self.path, layout, dtype="bf16", chunk_params=CHUNK)
+        with ckpt.open(self.path) as dev:
+            dev.load_params({n: np.full(s, 0.5, np.float32) for n, s in TENSORS})
+
+    def tearDown(self):
+        self._tmp.cleanup()
+
+
+class TestThreads(DeviceCase):
+    def hammer(self, dev, calls, stop, errors, after_close):
+        """Loops over calls until stop; records what each call raised."""
+        def run():
+            while not stop.is_set():
+                for fn in calls:
+                    closed_before = dev._h is None
+                    try:
+                        fn()
+                    except ckpt.CkptError as e:
+                        if closed_before or (e.name == "E_STATE" and "closed" in e.message):
+                            after_close.append(e)  # after close, or racing with it
+                        elif e.name != "E_TWICE":  # b written twice in the step
+                            errors.append(e)
+                    except Exception as e:  # noqa: BLE001 - anything else is a bug
+                        errors.append(e)
+                    else:
+                        if closed_before:
+                            errors.append(f"{fn} succeeded after close")
+        return run
+
+    def test_close_while_calls_in_flight(self):
+        grad = np.zeros(1000, np.uint16)
+        for _ in range(10):
+            dev = ckpt.open(self.path)
+            dev.begin(GROUPS)
+            stop = threading.Event()
+            errors, after_close = [], []
+            calls = [lambda: dev.read_state("w"), lambda: dev.read_params("w"),
+                     lambda: dev.write_grad("b", grad), dev.info, dev.blob]
+            threads = [threading.Thread(target=self.hammer(dev, calls, stop, errors, after_close))
+                       for _ in range(4)]
+            for t in threads:
+                t.start()
+            time.sleep(0.05)
+            dev.close()
+            time.sleep(0.02)  # the threads keep calling the closed device
+            stop.set()
+            for t in threads:
+                t.join()
+            self.assertEqual(errors, [])
+            self.assertTrue(after_close, "no call was made after close")
+            for e in after_close:
+                self.assertEqual(e.name, "E_STATE", e)
+                self.assertIn("closed", e.message)
+        # nothing was lost: the image opens with the committed state
+        with ckpt.open(self.path) as dev:
+            self.assertEqual(dev.committed_step, 0)
+            self.assertTrue(np.all(dev.read_state("w")[0] == 0.5))
+
+    def test_two_threads_drive_steps(self):
+        """Steps and reads from two threads: each call is whole, the device
+        stays consistent (every "committed" is one step, a reopen agrees)."""
+        dev = ckpt.open(self.path)
+        grads = {n: np.zeros(s, np.uint16) for n, s in TENSORS}
+        committed, errors = [], []
+
+        def stepper():
+            # a begin meets the other thread's open step (E_STATE); a step
+            # begun is written and committed by its thread, whole
+            for _ in range(30):
+                try:
+                    dev.begin(GROUPS)
+                except ckpt.CkptError as e:
+                    if e.name != "E_STATE":
+                        errors.append(e)
+                    time.sleep(0.001)
+                    continue
+                try:
+                    for n, g in grads.items():
+                        dev.write_grad(n, g)
+                    committed.append(dev.commit(b"x" * 100))
+                except Exception as e:  # noqa: BLE001
+                    errors.append(e)
+
+        def reader():
+            for _ in range(100):
+                try:
+                    dev.info()
+                    dev.read_state("b")
+                    dev.blob()
+                except Exception as e:  # noqa: BLE001
+                    errors.append(e)
+
+        threads = [threading.Thread(target=f) for f in (stepper, stepper, reader)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(errors, [])
+        self.assertTrue(committed)
+        self.assertEqual(set(committed), {"committed"})
+        self.assertEqual(dev.committed_step, len(committed))
+        snap = snapshot(dev)
+        dev.close()
+        with ckpt.open(self.path) as dev2:
+            self.assertEqual(snapshot(dev2), snap)
+
+    def test_calls_after_close(self):
+        dev = ckpt.open(self.path)
+        h = dev._h
+        dev.close()
+        dev.close()  # twice is fine
+        for fn, args in ((dev.info, ()), (dev.begin, (GROUPS,)), (dev.commit, ()), (dev.abort, ()),
+                         (dev.read_params, ("w",)), (dev.read_state, ("b",)), (dev.blob, ()),
+                         (dev.write_grad, ("b", np.zeros(1000, np.uint16))),
+                         (dev.load_params, ("b", np.zeros(1000, np.float32)))):
+            with self.assertRaises(ckpt.CkptError, msg=fn.__name__) as cm:
+                fn(*args)
+            self.assertEqual(cm.exception.name, "E_STATE")
+            self.assertIn("closed", cm.exception.message)
+        # the library itself refuses the stale handle (a thread that took it
+        # before close), even after another device is opened
+        with ckpt.open(self.path) as other:
+            i = ckpt._Info()
+            r = ckpt._lib.ckpt_info(h, ckpt.ctypes.byref(i))
+            self.assertEqual(-r, ckpt.ERRORS.index("E_STATE"))
+            self.assertIn(b"closed", ckpt._lib.ckpt_last_error())
+            self.assertEqual(other.committed_step, 0)
+            r = ckpt._lib.ckpt_info(ckpt.ctypes.c_void_p(12345), ckpt.ctypes.byref(i))
+            self.assertEqual(-r, ckpt.ERRORS.index("E_INVAL"))
+            self.assertIn(b"not a device", ckpt._lib.ckpt_last_error())
+
+
+class TestNames(DeviceCase):
+    """A name crosses into C as a NUL-terminated string: "w\\x00x" must not
+    become "w"."""
+
+    def assertBadName(self, fn, *args):
+        with self.assertRaises(ckpt.CkptError) as cm:
+            fn(*args)
+        self.assertEqual(cm.exception.name, "E_INVAL")
+        self.assertIn("NUL", cm.exception.message)
+
+    def test_nul_in_tensor_names(self):
+        with ckpt.open(self.path) as dev:
+            dev.begin(GROUPS)
+            before = snapshot(dev)
+            self.assertBadName(dev.write_grad, "b\x00x", np.zeros(1000, np.uint16))
+            self.assertBadName(dev.read_params, "b\x00x")
+            self.assertBadName(dev.read_state, "w\x00")
+            self.assertEqual(snapshot(dev), before)
+            # b was not written: writing it now is its first time
+            dev.write_grad("b", np.zeros(1000, np.uint16))
+            dev.abort()
+        with tempdir() as d:
+            layout = ckpt.Layout()
+            self.assertBadName(layout.add, "w\x00x", (3,))
+            self.assertEqual(layout.tensors, [])
+            p = os.path.join(d, "img")
+            ckpt.format(p, layout.add("w", (3,)), chunk_params=2048)
+            with ckpt.open(p) as dev:
+                before = snapshot(dev)
+                self.assertBadName(dev.load_params, "w\x00x", np.zeros(3, np.float32))
+                self.assertBadName(dev.load_params, {"w\x00": np.zeros(3, np.float32)})
+                self.assertEqual(snapshot(dev), before)
+
+    def test_junk_names(self):
+        with ckpt.open(self.path) as dev:
+            dev.begin(GROUPS)
+            for junk in (b"w", None, 3, ["w"]):
+                for fn, args in ((dev.write_grad, (junk, np.zeros(3, np.uint16))),
+                                 (dev.read_params, (junk,)), (dev.read_state, (junk,)),
+                                 (dev.load_params, (junk, np.zeros(3, np.float32))),
+                                 (ckpt.Layout().add, (junk, (3,)))):
+                    with self.assertRaises(TypeError, msg=f"{fn.__name__}({junk!r})") as cm:
+                        fn(*args)
+                    self.assertIn("name must be a str", str(cm.exception))
+            with self.assertRaises(ckpt.CkptError) as cm:  # not encodable as UTF-8
+                dev.read_params("w\udcff")
+            self.assertEqual(cm.exception.name, "E_INVAL")
+            self.assertIn("UTF-8", cm.exception.message)
+            dev.abort()
+
+    def test_nul_in_paths(self):
+        self.assertBadName(ckpt.open, self.path + "\x00junk")
+        self.assertBadName(ckpt.open, os.fsencode(self.path) + b"\x00junk")
+        stub = os.path.join(self._tmp.name, "new")
+        self.assertBadName(ckpt.format, stub + "\x00junk", ckpt.Layout().add("w", (3,)))
+        self.assertFalse(os.path.exists(stub))
+
+
+if __name__ == "__main__":
+    unittest.main()
