@@ -430,10 +430,18 @@ ok "import takes step 2^63-1, and the device can step from it" sh -c \
 cp z.img lk.img
 cp z.img lk2.img
 # Python with libckpt through ctypes; under an ASan build its runtime must
-# be loaded first.
+# be loaded first, with libstdc++ (else ASan cannot intercept libckpt's C++
+# throws), as scripts/check-asan.sh does for the Python tests.
 pyckpt() {
-	asan=$(ldd "$bin/../libckpt/libckpt.so" 2>/dev/null | awk '/libasan/ {print $3}')
-	env PYTHONPATH="$bin/../python" ${asan:+LD_PRELOAD=$asan ASAN_OPTIONS=detect_leaks=0} "$py" "$@"
+	libs=$(ldd "$bin/../libckpt/libckpt.so" 2>/dev/null)
+	asan=$(echo "$libs" | awk '/libasan/ {print $3}')
+	if [ -z "$asan" ]; then
+		PYTHONPATH="$bin/../python" "$py" "$@"
+		return
+	fi
+	cxx=$(echo "$libs" | awk '/libstdc\+\+/ {print $3}')
+	PYTHONPATH="$bin/../python" LD_PRELOAD="$asan $cxx" \
+		ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" "$py" "$@"
 }
 # A trainer: holds lk.img open through the engine until its stdin closes.
 mkfifo hold
