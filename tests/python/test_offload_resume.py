@@ -9,7 +9,9 @@ occasional loss spike, so steps overflow, are skipped and back off, and the
 scale grows again). Its blob holds everything else a step depends on: the
 numpy PCG64 state of the batch sampler, from which every iteration's torch seed
 (dropout) is drawn, the iteration count, and the scaler's state. Killed:
-- by the parent, at random moments (several times in one run);
+- by the parent, three times in one run, each at a random moment of a random
+  iteration (the parent paces the child one iteration at a time, so a fast
+  child cannot finish before the third kill);
 - by itself at precise points: between two gradient writes, and right after a
   commit before anything else happened, and during an overflowing iteration.
 
@@ -68,6 +70,8 @@ def child(path, log_path, die_at=None, die_how=None):
         opt.device.write_grad = write_grad
     with open(log_path, "a") as log:
         while it < ITERATIONS:
+            if die_how == "paced" and not sys.stdin.readline():
+                return   # the parent is gone
             x = torch.from_numpy(rng.standard_normal((16, 12)).astype(np.float32))
             y = torch.from_numpy(rng.integers(0, 3, 16))
             spike = 1e4 if rng.random() < 0.1 else 1.0   # an occasional overflow
@@ -117,10 +121,11 @@ class KillAndResume(unittest.TestCase):
         cls._tmp.cleanup()
 
     @classmethod
-    def spawn(cls, name, *extra):
+    def spawn(cls, name, *extra, stdin=None):
         return subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child",
                                  os.path.join(cls.dir, name + ".img"), os.path.join(cls.dir, name + ".log"),
-                                 *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                 *extra], stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
 
     @classmethod
     def run_child(cls, name, *extra):
@@ -151,17 +156,23 @@ class KillAndResume(unittest.TestCase):
         rnd = random.Random(int(time.time()))
         kills = 0
         while True:
-            p = self.spawn("parent")
-            target = None
-            for line in p.stdout:
-                if kills < 3 and line.startswith("IT"):
-                    i = int(line.split()[1])
-                    if target is None:  # a few iterations after where this process started
-                        target = i + rnd.randint(0, 8)
-                    if i >= target:
-                        time.sleep(rnd.uniform(0, 0.05))
-                        p.send_signal(signal.SIGKILL)
-                        break
+            p = self.spawn("parent", "-1", "paced", stdin=subprocess.PIPE)
+            run_for = rnd.randint(1, 8)  # iterations this process completes before its kill
+            took = 0.05                  # how long the last iteration took
+            for n in range(ITERATIONS + 1):
+                p.stdin.write("go\n")
+                p.stdin.flush()
+                if kills < 3 and n == run_for:
+                    # anywhere in this iteration, or just after it
+                    time.sleep(rnd.uniform(0, 1.5 * took))
+                    p.send_signal(signal.SIGKILL)
+                    break
+                start = time.monotonic()
+                line = p.stdout.readline()
+                took = time.monotonic() - start
+                if not line.startswith("IT") or int(line.split()[1]) == ITERATIONS:
+                    break
+            p.stdin.close()
             p.wait(timeout=120)
             p.stdout.close()
             err = p.stderr.read()
