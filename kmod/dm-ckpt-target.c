@@ -1400,38 +1400,6 @@ out:
 
 /* ---------------------------------------------------------------- status */
 
-static const char *ckpt_state_name(u32 state)
-{
-	switch (state) {
-	case CKPT_STATE_IDLE:
-		return "idle";
-	case CKPT_STATE_OPEN:
-		return "open";
-	case CKPT_STATE_FAILED:
-		return "failed";
-	default:
-		return "unknown";
-	}
-}
-
-static const char *ckpt_result_name(u32 result)
-{
-	switch (result) {
-	case CKPT_RESULT_NONE:
-		return "none";
-	case CKPT_RESULT_COMMITTED:
-		return "committed";
-	case CKPT_RESULT_OVERFLOW:
-		return "overflow";
-	case CKPT_RESULT_ABORTED:
-		return "aborted";
-	case CKPT_RESULT_REJECTED:
-		return "rejected";
-	default:
-		return "unknown";
-	}
-}
-
 struct ckpt_counts {
 	u32 state, last_result, last_error, first_io_error, overflow;
 	u64 committed_step, open_step, chunks_done;

@@ -27,6 +27,12 @@ out=$(perl "$dir/scripts/checkpatch.pl" --no-tree --strict --show-types --ignore
 	-f kmod/dm-ckpt-target.c kmod/dm-ckpt-fpu-sse2.c kmod/dm-ckpt-fpu-avx2.c kmod/dm-ckpt.h \
 	libckpt/core/ckpt_format.c libckpt/core/ckpt_format.h libckpt/core/ckpt_step.c \
 	libckpt/core/ckpt_step.h libckpt/core/ckpt_update.h libckpt/core/ckpt_update_impl.h) || true
+# ckpt_abi.h is X-macro lists: each list and each expander is a bare
+# sequence by design, which COMPLEX_MACRO cannot tell from a badly wrapped
+# expression, so that check alone is off for this file.
+out="$out
+$(perl "$dir/scripts/checkpatch.pl" --no-tree --strict --show-types --ignore CAMELCASE,COMPLEX_MACRO \
+	-f libckpt/core/ckpt_abi.h)" || true
 echo "$out"
 bad=$(echo "$out" | grep -cE '^(ERROR|WARNING):' || true)
 echo "checkpatch: $bad errors and warnings"

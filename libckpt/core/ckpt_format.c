@@ -15,39 +15,7 @@
 
 /* ---------------- error messages ---------------- */
 
-static const char *const ckpt_err_msg[CKPT_E_MAX] = {
-	[CKPT_OK]		= "success",
-	[CKPT_E_INVAL]		= "invalid argument",
-	[CKPT_E_MAGIC]		= "bad magic number",
-	[CKPT_E_CRC]		= "checksum mismatch",
-	[CKPT_E_VERSION]	= "unsupported version",
-	[CKPT_E_FEATURE]	= "unsupported feature bits",
-	[CKPT_E_GEOMETRY]	= "geometry out of range",
-	[CKPT_E_LAYOUT]		= "offsets or sizes disagree with the geometry",
-	[CKPT_E_TOO_SMALL]	= "device smaller than the layout",
-	[CKPT_E_NO_SB]		= "no valid superblock copy",
-	[CKPT_E_OPCODE]		= "unknown command",
-	[CKPT_E_LENGTH]		= "command length wrong",
-	[CKPT_E_STEP]		= "step number is not the expected one",
-	[CKPT_E_STATE]		= "not allowed in the current state",
-	[CKPT_E_GROUPS]		= "group count differs from the device's",
-	[CKPT_E_HPARAM]		= "hyperparameter not finite or out of range",
-	[CKPT_E_TWICE]		= "gradient written twice in one step",
-	[CKPT_E_INCOMPLETE]	= "commit with chunks not written",
-	[CKPT_E_ALIGN]		= "offset or length not sector aligned",
-	[CKPT_E_RANGE]		= "offset or length out of range",
-	[CKPT_E_READONLY]	= "region is read-only",
-	[CKPT_E_IO]		= "backing device I/O error",
-	[CKPT_E_NOSPC]		= "staging memory exhausted",
-	[CKPT_E_FAILED]		= "device failed earlier; no new steps",
-	[CKPT_E_NAME]		= "unknown tensor name",
-	[CKPT_E_DTYPE]		= "wrong dtype",
-	[CKPT_E_SIZE]		= "wrong number of elements",
-	[CKPT_E_MANIFEST]	= "corrupt or invalid tensor manifest",
-	[CKPT_E_RECORD]		= "corrupt state record",
-	[CKPT_E_NOMEM]		= "out of memory",
-	[CKPT_E_BLOB]		= "trainer blob too large",
-};
+static const char *const ckpt_err_msg[CKPT_E_MAX] = { CKPT_ERRORS(CKPT_ABI_SECOND) };
 
 /* Accepts err either sign: ckpt_strerror(-CKPT_E_CRC) == ckpt_strerror(CKPT_E_CRC). */
 const char *ckpt_strerror(int err)
@@ -63,6 +31,65 @@ const char *ckpt_strerror(int err)
 	if (e >= CKPT_E_MAX || !ckpt_err_msg[e])
 		return "unknown error";
 	return ckpt_err_msg[e];
+}
+
+/* Error names ("E_TWICE"): the enum's name without its prefix. */
+static const char *const ckpt_err_names[CKPT_E_MAX] = { CKPT_ERRORS(CKPT_ABI_ERR_NAME) };
+static const char *const ckpt_state_names[CKPT_STATE_MAX] = { CKPT_STATES(CKPT_ABI_SECOND) };
+static const char *const ckpt_result_names[CKPT_RESULT_MAX] = { CKPT_RESULTS(CKPT_ABI_SECOND) };
+
+const char *ckpt_err_name(int err)
+{
+	unsigned int e = err < 0 ? 0u - (unsigned int)err : (unsigned int)err;
+
+	return e < CKPT_E_MAX ? ckpt_err_names[e] : "unknown";
+}
+
+const char *ckpt_state_name(u32 state)
+{
+	return state < CKPT_STATE_MAX ? ckpt_state_names[state] : "unknown";
+}
+
+const char *ckpt_result_name(u32 result)
+{
+	return result < CKPT_RESULT_MAX ? ckpt_result_names[result] : "unknown";
+}
+
+static const struct {
+	u32 code;
+	const char *name;
+	const char *safetensors;
+} ckpt_dtypes[] = { CKPT_DTYPES(CKPT_ABI_DTYPE_ROW) };
+
+const char *ckpt_dtype_name(u32 dtype)
+{
+	unsigned int i;
+
+	for (i = 0; i < ARRAY_SIZE(ckpt_dtypes); i++)
+		if (ckpt_dtypes[i].code == dtype)
+			return ckpt_dtypes[i].name;
+	return "unknown";
+}
+
+const char *ckpt_dtype_safetensors(u32 dtype)
+{
+	unsigned int i;
+
+	for (i = 0; i < ARRAY_SIZE(ckpt_dtypes); i++)
+		if (ckpt_dtypes[i].code == dtype)
+			return ckpt_dtypes[i].safetensors;
+	return "unknown";
+}
+
+/* The code of a dtype name ("fp16", "bf16") or of its safetensors name. */
+int ckpt_dtype_parse(const char *name)
+{
+	unsigned int i;
+
+	for (i = 0; i < ARRAY_SIZE(ckpt_dtypes); i++)
+		if (!strcmp(name, ckpt_dtypes[i].name) || !strcmp(name, ckpt_dtypes[i].safetensors))
+			return ckpt_dtypes[i].code;
+	return -CKPT_E_DTYPE;
 }
 
 /* ---------------- helpers ---------------- */

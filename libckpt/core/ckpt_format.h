@@ -31,6 +31,7 @@
 #define CKPT_FORMAT_H
 
 #include "ckpt_platform.h"
+#include "ckpt_abi.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -54,11 +55,6 @@ extern "C" {
 #define CKPT_MANIFEST_MAX	(64u << 20)
 /* Tensors start at multiples of this many params (4 KiB of fp16/bf16). */
 #define CKPT_TENSOR_ALIGN	2048u
-
-enum ckpt_dtype {
-	CKPT_DTYPE_FP16 = 1,
-	CKPT_DTYPE_BF16 = 2,
-};
 
 enum ckpt_optimizer {
 	CKPT_OPT_ADAM = 1,	/* state: fp32 p, exp_avg, exp_avg_sq */
@@ -90,43 +86,15 @@ enum ckpt_optimizer {
 #define CKPT_FEATURE_INCOMPAT_SUPP	CKPT_FEATURE_INCOMPAT_DEFAULT
 #define CKPT_FEATURE_RO_COMPAT_SUPP	0u
 
-/* Errors of the core, returned negated. Every one has a message, ckpt_strerror(). */
-enum ckpt_err {
-	CKPT_OK = 0,
-	CKPT_E_INVAL,		/* invalid argument */
-	CKPT_E_MAGIC,		/* bad magic number */
-	CKPT_E_CRC,		/* checksum mismatch */
-	CKPT_E_VERSION,		/* unsupported version */
-	CKPT_E_FEATURE,		/* unsupported feature bits */
-	CKPT_E_GEOMETRY,	/* geometry out of range */
-	CKPT_E_LAYOUT,		/* offsets/sizes disagree with the geometry */
-	CKPT_E_TOO_SMALL,	/* device smaller than the layout */
-	CKPT_E_NO_SB,		/* no valid superblock copy */
-	CKPT_E_OPCODE,		/* unknown command */
-	CKPT_E_LENGTH,		/* command length wrong */
-	CKPT_E_STEP,		/* step number is not the expected one */
-	CKPT_E_STATE,		/* not allowed in the current state */
-	CKPT_E_GROUPS,		/* group count differs from the device's */
-	CKPT_E_HPARAM,		/* hyperparameter not finite or out of range */
-	CKPT_E_TWICE,		/* gradient written twice in one step */
-	CKPT_E_INCOMPLETE,	/* commit with chunks not written */
-	CKPT_E_ALIGN,		/* offset or length not sector aligned */
-	CKPT_E_RANGE,		/* offset or length out of range */
-	CKPT_E_READONLY,	/* region is read-only */
-	CKPT_E_IO,		/* backing device I/O error */
-	CKPT_E_NOSPC,		/* staging memory exhausted */
-	CKPT_E_FAILED,		/* device failed earlier; no new steps */
-	CKPT_E_NAME,		/* unknown tensor name */
-	CKPT_E_DTYPE,		/* wrong dtype */
-	CKPT_E_SIZE,		/* wrong number of elements */
-	CKPT_E_MANIFEST,	/* corrupt or invalid tensor manifest */
-	CKPT_E_RECORD,		/* corrupt state record */
-	CKPT_E_NOMEM,		/* out of memory */
-	CKPT_E_BLOB,		/* trainer blob too large */
-	CKPT_E_MAX
-};
-
+/* Errors of the core (enum ckpt_err, ckpt_abi.h), returned negated. */
 const char *ckpt_strerror(int err);
+/* Names of the ckpt_abi.h lists; "unknown" for a value not in its list. */
+const char *ckpt_err_name(int err);		/* either sign */
+const char *ckpt_state_name(u32 state);
+const char *ckpt_result_name(u32 result);
+const char *ckpt_dtype_name(u32 dtype);
+const char *ckpt_dtype_safetensors(u32 dtype);	/* "F16", "BF16" */
+int ckpt_dtype_parse(const char *name);		/* code, or -CKPT_E_DTYPE */
 
 /* ---------------- geometry and layout ---------------- */
 
@@ -427,19 +395,7 @@ int ckpt_cmd_decode(const void *buf, u32 len, struct ckpt_cmd *cmd);
 
 /* ---------------- status page (read from the control block) ---------------- */
 
-enum ckpt_state {
-	CKPT_STATE_IDLE = 0,
-	CKPT_STATE_OPEN = 1,
-	CKPT_STATE_FAILED = 2,
-};
-
-enum ckpt_result {
-	CKPT_RESULT_NONE = 0,
-	CKPT_RESULT_COMMITTED = 1,
-	CKPT_RESULT_OVERFLOW = 2,	/* step skipped: non-finite gradient */
-	CKPT_RESULT_ABORTED = 3,
-	CKPT_RESULT_REJECTED = 4,	/* last command rejected: see last_error */
-};
+/* enum ckpt_state and enum ckpt_result: ckpt_abi.h. */
 
 struct ckpt_status {
 	u32 state;

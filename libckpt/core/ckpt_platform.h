@@ -9,6 +9,7 @@
 #define CKPT_PLATFORM_H
 
 #ifdef __KERNEL__
+#include <linux/kernel.h>
 #include <linux/types.h>
 #include <linux/string.h>
 #include <linux/crc32c.h>
@@ -45,6 +46,9 @@ typedef long s64;
 #define le32_to_cpu(x) ((u32)(x))
 #define le64_to_cpu(x) ((u64)(x))
 
+#ifndef ARRAY_SIZE
+#define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+#endif
 #ifndef __packed
 #define __packed __attribute__((packed))
 #endif

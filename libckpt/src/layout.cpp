@@ -14,14 +14,7 @@ constexpr size_t max_name = 255;
 uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 } // namespace
 
-const char *dtype_name(uint32_t dtype)
-{
-	switch (dtype) {
-	case CKPT_DTYPE_FP16: return "fp16";
-	case CKPT_DTYPE_BF16: return "bf16";
-	default: return "unknown";
-	}
-}
+const char *dtype_name(uint32_t dtype) { return ckpt_dtype_name(dtype); }
 
 uint64_t numel_of(const std::vector<uint64_t> &shape, const std::string &name)
 {

@@ -1,0 +1,117 @@
+/* SPDX-License-Identifier: GPL-2.0 OR MIT */
+/*
+ * The lists the protocol names, each written once: errors, dtypes, device
+ * states, step results and the status counters. Every table, enum and parser
+ * of these names (the core's, the kernel target's status line, libckpt's C
+ * ABI, ckptctl and the Python package) is generated from these X-macros or
+ * asks libckpt for them; nothing else spells them out.
+ *
+ * Plain C preprocessor text: included by the core (ckpt_format.h), by the
+ * kernel target and by libckpt's public header ckpt.h. It declares no types
+ * of its own beyond the enums, so it needs no platform header.
+ *
+ * The values are ABI (they cross the control block and the C ABI): append
+ * only, never reorder.
+ */
+#ifndef CKPT_ABI_H
+#define CKPT_ABI_H
+
+/*
+ * X(NAME, message): enum ckpt_err, numbered from 0 in this order, returned
+ * negated by the core and by libckpt. The message is ckpt_strerror()'s.
+ */
+#define CKPT_ERRORS(X)							\
+	X(OK,		"success")					\
+	X(E_INVAL,	"invalid argument")				\
+	X(E_MAGIC,	"bad magic number")				\
+	X(E_CRC,	"checksum mismatch")				\
+	X(E_VERSION,	"unsupported version")				\
+	X(E_FEATURE,	"unsupported feature bits")			\
+	X(E_GEOMETRY,	"geometry out of range")			\
+	X(E_LAYOUT,	"offsets or sizes disagree with the geometry")	\
+	X(E_TOO_SMALL,	"device smaller than the layout")		\
+	X(E_NO_SB,	"no valid superblock copy")			\
+	X(E_OPCODE,	"unknown command")				\
+	X(E_LENGTH,	"command length wrong")				\
+	X(E_STEP,	"step number is not the expected one")		\
+	X(E_STATE,	"not allowed in the current state")		\
+	X(E_GROUPS,	"group count differs from the device's")	\
+	X(E_HPARAM,	"hyperparameter not finite or out of range")	\
+	X(E_TWICE,	"gradient written twice in one step")		\
+	X(E_INCOMPLETE,	"commit with chunks not written")		\
+	X(E_ALIGN,	"offset or length not sector aligned")		\
+	X(E_RANGE,	"offset or length out of range")		\
+	X(E_READONLY,	"region is read-only")				\
+	X(E_IO,		"backing device I/O error")			\
+	X(E_NOSPC,	"staging memory exhausted")			\
+	X(E_FAILED,	"device failed earlier; no new steps")		\
+	X(E_NAME,	"unknown tensor name")				\
+	X(E_DTYPE,	"wrong dtype")					\
+	X(E_SIZE,	"wrong number of elements")			\
+	X(E_MANIFEST,	"corrupt or invalid tensor manifest")		\
+	X(E_RECORD,	"corrupt state record")				\
+	X(E_NOMEM,	"out of memory")				\
+	X(E_BLOB,	"trainer blob too large")
+
+/* X(NAME, code, name, safetensors dtype): enum ckpt_dtype (CKPT_DTYPE_*). */
+#define CKPT_DTYPES(X)				\
+	X(FP16,	1, "fp16", "F16")		\
+	X(BF16,	2, "bf16", "BF16")
+
+/* X(NAME, name): enum ckpt_state (CKPT_STATE_*, from 0) of the step machine. */
+#define CKPT_STATES(X)			\
+	X(IDLE,		"idle")		\
+	X(OPEN,		"open")		\
+	X(FAILED,	"failed")
+
+/*
+ * X(NAME, name): enum ckpt_result (CKPT_RESULT_*, from 0), the outcome of the
+ * last command: OVERFLOW is a step skipped for a non-finite gradient,
+ * REJECTED a refused command (see last_error).
+ */
+#define CKPT_RESULTS(X)			\
+	X(NONE,		"none")		\
+	X(COMMITTED,	"committed")	\
+	X(OVERFLOW,	"overflow")	\
+	X(ABORTED,	"aborted")	\
+	X(REJECTED,	"rejected")
+
+/*
+ * X(field, kind): the counters of the dm status INFO line, in its order
+ * (kmod/dm-ckpt.rst, "Status format"), which are also fields of struct
+ * ckpt_status. kind says how a field is printed and parsed: STATE and
+ * RESULT by name, FRACTION as "chunks_done/n_chunks", U32/U64 in decimal.
+ */
+#define CKPT_STATUS_FIELDS(X)			\
+	X(state,		STATE)		\
+	X(committed_step,	U64)		\
+	X(open_step,		U64)		\
+	X(chunks_done,		FRACTION)	\
+	X(overflow,		U32)		\
+	X(last_result,		RESULT)		\
+	X(last_error,		U32)		\
+	X(first_io_error,	U32)		\
+	X(steps_committed,	U64)		\
+	X(steps_skipped,	U64)		\
+	X(steps_aborted,	U64)		\
+	X(commands_rejected,	U64)		\
+	X(grad_bytes,		U64)		\
+	X(param_bytes,		U64)		\
+	X(io_errors,		U64)
+
+/* Expanders: enums, and rows of the name tables (positional, from 0). */
+#define CKPT_ABI_ENUM_ERR(name, msg)		CKPT_##name,
+#define CKPT_ABI_ENUM_DTYPE(name, code, s, st)	CKPT_DTYPE_##name = code,
+#define CKPT_ABI_ENUM_STATE(name, s)		CKPT_STATE_##name,
+#define CKPT_ABI_ENUM_RESULT(name, s)		CKPT_RESULT_##name,
+#define CKPT_ABI_ERR_NAME(name, msg)		#name,
+#define CKPT_ABI_SECOND(name, s)		s,
+#define CKPT_ABI_DTYPE_ROW(name, code, s, st)	{ code, s, st },
+
+/* Errors of the core and of libckpt, returned negated. */
+enum ckpt_err { CKPT_ERRORS(CKPT_ABI_ENUM_ERR) CKPT_E_MAX };
+enum ckpt_dtype { CKPT_DTYPES(CKPT_ABI_ENUM_DTYPE) };
+enum ckpt_state { CKPT_STATES(CKPT_ABI_ENUM_STATE) CKPT_STATE_MAX };
+enum ckpt_result { CKPT_RESULTS(CKPT_ABI_ENUM_RESULT) CKPT_RESULT_MAX };
+
+#endif /* CKPT_ABI_H */
