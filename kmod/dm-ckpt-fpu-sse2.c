@@ -2,7 +2,7 @@
 /*
  * dm-ckpt float code, the x86-64 baseline (SSE2): every CPU the kernel runs on.
  *
- * The body is the core's, unchanged (core/ckpt_update_impl.h), so this build
+ * The body is the core's, unchanged (libckpt/core/ckpt_update_impl.h), so this build
  * gives the same bits as every other variant and as the userspace engine.
  * Compiled with the kernel's float flags (see Kbuild); only ever called
  * between kernel_fpu_begin() and kernel_fpu_end() by dm-ckpt-update.c.

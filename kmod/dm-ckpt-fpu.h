@@ -2,7 +2,7 @@
 /*
  * dm-ckpt: the float translation units, as dm-ckpt-update.c calls them.
  *
- * The fused AdamW body (core/ckpt_update_impl.h) is compiled twice, in
+ * The fused AdamW body (libckpt/core/ckpt_update_impl.h) is compiled twice, in
  * dm-ckpt-fpu-sse2.c (x86-64 baseline) and dm-ckpt-fpu-avx2.c (AVX2/F16C),
  * each with its own float flags. No float crosses these calls: fp32 values
  * are u32 bit patterns. Call them only between kernel_fpu_begin() and

@@ -12,8 +12,8 @@
  * at the new slot is written with FUA after a flush.
  *
  * The on-disk format, the command/status ABI, the step state machine and the
- * update loop are the portable core (core/, copied from libckpt/core at build
- * time): the userspace engine runs the same code, and both must leave
+ * update loop are the portable core (libckpt/core, compiled in place by
+ * Kbuild): the userspace engine runs the same code, and both must leave
  * byte-identical backing images for the same command stream.
  *
  * Files: this one is the target (table line, map, deferred bios, commands,
