@@ -123,10 +123,12 @@ static const char *sb_error(int err)
 
 /*
  * Read one copy of the group table into table and check it against sb.
- * Returns 0, -EIO, or -EINVAL with *why set.
+ * Returns 0, the read's -errno, or -EINVAL when the copy does not check out
+ * (the core's -CKPT_E_* stays here); on error *why says what failed, for the
+ * log, and *error the same for ti->error.
  */
 static int read_groups(struct dm_ckpt_metadata *md, const struct ckpt_sb *sb, u32 copy,
-		       u8 *table, const char **why)
+		       u8 *table, const char **why, char **error)
 {
 	int ret;
 
@@ -134,11 +136,18 @@ static int read_groups(struct dm_ckpt_metadata *md, const struct ckpt_sb *sb, u3
 			    ckpt_group_offset(&sb->layout, copy), sb->layout.group_bytes);
 	if (ret) {
 		*why = "read error";
+		*error = "Cannot read the group table";
 		return ret;
 	}
 	ret = ckpt_group_table_check(sb, table);
+	if (ret == -CKPT_E_CRC) {
+		*why = "checksum mismatch";
+		*error = "Group table: checksum mismatch";
+		return -EINVAL;
+	}
 	if (ret) {
-		*why = ret == -CKPT_E_CRC ? "checksum mismatch" : "a chunk's group is out of range";
+		*why = "a chunk's group is out of range";
+		*error = "Group table: a chunk's group is out of range";
 		return -EINVAL;
 	}
 	return 0;
@@ -201,7 +210,7 @@ int dm_ckpt_md_read_sb(struct dm_ckpt_metadata *md, struct ckpt_sb *sb,
 	}
 	copies = ckpt_meta_copies(&sb->layout);
 	for (copy = 0; copy < copies; copy++) {
-		ret = read_groups(md, sb, copy, table, &why[copy]);
+		ret = read_groups(md, sb, copy, table, &why[copy], error);
 		if (!ret)
 			break;
 	}
@@ -210,10 +219,6 @@ int dm_ckpt_md_read_sb(struct dm_ckpt_metadata *md, struct ckpt_sb *sb,
 		      why[0], copies > 1 ? ", copy 1: " : "", copies > 1 ? why[1] : "");
 		if (copies > 1)
 			*error = "Group table: no intact copy";
-		else if (ret == -EINVAL)
-			*error = "Group table: a chunk's group is out of range";
-		else
-			*error = "Cannot read the group table";
 		goto out;
 	}
 	if (copy)
@@ -233,14 +238,15 @@ int dm_ckpt_md_write_sb(struct dm_ckpt_metadata *md, const struct ckpt_sb *cur,
 {
 	int ret;
 
-	ret = blkdev_issue_flush(md->dev->bdev);
-	if (ret)
-		return ret;
 	ret = ckpt_sb_encode(next, page);
 	if (ret) {
 		DMERR("%s: cannot encode the superblock: %s", md_name(md), ckpt_strerror(ret));
 		return -EINVAL;
 	}
+	/* The flush's errno is the device's; dm-io's write reports -EIO for any failure. */
+	ret = blkdev_issue_flush(md->dev->bdev);
+	if (ret)
+		return ret;
 	return dm_ckpt_md_io(md, REQ_OP_WRITE | REQ_SYNC | REQ_FUA, page,
 			     ckpt_sb_next_offset(cur), CKPT_BLOCK);
 }

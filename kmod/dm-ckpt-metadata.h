@@ -55,7 +55,8 @@ int dm_ckpt_md_submit(struct dm_io_request *req, struct dm_io_region *where,
 /*
  * Synchronous I/O on the backing device: off and len in bytes, 512 B aligned.
  * Process context, no spinlock held; blocks until the I/O is done. Returns 0
- * or -errno.
+ * or -errno; every I/O failure is -EIO (dm-io's synchronous path reports
+ * -EIO whatever the bio's status was).
  */
 int dm_ckpt_md_io(struct dm_ckpt_metadata *md, blk_opf_t opf, void *buf, u64 off,
 		  u64 len);
@@ -72,10 +73,12 @@ int dm_ckpt_md_read_sb(struct dm_ckpt_metadata *md, struct ckpt_sb *sb,
 		       struct ckpt_sb *scratch, u8 **groups, char **error);
 
 /*
- * Commit: flush the backing device, then write next (the successor of cur)
- * with FUA into the copy cur is not in, encoded through page (CKPT_BLOCK
- * bytes of scratch). Called with the target's command lock held (it owns cur,
- * next and page); process context; blocks on both I/Os. Returns 0 or -errno.
+ * Commit: encode next (the successor of cur) into page (CKPT_BLOCK bytes of
+ * scratch), flush the backing device, then write page with FUA into the copy
+ * cur is not in. Called with the target's command lock held (it owns cur,
+ * next and page); process context; blocks on both I/Os. Returns 0, -EINVAL
+ * when next does not encode (nothing is written), the flush's -errno, or -EIO
+ * when the write fails (dm-io's synchronous path knows no other errno).
  */
 int dm_ckpt_md_write_sb(struct dm_ckpt_metadata *md, const struct ckpt_sb *cur,
 			const struct ckpt_sb *next, u8 *page);

@@ -79,7 +79,33 @@ static void dmckpt_bio_copy_to(struct bio *bio, const void *src)
 	}
 }
 
-/* A command or write the protocol refuses: the status page tells why. */
+/*
+ * The errno a message returns for a command the core refused or the device
+ * failed (err is -CKPT_E_*): the one place the core's codes become errnos.
+ * Bios refused by the core end with BLK_STS_IOERR instead (the status page
+ * says why), as they always have.
+ */
+static int dmckpt_errno(int err)
+{
+	switch (err < 0 ? -err : err) {
+	case CKPT_E_IO:
+	case CKPT_E_FAILED:
+		return -EIO;
+	case CKPT_E_NOMEM:
+		return -ENOMEM;
+	case CKPT_E_NOSPC:
+		return -ENOSPC;
+	case CKPT_E_READONLY:
+		return -EROFS;
+	default:
+		return -EINVAL;
+	}
+}
+
+/*
+ * A command or write the protocol refuses (err is -CKPT_E_*, never an errno):
+ * the status page tells why.
+ */
 static void dmckpt_rejected(struct dm_ckpt *c, int err)
 {
 	spin_lock(&c->sm_lock);
@@ -95,6 +121,30 @@ static u32 dmckpt_state(struct dm_ckpt *c)
 	state = c->sm.state;
 	spin_unlock(&c->sm_lock);
 	return state;
+}
+
+void dm_ckpt_error(struct dm_ckpt *c, int err, bool commit)
+{
+	bool first;
+	u64 committed;
+
+	/* A caller bug must neither clear the sticky error nor pass for success. */
+	if (err >= 0)
+		err = -EIO;
+	first = !cmpxchg(&c->error, 0, err);
+	err = READ_ONCE(c->error);
+
+	spin_lock(&c->sm_lock);
+	if (commit)
+		ckpt_sm_commit_failed(&c->sm, err);
+	else
+		ckpt_sm_fail(&c->sm, err);
+	committed = c->sm.committed_step;
+	spin_unlock(&c->sm_lock);
+
+	if (first)
+		DMERR("%s: backing device error %d: failed mode, step %llu stays committed; reload the table to go on",
+		      dm_ckpt_name(c), err, committed);
 }
 
 /* ---------------------------------------------------------------- staging */
@@ -259,9 +309,7 @@ static int dmckpt_commit(struct dm_ckpt *c, const struct ckpt_cmd *cmd)
 	if (ret) {
 		DMERR("%s: committing step %llu failed: %d; step %llu stays committed",
 		      dm_ckpt_name(c), next->committed_step, ret, c->sb->committed_step);
-		spin_lock(&c->sm_lock);
-		ckpt_sm_commit_failed(&c->sm, ret);
-		spin_unlock(&c->sm_lock);
+		dm_ckpt_error(c, ret, true);
 		return -CKPT_E_IO;
 	}
 	spin_lock(&c->sm_lock);
@@ -395,6 +443,7 @@ static void dmckpt_defer(struct dm_ckpt *c, struct bio *bio)
 	queue_work(c->ctl_wq, &c->bio_work);
 }
 
+/* Refuse a bio in map (err is -CKPT_E_*): dm core ends it with BLK_STS_IOERR. */
 static int dmckpt_kill(struct dm_ckpt *c, int err)
 {
 	dmckpt_rejected(c, err);
@@ -962,7 +1011,7 @@ static int dmckpt_message(struct dm_target *ti, unsigned int argc, char **argv,
 	mutex_unlock(&c->cmd_lock);
 	if (ret < 0) {
 		DMWARN("%s: message %s refused: %s", dm_ckpt_name(c), argv[0], ckpt_strerror(ret));
-		return ret == -CKPT_E_IO || ret == -CKPT_E_FAILED ? -EIO : -EINVAL;
+		return dmckpt_errno(ret);
 	}
 	if (opcode == CKPT_OP_COMMIT) {
 		DMEMIT("%s %llu", ret == CKPT_RESULT_OVERFLOW ? "overflow" : "committed", step);

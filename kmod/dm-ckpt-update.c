@@ -139,6 +139,8 @@ static u32 run_update(struct dm_ckpt_job *j, u32 *p, u32 *m, u32 *v, u64 n)
 /*
  * The record a step reads must be the committed state of its chunk, intact:
  * bit rot built upon would become new committed state with a fresh checksum.
+ * Returns 0, or -EILSEQ (as dm-integrity reports a checksum mismatch) for a
+ * record that is damaged or not the one the superblock names.
  */
 static int check_record(struct dm_ckpt *c, struct dm_ckpt_job *j)
 {
@@ -164,9 +166,13 @@ static int check_record(struct dm_ckpt *c, struct dm_ckpt_job *j)
 			    dm_ckpt_name(c), j->chunk, j->src, ckpt_rec_fault_str(f),
 			    got.chunk, got.slot, got.step, got.sequence,
 			    j->src_step, j->src_sequence);
-	return -EIO;
+	return -EILSEQ;
 }
 
+/*
+ * dm-io's completion gives only a bitmap of the regions that failed, not the
+ * bio's status: an asynchronous write error is -EIO here.
+ */
 static void write_done(unsigned long error, void *context)
 {
 	struct dm_ckpt_job *j = context;
@@ -221,6 +227,7 @@ static void job_work(struct work_struct *work)
 	u32 nonfinite;
 	int ret;
 
+	/* dm-io's synchronous path reports -EIO for every failure. */
 	ret = dm_ckpt_md_io(&c->md, REQ_OP_READ, j->rec,
 			    ckpt_record_offset(l, j->src, j->chunk), l->record_bytes);
 	if (ret) {
@@ -262,7 +269,7 @@ static void job_work(struct work_struct *work)
 	spin_unlock(&c->sm_lock);
 	goto out;
 fail:
-	dm_ckpt_fail(c, -EIO);
+	dm_ckpt_error(c, ret, false);
 	status = BLK_STS_IOERR;
 out:
 	dm_ckpt_bio_put(j->bio, status);

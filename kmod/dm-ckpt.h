@@ -68,6 +68,13 @@ struct dm_ckpt {
 	u64 *claimed;
 	u64 *applied;
 
+	/*
+	 * The first backing device error (-errno), sticky: set once with
+	 * cmpxchg, as dm-writecache and dm-integrity keep theirs. Non-zero
+	 * means failed mode (no new steps until the table is reloaded).
+	 */
+	int error;
+
 	atomic64_t grad_bytes;
 	atomic64_t param_bytes;
 
@@ -119,12 +126,13 @@ static inline void dm_ckpt_bio_copy_from(struct bio *bio, struct bvec_iter *it, 
 	}
 }
 
-/* The backing device failed: the state machine enters FAILED. Takes sm_lock. */
-static inline void dm_ckpt_fail(struct dm_ckpt *c, int err)
-{
-	spin_lock(&c->sm_lock);
-	ckpt_sm_fail(&c->sm, err);
-	spin_unlock(&c->sm_lock);
-}
+/*
+ * The backing device failed with err (a -errno, never a -CKPT_E_*): the first
+ * such error is kept (c->error, reported as first_io_error) and the state
+ * machine enters FAILED (ckpt_sm_commit_failed when commit is true, the
+ * superblock write having failed, else ckpt_sm_fail). Process context, no
+ * spinlock held: takes sm_lock.
+ */
+void dm_ckpt_error(struct dm_ckpt *c, int err, bool commit);
 
 #endif /* DM_CKPT_H */
