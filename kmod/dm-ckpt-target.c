@@ -125,7 +125,7 @@ static u32 dmckpt_state(struct dm_ckpt *c)
 
 void dm_ckpt_error(struct dm_ckpt *c, int err, bool commit)
 {
-	bool first;
+	bool first, entered;
 	u64 committed;
 
 	/* A caller bug must neither clear the sticky error nor pass for success. */
@@ -135,6 +135,7 @@ void dm_ckpt_error(struct dm_ckpt *c, int err, bool commit)
 	err = READ_ONCE(c->error);
 
 	spin_lock(&c->sm_lock);
+	entered = c->sm.state != CKPT_STATE_FAILED;
 	if (commit)
 		ckpt_sm_commit_failed(&c->sm, err);
 	else
@@ -145,6 +146,9 @@ void dm_ckpt_error(struct dm_ckpt *c, int err, bool commit)
 	if (first)
 		DMERR("%s: backing device error %d: failed mode, step %llu stays committed; reload the table to go on",
 		      dm_ckpt_name(c), err, committed);
+	/* The mode changed: wake dmsetup wait and dmeventd. Never under a spinlock. */
+	if (entered)
+		dm_table_event(c->ti->table);
 }
 
 /* ---------------------------------------------------------------- staging */
@@ -705,6 +709,7 @@ static int dmckpt_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 	if (ret)
 		goto bad;
 	c->layout = c->sb->layout;
+	memcpy(c->uuid, c->sb->uuid, sizeof(c->uuid));
 	c->chunk_shift = c->sb->geo.chunk_shift;
 	c->cb_shift = c->chunk_shift + 1;
 	c->dtype = c->sb->geo.dtype;
@@ -835,6 +840,26 @@ static void dmckpt_counts(struct dm_ckpt *c, struct dmckpt_counts *k)
 	spin_unlock(&c->sm_lock);
 }
 
+/*
+ * Status format:
+ *
+ * <state> <committed_step> <open_step> <chunks_done>/<n_chunks> <overflow>
+ * <last_result> <last_error> <first_io_error> <steps_committed>
+ * <steps_skipped> <steps_aborted> <commands_rejected> <grad_bytes>
+ * <param_bytes> <io_errors>
+ *
+ * state is idle, open or failed; open_step, chunks_done and overflow are 0
+ * unless a step is open; last_result is none, committed, overflow, aborted
+ * or rejected, and last_error the enum ckpt_err of the last refusal (0 if
+ * none); first_io_error is the errno of the backing device error that put
+ * the target in failed mode (0 if none); the rest are counters since the
+ * table was loaded. The order is CKPT_STATUS_FIELDS (ckpt_abi.h).
+ *
+ * The table status echoes the table line: <backing_dev> [<#opt_args> <opt>...].
+ * The IMA status (dmsetup measure) is key=value pairs: target_name,
+ * target_version, dev_name, the optional arguments, uuid (the image's),
+ * state and first_io_error.
+ */
 static void dmckpt_status(struct dm_target *ti, status_type_t type, unsigned int status_flags,
 			  char *result, unsigned int maxlen)
 {
@@ -864,7 +889,12 @@ static void dmckpt_status(struct dm_target *ti, status_type_t type, unsigned int
 				       *dmckpt_opt_value(c, c->opt_order[i]));
 		}
 		break;
-	default:
+	case STATUSTYPE_IMA:
+		dmckpt_counts(c, &k);
+		DMEMIT_TARGET_NAME_VERSION(ti->type);
+		DMEMIT(",dev_name=%s,queue_depth=%u,staging_kb=%u,uuid=%pUb,state=%s,first_io_error=%u;",
+		       c->md.dev->name, c->queue_depth, c->staging_kb, c->uuid,
+		       ckpt_state_name(k.state), k.first_io_error);
 		break;
 	}
 }
@@ -976,11 +1006,12 @@ static int dmckpt_parse_message(struct dm_ckpt *c, unsigned int argc, char **arg
 			goto usage;
 		return 0;
 	}
-	DMWARN("%s: unknown message '%s' (begin, commit, abort, stats)", dm_ckpt_name(c), argv[0]);
+	DMWARN_LIMIT("%s: unknown message '%s' (begin, commit, abort, stats)", dm_ckpt_name(c),
+		     argv[0]);
 	return -EINVAL;
 usage:
-	DMWARN("%s: usage: begin <step> <scale> <g>..., commit <step> [<blob>], abort [<step>]",
-	       dm_ckpt_name(c));
+	DMWARN_LIMIT("%s: usage: begin <step> <scale> <g>..., commit <step> [<blob>], abort [<step>]",
+		     dm_ckpt_name(c));
 	return -EINVAL;
 }
 
@@ -1010,7 +1041,8 @@ static int dmckpt_message(struct dm_target *ti, unsigned int argc, char **argv,
 	ret = dmckpt_exec(c, c->cmd);
 	mutex_unlock(&c->cmd_lock);
 	if (ret < 0) {
-		DMWARN("%s: message %s refused: %s", dm_ckpt_name(c), argv[0], ckpt_strerror(ret));
+		DMWARN_LIMIT("%s: message %s refused: %s", dm_ckpt_name(c), argv[0],
+			     ckpt_strerror(ret));
 		return dmckpt_errno(ret);
 	}
 	if (opcode == CKPT_OP_COMMIT) {

@@ -74,6 +74,7 @@ struct dm_ckpt {
 	 * means failed mode (no new steps until the table is reloaded).
 	 */
 	int error;
+	u8 uuid[16];			/* the image's, constant */
 
 	atomic64_t grad_bytes;
 	atomic64_t param_bytes;
@@ -128,10 +129,11 @@ static inline void dm_ckpt_bio_copy_from(struct bio *bio, struct bvec_iter *it, 
 
 /*
  * The backing device failed with err (a -errno, never a -CKPT_E_*): the first
- * such error is kept (c->error, reported as first_io_error) and the state
+ * such error is kept (c->error, reported as first_io_error), the state
  * machine enters FAILED (ckpt_sm_commit_failed when commit is true, the
- * superblock write having failed, else ckpt_sm_fail). Process context, no
- * spinlock held: takes sm_lock.
+ * superblock write having failed, else ckpt_sm_fail), and on entering failed
+ * mode a table event tells userspace (dmsetup wait, dmeventd). Process
+ * context, no spinlock held: takes sm_lock, and dm_table_event() a mutex.
  */
 void dm_ckpt_error(struct dm_ckpt *c, int err, bool commit);
 
