@@ -46,8 +46,10 @@ bench: deps
 	$(MAKE) all
 	scripts/bench.sh $(BUILD)
 
+# kmod's clean also removes the core objects Kbuild leaves in libckpt/core.
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD)
+	-$(MAKE) -C kmod clean
 
 # --- the kernel target in Debian's kernels under qemu (scripts/vm/README.md) ---
 # KERNEL: 6.1 or 6.12 (or a full version in /lib/modules); VM_CPU: max or qemu64.
