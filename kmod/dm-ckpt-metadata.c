@@ -93,6 +93,10 @@ int dm_ckpt_md_io(struct dm_ckpt_metadata *md, blk_opf_t opf, void *buf, u64 off
 	return dm_ckpt_md_submit(&req, &where, &bits);
 }
 
+/*
+ * ti->error for the core's verdict on the superblock (a -CKPT_E_*); the log
+ * line printed before it has the details of both copies.
+ */
 static const char *sb_error(int err)
 {
 	switch (err < 0 ? -err : err) {
