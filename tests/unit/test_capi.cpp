@@ -7,7 +7,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -180,6 +182,240 @@ TEST_F(CapiTest, TwoThreadsOnOneHandle)
 	struct ckpt_info info;
 	ASSERT_EQ(ckpt_info(d, &info), 0);
 	EXPECT_EQ(info.committed_step, static_cast<uint64_t>(committed.load()));
+	ckpt_close(d);
+}
+
+// ---- names: the lists of ckpt_abi.h as the library answers them
+
+TEST(CapiNames, ListsAndNames)
+{
+	EXPECT_EQ(ckpt_abi_count("errors"), static_cast<uint32_t>(CKPT_E_MAX));
+	EXPECT_STREQ(ckpt_err_name(CKPT_E_TWICE), "E_TWICE");
+	EXPECT_STREQ(ckpt_err_name(-CKPT_E_TWICE), "E_TWICE");
+	EXPECT_STREQ(ckpt_err_name(CKPT_E_MAX), "unknown");
+	EXPECT_STREQ(ckpt_strerror(-CKPT_E_TWICE), "gradient written twice in one step");
+	EXPECT_EQ(ckpt_abi_count("states"), 3u);
+	EXPECT_STREQ(ckpt_state_name(CKPT_STATE_OPEN), "open");
+	EXPECT_STREQ(ckpt_state_name(99), "unknown");
+	EXPECT_STREQ(ckpt_result_name(CKPT_COMMITTED), "committed");
+	EXPECT_STREQ(ckpt_result_name(CKPT_OVERFLOW), "overflow");
+	ASSERT_EQ(ckpt_abi_count("dtypes"), 2u);
+	for (uint32_t i = 0; i < ckpt_abi_count("dtypes"); i++) {
+		const int code = ckpt_dtype_code(i);
+		ASSERT_GT(code, 0);
+		EXPECT_EQ(ckpt_dtype_parse(ckpt_dtype_name(code)), code);
+	}
+	EXPECT_EQ(ckpt_dtype_code(2), -CKPT_E_RANGE);
+	EXPECT_EQ(ckpt_dtype_parse("bf16"), CKPT_BF16);
+	EXPECT_EQ(ckpt_dtype_parse("fp16"), CKPT_FP16);
+	EXPECT_EQ(ckpt_dtype_parse("fp32"), -CKPT_E_DTYPE);
+	EXPECT_STREQ(ckpt_dtype_safetensors(CKPT_BF16), "BF16");
+	EXPECT_EQ(ckpt_abi_count("nonsense"), 0u);
+	EXPECT_EQ(ckpt_abi_count(nullptr), 0u);
+	EXPECT_EQ(ckpt_abi_sizeof("ckpt_device_status"), sizeof(struct ckpt_device_status));
+	EXPECT_EQ(ckpt_abi_sizeof("ckpt_info"), sizeof(struct ckpt_info));
+	EXPECT_EQ(ckpt_abi_sizeof("struct ckpt_info"), 0u);
+	EXPECT_EQ(ckpt_abi_constant("CKPT_EXPORT_LOWP"), CKPT_EXPORT_LOWP);
+	EXPECT_EQ(ckpt_abi_constant("CKPT_EXPORT_OPTIMIZER"), CKPT_EXPORT_OPTIMIZER);
+	EXPECT_EQ(ckpt_abi_constant("CKPT_NOPE"), -1);
+	// member i of the status struct is the uint64_t ckpt_status_field(i) names
+	const uint32_t n = ckpt_abi_count("status");
+	EXPECT_EQ(n * sizeof(uint64_t), sizeof(struct ckpt_device_status));
+	EXPECT_STREQ(ckpt_status_field(0), "state");
+	EXPECT_STREQ(ckpt_status_field(ckpt_abi_count("status_fields") - 1), "io_errors");
+	EXPECT_STREQ(ckpt_status_field(ckpt_abi_count("status_fields")), "n_chunks");
+	EXPECT_EQ(ckpt_status_field(n), nullptr);
+}
+
+// ---- the kernel target's dm status line
+
+constexpr const char *good_line = "open 3 4 2/8 1 overflow 16 5 3 1 2 7 4096 8192 9";
+
+TEST(CapiDmStatus, ParsesEveryField)
+{
+	struct ckpt_device_status st;
+	std::memset(&st, 0xff, sizeof(st));
+	ASSERT_EQ(ckpt_dm_status_parse(good_line, &st), 0) << ckpt_last_error();
+	EXPECT_EQ(st.state, CKPT_STATE_OPEN);
+	EXPECT_EQ(st.committed_step, 3u);
+	EXPECT_EQ(st.open_step, 4u);
+	EXPECT_EQ(st.chunks_done, 2u);
+	EXPECT_EQ(st.n_chunks, 8u);
+	EXPECT_EQ(st.overflow, 1u);
+	EXPECT_EQ(st.last_result, CKPT_RESULT_OVERFLOW);
+	EXPECT_EQ(st.last_error, 16u);
+	EXPECT_EQ(st.first_io_error, 5u);
+	EXPECT_EQ(st.steps_committed, 3u);
+	EXPECT_EQ(st.steps_skipped, 1u);
+	EXPECT_EQ(st.steps_aborted, 2u);
+	EXPECT_EQ(st.commands_rejected, 7u);
+	EXPECT_EQ(st.grad_bytes, 4096u);
+	EXPECT_EQ(st.param_bytes, 8192u);
+	EXPECT_EQ(st.io_errors, 9u);
+	EXPECT_EQ(st.chunk_params, 0u);	// not on the line
+	// blanks of any kind and number between fields, the kernel's newline
+	EXPECT_EQ(ckpt_dm_status_parse("  idle\t0 0 0/1 0 none 0 0 0 0 0 0 0 0 18446744073709551615\n", &st), 0)
+		<< ckpt_last_error();
+	EXPECT_EQ(st.io_errors, UINT64_MAX);
+
+	char *json = nullptr;
+	ASSERT_EQ(ckpt_dm_status_parse(good_line, &st), 0);
+	ASSERT_EQ(ckpt_status_json(&st, &json), 0) << ckpt_last_error();
+	const std::string j = json;
+	ckpt_free(json);
+	for (const char *want : {"\"state\":\"open\"", "\"last_result\":\"overflow\"", "\"chunks_done\":2",
+				 "\"n_chunks\":8", "\"io_errors\":9", "\"last_error_name\":\"gradient written twice",
+				 "\"first_io_error_name\":\"Input/output error\""})
+		EXPECT_NE(j.find(want), std::string::npos) << want << " not in " << j;
+}
+
+TEST(CapiDmStatus, RefusesHostileInputAndChangesNothing)
+{
+	const char *bad[] = {
+		"",
+		"open",
+		"open 3 4 2/8 1 overflow 16 5 3 1 2 7 4096 8192",		// 14 fields
+		"open 3 4 2/8 1 overflow 16 5 3 1 2 7 4096 8192 9 10",	// 16
+		"opened 3 4 2/8 1 overflow 16 5 3 1 2 7 4096 8192 9",	// unknown state
+		"unknown 3 4 2/8 1 overflow 16 5 3 1 2 7 4096 8192 9",
+		"open 3 4 2/8 1 committedx 16 5 3 1 2 7 4096 8192 9",	// unknown result
+		"open -3 4 2/8 1 overflow 16 5 3 1 2 7 4096 8192 9",	// strtoull takes "-3"
+		"open +3 4 2/8 1 overflow 16 5 3 1 2 7 4096 8192 9",
+		"open 0x3 4 2/8 1 overflow 16 5 3 1 2 7 4096 8192 9",
+		"open 3 4 2/8 1 overflow 16 5 3 1 2 7 4096 8192 18446744073709551616",	// 2^64
+		"open 3 4 2/8 4294967296 overflow 16 5 3 1 2 7 4096 8192 9",	// U32 field
+		"open 3 4 2 1 overflow 16 5 3 1 2 7 4096 8192 9",		// no DONE/TOTAL
+		"open 3 4 2/ 1 overflow 16 5 3 1 2 7 4096 8192 9",
+		"open 3 4 /8 1 overflow 16 5 3 1 2 7 4096 8192 9",
+		"open 3 4 2/8/8 1 overflow 16 5 3 1 2 7 4096 8192 9",
+		"open 3 4 9/8 1 overflow 16 5 3 1 2 7 4096 8192 9",	// more done than chunks
+		"open 3 4 2/8 1 overflow 16 5 3 1 2 7 4096 8192 9x",
+		"open 3 4 2/8 1 overflow 16 5 3 1 2 7 4096 8192 ٩",	// a non-ASCII digit
+	};
+	for (const char *line : bad) {
+		struct ckpt_device_status st, before;
+		std::memset(&st, 0xa5, sizeof(st));
+		before = st;
+		EXPECT_EQ(ckpt_dm_status_parse(line, &st), -CKPT_E_INVAL) << "'" << line << "'";
+		EXPECT_NE(std::string(ckpt_last_error()), "") << line;
+		EXPECT_EQ(std::memcmp(&st, &before, sizeof(st)), 0) << "changed on '" << line << "'";
+	}
+	struct ckpt_device_status st;
+	EXPECT_EQ(ckpt_dm_status_parse(nullptr, &st), -CKPT_E_INVAL);
+	EXPECT_EQ(ckpt_dm_status_parse(good_line, nullptr), -CKPT_E_INVAL);
+	EXPECT_EQ(ckpt_status_json(&st, nullptr), -CKPT_E_INVAL);
+	// the message names the field
+	ckpt_dm_status_parse("open 3 4 2/8 1 overflow 16 5 3 1 2 7 4096 x 9", &st);
+	EXPECT_NE(std::string(ckpt_last_error()).find("param_bytes"), std::string::npos) << ckpt_last_error();
+}
+
+// ---- uuid
+
+std::string file_uuid(const std::string &path)
+{
+	// struct ckpt_sb_disk: le32 magic "CKPT" at 0, the uuid's 16 bytes at
+	// byte 32, in the copy (at 0 or 4 KiB) that has been written
+	std::ifstream f(path, std::ios::binary);
+	for (int copy = 0; copy < 2; copy++) {
+		char b[48];
+		f.seekg(copy * 4096);
+		f.read(b, sizeof(b));
+		if (std::memcmp(b, "CKPT", 4) == 0)
+			return std::string(b + 32, 16);
+	}
+	return "";
+}
+
+TEST_F(CapiTest, UuidOfDeviceAndImage)
+{
+	uint8_t a[16], b[16];
+	ckpt_device *d = open();
+	ASSERT_EQ(ckpt_uuid(d, a), 0) << ckpt_last_error();
+	ckpt_close(d);
+	ASSERT_EQ(ckpt_image_uuid(path_.c_str(), b), 0) << ckpt_last_error();
+	EXPECT_EQ(std::memcmp(a, b, 16), 0);
+	EXPECT_EQ(std::string(reinterpret_cast<char *>(a), 16), file_uuid(path_));
+	EXPECT_NE(std::string(16, '\0'), file_uuid(path_));
+	char text[37];
+	ckpt_uuid_string(a, text);
+	ASSERT_EQ(std::strlen(text), 36u);
+	for (int i : {8, 13, 18, 23})
+		EXPECT_EQ(text[i], '-') << text;
+	char hex[3];
+	snprintf(hex, sizeof(hex), "%02x", a[15]);
+	EXPECT_EQ(std::string(text + 34), hex);
+	// another format, another uuid; not an image, an error
+	const std::string other = (dir_ / "other.img").string();
+	ckpt_layout_builder *l = ckpt_layout_new();
+	ASSERT_EQ(ckpt_layout_add(l, "w", &n_b, 1, 0), 0);
+	ASSERT_EQ(ckpt_format(other.c_str(), l, CKPT_FP16, 2048, 0), 0) << ckpt_last_error();
+	ckpt_layout_free(l);
+	ASSERT_EQ(ckpt_image_uuid(other.c_str(), b), 0) << ckpt_last_error();
+	EXPECT_NE(std::memcmp(a, b, 16), 0);
+	const std::string junk = (dir_ / "junk").string();
+	std::ofstream(junk) << std::string(16384, 'x');
+	EXPECT_LT(ckpt_image_uuid(junk.c_str(), b), 0);
+	EXPECT_NE(std::string(ckpt_last_error()).find(junk), std::string::npos) << ckpt_last_error();
+	EXPECT_EQ(ckpt_image_uuid((dir_ / "none").c_str(), b), -CKPT_E_IO) << ckpt_last_error();
+	EXPECT_EQ(ckpt_image_uuid(nullptr, b), -CKPT_E_INVAL);
+}
+
+// ---- status of an open device
+
+TEST_F(CapiTest, StatusOfADevice)
+{
+	ckpt_device *d = open();
+	struct ckpt_device_status st;
+	ASSERT_EQ(ckpt_status(d, &st), 0) << ckpt_last_error();
+	EXPECT_EQ(st.state, CKPT_STATE_IDLE);
+	EXPECT_EQ(st.chunk_params, 4096u);
+	EXPECT_EQ(st.n_chunks, 65u);	// 64 of w, 1 of b
+	EXPECT_EQ(st.n_params, 65u * 4096);
+	EXPECT_EQ(st.dtype, static_cast<uint64_t>(CKPT_BF16));
+	EXPECT_EQ(st.n_groups, 1u);
+	ASSERT_EQ(ckpt_begin(d, &hp, 1, 1.0), 0) << ckpt_last_error();
+	ASSERT_EQ(ckpt_status(d, &st), 0);
+	EXPECT_EQ(st.state, CKPT_STATE_OPEN);
+	EXPECT_EQ(st.open_step, 1u);
+	EXPECT_EQ(ckpt_abort(d), 0);
+	ASSERT_EQ(ckpt_status(d, &st), 0);
+	EXPECT_EQ(st.steps_aborted, 1u);
+	EXPECT_EQ(st.last_result, CKPT_RESULT_ABORTED);
+	EXPECT_EQ(ckpt_status(d, nullptr), -CKPT_E_INVAL);
+	ckpt_close(d);
+	EXPECT_EQ(ckpt_status(d, &st), -CKPT_E_STATE);
+}
+
+// ---- export: what is refused leaves nothing behind
+
+TEST_F(CapiTest, ExportRefusals)
+{
+	ckpt_device *d = open();
+	const std::string out = (dir_ / "out.safetensors").string();
+	EXPECT_EQ(ckpt_export(d, out.c_str(), 4, nullptr), -CKPT_E_INVAL);
+	EXPECT_EQ(ckpt_export(d, out.c_str(), 0, "[1]"), -CKPT_E_INVAL);
+	EXPECT_EQ(ckpt_export(d, out.c_str(), 0, "{\"a\": 1}"), -CKPT_E_INVAL);
+	EXPECT_NE(std::string(ckpt_last_error()).find("'a'"), std::string::npos) << ckpt_last_error();
+	EXPECT_EQ(ckpt_export(d, out.c_str(), 0, "{\"a\""), -CKPT_E_INVAL);
+	EXPECT_EQ(ckpt_export(d, path_.c_str(), 0, nullptr), -CKPT_E_INVAL) << "the image itself";
+	EXPECT_EQ(ckpt_export(d, dir_.c_str(), 0, nullptr), -CKPT_E_INVAL) << "a directory";
+	EXPECT_EQ(ckpt_export(d, nullptr, 0, nullptr), -CKPT_E_INVAL);
+	ASSERT_EQ(ckpt_begin(d, &hp, 1, 1.0), 0) << ckpt_last_error();
+	EXPECT_EQ(ckpt_export(d, out.c_str(), 0, nullptr), -CKPT_E_STATE);
+	ASSERT_EQ(ckpt_abort(d), 0);
+	EXPECT_FALSE(fs::exists(out));
+	for (const auto &e : fs::directory_iterator(dir_))
+		EXPECT_EQ(e.path().string().find(".tmp"), std::string::npos) << e.path();
+	ASSERT_EQ(ckpt_export(d, out.c_str(), CKPT_EXPORT_OPTIMIZER, "{\"k\": \"v\"}"), 0) << ckpt_last_error();
+	// 8-byte header length, then the JSON header; 3 tensors per name, fp32
+	std::ifstream f(out, std::ios::binary);
+	uint64_t n = 0;
+	f.read(reinterpret_cast<char *>(&n), 8);
+	std::string h(n, '\0');
+	f.read(h.data(), static_cast<std::streamsize>(n));
+	EXPECT_NE(h.find("\"k\":\"v\""), std::string::npos) << h;
+	EXPECT_NE(h.find("\"w.exp_avg_sq\""), std::string::npos) << h;
+	EXPECT_EQ(fs::file_size(out), 8 + n + 3 * 4 * (n_w + n_b));
 	ckpt_close(d);
 }
 
