@@ -73,7 +73,8 @@ int ckpt_dtype_code(uint32_t index);
 size_t ckpt_abi_sizeof(const char *name);
 /*
  * The value of a constant of this header by name ("CKPT_EXPORT_LOWP",
- * "CKPT_EXPORT_OPTIMIZER"), -1 when unknown.
+ * "CKPT_EXPORT_OPTIMIZER"), or of the format ("CKPT_BLOCK", the metadata
+ * block, 4096; "CKPT_SECTOR", 512); -1 when unknown.
  */
 int64_t ckpt_abi_constant(const char *name);
 
@@ -91,6 +92,12 @@ int ckpt_format(const char *path, const ckpt_layout_builder *l, int dtype,
 		uint32_t chunk_params, uint64_t size);
 
 int ckpt_open(const char *path, ckpt_device **out);
+/*
+ * ckpt_open with the userspace engine's worker threads (0: one per CPU) and
+ * chunks in flight per worker (0: the default); a kernel target's device
+ * ignores them.
+ */
+int ckpt_open_engine(const char *path, uint32_t workers, uint32_t depth, ckpt_device **out);
 /* Waits for the call in flight, then closes; a closed or unknown d is ignored. */
 void ckpt_close(ckpt_device *d);
 
@@ -206,6 +213,14 @@ int ckpt_begin(ckpt_device *d, const struct ckpt_group_hparams *groups,
 	       uint32_t n_groups, double grad_scale);
 /* fp16/bf16 gradient bits of one whole tensor. */
 int ckpt_write_grad(ckpt_device *d, const char *name, const uint16_t *grad, uint64_t n);
+/*
+ * Raw gradient bytes at byte offset off of the GRAD window (a tensor's
+ * params start at 2 * its offset): off and len multiples of
+ * ckpt_block_size(d), any order, as a trainer writing the device would.
+ */
+int ckpt_write_grad_window(ckpt_device *d, uint64_t off, const void *buf, uint64_t len);
+/* The device's write unit (512, or 4096 on a 4Kn device). */
+int ckpt_block_size(ckpt_device *d);
 /* Returns CKPT_COMMITTED or CKPT_OVERFLOW (step skipped). */
 int ckpt_commit(ckpt_device *d, const void *blob, size_t blob_len);
 int ckpt_abort(ckpt_device *d);
@@ -215,6 +230,11 @@ int ckpt_read_state(ckpt_device *d, const char *name, float *p, float *m, float 
 		    uint64_t n);
 /* Copies the committed trainer blob; returns its length (may exceed cap). */
 int ckpt_blob(ckpt_device *d, void *buf, size_t cap);
+
+/* fp32 values to dtype's bit patterns, rounded to nearest even as the update does. */
+int ckpt_to_lowp(uint32_t dtype, const float *in, uint16_t *out, uint64_t n);
+/* crc32c of p[0..len) continuing crc (0 to start), as the format's checksums. */
+uint32_t ckpt_crc32c_update(uint32_t crc, const void *p, size_t len);
 
 /* ckpt_export flags */
 #define CKPT_EXPORT_LOWP	(1u << 0)	/* params in the device dtype (F16/BF16), not fp32 masters */
@@ -230,6 +250,63 @@ int ckpt_blob(ckpt_device *d, void *buf, size_t cap);
  * them. A device with an open step is refused (CKPT_E_STATE).
  */
 int ckpt_export(ckpt_device *d, const char *out, uint32_t flags, const char *meta_json);
+
+/*
+ * ---- tool operations: what ckptctl does with an image, as JSON reports.
+ *
+ * Each sets *json to a malloc'ed JSON object (ckpt_free) and returns 0, or
+ * fails as every call does. A dm-ckpt device node (/dev/mapper/NAME) stands
+ * for its backing device where an operation only reads; an operation that
+ * writes (format, import, verify --repair, restore --rollback) refuses a
+ * device in use by a target.
+ */
+
+/* 1 and *backing (ckpt_free) when path is a dm-ckpt device node, else 0. */
+int ckpt_backing_of(const char *path, char **backing);
+/* What `ckptctl info --json` prints: geometry, layout, tensors, warnings. */
+int ckpt_image_info(const char *path, char **json);
+/*
+ * Formats device from {"manifest": PATH} (a JSON tensor manifest) or
+ * {"safetensors": PATH} (its floating-point tensors; "groups":
+ * ["G:GLOB,..."], "include"/"exclude": [GLOB]) with "dtype", "chunk_params",
+ * "size" and "force" overriding; the report is ckpt_image_info's plus
+ * "summary", lines describing a safetensors file's selection.
+ */
+int ckpt_format_manifest(const char *device, const char *opts_json, char **json);
+/*
+ * Loads the safetensors file from into device, before its first step:
+ * options "with_optimizer" (exp_avg, exp_avg_sq, "step" or the file's
+ * __metadata__ step, trainer blob), "partial" (tensors missing on either
+ * side are kept or skipped), "step".
+ */
+int ckpt_import(const char *device, const char *from, const char *opts_json, char **json);
+/* ckpt_export of the committed step of a backing image (read-only, records checked). */
+int ckpt_export_image(const char *path, const char *out, uint32_t flags, char **json);
+/*
+ * {"report": what `ckptctl verify --json` prints, "extra": {...}}; with
+ * CKPT_VERIFY_REPAIR the damaged metadata copies are rewritten first.
+ */
+#define CKPT_VERIFY_REPAIR	(1u << 0)
+int ckpt_verify(const char *path, uint32_t flags, char **json);
+/*
+ * {"report": what `ckptctl restore --json` prints, "refused": true when
+ * CKPT_RESTORE_ROLLBACK found no previous step to go back to, ...}.
+ */
+#define CKPT_RESTORE_ROLLBACK	(1u << 0)
+int ckpt_restore(const char *path, uint32_t flags, char **json);
+
+/*
+ * The largest layout on bytes of device with chunk_params (0: the default,
+ * raised until a chunk's p_lo covers write_unit bytes).
+ */
+struct ckpt_fit {
+	uint32_t chunk_params;
+	uint32_t n_chunks;
+	uint64_t n_params;
+	uint64_t backing_bytes;	/* what that layout uses */
+	uint64_t record_bytes;	/* per chunk */
+};
+int ckpt_fit(uint64_t bytes, uint32_t chunk_params, uint64_t write_unit, struct ckpt_fit *fit);
 
 #ifdef __cplusplus
 }

@@ -20,6 +20,11 @@
 #include "export.hpp"
 #include "format.hpp"
 #include "image.hpp"
+#include "tools.hpp"
+
+extern "C" {
+#include "ckpt_update.h"
+}
 
 struct ckpt_layout_builder {
 	ckpt::Layout layout;
@@ -232,6 +237,16 @@ struct ckpt_device_status parse_status_line(const char *line)
 	return st;
 }
 
+// A tool operation: its report as a malloc'ed string in *json.
+template <typename F> int report(char **json, F &&f)
+{
+	return guarded([&] {
+		need(json, "json");
+		give(f(), json);
+		return 0;
+	});
+}
+
 } // namespace
 
 extern "C" {
@@ -284,6 +299,8 @@ int64_t ckpt_abi_constant(const char *name)
 	static const std::pair<const char *, int64_t> constants[] = {
 		{"CKPT_EXPORT_LOWP", CKPT_EXPORT_LOWP},
 		{"CKPT_EXPORT_OPTIMIZER", CKPT_EXPORT_OPTIMIZER},
+		{"CKPT_BLOCK", CKPT_BLOCK},
+		{"CKPT_SECTOR", CKPT_SECTOR},
 	};
 	for (const auto &[n, v] : constants)
 		if (name && !std::strcmp(name, n))
@@ -390,6 +407,20 @@ int ckpt_open(const char *path, ckpt_device **out)
 		need(path, "path");
 		need(out, "out");
 		*out = handles().add(ckpt::Device::open(path));
+		return 0;
+	});
+}
+
+int ckpt_open_engine(const char *path, uint32_t workers, uint32_t depth, ckpt_device **out)
+{
+	return guarded([&] {
+		need(path, "path");
+		need(out, "out");
+		ckpt::EngineOptions opts;
+		opts.workers = workers;
+		if (depth)
+			opts.depth = depth;
+		*out = handles().add(ckpt::Device::open(path, opts));
 		return 0;
 	});
 }
@@ -539,6 +570,44 @@ int ckpt_write_grad(ckpt_device *d, const char *name, const uint16_t *grad, uint
 	});
 }
 
+int ckpt_write_grad_window(ckpt_device *d, uint64_t off, const void *buf, uint64_t len)
+{
+	return with_device(d, [&](ckpt::Device &dev) {
+		if (len)
+			need(buf, "buf");
+		dev.write_grad_window(off, buf, len);
+		return 0;
+	});
+}
+
+int ckpt_block_size(ckpt_device *d)
+{
+	return with_device(d, [&](ckpt::Device &dev) { return static_cast<int>(dev.block_size()); });
+}
+
+int ckpt_to_lowp(uint32_t dtype, const float *in, uint16_t *out, uint64_t n)
+{
+	return guarded([&] {
+		if (n) {
+			need(in, "in");
+			need(out, "out");
+		}
+		if (dtype != CKPT_DTYPE_FP16 && dtype != CKPT_DTYPE_BF16)
+			ckpt::fail(CKPT_E_DTYPE, "dtype {} is not a low-precision dtype", dtype);
+		for (uint64_t i = 0; i < n; i++) {
+			uint32_t u;
+			std::memcpy(&u, &in[i], 4);
+			out[i] = dtype == CKPT_DTYPE_FP16 ? ckpt_f32_to_f16(u) : ckpt_f32_to_bf16(u);
+		}
+		return 0;
+	});
+}
+
+uint32_t ckpt_crc32c_update(uint32_t crc, const void *p, size_t len)
+{
+	return ~ckpt_crc32c_raw(~crc, p, len);
+}
+
 int ckpt_commit(ckpt_device *d, const void *blob, size_t blob_len)
 {
 	return with_device(d, [&](ckpt::Device &dev) {
@@ -596,6 +665,82 @@ int ckpt_export(ckpt_device *d, const char *out, uint32_t flags, const char *met
 	return with_device(d, [&](ckpt::Device &dev) {
 		need(out, "out");
 		ckpt::export_device(dev, out, flags, meta_json ? meta_json : "");
+		return 0;
+	});
+}
+
+int ckpt_backing_of(const char *path, char **backing)
+{
+	return guarded([&] {
+		need(path, "path");
+		need(backing, "backing");
+		const auto b = ckpt::backing_of(path);
+		if (!b)
+			return 0;
+		give(*b, backing);
+		return 1;
+	});
+}
+
+int ckpt_image_info(const char *path, char **json)
+{
+	return report(json, [&] {
+		need(path, "path");
+		return ckpt::image_info(path);
+	});
+}
+
+int ckpt_format_manifest(const char *device, const char *opts_json, char **json)
+{
+	return report(json, [&] {
+		need(device, "device");
+		return ckpt::format_manifest(device, opts_json ? opts_json : "");
+	});
+}
+
+int ckpt_import(const char *device, const char *from, const char *opts_json, char **json)
+{
+	return report(json, [&] {
+		need(device, "device");
+		need(from, "from");
+		return ckpt::import_safetensors(device, from, opts_json ? opts_json : "");
+	});
+}
+
+int ckpt_export_image(const char *path, const char *out, uint32_t flags, char **json)
+{
+	return report(json, [&] {
+		need(path, "path");
+		need(out, "out");
+		return ckpt::export_image_report(path, out, flags);
+	});
+}
+
+int ckpt_verify(const char *path, uint32_t flags, char **json)
+{
+	return report(json, [&] {
+		need(path, "path");
+		if (flags & ~CKPT_VERIFY_REPAIR)
+			ckpt::fail(CKPT_E_INVAL, "verify: unknown flags {:#x}", flags);
+		return ckpt::verify_report(path, flags & CKPT_VERIFY_REPAIR);
+	});
+}
+
+int ckpt_restore(const char *path, uint32_t flags, char **json)
+{
+	return report(json, [&] {
+		need(path, "path");
+		if (flags & ~CKPT_RESTORE_ROLLBACK)
+			ckpt::fail(CKPT_E_INVAL, "restore: unknown flags {:#x}", flags);
+		return ckpt::restore_report(path, flags & CKPT_RESTORE_ROLLBACK);
+	});
+}
+
+int ckpt_fit(uint64_t bytes, uint32_t chunk_params, uint64_t write_unit, struct ckpt_fit *fit)
+{
+	return guarded([&] {
+		need(fit, "fit");
+		*fit = ckpt::fit(bytes, chunk_params, write_unit);
 		return 0;
 	});
 }
