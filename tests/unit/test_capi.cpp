@@ -419,4 +419,126 @@ TEST_F(CapiTest, ExportRefusals)
 	ckpt_close(d);
 }
 
+// ---- tool operations: JSON reports
+
+std::string take(char *p)
+{
+	std::string s = p ? p : "";
+	ckpt_free(p);
+	return s;
+}
+
+TEST_F(CapiTest, ImageInfoVerifyRestore)
+{
+	char *json = nullptr;
+	ASSERT_EQ(ckpt_image_info(path_.c_str(), &json), 0) << ckpt_last_error();
+	const std::string info = take(json);
+	uint8_t u[16];
+	char text[37];
+	ASSERT_EQ(ckpt_image_uuid(path_.c_str(), u), 0);
+	ckpt_uuid_string(u, text);
+	EXPECT_NE(info.find(std::string("\"uuid\":\"") + text + "\""), std::string::npos) << info;
+	EXPECT_NE(info.find("\"n_chunks\":65"), std::string::npos) << info;
+	EXPECT_NE(info.find("\"name\":\"w\""), std::string::npos) << info;
+
+	ASSERT_EQ(ckpt_verify(path_.c_str(), 0, &json), 0) << ckpt_last_error();
+	std::string v = take(json);
+	EXPECT_NE(v.find("\"status\":\"ok\""), std::string::npos) << v;
+	EXPECT_EQ(ckpt_verify(path_.c_str(), 4, &json), -CKPT_E_INVAL);
+
+	// a flipped bit in a committed record: verify reports it, not fails
+	{
+		std::fstream f(path_, std::ios::in | std::ios::out | std::ios::binary);
+		ASSERT_EQ(ckpt_image_info(path_.c_str(), &json), 0);
+		const std::string j = take(json);
+		const size_t at = j.find("\"rec_off\":[");
+		ASSERT_NE(at, std::string::npos);
+		const uint64_t rec0 = std::stoull(j.substr(at + 11));
+		// committed slot 0 after format; byte 5000: fp32 data of chunk 0
+		f.seekg(static_cast<std::streamoff>(rec0 + 5000));
+		char c;
+		f.read(&c, 1);
+		c ^= 1;
+		f.seekp(static_cast<std::streamoff>(rec0 + 5000));
+		f.write(&c, 1);
+	}
+	ASSERT_EQ(ckpt_verify(path_.c_str(), 0, &json), 0) << ckpt_last_error();
+	v = take(json);
+	EXPECT_NE(v.find("\"status\":\"corrupt\""), std::string::npos) << v;
+	ASSERT_EQ(ckpt_restore(path_.c_str(), 0, &json), 0) << ckpt_last_error();
+	v = take(json);
+	EXPECT_NE(v.find("\"committed_ok\":false"), std::string::npos) << v;
+	EXPECT_EQ(ckpt_restore(path_.c_str(), 2, &json), -CKPT_E_INVAL);
+
+	// not an image
+	const std::string junk = (dir_ / "junk").string();
+	std::ofstream(junk) << std::string(16384, 'x');
+	EXPECT_LT(ckpt_image_info(junk.c_str(), &json), 0);
+	EXPECT_NE(std::string(ckpt_last_error()).find(junk), std::string::npos) << ckpt_last_error();
+	EXPECT_EQ(ckpt_image_info(path_.c_str(), nullptr), -CKPT_E_INVAL);
+	EXPECT_EQ(ckpt_image_info(nullptr, &json), -CKPT_E_INVAL);
+	// a regular file is no dm-ckpt device node
+	char *backing = reinterpret_cast<char *>(1);
+	EXPECT_EQ(ckpt_backing_of(path_.c_str(), &backing), 0);
+	EXPECT_EQ(backing, reinterpret_cast<char *>(1)) << "untouched";
+}
+
+TEST_F(CapiTest, FormatManifestAndImportOptions)
+{
+	char *json = nullptr;
+	const std::string img = (dir_ / "m.img").string(), man = (dir_ / "m.json").string();
+	std::ofstream(man) << R"({"dtype": "fp16", "chunk_params": 2048, "tensors": [{"name": "a", "shape": [5, 7]}]})";
+	EXPECT_EQ(ckpt_format_manifest(img.c_str(), "{}", &json), -CKPT_E_INVAL) << "no manifest";
+	EXPECT_EQ(ckpt_format_manifest(img.c_str(), "[]", &json), -CKPT_E_INVAL);
+	EXPECT_EQ(ckpt_format_manifest(img.c_str(), R"({"manifest": 3})", &json), -CKPT_E_INVAL);
+	EXPECT_NE(std::string(ckpt_last_error()).find("manifest"), std::string::npos) << ckpt_last_error();
+	EXPECT_FALSE(fs::exists(img));
+	const std::string opts = R"({"manifest": ")" + man + R"("})";
+	ASSERT_EQ(ckpt_format_manifest(img.c_str(), opts.c_str(), &json), 0) << ckpt_last_error();
+	const std::string r = take(json);
+	EXPECT_NE(r.find("\"dtype\":\"fp16\""), std::string::npos) << r;
+	EXPECT_NE(r.find("\"chunk_params\":2048"), std::string::npos) << r;
+	// the image exists now: without force, format refuses to overwrite it
+	EXPECT_LT(ckpt_format_manifest(img.c_str(), opts.c_str(), &json), 0);
+	EXPECT_LT(ckpt_import(img.c_str(), (dir_ / "none.safetensors").c_str(), "{}", &json), 0);
+	EXPECT_EQ(ckpt_import(img.c_str(), man.c_str(), R"({"step": "x"})", &json), -CKPT_E_INVAL);
+	EXPECT_NE(std::string(ckpt_last_error()).find("step"), std::string::npos) << ckpt_last_error();
+}
+
+TEST(CapiFit, LargestLayout)
+{
+	struct ckpt_fit f;
+	ASSERT_EQ(ckpt_fit(1ull << 30, 0, 0, &f), 0) << ckpt_last_error();
+	EXPECT_EQ(f.chunk_params, 65536u);
+	EXPECT_GT(f.n_chunks, 0u);
+	EXPECT_LE(f.backing_bytes, 1ull << 30);
+	EXPECT_EQ(f.n_params, static_cast<uint64_t>(f.n_chunks) * 65536);
+	EXPECT_EQ(f.record_bytes, 4096 + 12ull * 65536);
+	struct ckpt_fit more;
+	ASSERT_EQ(ckpt_fit(1ull << 30, 0, 1u << 20, &more), 0);
+	EXPECT_EQ(more.chunk_params, 1u << 19) << "p_lo covers a 1 MiB write unit";
+	ASSERT_EQ(ckpt_fit(4096, 2048, 0, &f), 0);
+	EXPECT_EQ(f.n_chunks, 0u);
+	EXPECT_EQ(ckpt_fit(1ull << 30, 3000, 0, &f), -CKPT_E_GEOMETRY);
+	EXPECT_EQ(ckpt_fit(1ull << 30, 1024, 0, &f), -CKPT_E_GEOMETRY);
+	EXPECT_EQ(ckpt_fit(1ull << 30, 1u << 23, 0, &f), -CKPT_E_GEOMETRY);
+	EXPECT_EQ(ckpt_fit(1ull << 30, 0, 0, nullptr), -CKPT_E_INVAL);
+}
+
+TEST(CapiConvert, LowpAndCrc)
+{
+	const float in[3] = {1.0f, -2.0f, 65504.0f};
+	uint16_t out[3];
+	ASSERT_EQ(ckpt_to_lowp(CKPT_BF16, in, out, 3), 0);
+	EXPECT_EQ(out[0], 0x3f80);
+	EXPECT_EQ(out[1], 0xc000);
+	ASSERT_EQ(ckpt_to_lowp(CKPT_FP16, in, out, 3), 0);
+	EXPECT_EQ(out[0], 0x3c00);
+	EXPECT_EQ(out[2], 0x7bff);
+	EXPECT_EQ(ckpt_to_lowp(7, in, out, 3), -CKPT_E_DTYPE);
+	// crc32c("123456789") = 0xe3069283, in one call or two
+	EXPECT_EQ(ckpt_crc32c_update(0, "123456789", 9), 0xe3069283u);
+	EXPECT_EQ(ckpt_crc32c_update(ckpt_crc32c_update(0, "1234", 4), "56789", 5), 0xe3069283u);
+}
+
 } // namespace
