@@ -133,7 +133,8 @@ int ckpt_info(ckpt_device *d, struct ckpt_info *info);
 	X(n_groups)		\
 	X(dtype)
 
-#define CKPT_STATUS_MEMBER(field, ...)	uint64_t field;
+#define CKPT_STATUS_MEMBER(field, kind)	uint64_t field;
+#define CKPT_STATUS_GEOMETRY_MEMBER(field)	uint64_t field;
 
 /*
  * A device's status: the counters of the dm status line (CKPT_STATUS_FIELDS
@@ -144,7 +145,7 @@ int ckpt_info(ckpt_device *d, struct ckpt_info *info);
  */
 struct ckpt_device_status {
 	CKPT_STATUS_FIELDS(CKPT_STATUS_MEMBER)
-	CKPT_STATUS_GEOMETRY(CKPT_STATUS_MEMBER)
+	CKPT_STATUS_GEOMETRY(CKPT_STATUS_GEOMETRY_MEMBER)
 };
 
 /* The status of an open device (the engine's, or the kernel target's page). */

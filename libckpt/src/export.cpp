@@ -115,12 +115,12 @@ ExportReport write(const Source &src, const std::string &out, uint32_t flags, co
 }
 
 // The rename at the end would replace the image itself.
-void check_not_image(const Image &img, const std::string &out)
+void check_not_image(const Image &img, const std::string &out, const char *what)
 {
 	struct stat in, o;
 	if (fstat(img.file.fd.get(), &in) == 0 && stat(out.c_str(), &o) == 0 && in.st_dev == o.st_dev &&
 	    in.st_ino == o.st_ino)
-		fail(CKPT_E_INVAL, "--to {} is the device itself", out);
+		fail(CKPT_E_INVAL, "{}{} is the device itself", what, out);
 }
 
 } // namespace
@@ -130,7 +130,7 @@ ExportReport export_device(Device &dev, const std::string &out, uint32_t flags, 
 	const struct ckpt_status st = dev.status();
 	if (st.state == CKPT_STATE_OPEN)
 		fail(CKPT_E_STATE, "export: step {} is open: commit or abort it first", st.open_step);
-	check_not_image(dev.image(), out);
+	check_not_image(dev.image(), out, "export: the output ");
 	Source src{&dev.manifest(), &dev.image().sb, st.committed_step, {st.blob, st.blob_len}, {}, {}};
 	std::vector<float> scratch;
 	src.state = [&](const Tensor &t, float *p, float *m, float *v) {
@@ -153,7 +153,7 @@ ExportReport export_image(const std::string &path, const std::string &out, uint3
 	if (flags & CKPT_EXPORT_LOWP)
 		fail(CKPT_E_INVAL, "export of a backing image writes the fp32 masters (no CKPT_EXPORT_LOWP)");
 	Image img = Image::open(path, false, true);
-	check_not_image(img, out);
+	check_not_image(img, out, "--to ");	// ckptctl export's words
 	const struct ckpt_sb sb = img.sb;
 	Buffer bounce(sb.layout.record_bytes);
 	std::vector<float> scratch;
