@@ -21,6 +21,11 @@ for the one in flight, and calls after close() raise CkptError E_STATE.
 
 bf16 values travel as uint16 bit patterns (numpy has no bfloat16); fp16
 devices take and return numpy float16 (uint16 bit patterns work too).
+
+Everything here goes through libckpt's C ABI (ckpt.h): the error names, dtype
+codes and commit results are the library's, read at import; Device.status(),
+Device.uuid(), ckpt.image_uuid() and Device.export() (a safetensors file) are
+its entry points.
 """
 
 import ctypes
