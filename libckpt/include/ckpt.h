@@ -1,7 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * libckpt C ABI: format a dm-ckpt backing device, open it through the
- * userspace engine, and drive optimizer steps tensor by tensor.
+ * userspace engine (or a kernel target's device), drive optimizer steps
+ * tensor by tensor, read its status and uuid, export it as safetensors, and
+ * the operations of ckptctl (info, verify, restore, import) as JSON reports.
+ * The tools and the Python package use this header and nothing else.
  *
  * Every function returns 0 (or a non-negative value) on success and a negated
  * enum ckpt_err on failure; ckpt_last_error() then describes what is wrong in
@@ -46,7 +49,8 @@ void ckpt_free(void *p);
 
 /*
  * Names of the ckpt_abi.h lists, from the same tables the kernel target
- * prints: never NULL, "unknown" for a value not in the list.
+ * prints: never NULL, "unknown" for a value not in the list. These and the
+ * ckpt_abi_* functions leave ckpt_last_error() alone.
  */
 const char *ckpt_err_name(int err);		/* "E_TWICE"; err of either sign */
 const char *ckpt_strerror(int err);		/* "gradient written twice in one step" */
