@@ -1,7 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * libckpt C ABI: format a dm-ckpt backing device, open it through the
- * userspace engine, and drive optimizer steps tensor by tensor.
+ * userspace engine (or a kernel target's device), drive optimizer steps
+ * tensor by tensor, read its status and uuid, export it as safetensors, and
+ * the operations of ckptctl (info, verify, restore, import) as JSON reports.
+ * The tools and the Python package use this header and nothing else.
  *
  * Every function returns 0 (or a non-negative value) on success and a negated
  * enum ckpt_err on failure; ckpt_last_error() then describes what is wrong in
@@ -21,6 +24,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* enum ckpt_err, ckpt_dtype, ckpt_state, ckpt_result and their X-macro lists */
+#include "ckpt_abi.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -28,11 +34,53 @@ extern "C" {
 typedef struct ckpt_layout_builder ckpt_layout_builder;
 typedef struct ckpt_device ckpt_device;
 
-enum ckpt_dtype_id { CKPT_FP16 = 1, CKPT_BF16 = 2 };
-enum ckpt_commit_result { CKPT_COMMITTED = 1, CKPT_OVERFLOW = 2 };
+/* Older names, kept so that existing callers compile. */
+enum ckpt_dtype_id { CKPT_FP16 = CKPT_DTYPE_FP16, CKPT_BF16 = CKPT_DTYPE_BF16 };
+enum ckpt_commit_result {
+	CKPT_COMMITTED = CKPT_RESULT_COMMITTED,
+	CKPT_OVERFLOW = CKPT_RESULT_OVERFLOW,
+};
 
 /* Message of the last failed call on this thread. */
 const char *ckpt_last_error(void);
+
+/* Frees what a ckpt_* call returned through a char ** (JSON text). */
+void ckpt_free(void *p);
+
+/*
+ * Names of the ckpt_abi.h lists, from the same tables the kernel target
+ * prints: never NULL, "unknown" for a value not in the list. These and the
+ * ckpt_abi_* functions leave ckpt_last_error() alone.
+ */
+const char *ckpt_err_name(int err);		/* "E_TWICE"; err of either sign */
+const char *ckpt_strerror(int err);		/* "gradient written twice in one step" */
+const char *ckpt_state_name(uint32_t state);	/* "idle", "open", "failed" */
+const char *ckpt_result_name(uint32_t result);	/* "committed", "overflow", ... */
+const char *ckpt_dtype_name(uint32_t dtype);	/* "fp16", "bf16" */
+const char *ckpt_dtype_safetensors(uint32_t dtype);	/* "F16", "BF16" */
+/* The code of a dtype name ("bf16"), or -CKPT_E_DTYPE. */
+int ckpt_dtype_parse(const char *name);
+
+/*
+ * How many entries a list has: "errors" (CKPT_E_MAX), "dtypes", "states",
+ * "results", "status_fields" (the dm status line's), "status" (members of
+ * struct ckpt_device_status); 0 for an unknown list. ckpt_dtype_code(i)
+ * is the code of the i-th dtype (-CKPT_E_RANGE past the end).
+ */
+uint32_t ckpt_abi_count(const char *list);
+int ckpt_dtype_code(uint32_t index);
+/*
+ * sizeof the public struct named ("ckpt_info", "ckpt_tensor_info",
+ * "ckpt_group_hparams", "ckpt_device_status"); 0 for an unknown name. A
+ * binding that mirrors a struct checks its size against this.
+ */
+size_t ckpt_abi_sizeof(const char *name);
+/*
+ * The value of a constant of this header by name ("CKPT_EXPORT_LOWP",
+ * "CKPT_EXPORT_OPTIMIZER"), or of the format ("CKPT_BLOCK", the metadata
+ * block, 4096; "CKPT_SECTOR", 512); -1 when unknown.
+ */
+int64_t ckpt_abi_constant(const char *name);
 
 ckpt_layout_builder *ckpt_layout_new(void);
 void ckpt_layout_free(ckpt_layout_builder *l);
@@ -48,6 +96,12 @@ int ckpt_format(const char *path, const ckpt_layout_builder *l, int dtype,
 		uint32_t chunk_params, uint64_t size);
 
 int ckpt_open(const char *path, ckpt_device **out);
+/*
+ * ckpt_open with the userspace engine's worker threads (0: one per CPU) and
+ * chunks in flight per worker (0: the default); a kernel target's device
+ * ignores them.
+ */
+int ckpt_open_engine(const char *path, uint32_t workers, uint32_t depth, ckpt_device **out);
 /* Waits for the call in flight, then closes; a closed or unknown d is ignored. */
 void ckpt_close(ckpt_device *d);
 
@@ -63,7 +117,7 @@ int ckpt_warning(ckpt_device *d, uint32_t index, const char **msg);
 struct ckpt_info {
 	uint64_t committed_step;
 	uint64_t open_step;	/* 0 when no step is open */
-	uint32_t state;		/* 0 idle, 1 open, 2 failed */
+	uint32_t state;		/* enum ckpt_state */
 	uint32_t dtype;
 	uint64_t n_params;
 	uint32_t chunk_params;
@@ -74,6 +128,61 @@ struct ckpt_info {
 	uint64_t steps_skipped;
 };
 int ckpt_info(ckpt_device *d, struct ckpt_info *info);
+
+/* The geometry basics that follow the counters in struct ckpt_device_status. */
+#define CKPT_STATUS_GEOMETRY(X)	\
+	X(n_chunks)		\
+	X(chunk_params)		\
+	X(n_params)		\
+	X(n_groups)		\
+	X(dtype)
+
+#define CKPT_STATUS_MEMBER(field, kind)	uint64_t field;
+#define CKPT_STATUS_GEOMETRY_MEMBER(field)	uint64_t field;
+
+/*
+ * A device's status: the counters of the dm status line (CKPT_STATUS_FIELDS
+ * in ckpt_abi.h, in its order; state and last_result hold enum ckpt_state
+ * and enum ckpt_result, last_error an enum ckpt_err, first_io_error an
+ * errno), then CKPT_STATUS_GEOMETRY. Every member is a uint64_t, so member
+ * i is named by ckpt_status_field(i).
+ */
+struct ckpt_device_status {
+	CKPT_STATUS_FIELDS(CKPT_STATUS_MEMBER)
+	CKPT_STATUS_GEOMETRY(CKPT_STATUS_GEOMETRY_MEMBER)
+};
+
+/* The status of an open device (the engine's, or the kernel target's page). */
+int ckpt_status(ckpt_device *d, struct ckpt_device_status *st);
+
+/*
+ * Parses the kernel target's dm status INFO line ("idle 3 0 0/8 0 committed
+ * ..."): the fields of CKPT_STATUS_FIELDS separated by blanks, nothing else.
+ * Sets the counters and n_chunks (the FRACTION's denominator); the other
+ * geometry members are 0. Anything else fails with CKPT_E_INVAL and a
+ * message naming the field; *st is then unchanged.
+ */
+int ckpt_dm_status_parse(const char *line, struct ckpt_device_status *st);
+
+/* Name of member index of struct ckpt_device_status, NULL past its end. */
+const char *ckpt_status_field(uint32_t index);
+
+/*
+ * *json: st as a JSON object (malloc'ed; ckpt_free): the dm status line's
+ * fields by name (state and last_result as names), n_chunks, and
+ * last_error_name ("-" for none) and first_io_error_name (when not 0).
+ */
+int ckpt_status_json(const struct ckpt_device_status *st, char **json);
+
+/*
+ * The uuid of a device's image (16 bytes, as the superblock stores it), of
+ * the backing file or device at path (read-only; a dm-ckpt device node
+ * stands for its backing device), and its text form (37 bytes with the
+ * NUL: "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx").
+ */
+int ckpt_uuid(ckpt_device *d, uint8_t uuid[16]);
+int ckpt_image_uuid(const char *path, uint8_t uuid[16]);
+void ckpt_uuid_string(const uint8_t uuid[16], char out[37]);
 
 struct ckpt_tensor_info {
 	const char *name;	/* valid until ckpt_close */
@@ -109,6 +218,14 @@ int ckpt_begin(ckpt_device *d, const struct ckpt_group_hparams *groups,
 	       uint32_t n_groups, double grad_scale);
 /* fp16/bf16 gradient bits of one whole tensor. */
 int ckpt_write_grad(ckpt_device *d, const char *name, const uint16_t *grad, uint64_t n);
+/*
+ * Raw gradient bytes at byte offset off of the GRAD window (a tensor's
+ * params start at 2 * its offset): off and len multiples of
+ * ckpt_block_size(d), any order, as a trainer writing the device would.
+ */
+int ckpt_write_grad_window(ckpt_device *d, uint64_t off, const void *buf, uint64_t len);
+/* The device's write unit (512, or 4096 on a 4Kn device). */
+int ckpt_block_size(ckpt_device *d);
 /* Returns CKPT_COMMITTED or CKPT_OVERFLOW (step skipped). */
 int ckpt_commit(ckpt_device *d, const void *blob, size_t blob_len);
 int ckpt_abort(ckpt_device *d);
@@ -118,6 +235,83 @@ int ckpt_read_state(ckpt_device *d, const char *name, float *p, float *m, float 
 		    uint64_t n);
 /* Copies the committed trainer blob; returns its length (may exceed cap). */
 int ckpt_blob(ckpt_device *d, void *buf, size_t cap);
+
+/* fp32 values to dtype's bit patterns, rounded to nearest even as the update does. */
+int ckpt_to_lowp(uint32_t dtype, const float *in, uint16_t *out, uint64_t n);
+/* crc32c of p[0..len) continuing crc (0 to start), as the format's checksums. */
+uint32_t ckpt_crc32c_update(uint32_t crc, const void *p, size_t len);
+
+/* ckpt_export flags */
+#define CKPT_EXPORT_LOWP	(1u << 0)	/* params in the device dtype (F16/BF16), not fp32 masters */
+#define CKPT_EXPORT_OPTIMIZER	(1u << 1)	/* also NAME.exp_avg, NAME.exp_avg_sq, the trainer blob */
+
+/*
+ * Writes the committed step's tensors to the safetensors file out (written
+ * as out.tmp, flushed and renamed: a failed export leaves no half file), in
+ * manifest order. __metadata__: "format" "pt", "step", "ckpt.dtype",
+ * "ckpt.uuid", "ckpt.params" "lowp" (CKPT_EXPORT_LOWP), "ckpt.trainer_blob"
+ * in hex (CKPT_EXPORT_OPTIMIZER, when there is one), then the members of
+ * meta_json (a JSON object of strings, NULL for none), which may replace
+ * them. A device with an open step is refused (CKPT_E_STATE).
+ */
+int ckpt_export(ckpt_device *d, const char *out, uint32_t flags, const char *meta_json);
+
+/*
+ * ---- tool operations: what ckptctl does with an image, as JSON reports.
+ *
+ * Each sets *json to a malloc'ed JSON object (ckpt_free) and returns 0, or
+ * fails as every call does. A dm-ckpt device node (/dev/mapper/NAME) stands
+ * for its backing device where an operation only reads; an operation that
+ * writes (format, import, verify --repair, restore --rollback) refuses a
+ * device in use by a target.
+ */
+
+/* 1 and *backing (ckpt_free) when path is a dm-ckpt device node, else 0. */
+int ckpt_backing_of(const char *path, char **backing);
+/* What `ckptctl info --json` prints: geometry, layout, tensors, warnings. */
+int ckpt_image_info(const char *path, char **json);
+/*
+ * Formats device from {"manifest": PATH} (a JSON tensor manifest) or
+ * {"safetensors": PATH} (its floating-point tensors; "groups":
+ * ["G:GLOB,..."], "include"/"exclude": [GLOB]) with "dtype", "chunk_params",
+ * "size" and "force" overriding; the report is ckpt_image_info's plus
+ * "summary", lines describing a safetensors file's selection.
+ */
+int ckpt_format_manifest(const char *device, const char *opts_json, char **json);
+/*
+ * Loads the safetensors file from into device, before its first step:
+ * options "with_optimizer" (exp_avg, exp_avg_sq, "step" or the file's
+ * __metadata__ step, trainer blob), "partial" (tensors missing on either
+ * side are kept or skipped), "step".
+ */
+int ckpt_import(const char *device, const char *from, const char *opts_json, char **json);
+/* ckpt_export of the committed step of a backing image (read-only, records checked). */
+int ckpt_export_image(const char *path, const char *out, uint32_t flags, char **json);
+/*
+ * {"report": what `ckptctl verify --json` prints, "extra": {...}}; with
+ * CKPT_VERIFY_REPAIR the damaged metadata copies are rewritten first.
+ */
+#define CKPT_VERIFY_REPAIR	(1u << 0)
+int ckpt_verify(const char *path, uint32_t flags, char **json);
+/*
+ * {"report": what `ckptctl restore --json` prints, "refused": true when
+ * CKPT_RESTORE_ROLLBACK found no previous step to go back to, ...}.
+ */
+#define CKPT_RESTORE_ROLLBACK	(1u << 0)
+int ckpt_restore(const char *path, uint32_t flags, char **json);
+
+/*
+ * The largest layout on bytes of device with chunk_params (0: the default,
+ * raised until a chunk's p_lo covers write_unit bytes).
+ */
+struct ckpt_fit {
+	uint32_t chunk_params;
+	uint32_t n_chunks;
+	uint64_t n_params;
+	uint64_t backing_bytes;	/* what that layout uses */
+	uint64_t record_bytes;	/* per chunk */
+};
+int ckpt_fit(uint64_t bytes, uint32_t chunk_params, uint64_t write_unit, struct ckpt_fit *fit);
 
 #ifdef __cplusplus
 }

@@ -2,6 +2,9 @@
 // The C ABI: exceptions stop here and become a code plus a thread-local message.
 #include "ckpt.h"
 
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <new>
@@ -9,9 +12,19 @@
 #include <unordered_map>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "block_target.hpp"
 #include "device.hpp"
 #include "error.hpp"
+#include "export.hpp"
 #include "format.hpp"
+#include "image.hpp"
+#include "tools.hpp"
+
+extern "C" {
+#include "ckpt_update.h"
+}
 
 struct ckpt_layout_builder {
 	ckpt::Layout layout;
@@ -123,11 +136,237 @@ template <typename F> int with_device(ckpt_device *d, F &&f)
 	return with_open(d, [&](OpenDevice &od) { return f(*od.dev); });
 }
 
+// *out = a malloc'ed copy of text, for the caller's ckpt_free.
+void give(const std::string &text, char **out)
+{
+	char *p = static_cast<char *>(std::malloc(text.size() + 1));
+	if (!p)
+		throw std::bad_alloc();
+	std::memcpy(p, text.data(), text.size() + 1);
+	*out = p;
+}
+
+// ---- struct ckpt_device_status, member by member (all uint64_t)
+
+enum class Kind { STATE, RESULT, FRACTION, U32, U64, GEOMETRY };
+
+struct StatusField {
+	const char *name;
+	Kind kind;
+	uint64_t ckpt_device_status::*member;
+};
+
+#define CKPT_CAPI_FIELD(field, kind) {#field, Kind::kind, &ckpt_device_status::field},
+#define CKPT_CAPI_GEO(field) {#field, Kind::GEOMETRY, &ckpt_device_status::field},
+constexpr StatusField status_fields[] = {
+	CKPT_STATUS_FIELDS(CKPT_CAPI_FIELD)
+	CKPT_STATUS_GEOMETRY(CKPT_CAPI_GEO)
+};
+#define CKPT_CAPI_ONE(...) +1
+constexpr uint32_t n_line_fields = 0 CKPT_STATUS_FIELDS(CKPT_CAPI_ONE);
+static_assert(sizeof(ckpt_device_status) == sizeof(status_fields) / sizeof(status_fields[0]) * sizeof(uint64_t),
+	      "struct ckpt_device_status is all uint64_t, one per field");
+
+#define CKPT_CAPI_DTYPE_CODE(name, code, s, st) code,
+constexpr uint32_t dtype_codes[] = {CKPT_DTYPES(CKPT_CAPI_DTYPE_CODE)};
+
+// A decimal number of a status field, all of it, at most max.
+uint64_t parse_number(const std::string &w, const char *field, uint64_t max)
+{
+	if (w.empty() || w.size() > 20 || w.find_first_not_of("0123456789") != std::string::npos)
+		ckpt::fail(CKPT_E_INVAL, "status field {} ('{}') is not a number", field, w);
+	errno = 0;
+	const unsigned long long v = std::strtoull(w.c_str(), nullptr, 10);
+	if (errno == ERANGE || v > max)
+		ckpt::fail(CKPT_E_INVAL, "status field {} ({}) is out of range", field, w);
+	return v;
+}
+
+// The index of name in the list of names(i) for i < n.
+uint32_t parse_name(const std::string &w, const char *field, const char *(*names)(uint32_t), uint32_t n)
+{
+	for (uint32_t i = 0; i < n; i++)
+		if (w == names(i))
+			return i;
+	ckpt::fail(CKPT_E_INVAL, "status field {} ('{}') is not a known name", field, w);
+}
+
+struct ckpt_device_status parse_status_line(const char *line)
+{
+	std::vector<std::string> w;
+	for (const char *p = line; *p;) {
+		while (*p == ' ' || *p == '\t' || *p == '\n')
+			p++;
+		const char *b = p;
+		while (*p && *p != ' ' && *p != '\t' && *p != '\n')
+			p++;
+		if (p != b)
+			w.emplace_back(b, p);
+	}
+	if (w.size() != n_line_fields)
+		ckpt::fail(CKPT_E_INVAL, "{} fields, expected {}", w.size(), n_line_fields);
+	struct ckpt_device_status st = {};
+	for (uint32_t i = 0; i < n_line_fields; i++) {
+		const StatusField &f = status_fields[i];
+		uint64_t &v = st.*f.member;
+		switch (f.kind) {
+		case Kind::STATE:
+			v = parse_name(w[i], f.name, ckpt_state_name, CKPT_STATE_MAX);
+			break;
+		case Kind::RESULT:
+			v = parse_name(w[i], f.name, ckpt_result_name, CKPT_RESULT_MAX);
+			break;
+		case Kind::FRACTION: {
+			const size_t slash = w[i].find('/');
+			if (slash == std::string::npos)
+				ckpt::fail(CKPT_E_INVAL, "status field {} ('{}') is not DONE/TOTAL", f.name, w[i]);
+			v = parse_number(w[i].substr(0, slash), f.name, UINT32_MAX);
+			st.n_chunks = parse_number(w[i].substr(slash + 1), f.name, UINT32_MAX);
+			if (v > st.n_chunks)
+				ckpt::fail(CKPT_E_INVAL, "status field {} ('{}'): more done than there are", f.name, w[i]);
+			break;
+		}
+		case Kind::U32:
+			v = parse_number(w[i], f.name, UINT32_MAX);
+			break;
+		default:
+			v = parse_number(w[i], f.name, UINT64_MAX);
+			break;
+		}
+	}
+	return st;
+}
+
+// A tool operation: its report as a malloc'ed string in *json.
+template <typename F> int report(char **json, F &&f)
+{
+	return guarded([&] {
+		need(json, "json");
+		give(f(), json);
+		return 0;
+	});
+}
+
 } // namespace
 
 extern "C" {
 
 const char *ckpt_last_error(void) { return last_error.c_str(); }
+
+void ckpt_free(void *p) { std::free(p); }
+
+uint32_t ckpt_abi_count(const char *list)
+{
+	const std::string l = list ? list : "";
+	if (l == "errors")
+		return CKPT_E_MAX;
+	if (l == "dtypes")
+		return std::size(dtype_codes);
+	if (l == "states")
+		return CKPT_STATE_MAX;
+	if (l == "results")
+		return CKPT_RESULT_MAX;
+	if (l == "status_fields")
+		return n_line_fields;
+	if (l == "status")
+		return std::size(status_fields);
+	return 0;
+}
+
+int ckpt_dtype_code(uint32_t index)
+{
+	if (index >= std::size(dtype_codes))
+		return -CKPT_E_RANGE;
+	return static_cast<int>(dtype_codes[index]);
+}
+
+size_t ckpt_abi_sizeof(const char *name)
+{
+	const std::string n = name ? name : "";
+	if (n == "ckpt_info")
+		return sizeof(struct ckpt_info);
+	if (n == "ckpt_tensor_info")
+		return sizeof(struct ckpt_tensor_info);
+	if (n == "ckpt_group_hparams")
+		return sizeof(struct ckpt_group_hparams);
+	if (n == "ckpt_device_status")
+		return sizeof(struct ckpt_device_status);
+	return 0;
+}
+
+int64_t ckpt_abi_constant(const char *name)
+{
+	static const std::pair<const char *, int64_t> constants[] = {
+		{"CKPT_EXPORT_LOWP", CKPT_EXPORT_LOWP},
+		{"CKPT_EXPORT_OPTIMIZER", CKPT_EXPORT_OPTIMIZER},
+		{"CKPT_BLOCK", CKPT_BLOCK},
+		{"CKPT_SECTOR", CKPT_SECTOR},
+	};
+	for (const auto &[n, v] : constants)
+		if (name && !std::strcmp(name, n))
+			return v;
+	return -1;
+}
+
+const char *ckpt_status_field(uint32_t index)
+{
+	return index < std::size(status_fields) ? status_fields[index].name : nullptr;
+}
+
+int ckpt_dm_status_parse(const char *line, struct ckpt_device_status *st)
+{
+	return guarded([&] {
+		need(line, "line");
+		need(st, "status");
+		*st = parse_status_line(line);
+		return 0;
+	});
+}
+
+int ckpt_status_json(const struct ckpt_device_status *st, char **out)
+{
+	return guarded([&] {
+		need(st, "status");
+		need(out, "json");
+		nlohmann::json j = nlohmann::json::object();
+		for (uint32_t i = 0; i < n_line_fields; i++) {
+			const StatusField &f = status_fields[i];
+			const uint64_t v = st->*f.member;
+			if (f.kind == Kind::STATE)
+				j[f.name] = ckpt_state_name(static_cast<uint32_t>(v));
+			else if (f.kind == Kind::RESULT)
+				j[f.name] = ckpt_result_name(static_cast<uint32_t>(v));
+			else
+				j[f.name] = v;
+		}
+		j["n_chunks"] = st->n_chunks;
+		j["last_error_name"] = st->last_error ? ckpt_strerror(static_cast<int>(st->last_error)) : "-";
+		if (st->first_io_error)
+			j["first_io_error_name"] = std::strerror(static_cast<int>(st->first_io_error));
+		give(j.dump(), out);
+		return 0;
+	});
+}
+
+void ckpt_uuid_string(const uint8_t uuid[16], char out[37])
+{
+	if (!uuid || !out)
+		return;
+	const std::string s = ckpt::uuid_string(uuid);
+	std::memcpy(out, s.c_str(), s.size() + 1);
+}
+
+int ckpt_image_uuid(const char *path, uint8_t uuid[16])
+{
+	return guarded([&] {
+		need(path, "path");
+		need(uuid, "uuid");
+		const std::string backing = ckpt::BlockTarget::backing_of(path).value_or(path);
+		const ckpt::Image img = ckpt::Image::open(backing, false, true);
+		std::memcpy(uuid, img.sb.uuid, 16);
+		return 0;
+	});
+}
 
 ckpt_layout_builder *ckpt_layout_new(void) { return new (std::nothrow) ckpt_layout_builder; }
 
@@ -172,6 +411,20 @@ int ckpt_open(const char *path, ckpt_device **out)
 	});
 }
 
+int ckpt_open_engine(const char *path, uint32_t workers, uint32_t depth, ckpt_device **out)
+{
+	return guarded([&] {
+		need(path, "path");
+		need(out, "out");
+		ckpt::EngineOptions opts;
+		opts.workers = workers;
+		if (depth)
+			opts.depth = depth;
+		*out = handles().add(ckpt::Device::open(path, opts));
+		return 0;
+	});
+}
+
 void ckpt_close(ckpt_device *d)
 {
 	// new calls now fail; wait for the one in flight, then close
@@ -207,6 +460,33 @@ int ckpt_info(ckpt_device *d, struct ckpt_info *info)
 		info->n_tensors = static_cast<uint32_t>(dev.manifest().tensors().size());
 		info->steps_committed = st.steps_committed;
 		info->steps_skipped = st.steps_skipped;
+		return 0;
+	});
+}
+
+int ckpt_status(ckpt_device *d, struct ckpt_device_status *out)
+{
+	return with_device(d, [&](ckpt::Device &dev) {
+		need(out, "status");
+		const struct ckpt_status st = dev.status();
+		struct ckpt_device_status s = {};
+#define CKPT_CAPI_COPY(field, kind) s.field = st.field;
+		CKPT_STATUS_FIELDS(CKPT_CAPI_COPY)
+		s.n_chunks = st.geo.n_chunks;
+		s.chunk_params = 1ull << st.geo.chunk_shift;
+		s.n_params = s.n_chunks * s.chunk_params;
+		s.n_groups = st.geo.n_groups;
+		s.dtype = st.geo.dtype;
+		*out = s;
+		return 0;
+	});
+}
+
+int ckpt_uuid(ckpt_device *d, uint8_t uuid[16])
+{
+	return with_device(d, [&](ckpt::Device &dev) {
+		need(uuid, "uuid");
+		std::memcpy(uuid, dev.image().sb.uuid, 16);
 		return 0;
 	});
 }
@@ -290,13 +570,51 @@ int ckpt_write_grad(ckpt_device *d, const char *name, const uint16_t *grad, uint
 	});
 }
 
+int ckpt_write_grad_window(ckpt_device *d, uint64_t off, const void *buf, uint64_t len)
+{
+	return with_device(d, [&](ckpt::Device &dev) {
+		if (len)
+			need(buf, "buf");
+		dev.write_grad_window(off, buf, len);
+		return 0;
+	});
+}
+
+int ckpt_block_size(ckpt_device *d)
+{
+	return with_device(d, [&](ckpt::Device &dev) { return static_cast<int>(dev.block_size()); });
+}
+
+int ckpt_to_lowp(uint32_t dtype, const float *in, uint16_t *out, uint64_t n)
+{
+	return guarded([&] {
+		if (n) {
+			need(in, "in");
+			need(out, "out");
+		}
+		if (dtype != CKPT_DTYPE_FP16 && dtype != CKPT_DTYPE_BF16)
+			ckpt::fail(CKPT_E_DTYPE, "dtype {} is not a low-precision dtype", dtype);
+		for (uint64_t i = 0; i < n; i++) {
+			uint32_t u;
+			std::memcpy(&u, &in[i], 4);
+			out[i] = dtype == CKPT_DTYPE_FP16 ? ckpt_f32_to_f16(u) : ckpt_f32_to_bf16(u);
+		}
+		return 0;
+	});
+}
+
+uint32_t ckpt_crc32c_update(uint32_t crc, const void *p, size_t len)
+{
+	return ~ckpt_crc32c_raw(~crc, p, len);
+}
+
 int ckpt_commit(ckpt_device *d, const void *blob, size_t blob_len)
 {
 	return with_device(d, [&](ckpt::Device &dev) {
 		if (blob_len)
 			need(blob, "blob");
 		auto r = dev.commit({static_cast<const uint8_t *>(blob), blob_len});
-		return r == ckpt::CommitResult::committed ? CKPT_COMMITTED : CKPT_OVERFLOW;
+		return static_cast<int>(r);
 	});
 }
 
@@ -339,6 +657,91 @@ int ckpt_blob(ckpt_device *d, void *buf, size_t cap)
 			std::memcpy(buf, st.blob, std::min<size_t>(cap, st.blob_len));
 		}
 		return static_cast<int>(st.blob_len);
+	});
+}
+
+int ckpt_export(ckpt_device *d, const char *out, uint32_t flags, const char *meta_json)
+{
+	return with_device(d, [&](ckpt::Device &dev) {
+		need(out, "out");
+		ckpt::export_device(dev, out, flags, meta_json ? meta_json : "");
+		return 0;
+	});
+}
+
+int ckpt_backing_of(const char *path, char **backing)
+{
+	return guarded([&] {
+		need(path, "path");
+		need(backing, "backing");
+		const auto b = ckpt::backing_of(path);
+		if (!b)
+			return 0;
+		give(*b, backing);
+		return 1;
+	});
+}
+
+int ckpt_image_info(const char *path, char **json)
+{
+	return report(json, [&] {
+		need(path, "path");
+		return ckpt::image_info(path);
+	});
+}
+
+int ckpt_format_manifest(const char *device, const char *opts_json, char **json)
+{
+	return report(json, [&] {
+		need(device, "device");
+		return ckpt::format_manifest(device, opts_json ? opts_json : "");
+	});
+}
+
+int ckpt_import(const char *device, const char *from, const char *opts_json, char **json)
+{
+	return report(json, [&] {
+		need(device, "device");
+		need(from, "from");
+		return ckpt::import_safetensors(device, from, opts_json ? opts_json : "");
+	});
+}
+
+int ckpt_export_image(const char *path, const char *out, uint32_t flags, char **json)
+{
+	return report(json, [&] {
+		need(path, "path");
+		need(out, "out");
+		return ckpt::export_image_report(path, out, flags);
+	});
+}
+
+int ckpt_verify(const char *path, uint32_t flags, char **json)
+{
+	return report(json, [&] {
+		need(path, "path");
+		if (flags & ~CKPT_VERIFY_REPAIR)
+			ckpt::fail(CKPT_E_INVAL, "verify: unknown flags {:#x}", flags);
+		return ckpt::verify_report(path, flags & CKPT_VERIFY_REPAIR);
+	});
+}
+
+int ckpt_restore(const char *path, uint32_t flags, char **json)
+{
+	return report(json, [&] {
+		need(path, "path");
+		if (flags & ~CKPT_RESTORE_ROLLBACK)
+			ckpt::fail(CKPT_E_INVAL, "restore: unknown flags {:#x}", flags);
+		return ckpt::restore_report(path, flags & CKPT_RESTORE_ROLLBACK);
+	});
+}
+
+int ckpt_fit(uint64_t bytes, uint32_t chunk_params, uint64_t write_unit, struct ckpt_fit *fit)
+{
+	return guarded([&] {
+		need(fit, "fit");
+		*fit = ckpt::fit(bytes, chunk_params, write_unit);
+		return 0;
 	});
 }
 

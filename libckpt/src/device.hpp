@@ -27,7 +27,11 @@ struct GroupHparams {
 // fp32 bit patterns of what the update needs for step t.
 struct ckpt_hparams hparams_for_step(const GroupHparams &g, uint64_t step);
 
-enum class CommitResult { committed, overflow };
+// The outcomes of a commit, with the values of enum ckpt_result.
+enum class CommitResult : uint32_t {
+	committed = CKPT_RESULT_COMMITTED,
+	overflow = CKPT_RESULT_OVERFLOW,
+};
 
 class Device {
 public:
@@ -43,6 +47,9 @@ public:
 	uint32_t block_size() const { return target_->block_size(); }
 	// The userspace engine, or null when the kernel target serves the device.
 	Engine *engine() { return engine_.get(); }
+	// The image as read at open (the engine's, or the kernel target's backing
+	// device): uuid, geometry and manifest; its committed step may be stale.
+	const Image &image() const { return engine_ ? engine_->image() : *backing_; }
 
 	void begin(std::span<const GroupHparams> groups, double grad_scale);
 	void write_grad(const std::string &name, const uint16_t *grad, uint64_t n);
@@ -56,7 +63,6 @@ public:
 
 private:
 	Device() = default;
-	const Image &image() const { return engine_ ? engine_->image() : *backing_; }
 	void send(const struct ckpt_cmd &cmd);
 	const Tensor &tensor(const std::string &name, uint64_t n);
 	void check_params(const Tensor &t);

@@ -230,3 +230,120 @@ class TestNames(DeviceCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class TestLibraryLists(unittest.TestCase):
+    """The package's names and structs come from the library."""
+
+    def test_errors_are_the_librarys(self):
+        lib = ckpt._lib
+        self.assertEqual(len(ckpt.ERRORS), lib.ckpt_abi_count(b"errors"))
+        for code, name in enumerate(ckpt.ERRORS):
+            self.assertEqual(name, lib.ckpt_err_name(code).decode())
+        self.assertEqual(ckpt.ERRORS[:2], ["OK", "E_INVAL"])
+        self.assertEqual(ckpt.ERRORS[-1], "E_BLOB")
+        e = ckpt.CkptError(ckpt.ERRORS.index("E_TWICE"), "x")
+        self.assertEqual(e.name, "E_TWICE")
+
+    def test_dtypes_are_the_librarys(self):
+        self.assertEqual(ckpt._DTYPES, {"fp16": 1, "bf16": 2})
+        with tempdir() as d:
+            with self.assertRaises(ckpt.CkptError) as cm:
+                ckpt.format(os.path.join(d, "x"), ckpt.Layout().add("w", 4), dtype="fp32")
+            self.assertEqual(cm.exception.name, "E_DTYPE")
+            self.assertIn("'fp16'", cm.exception.message)
+
+    def test_struct_sizes_checked(self):
+        import ctypes
+        for cname, mirror in [("ckpt_info", ckpt._Info), ("ckpt_tensor_info", ckpt._TensorInfo),
+                              ("ckpt_group_hparams", ckpt._HParams),
+                              ("ckpt_device_status", ckpt._Status)]:
+            self.assertEqual(ckpt._lib.ckpt_abi_sizeof(cname.encode()), ctypes.sizeof(mirror), cname)
+        self.assertEqual(ckpt._lib.ckpt_abi_sizeof(b"nonsense"), 0)
+        # a mirror out of step fails the import
+        import importlib.util
+        spec = importlib.util.find_spec("ckpt")
+        with open(spec.origin) as f:  # noqa: PTH123
+            src = f.read()
+        broken = src.replace('("adam_l2", ctypes.c_int)]', '("adam_l2", ctypes.c_int), ("x", ctypes.c_uint64)]')
+        self.assertNotEqual(src, broken)
+        code = compile(broken, spec.origin, "exec")
+        with self.assertRaisesRegex(ImportError, "ckpt_group_hparams"):
+            exec(code, {"__file__": spec.origin, "__name__": "ckpt_broken"})  # noqa: S102
+
+
+class TestStatusUuidExport(DeviceCase):
+    def test_status_and_commit_result(self):
+        with ckpt.open(self.path) as dev:
+            st = dev.status()
+            self.assertEqual((st["state"], st["last_result"], st["dtype"]), ("idle", "none", "bf16"))
+            self.assertEqual(st["chunk_params"], CHUNK)
+            self.assertEqual(st["n_chunks"], 64 + 1)
+            dev.begin(GROUPS)
+            self.assertEqual(dev.status()["state"], "open")
+            grad = np.zeros(1000, np.uint16)
+            grad[3] = 0x7F80  # +inf in bf16: the step is skipped
+            dev.write_grad("b", grad)
+            dev.write_grad("w", np.zeros((256, 1024), np.uint16))
+            self.assertEqual(dev.commit(), "overflow")
+            st = dev.status()
+            self.assertEqual((st["last_result"], st["steps_skipped"]), ("overflow", 1))
+            dev.begin(GROUPS)
+            dev.write_grad("b", np.zeros(1000, np.uint16))
+            dev.write_grad("w", np.zeros((256, 1024), np.uint16))
+            self.assertEqual(dev.commit(), "committed")
+
+    def test_uuid(self):
+        u = ckpt.image_uuid(self.path)
+        self.assertRegex(u, r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+        with open(self.path, "rb") as f:  # noqa: PTH123
+            head = f.read(8192)
+        # struct ckpt_sb_disk: magic "CKPT" at 0, uuid at 32, copies at 0 and 4 KiB
+        copies = [head[o + 32:o + 48].hex() for o in (0, 4096) if head[o:o + 4] == b"CKPT"]
+        self.assertTrue(copies)
+        self.assertEqual({u.replace("-", "")}, set(copies))
+        with ckpt.open(self.path) as dev:
+            self.assertEqual(dev.uuid(), u)
+        with self.assertRaises(ckpt.CkptError):
+            ckpt.image_uuid(os.path.join(self._tmp.name, "missing"))
+
+    def test_export_round_trip(self):
+        from ckpt import safetensors
+        rng = np.random.default_rng(1)
+        with ckpt.open(self.path) as dev:
+            dev.begin(GROUPS)
+            for n, s in TENSORS:
+                dev.write_grad(n, (rng.standard_normal(s).astype(np.float32).view(np.uint32) >> 16)
+                               .astype(np.uint16))
+            self.assertEqual(dev.commit(b"\x01trainer"), "committed")
+            want = {n: dev.read_state(n) for n, _ in TENSORS}
+            lowp = {n: dev.read_params(n) for n, _ in TENSORS}
+            out = os.path.join(self._tmp.name, "all.safetensors")
+            self.assertEqual(dev.export(out, with_optimizer=True, metadata={"run": 7}), out)
+            arrays, dtypes, meta = safetensors.load_file(out, with_metadata=True)
+            self.assertEqual(meta["step"], "1")
+            self.assertEqual(meta["ckpt.dtype"], "bf16")
+            self.assertEqual(meta["ckpt.uuid"], dev.uuid())
+            self.assertEqual(meta["ckpt.trainer_blob"], b"\x01trainer".hex())
+            self.assertEqual(meta["run"], "7")
+            self.assertEqual(set(dtypes.values()), {"F32"})
+            for n, _ in TENSORS:
+                p, m, v = want[n]
+                self.assertTrue(np.array_equal(arrays[n], p), n)
+                self.assertTrue(np.array_equal(arrays[n + ".exp_avg"], m), n)
+                self.assertTrue(np.array_equal(arrays[n + ".exp_avg_sq"], v), n)
+                self.assertTrue(np.any(m != 0), n)
+            out2 = os.path.join(self._tmp.name, "lo.safetensors")
+            dev.export(out2, what="lowp", metadata={"step": "override"})
+            arrays, dtypes, meta = safetensors.load_file(out2, with_metadata=True)
+            self.assertEqual(set(dtypes.values()), {"BF16"})
+            self.assertEqual((meta["ckpt.params"], meta["step"]), ("lowp", "override"))
+            self.assertNotIn("ckpt.trainer_blob", meta)
+            for n, _ in TENSORS:
+                self.assertTrue(np.array_equal(arrays[n], lowp[n]), n)
+            with self.assertRaises(ValueError):
+                dev.export(out2, what="fp8")
+            dev.begin(GROUPS)
+            with self.assertRaises(ckpt.CkptError) as cm:
+                dev.export(out2)
+            self.assertEqual(cm.exception.name, "E_STATE")

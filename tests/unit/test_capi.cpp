@@ -7,7 +7,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -181,6 +183,362 @@ TEST_F(CapiTest, TwoThreadsOnOneHandle)
 	ASSERT_EQ(ckpt_info(d, &info), 0);
 	EXPECT_EQ(info.committed_step, static_cast<uint64_t>(committed.load()));
 	ckpt_close(d);
+}
+
+// ---- names: the lists of ckpt_abi.h as the library answers them
+
+TEST(CapiNames, ListsAndNames)
+{
+	EXPECT_EQ(ckpt_abi_count("errors"), static_cast<uint32_t>(CKPT_E_MAX));
+	EXPECT_STREQ(ckpt_err_name(CKPT_E_TWICE), "E_TWICE");
+	EXPECT_STREQ(ckpt_err_name(-CKPT_E_TWICE), "E_TWICE");
+	EXPECT_STREQ(ckpt_err_name(CKPT_E_MAX), "unknown");
+	EXPECT_STREQ(ckpt_strerror(-CKPT_E_TWICE), "gradient written twice in one step");
+	EXPECT_EQ(ckpt_abi_count("states"), 3u);
+	EXPECT_STREQ(ckpt_state_name(CKPT_STATE_OPEN), "open");
+	EXPECT_STREQ(ckpt_state_name(99), "unknown");
+	EXPECT_STREQ(ckpt_result_name(CKPT_COMMITTED), "committed");
+	EXPECT_STREQ(ckpt_result_name(CKPT_OVERFLOW), "overflow");
+	ASSERT_EQ(ckpt_abi_count("dtypes"), 2u);
+	for (uint32_t i = 0; i < ckpt_abi_count("dtypes"); i++) {
+		const int code = ckpt_dtype_code(i);
+		ASSERT_GT(code, 0);
+		EXPECT_EQ(ckpt_dtype_parse(ckpt_dtype_name(code)), code);
+	}
+	EXPECT_EQ(ckpt_dtype_code(2), -CKPT_E_RANGE);
+	EXPECT_EQ(ckpt_dtype_parse("bf16"), CKPT_BF16);
+	EXPECT_EQ(ckpt_dtype_parse("fp16"), CKPT_FP16);
+	EXPECT_EQ(ckpt_dtype_parse("fp32"), -CKPT_E_DTYPE);
+	EXPECT_STREQ(ckpt_dtype_safetensors(CKPT_BF16), "BF16");
+	EXPECT_EQ(ckpt_abi_count("nonsense"), 0u);
+	EXPECT_EQ(ckpt_abi_count(nullptr), 0u);
+	EXPECT_EQ(ckpt_abi_sizeof("ckpt_device_status"), sizeof(struct ckpt_device_status));
+	EXPECT_EQ(ckpt_abi_sizeof("ckpt_info"), sizeof(struct ckpt_info));
+	EXPECT_EQ(ckpt_abi_sizeof("struct ckpt_info"), 0u);
+	EXPECT_EQ(ckpt_abi_constant("CKPT_EXPORT_LOWP"), CKPT_EXPORT_LOWP);
+	EXPECT_EQ(ckpt_abi_constant("CKPT_EXPORT_OPTIMIZER"), CKPT_EXPORT_OPTIMIZER);
+	EXPECT_EQ(ckpt_abi_constant("CKPT_NOPE"), -1);
+	// member i of the status struct is the uint64_t ckpt_status_field(i) names
+	const uint32_t n = ckpt_abi_count("status");
+	EXPECT_EQ(n * sizeof(uint64_t), sizeof(struct ckpt_device_status));
+	EXPECT_STREQ(ckpt_status_field(0), "state");
+	EXPECT_STREQ(ckpt_status_field(ckpt_abi_count("status_fields") - 1), "io_errors");
+	EXPECT_STREQ(ckpt_status_field(ckpt_abi_count("status_fields")), "n_chunks");
+	EXPECT_EQ(ckpt_status_field(n), nullptr);
+}
+
+// ---- the kernel target's dm status line
+
+constexpr const char *good_line = "open 3 4 2/8 1 overflow 16 5 3 1 2 7 4096 8192 9";
+
+TEST(CapiDmStatus, ParsesEveryField)
+{
+	struct ckpt_device_status st;
+	std::memset(&st, 0xff, sizeof(st));
+	ASSERT_EQ(ckpt_dm_status_parse(good_line, &st), 0) << ckpt_last_error();
+	EXPECT_EQ(st.state, CKPT_STATE_OPEN);
+	EXPECT_EQ(st.committed_step, 3u);
+	EXPECT_EQ(st.open_step, 4u);
+	EXPECT_EQ(st.chunks_done, 2u);
+	EXPECT_EQ(st.n_chunks, 8u);
+	EXPECT_EQ(st.overflow, 1u);
+	EXPECT_EQ(st.last_result, CKPT_RESULT_OVERFLOW);
+	EXPECT_EQ(st.last_error, 16u);
+	EXPECT_EQ(st.first_io_error, 5u);
+	EXPECT_EQ(st.steps_committed, 3u);
+	EXPECT_EQ(st.steps_skipped, 1u);
+	EXPECT_EQ(st.steps_aborted, 2u);
+	EXPECT_EQ(st.commands_rejected, 7u);
+	EXPECT_EQ(st.grad_bytes, 4096u);
+	EXPECT_EQ(st.param_bytes, 8192u);
+	EXPECT_EQ(st.io_errors, 9u);
+	EXPECT_EQ(st.chunk_params, 0u);	// not on the line
+	// blanks of any kind and number between fields, the kernel's newline
+	EXPECT_EQ(ckpt_dm_status_parse("  idle\t0 0 0/1 0 none 0 0 0 0 0 0 0 0 18446744073709551615\n", &st), 0)
+		<< ckpt_last_error();
+	EXPECT_EQ(st.io_errors, UINT64_MAX);
+
+	char *json = nullptr;
+	ASSERT_EQ(ckpt_dm_status_parse(good_line, &st), 0);
+	ASSERT_EQ(ckpt_status_json(&st, &json), 0) << ckpt_last_error();
+	const std::string j = json;
+	ckpt_free(json);
+	for (const char *want : {"\"state\":\"open\"", "\"last_result\":\"overflow\"", "\"chunks_done\":2",
+				 "\"n_chunks\":8", "\"io_errors\":9", "\"last_error_name\":\"gradient written twice",
+				 "\"first_io_error_name\":\"Input/output error\""})
+		EXPECT_NE(j.find(want), std::string::npos) << want << " not in " << j;
+}
+
+TEST(CapiDmStatus, RefusesHostileInputAndChangesNothing)
+{
+	const char *bad[] = {
+		"",
+		"open",
+		"open 3 4 2/8 1 overflow 16 5 3 1 2 7 4096 8192",		// 14 fields
+		"open 3 4 2/8 1 overflow 16 5 3 1 2 7 4096 8192 9 10",	// 16
+		"opened 3 4 2/8 1 overflow 16 5 3 1 2 7 4096 8192 9",	// unknown state
+		"unknown 3 4 2/8 1 overflow 16 5 3 1 2 7 4096 8192 9",
+		"open 3 4 2/8 1 committedx 16 5 3 1 2 7 4096 8192 9",	// unknown result
+		"open -3 4 2/8 1 overflow 16 5 3 1 2 7 4096 8192 9",	// strtoull takes "-3"
+		"open +3 4 2/8 1 overflow 16 5 3 1 2 7 4096 8192 9",
+		"open 0x3 4 2/8 1 overflow 16 5 3 1 2 7 4096 8192 9",
+		"open 3 4 2/8 1 overflow 16 5 3 1 2 7 4096 8192 18446744073709551616",	// 2^64
+		"open 3 4 2/8 4294967296 overflow 16 5 3 1 2 7 4096 8192 9",	// U32 field
+		"open 3 4 2 1 overflow 16 5 3 1 2 7 4096 8192 9",		// no DONE/TOTAL
+		"open 3 4 2/ 1 overflow 16 5 3 1 2 7 4096 8192 9",
+		"open 3 4 /8 1 overflow 16 5 3 1 2 7 4096 8192 9",
+		"open 3 4 2/8/8 1 overflow 16 5 3 1 2 7 4096 8192 9",
+		"open 3 4 9/8 1 overflow 16 5 3 1 2 7 4096 8192 9",	// more done than chunks
+		"open 3 4 2/8 1 overflow 16 5 3 1 2 7 4096 8192 9x",
+		"open 3 4 2/8 1 overflow 16 5 3 1 2 7 4096 8192 ٩",	// a non-ASCII digit
+	};
+	for (const char *line : bad) {
+		struct ckpt_device_status st, before;
+		std::memset(&st, 0xa5, sizeof(st));
+		before = st;
+		EXPECT_EQ(ckpt_dm_status_parse(line, &st), -CKPT_E_INVAL) << "'" << line << "'";
+		EXPECT_NE(std::string(ckpt_last_error()), "") << line;
+		EXPECT_EQ(std::memcmp(&st, &before, sizeof(st)), 0) << "changed on '" << line << "'";
+	}
+	struct ckpt_device_status st;
+	EXPECT_EQ(ckpt_dm_status_parse(nullptr, &st), -CKPT_E_INVAL);
+	EXPECT_EQ(ckpt_dm_status_parse(good_line, nullptr), -CKPT_E_INVAL);
+	EXPECT_EQ(ckpt_status_json(&st, nullptr), -CKPT_E_INVAL);
+	// the message names the field
+	ckpt_dm_status_parse("open 3 4 2/8 1 overflow 16 5 3 1 2 7 4096 x 9", &st);
+	EXPECT_NE(std::string(ckpt_last_error()).find("param_bytes"), std::string::npos) << ckpt_last_error();
+}
+
+// ---- uuid
+
+std::string file_uuid(const std::string &path)
+{
+	// struct ckpt_sb_disk: le32 magic "CKPT" at 0, the uuid's 16 bytes at
+	// byte 32, in the copy (at 0 or 4 KiB) that has been written
+	std::ifstream f(path, std::ios::binary);
+	for (int copy = 0; copy < 2; copy++) {
+		char b[48];
+		f.seekg(copy * 4096);
+		f.read(b, sizeof(b));
+		if (std::memcmp(b, "CKPT", 4) == 0)
+			return std::string(b + 32, 16);
+	}
+	return "";
+}
+
+TEST_F(CapiTest, UuidOfDeviceAndImage)
+{
+	uint8_t a[16], b[16];
+	ckpt_device *d = open();
+	ASSERT_EQ(ckpt_uuid(d, a), 0) << ckpt_last_error();
+	ckpt_close(d);
+	ASSERT_EQ(ckpt_image_uuid(path_.c_str(), b), 0) << ckpt_last_error();
+	EXPECT_EQ(std::memcmp(a, b, 16), 0);
+	EXPECT_EQ(std::string(reinterpret_cast<char *>(a), 16), file_uuid(path_));
+	EXPECT_NE(std::string(16, '\0'), file_uuid(path_));
+	char text[37];
+	ckpt_uuid_string(a, text);
+	ASSERT_EQ(std::strlen(text), 36u);
+	for (int i : {8, 13, 18, 23})
+		EXPECT_EQ(text[i], '-') << text;
+	char hex[3];
+	snprintf(hex, sizeof(hex), "%02x", a[15]);
+	EXPECT_EQ(std::string(text + 34), hex);
+	// another format, another uuid; not an image, an error
+	const std::string other = (dir_ / "other.img").string();
+	ckpt_layout_builder *l = ckpt_layout_new();
+	ASSERT_EQ(ckpt_layout_add(l, "w", &n_b, 1, 0), 0);
+	ASSERT_EQ(ckpt_format(other.c_str(), l, CKPT_FP16, 2048, 0), 0) << ckpt_last_error();
+	ckpt_layout_free(l);
+	ASSERT_EQ(ckpt_image_uuid(other.c_str(), b), 0) << ckpt_last_error();
+	EXPECT_NE(std::memcmp(a, b, 16), 0);
+	const std::string junk = (dir_ / "junk").string();
+	std::ofstream(junk) << std::string(16384, 'x');
+	EXPECT_LT(ckpt_image_uuid(junk.c_str(), b), 0);
+	EXPECT_NE(std::string(ckpt_last_error()).find(junk), std::string::npos) << ckpt_last_error();
+	EXPECT_EQ(ckpt_image_uuid((dir_ / "none").c_str(), b), -CKPT_E_IO) << ckpt_last_error();
+	EXPECT_EQ(ckpt_image_uuid(nullptr, b), -CKPT_E_INVAL);
+}
+
+// ---- status of an open device
+
+TEST_F(CapiTest, StatusOfADevice)
+{
+	ckpt_device *d = open();
+	struct ckpt_device_status st;
+	ASSERT_EQ(ckpt_status(d, &st), 0) << ckpt_last_error();
+	EXPECT_EQ(st.state, CKPT_STATE_IDLE);
+	EXPECT_EQ(st.chunk_params, 4096u);
+	EXPECT_EQ(st.n_chunks, 65u);	// 64 of w, 1 of b
+	EXPECT_EQ(st.n_params, 65u * 4096);
+	EXPECT_EQ(st.dtype, static_cast<uint64_t>(CKPT_BF16));
+	EXPECT_EQ(st.n_groups, 1u);
+	ASSERT_EQ(ckpt_begin(d, &hp, 1, 1.0), 0) << ckpt_last_error();
+	ASSERT_EQ(ckpt_status(d, &st), 0);
+	EXPECT_EQ(st.state, CKPT_STATE_OPEN);
+	EXPECT_EQ(st.open_step, 1u);
+	EXPECT_EQ(ckpt_abort(d), 0);
+	ASSERT_EQ(ckpt_status(d, &st), 0);
+	EXPECT_EQ(st.steps_aborted, 1u);
+	EXPECT_EQ(st.last_result, CKPT_RESULT_ABORTED);
+	EXPECT_EQ(ckpt_status(d, nullptr), -CKPT_E_INVAL);
+	ckpt_close(d);
+	EXPECT_EQ(ckpt_status(d, &st), -CKPT_E_STATE);
+}
+
+// ---- export: what is refused leaves nothing behind
+
+TEST_F(CapiTest, ExportRefusals)
+{
+	ckpt_device *d = open();
+	const std::string out = (dir_ / "out.safetensors").string();
+	EXPECT_EQ(ckpt_export(d, out.c_str(), 4, nullptr), -CKPT_E_INVAL);
+	EXPECT_EQ(ckpt_export(d, out.c_str(), 0, "[1]"), -CKPT_E_INVAL);
+	EXPECT_EQ(ckpt_export(d, out.c_str(), 0, "{\"a\": 1}"), -CKPT_E_INVAL);
+	EXPECT_NE(std::string(ckpt_last_error()).find("'a'"), std::string::npos) << ckpt_last_error();
+	EXPECT_EQ(ckpt_export(d, out.c_str(), 0, "{\"a\""), -CKPT_E_INVAL);
+	EXPECT_EQ(ckpt_export(d, path_.c_str(), 0, nullptr), -CKPT_E_INVAL) << "the image itself";
+	EXPECT_EQ(ckpt_export(d, dir_.c_str(), 0, nullptr), -CKPT_E_INVAL) << "a directory";
+	EXPECT_EQ(ckpt_export(d, nullptr, 0, nullptr), -CKPT_E_INVAL);
+	ASSERT_EQ(ckpt_begin(d, &hp, 1, 1.0), 0) << ckpt_last_error();
+	EXPECT_EQ(ckpt_export(d, out.c_str(), 0, nullptr), -CKPT_E_STATE);
+	ASSERT_EQ(ckpt_abort(d), 0);
+	EXPECT_FALSE(fs::exists(out));
+	for (const auto &e : fs::directory_iterator(dir_))
+		EXPECT_EQ(e.path().string().find(".tmp"), std::string::npos) << e.path();
+	ASSERT_EQ(ckpt_export(d, out.c_str(), CKPT_EXPORT_OPTIMIZER, "{\"k\": \"v\"}"), 0) << ckpt_last_error();
+	// 8-byte header length, then the JSON header; 3 tensors per name, fp32
+	std::ifstream f(out, std::ios::binary);
+	uint64_t n = 0;
+	f.read(reinterpret_cast<char *>(&n), 8);
+	std::string h(n, '\0');
+	f.read(h.data(), static_cast<std::streamsize>(n));
+	EXPECT_NE(h.find("\"k\":\"v\""), std::string::npos) << h;
+	EXPECT_NE(h.find("\"w.exp_avg_sq\""), std::string::npos) << h;
+	EXPECT_EQ(fs::file_size(out), 8 + n + 3 * 4 * (n_w + n_b));
+	ckpt_close(d);
+}
+
+// ---- tool operations: JSON reports
+
+std::string take(char *p)
+{
+	std::string s = p ? p : "";
+	ckpt_free(p);
+	return s;
+}
+
+TEST_F(CapiTest, ImageInfoVerifyRestore)
+{
+	char *json = nullptr;
+	ASSERT_EQ(ckpt_image_info(path_.c_str(), &json), 0) << ckpt_last_error();
+	const std::string info = take(json);
+	uint8_t u[16];
+	char text[37];
+	ASSERT_EQ(ckpt_image_uuid(path_.c_str(), u), 0);
+	ckpt_uuid_string(u, text);
+	EXPECT_NE(info.find(std::string("\"uuid\":\"") + text + "\""), std::string::npos) << info;
+	EXPECT_NE(info.find("\"n_chunks\":65"), std::string::npos) << info;
+	EXPECT_NE(info.find("\"name\":\"w\""), std::string::npos) << info;
+
+	ASSERT_EQ(ckpt_verify(path_.c_str(), 0, &json), 0) << ckpt_last_error();
+	std::string v = take(json);
+	EXPECT_NE(v.find("\"status\":\"ok\""), std::string::npos) << v;
+	EXPECT_EQ(ckpt_verify(path_.c_str(), 4, &json), -CKPT_E_INVAL);
+
+	// a flipped bit in a committed record: verify reports it, not fails
+	{
+		std::fstream f(path_, std::ios::in | std::ios::out | std::ios::binary);
+		ASSERT_EQ(ckpt_image_info(path_.c_str(), &json), 0);
+		const std::string j = take(json);
+		const size_t at = j.find("\"rec_off\":[");
+		ASSERT_NE(at, std::string::npos);
+		const uint64_t rec0 = std::stoull(j.substr(at + 11));
+		// committed slot 0 after format; byte 5000: fp32 data of chunk 0
+		f.seekg(static_cast<std::streamoff>(rec0 + 5000));
+		char c;
+		f.read(&c, 1);
+		c ^= 1;
+		f.seekp(static_cast<std::streamoff>(rec0 + 5000));
+		f.write(&c, 1);
+	}
+	ASSERT_EQ(ckpt_verify(path_.c_str(), 0, &json), 0) << ckpt_last_error();
+	v = take(json);
+	EXPECT_NE(v.find("\"status\":\"corrupt\""), std::string::npos) << v;
+	ASSERT_EQ(ckpt_restore(path_.c_str(), 0, &json), 0) << ckpt_last_error();
+	v = take(json);
+	EXPECT_NE(v.find("\"committed_ok\":false"), std::string::npos) << v;
+	EXPECT_EQ(ckpt_restore(path_.c_str(), 2, &json), -CKPT_E_INVAL);
+
+	// not an image
+	const std::string junk = (dir_ / "junk").string();
+	std::ofstream(junk) << std::string(16384, 'x');
+	EXPECT_LT(ckpt_image_info(junk.c_str(), &json), 0);
+	EXPECT_NE(std::string(ckpt_last_error()).find(junk), std::string::npos) << ckpt_last_error();
+	EXPECT_EQ(ckpt_image_info(path_.c_str(), nullptr), -CKPT_E_INVAL);
+	EXPECT_EQ(ckpt_image_info(nullptr, &json), -CKPT_E_INVAL);
+	// a regular file is no dm-ckpt device node
+	char *backing = reinterpret_cast<char *>(1);
+	EXPECT_EQ(ckpt_backing_of(path_.c_str(), &backing), 0);
+	EXPECT_EQ(backing, reinterpret_cast<char *>(1)) << "untouched";
+}
+
+TEST_F(CapiTest, FormatManifestAndImportOptions)
+{
+	char *json = nullptr;
+	const std::string img = (dir_ / "m.img").string(), man = (dir_ / "m.json").string();
+	std::ofstream(man) << R"({"dtype": "fp16", "chunk_params": 2048, "tensors": [{"name": "a", "shape": [5, 7]}]})";
+	EXPECT_EQ(ckpt_format_manifest(img.c_str(), "{}", &json), -CKPT_E_INVAL) << "no manifest";
+	EXPECT_EQ(ckpt_format_manifest(img.c_str(), "[]", &json), -CKPT_E_INVAL);
+	EXPECT_EQ(ckpt_format_manifest(img.c_str(), R"({"manifest": 3})", &json), -CKPT_E_INVAL);
+	EXPECT_NE(std::string(ckpt_last_error()).find("manifest"), std::string::npos) << ckpt_last_error();
+	EXPECT_FALSE(fs::exists(img));
+	const std::string opts = R"({"manifest": ")" + man + R"("})";
+	ASSERT_EQ(ckpt_format_manifest(img.c_str(), opts.c_str(), &json), 0) << ckpt_last_error();
+	const std::string r = take(json);
+	EXPECT_NE(r.find("\"dtype\":\"fp16\""), std::string::npos) << r;
+	EXPECT_NE(r.find("\"chunk_params\":2048"), std::string::npos) << r;
+	// the image exists now: without force, format refuses to overwrite it
+	EXPECT_LT(ckpt_format_manifest(img.c_str(), opts.c_str(), &json), 0);
+	EXPECT_LT(ckpt_import(img.c_str(), (dir_ / "none.safetensors").c_str(), "{}", &json), 0);
+	EXPECT_EQ(ckpt_import(img.c_str(), man.c_str(), R"({"step": "x"})", &json), -CKPT_E_INVAL);
+	EXPECT_NE(std::string(ckpt_last_error()).find("step"), std::string::npos) << ckpt_last_error();
+}
+
+TEST(CapiFit, LargestLayout)
+{
+	struct ckpt_fit f;
+	ASSERT_EQ(ckpt_fit(1ull << 30, 0, 0, &f), 0) << ckpt_last_error();
+	EXPECT_EQ(f.chunk_params, 65536u);
+	EXPECT_GT(f.n_chunks, 0u);
+	EXPECT_LE(f.backing_bytes, 1ull << 30);
+	EXPECT_EQ(f.n_params, static_cast<uint64_t>(f.n_chunks) * 65536);
+	EXPECT_EQ(f.record_bytes, 4096 + 12ull * 65536);
+	struct ckpt_fit more;
+	ASSERT_EQ(ckpt_fit(1ull << 30, 0, 1u << 20, &more), 0);
+	EXPECT_EQ(more.chunk_params, 1u << 19) << "p_lo covers a 1 MiB write unit";
+	ASSERT_EQ(ckpt_fit(4096, 2048, 0, &f), 0);
+	EXPECT_EQ(f.n_chunks, 0u);
+	EXPECT_EQ(ckpt_fit(1ull << 30, 3000, 0, &f), -CKPT_E_GEOMETRY);
+	EXPECT_EQ(ckpt_fit(1ull << 30, 1024, 0, &f), -CKPT_E_GEOMETRY);
+	EXPECT_EQ(ckpt_fit(1ull << 30, 1u << 23, 0, &f), -CKPT_E_GEOMETRY);
+	EXPECT_EQ(ckpt_fit(1ull << 30, 0, 0, nullptr), -CKPT_E_INVAL);
+}
+
+TEST(CapiConvert, LowpAndCrc)
+{
+	const float in[3] = {1.0f, -2.0f, 65504.0f};
+	uint16_t out[3];
+	ASSERT_EQ(ckpt_to_lowp(CKPT_BF16, in, out, 3), 0);
+	EXPECT_EQ(out[0], 0x3f80);
+	EXPECT_EQ(out[1], 0xc000);
+	ASSERT_EQ(ckpt_to_lowp(CKPT_FP16, in, out, 3), 0);
+	EXPECT_EQ(out[0], 0x3c00);
+	EXPECT_EQ(out[2], 0x7bff);
+	EXPECT_EQ(ckpt_to_lowp(7, in, out, 3), -CKPT_E_DTYPE);
+	// crc32c("123456789") = 0xe3069283, in one call or two
+	EXPECT_EQ(ckpt_crc32c_update(0, "123456789", 9), 0xe3069283u);
+	EXPECT_EQ(ckpt_crc32c_update(ckpt_crc32c_update(0, "1234", 4), "56789", 5), 0xe3069283u);
 }
 
 } // namespace

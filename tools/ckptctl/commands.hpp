@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 // The commands of ckptctl, behind main.cpp's command line. Each returns the
-// process exit status or throws ckpt::Error (exit 1).
+// process exit status or throws ckptctl::Error (exit 1).
 #pragma once
 
 #include <cstdint>

@@ -11,7 +11,7 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
-#include "error.hpp"
+#include "fail.hpp"
 
 namespace ckptctl::dm {
 
@@ -64,9 +64,9 @@ public:
 		g_log.clear();
 		t_ = dm_task_create(type);
 		if (!t_)
-			ckpt::fail(CKPT_E_NOMEM, "device-mapper: cannot create a task: {}", logged());
+			fail(CKPT_E_NOMEM, "device-mapper: cannot create a task: {}", logged());
 		if (!name.empty() && !dm_task_set_name(t_, name.c_str()))
-			ckpt::fail(CKPT_E_INVAL, "device-mapper: bad device name '{}'", name);
+			fail(CKPT_E_INVAL, "device-mapper: bad device name '{}'", name);
 	}
 	Task(const Task &) = delete;
 	Task &operator=(const Task &) = delete;
@@ -82,7 +82,7 @@ public:
 	{
 		uint32_t cookie = 0;
 		if (with_cookie && !dm_task_set_cookie(t_, &cookie, 0))
-			ckpt::fail(CKPT_E_IO, "{}: cannot set a udev cookie: {}", what, logged());
+			fail(CKPT_E_IO, "{}: cannot set a udev cookie: {}", what, logged());
 		const int ok = dm_task_run(t_);
 		const int err = dm_task_get_errno(t_);
 		// Always wait when a cookie was set, even on failure: it releases
@@ -91,7 +91,7 @@ public:
 			dm_udev_wait(cookie);
 		if (!ok) {
 			std::string log = logged();
-			ckpt::fail(err == ENXIO || err == ENODEV ? CKPT_E_NAME : CKPT_E_IO, "{} failed: {}{}", what,
+			fail(err == ENXIO || err == ENODEV ? CKPT_E_NAME : CKPT_E_IO, "{} failed: {}{}", what,
 				   err ? strerror(err) : "error", log.empty() ? "" : " (" + log + ")");
 		}
 	}
@@ -120,7 +120,7 @@ std::vector<Target> query(int type, const std::string &name, const char *what)
 	check_name(name);
 	Info i = info(name);
 	if (!i.exists)
-		ckpt::fail(CKPT_E_NAME, "no device-mapper device named '{}'", name);
+		fail(CKPT_E_NAME, "no device-mapper device named '{}'", name);
 	Task t(type, name);
 	t.run(fmt::format("device-mapper {} of {}", what, name), false);
 	return targets(t);
@@ -132,7 +132,7 @@ void check_name(const std::string &name)
 {
 	if (name.empty() || name.size() >= DM_NAME_LEN || name.find('/') != std::string::npos || name == "." ||
 	    name == "..")
-		ckpt::fail(CKPT_E_INVAL, "'{}' is not a device-mapper name (1..{} bytes, no '/')", name,
+		fail(CKPT_E_INVAL, "'{}' is not a device-mapper name (1..{} bytes, no '/')", name,
 			   DM_NAME_LEN - 1);
 }
 
@@ -143,7 +143,7 @@ Info info(const std::string &name)
 	t.run(fmt::format("device-mapper info of {}", name), false);
 	struct dm_info di {};
 	if (!dm_task_get_info(t.get(), &di))
-		ckpt::fail(CKPT_E_IO, "device-mapper info of {}: no answer", name);
+		fail(CKPT_E_IO, "device-mapper info of {}: no answer", name);
 	Info i;
 	i.exists = di.exists;
 	if (!i.exists)
@@ -180,19 +180,19 @@ std::string create(const std::string &name, const Target &tgt)
 {
 	check_name(name);
 	if (info(name).exists)
-		ckpt::fail(CKPT_E_STATE, "a device-mapper device named '{}' exists already", name);
+		fail(CKPT_E_STATE, "a device-mapper device named '{}' exists already", name);
 	Task t(DM_DEVICE_CREATE, name);
 	if (!dm_task_add_target(t.get(), tgt.start, tgt.length, tgt.type.c_str(), tgt.params.c_str()))
-		ckpt::fail(CKPT_E_NOMEM, "device-mapper: cannot add the table line");
+		fail(CKPT_E_NOMEM, "device-mapper: cannot add the table line");
 	t.run(fmt::format("creating device-mapper device {} with table '{} {} {} {}' (the kernel log "
 			  "says why: dmesg | tail)", name, tgt.start, tgt.length, tgt.type, tgt.params),
 	      true);
 	Info i = info(name);
 	if (!i.exists)
-		ckpt::fail(CKPT_E_IO, "device-mapper device {} vanished right after creation", name);
+		fail(CKPT_E_IO, "device-mapper device {} vanished right after creation", name);
 	std::string p = node(name, i);
 	if (access(p.c_str(), F_OK) != 0)
-		ckpt::fail(CKPT_E_IO, "device {} ({}:{}) was created but has no node {}", name, i.major, i.minor, p);
+		fail(CKPT_E_IO, "device {} ({}:{}) was created but has no node {}", name, i.major, i.minor, p);
 	return p;
 }
 
@@ -201,9 +201,9 @@ void remove(const std::string &name, bool retry)
 	check_name(name);
 	Info i = info(name);
 	if (!i.exists)
-		ckpt::fail(CKPT_E_NAME, "no device-mapper device named '{}'", name);
+		fail(CKPT_E_NAME, "no device-mapper device named '{}'", name);
 	if (i.open_count > 0 && !retry)
-		ckpt::fail(CKPT_E_STATE, "device {} is open ({} users): close it first, or use --retry", name,
+		fail(CKPT_E_STATE, "device {} is open ({} users): close it first, or use --retry", name,
 			   i.open_count);
 	Task t(DM_DEVICE_REMOVE, name);
 	if (retry)
@@ -215,10 +215,10 @@ std::string message(const std::string &name, const std::string &text)
 {
 	check_name(name);
 	if (!info(name).exists)
-		ckpt::fail(CKPT_E_NAME, "no device-mapper device named '{}'", name);
+		fail(CKPT_E_NAME, "no device-mapper device named '{}'", name);
 	Task t(DM_DEVICE_TARGET_MSG, name);
 	if (!dm_task_set_sector(t.get(), 0) || !dm_task_set_message(t.get(), text.c_str()))
-		ckpt::fail(CKPT_E_NOMEM, "device-mapper: cannot set the message");
+		fail(CKPT_E_NOMEM, "device-mapper: cannot set the message");
 	t.run(fmt::format("message '{}' to {} (the kernel log says why: dmesg | tail)", text, name), false);
 	const char *r = dm_task_get_message_response(t.get());
 	return r ? r : "";

@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 
 #include "commands.hpp"
-#include "error.hpp"
+#include "fail.hpp"
 
 using namespace ckptctl;
 
@@ -350,7 +350,7 @@ int main(int argc, char **argv)
 			return cmd_verify(dev, as_json, repair);
 		if (*restore)
 			return cmd_restore(dev, do_rollback, as_json);
-	} catch (const ckpt::Error &e) {
+	} catch (const Error &e) {
 		fmt::print(stderr, "ckptctl: {}\n", e.what());
 		return exit_error;
 	} catch (const std::exception &e) {

@@ -1,28 +1,27 @@
 // SPDX-License-Identifier: MIT
 #include "probe.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 
 #include <fcntl.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
 #include <libnvme.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
-#include "error.hpp"
-#include "io.hpp"
+#include "ckpt.h"
+#include "fail.hpp"
 
 using nlohmann::json;
 
 namespace ckptctl {
 
 namespace {
-
-// Space for the manifest assumed by the capacity estimate (a few thousand
-// tensors); format reserves what the real manifest needs.
-constexpr uint32_t manifest_estimate = 1u << 20;
 
 std::string trimmed(const char *s, size_t n)
 {
@@ -40,56 +39,26 @@ std::string sysfs(const std::string &dir, const char *file)
 	return v;
 }
 
-bool layout_of(uint32_t n_chunks, uint32_t shift, struct ckpt_layout *l)
-{
-	struct ckpt_geometry g = {};
-	g.n_chunks = n_chunks;
-	g.chunk_shift = shift;
-	g.n_groups = 1;
-	g.dtype = CKPT_DTYPE_BF16;
-	g.optimizer = CKPT_OPT_ADAM;
-	g.manifest_bytes = manifest_estimate;
-	return ckpt_layout_compute_features(&g, CKPT_FEATURE_INCOMPAT_DEFAULT, l) == 0;
-}
+struct Fd {
+	int fd;
+	~Fd() { ::close(fd); }
+};
 
 } // namespace
-
-Fit fit_params(uint64_t bytes, uint32_t chunk_params)
-{
-	Fit f;
-	f.chunk_params = chunk_params;
-	const uint32_t shift = static_cast<uint32_t>(__builtin_ctz(chunk_params));
-	struct ckpt_layout l;
-	// The layout grows with n_chunks: the largest count that fits.
-	uint32_t lo = 0, hi = CKPT_MAX_CHUNKS;
-	while (lo < hi) {
-		uint32_t mid = lo + (hi - lo + 1) / 2;
-		if (layout_of(mid, shift, &l) && l.dev_bytes <= bytes)
-			lo = mid;
-		else
-			hi = mid - 1;
-	}
-	f.n_chunks = lo;
-	if (lo && layout_of(lo, shift, &l)) {
-		f.n_params = l.n_params;
-		f.backing_bytes = l.dev_bytes;
-	}
-	return f;
-}
 
 json probe(const std::string &dev, uint32_t want_chunk)
 {
 	struct stat st;
 	if (stat(dev.c_str(), &st) < 0)
-		ckpt::fail(CKPT_E_IO, "cannot open {}: {}", dev, strerror(errno));
+		fail(CKPT_E_IO, "cannot open {}: {}", dev, strerror(errno));
 	if (S_ISREG(st.st_mode))
-		ckpt::fail(CKPT_E_INVAL, "{} is a regular file, not an NVMe namespace: probe identifies NVMe "
+		fail(CKPT_E_INVAL, "{} is a regular file, not an NVMe namespace: probe identifies NVMe "
 				   "devices (a file can be formatted and used with the userspace engine as it is)", dev);
 	if (S_ISCHR(st.st_mode))
-		ckpt::fail(CKPT_E_INVAL, "{} is a character device, not an NVMe namespace block device: probe a "
+		fail(CKPT_E_INVAL, "{} is a character device, not an NVMe namespace block device: probe a "
 				   "namespace such as /dev/nvme0n1", dev);
 	if (!S_ISBLK(st.st_mode))
-		ckpt::fail(CKPT_E_INVAL, "{} is not a block device", dev);
+		fail(CKPT_E_INVAL, "{} is not a block device", dev);
 	const std::string sys = fmt::format("/sys/dev/block/{}:{}", major(st.st_rdev), minor(st.st_rdev));
 	std::string kname;
 	{
@@ -102,11 +71,11 @@ json probe(const std::string &dev, uint32_t want_chunk)
 	}
 	int fd = ::open(dev.c_str(), O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
-		ckpt::fail(CKPT_E_IO, "cannot open {}: {}", dev, strerror(errno));
-	ckpt::Fd guard(fd);
+		fail(CKPT_E_IO, "cannot open {}: {}", dev, strerror(errno));
+	const Fd guard{fd};
 	__u32 nsid = 0;
 	if (nvme_get_nsid(fd, &nsid) < 0 || nsid == 0)
-		ckpt::fail(CKPT_E_INVAL, "{}{} is not an NVMe namespace: it does not answer the NVMe ioctls ({}); "
+		fail(CKPT_E_INVAL, "{}{} is not an NVMe namespace: it does not answer the NVMe ioctls ({}); "
 				   "probe reads NVMe identify data (a loop, SCSI or dm device has none)",
 			   dev, kname.empty() ? "" : " (" + kname + ")", strerror(errno ? errno : ENOTTY));
 
@@ -116,11 +85,11 @@ json probe(const std::string &dev, uint32_t want_chunk)
 	std::memset(&ns, 0, sizeof(ns));
 	int ret = nvme_identify_ctrl(fd, &ctrl);
 	if (ret != 0)
-		ckpt::fail(CKPT_E_IO, "{}: identify controller failed: {}", dev,
+		fail(CKPT_E_IO, "{}: identify controller failed: {}", dev,
 			   ret < 0 ? strerror(errno) : fmt::format("NVMe status {:#x}", ret));
 	ret = nvme_identify_ns(fd, nsid, &ns);
 	if (ret != 0)
-		ckpt::fail(CKPT_E_IO, "{}: identify namespace {} failed: {}", dev, nsid,
+		fail(CKPT_E_IO, "{}: identify namespace {} failed: {}", dev, nsid,
 			   ret < 0 ? strerror(errno) : fmt::format("NVMe status {:#x}", ret));
 
 	const unsigned fmt_index = (ns.flbas & NVME_NS_FLBAS_LOWER_MASK) | ((ns.flbas & NVME_NS_FLBAS_HIGHER_MASK) >> 1);
@@ -128,9 +97,9 @@ json probe(const std::string &dev, uint32_t want_chunk)
 	const uint64_t lba = uint64_t{1} << lbaf.ds;
 	const uint64_t nsze = le64toh(ns.nsze);
 	uint64_t bytes = nsze * lba;
-	ckpt::BackingFile bf = ckpt::BackingFile::open(dev, false);
-	if (bf.size && bf.size < bytes)	// a partition
-		bytes = bf.size;
+	uint64_t size = 0;
+	if (ioctl(fd, BLKGETSIZE64, &size) == 0 && size && size < bytes)	// a partition
+		bytes = size;
 
 	const bool natomic = ns.nsfeat & NVME_NS_FEAT_NATOMIC;
 	const uint64_t awun = le16toh(ctrl.awun) + 1ull, awupf = le16toh(ctrl.awupf) + 1ull;
@@ -144,26 +113,25 @@ json probe(const std::string &dev, uint32_t want_chunk)
 
 	// Chunk size: the default 65536 params (128 KiB of p_lo, 768 KiB of
 	// fp32 state per chunk: large sequential I/O, bounded staging), raised
-	// so that a chunk's p_lo write covers whole preferred write units of
-	// the namespace, and never below one LBA.
+	// (by libckpt) so that a chunk's p_lo write covers whole preferred
+	// write units of the namespace, and never below one LBA.
+	const uint64_t unit = std::max({lba, npwg, nows});
+	struct ckpt_fit fit, dflt;
+	check(ckpt_fit(bytes, want_chunk, unit, &fit));
+	check(ckpt_fit(0, 0, 0, &dflt));
+	const uint32_t cp = fit.chunk_params;
 	std::string reason;
-	uint32_t cp = want_chunk;
-	if (cp) {
+	if (want_chunk)
 		reason = "as asked (--chunk-params)";
-	} else {
-		cp = 1u << CKPT_DEFAULT_CHUNK_SHIFT;
+	else if (cp == dflt.chunk_params)
 		reason = "the default: 128 KiB of p_lo and 768 KiB of fp32 state per chunk";
-		const uint64_t unit = std::max({lba, npwg, nows});
-		while (2ull * cp < unit && cp < (1u << CKPT_MAX_CHUNK_SHIFT))
-			cp <<= 1;
-		if (cp != (1u << CKPT_DEFAULT_CHUNK_SHIFT))
-			reason = fmt::format("raised so that a chunk's p_lo ({} KiB) covers whole {}-byte preferred "
-					     "write units of the namespace", 2ull * cp / 1024, unit);
-	}
+	else
+		reason = fmt::format("raised so that a chunk's p_lo ({} KiB) covers whole {}-byte preferred "
+				     "write units of the namespace", 2ull * cp / 1024, unit);
 	if (2ull * cp % lba)
-		ckpt::fail(CKPT_E_GEOMETRY, "{}: chunk_params {} gives p_lo chunks of {} bytes, not a multiple of "
+		fail(CKPT_E_GEOMETRY, "{}: chunk_params {} gives p_lo chunks of {} bytes, not a multiple of "
 				   "the {}-byte LBA", dev, cp, 2ull * cp, lba);
-	const Fit fit = fit_params(bytes, cp);
+	const uint64_t block = static_cast<uint64_t>(ckpt_abi_constant("CKPT_BLOCK"));
 
 	json j = {
 		{"device", dev},
@@ -185,7 +153,7 @@ json probe(const std::string &dev, uint32_t want_chunk)
 		{"nawun_lbas", natomic ? json(le16toh(ns.nawun) + 1ull) : json(nullptr)},
 		{"nawupf_lbas", natomic ? json(le16toh(ns.nawupf) + 1ull) : json(nullptr)},
 		{"power_fail_atomic_bytes", atomic_bytes},
-		{"superblock_write_atomic", atomic_bytes >= CKPT_BLOCK},
+		{"superblock_write_atomic", atomic_bytes >= block},
 		{"preferred_write_granularity_bytes", io_opt ? json(npwg) : json(nullptr)},
 		{"optimal_write_size_bytes", io_opt ? json(nows) : json(nullptr)},
 		{"volatile_write_cache", vwc},
@@ -195,7 +163,7 @@ json probe(const std::string &dev, uint32_t want_chunk)
 		{"recommended", {
 			{"chunk_params", cp},
 			{"reason", reason},
-			{"record_bytes", CKPT_BLOCK + 12ull * cp},
+			{"record_bytes", fit.record_bytes},
 			{"n_chunks", fit.n_chunks},
 			{"max_params", fit.n_params},
 			{"backing_bytes", fit.backing_bytes},

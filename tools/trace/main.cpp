@@ -11,20 +11,40 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
-#include "device.hpp"
-#include "error.hpp"
-#include "format.hpp"
-
-extern "C" {
-#include "ckpt_update.h"
-}
+#include "ckpt.h"
 
 namespace {
+
+// A failed libckpt call, with its message.
+int check(int ret)
+{
+	if (ret < 0)
+		throw std::runtime_error(ckpt_last_error());
+	return ret;
+}
+
+struct Tensor {
+	std::string name;
+	uint64_t numel, offset;
+	uint64_t extent;	// params up to the next tensor: numel + padding
+};
+
+struct LayoutDeleter {
+	void operator()(ckpt_layout_builder *l) const { ckpt_layout_free(l); }
+};
+struct DeviceDeleter {
+	void operator()(ckpt_device *d) const { ckpt_close(d); }
+};
+using LayoutPtr = std::unique_ptr<ckpt_layout_builder, LayoutDeleter>;
+using DevicePtr = std::unique_ptr<ckpt_device, DeviceDeleter>;
 
 struct Rng {	// splitmix64: tiny, portable, the same everywhere
 	uint64_t s;
@@ -39,35 +59,33 @@ struct Rng {	// splitmix64: tiny, portable, the same everywhere
 	float uniform() { return static_cast<float>(next() >> 40) / static_cast<float>(1u << 24); }
 };
 
-uint32_t bits(float f)
-{
-	uint32_t u;
-	std::memcpy(&u, &f, 4);
-	return u;
-}
-
-ckpt::Layout trace_layout(uint64_t seed, uint64_t params)
+LayoutPtr trace_layout(uint64_t seed, uint64_t params)
 {
 	Rng r{seed ^ 0x1a7};
-	ckpt::Layout l;
+	LayoutPtr l(ckpt_layout_new());
+	if (!l)
+		throw std::bad_alloc();
+	auto add = [&](const std::string &name, std::vector<uint64_t> shape, uint32_t group) {
+		check(ckpt_layout_add(l.get(), name.c_str(), shape.data(), static_cast<uint32_t>(shape.size()), group));
+	};
 	uint64_t left = params;
 	for (int i = 0; left > 0; i++) {
 		uint64_t cols = 1 + r.below(300);
 		uint64_t rows = std::max<uint64_t>(1, std::min(left, 1 + r.below(params / 4 + 1)) / cols);
 		uint32_t group = static_cast<uint32_t>(r.below(3));
-		l.add(fmt::format("t{}.w", i), {rows, cols}, group);
+		add(fmt::format("t{}.w", i), {rows, cols}, group);
 		left -= std::min(left, rows * cols);
 		if (r.below(2)) {
-			l.add(fmt::format("t{}.b", i), {cols}, 1);
+			add(fmt::format("t{}.b", i), {cols}, 1);
 			left -= std::min(left, cols);
 		}
 	}
 	return l;
 }
 
-std::vector<ckpt::GroupHparams> trace_hparams(uint32_t n_groups, uint64_t step)
+std::vector<ckpt_group_hparams> trace_hparams(uint32_t n_groups, uint64_t step)
 {
-	std::vector<ckpt::GroupHparams> g(n_groups);
+	std::vector<ckpt_group_hparams> g(n_groups);
 	const double schedule = 0.5 * (1.0 + std::cos(static_cast<double>(step) * 0.05));
 	for (uint32_t i = 0; i < n_groups; i++) {
 		g[i].lr = (1e-3 + 5e-4 * i) * (0.1 + 0.9 * schedule);
@@ -89,7 +107,7 @@ int main(int argc, char **argv)
 	uint64_t seed = 1, steps = 200, params = 1u << 20;
 	uint32_t chunk_params = 16384;
 	bool do_format = false;
-	ckpt::EngineOptions engine;
+	uint32_t workers = 0, depth = 0;
 	app.add_option("device", dev, "backing file or device")->required();
 	app.add_option("--seed", seed, "trace seed");
 	app.add_option("--steps", steps, "steps to commit");
@@ -101,46 +119,66 @@ int main(int argc, char **argv)
 	app.add_option("--piece-bytes", piece,
 		       "gradient pieces are multiples of this (default: the device's block size;\n"
 		       "give the same on both targets of a comparison)");
-	app.add_option("--workers", engine.workers, "engine worker threads (0: one per CPU)");
-	app.add_option("--depth", engine.depth, "engine chunks in flight per worker");
+	app.add_option("--workers", workers, "engine worker threads (0: one per CPU)");
+	app.add_option("--depth", depth, "engine chunks in flight per worker");
 	CLI11_PARSE(app, argc, argv);
 
 	try {
 		if (do_format) {
-			ckpt::FormatOptions opts;
-			opts.dtype = ckpt::parse_dtype(dtype);
-			opts.chunk_params = chunk_params;
-			opts.force = true;	// --format asks for it: the scripts reformat their images
-			ckpt::format(dev, trace_layout(seed, params), opts);
+			const int code = check(ckpt_dtype_parse(dtype.c_str()));
+			// --format asks for it: the scripts reformat their images
+			check(ckpt_format(dev.c_str(), trace_layout(seed, params).get(), code, chunk_params, 0));
 		}
-		auto d = ckpt::Device::open(dev, engine);
-		const auto &tensors = d->manifest().tensors();
-		const uint32_t dt = d->geometry().dtype;
-		const uint64_t cp = d->layout().chunk_params;
+		DevicePtr d([&] {
+			ckpt_device *h = nullptr;
+			check(ckpt_open_engine(dev.c_str(), workers, depth, &h));
+			return h;
+		}());
+		struct ckpt_info info;
+		check(ckpt_info(d.get(), &info));
+		std::vector<Tensor> tensors;
+		for (uint32_t i = 0; i < info.n_tensors; i++) {
+			struct ckpt_tensor_info ti;
+			check(ckpt_tensor(d.get(), i, &ti));
+			tensors.push_back({ti.name, ti.numel, ti.offset, 0});
+		}
+		for (size_t i = 0; i < tensors.size(); i++)
+			tensors[i].extent = (i + 1 < tensors.size() ? tensors[i + 1].offset : info.n_params) - tensors[i].offset;
+		const uint32_t dt = info.dtype;
+		const uint64_t cp = info.chunk_params;
+		const uint32_t bs = static_cast<uint32_t>(check(ckpt_block_size(d.get())));
+		const uint32_t block = static_cast<uint32_t>(ckpt_abi_constant("CKPT_BLOCK"));
 		if (!piece)
-			piece = d->block_size();
-		if (piece % d->block_size() || CKPT_BLOCK % piece)
-			ckpt::fail(CKPT_E_ALIGN, "--piece-bytes {} must be a multiple of the block size {} and divide {}",
-				   piece, d->block_size(), CKPT_BLOCK);
+			piece = bs;
+		if (piece % bs || block % piece)
+			throw std::runtime_error(fmt::format("--piece-bytes {} must be a multiple of the block size {} "
+							     "and divide {}", piece, bs, block));
 		Rng r{seed};
 
 		// The initial masters belong to the format: a device formatted
 		// elsewhere (the kernel target's backing device) already has them.
 		if (do_format) {
 			std::vector<std::vector<float>> init;
-			std::vector<std::pair<std::string, std::span<const float>>> spans;
-			for (const ckpt::Tensor &t : tensors) {
+			std::vector<const char *> names;
+			std::vector<const float *> values;
+			std::vector<uint64_t> ns;
+			for (const Tensor &t : tensors) {
 				init.emplace_back(t.numel);
 				for (float &v : init.back())
 					v = (r.uniform() - 0.5f) * 0.2f;
-				spans.emplace_back(t.name, init.back());
+				names.push_back(t.name.c_str());
+				values.push_back(init.back().data());
+				ns.push_back(t.numel);
 			}
-			d->load_params(spans);
+			check(ckpt_load_params_multi(d.get(), static_cast<uint32_t>(tensors.size()), names.data(),
+						     values.data(), ns.data()));
 		}
 
 		std::vector<uint16_t> grad, readback;
+		std::vector<float> gf;
 		uint32_t reads_crc = 0;
-		const uint64_t first = d->status().committed_step + 1;
+		check(ckpt_info(d.get(), &info));
+		const uint64_t first = info.committed_step + 1;
 		uint64_t last_attempt = 0;
 		for (uint64_t step = first; step < first + steps;) {
 			// The first attempt at some steps overflows or is aborted; the
@@ -151,7 +189,8 @@ int main(int argc, char **argv)
 			last_attempt = step;
 			const float scale = dt == CKPT_DTYPE_FP16 ? 1024.0f : 1.0f;
 			const double clip = 0.5 + 0.5 * r.uniform();
-			d->begin(trace_hparams(d->geometry().n_groups, step), clip / scale);
+			const auto hp = trace_hparams(info.n_groups, step);
+			check(ckpt_begin(d.get(), hp.data(), info.n_groups, clip / scale));
 
 			std::vector<size_t> order(tensors.size());
 			for (size_t i = 0; i < order.size(); i++)
@@ -160,12 +199,12 @@ int main(int argc, char **argv)
 				std::swap(order[i - 1], order[r.below(i)]);
 			const size_t stop_at = abort_step ? order.size() / 2 : order.size();
 			for (size_t k = 0; k < stop_at; k++) {
-				const ckpt::Tensor &t = tensors[order[k]];
+				const Tensor &t = tensors[order[k]];
 				grad.assign(t.extent, 0);
-				for (uint64_t i = 0; i < t.numel; i++) {
-					float g = (r.uniform() - 0.5f) * 2e-2f * scale;
-					grad[i] = dt == CKPT_DTYPE_FP16 ? ckpt_f32_to_f16(bits(g)) : ckpt_f32_to_bf16(bits(g));
-				}
+				gf.resize(t.numel);
+				for (float &g : gf)
+					g = (r.uniform() - 0.5f) * 2e-2f * scale;
+				check(ckpt_to_lowp(dt, gf.data(), grad.data(), t.numel));
 				if (overflow_step && k == stop_at / 2)
 					grad[r.below(t.numel)] = dt == CKPT_DTYPE_FP16 ? 0x7c00 : 0x7f80;
 				// Block pieces of the tensor's extent, in random order.
@@ -179,36 +218,36 @@ int main(int argc, char **argv)
 				for (size_t i = pieces.size(); i > 1; i--)
 					std::swap(pieces[i - 1], pieces[r.below(i)]);
 				for (auto [s, n] : pieces)
-					d->write_grad_window(t.offset * 2 + s * piece,
-							     reinterpret_cast<const uint8_t *>(grad.data()) + s * piece,
-							     n * piece);
+					check(ckpt_write_grad_window(d.get(), t.offset * 2 + s * piece,
+								     reinterpret_cast<const uint8_t *>(grad.data()) + s * piece,
+								     n * piece));
 				// A pipelined read of some tensor: latest applied values.
-				const ckpt::Tensor &rt = tensors[r.below(tensors.size())];
+				const Tensor &rt = tensors[r.below(tensors.size())];
 				readback.resize(rt.numel);
-				d->read_params(rt.name, readback.data(), rt.numel);
-				reads_crc = ~ckpt_crc32c_raw(~reads_crc, readback.data(), rt.numel * 2);
+				check(ckpt_read_params(d.get(), rt.name.c_str(), readback.data(), rt.numel));
+				reads_crc = ckpt_crc32c_update(reads_crc, readback.data(), rt.numel * 2);
 			}
 			if (abort_step) {
-				d->abort();
+				check(ckpt_abort(d.get()));
 				fmt::print("step {} aborted\n", step);
 				continue;	// the same step again, in full
 			}
 			std::string blob = fmt::format("trace seed {} step {}", seed, step);
-			auto res = d->commit({reinterpret_cast<const uint8_t *>(blob.data()), blob.size()});
+			const int res = check(ckpt_commit(d.get(), blob.data(), blob.size()));
 			uint32_t params_crc = 0;
-			for (const ckpt::Tensor &t : tensors) {
+			for (const Tensor &t : tensors) {
 				readback.resize(t.numel);
-				d->read_params(t.name, readback.data(), t.numel);
-				params_crc = ~ckpt_crc32c_raw(~params_crc, readback.data(), t.numel * 2);
+				check(ckpt_read_params(d.get(), t.name.c_str(), readback.data(), t.numel));
+				params_crc = ckpt_crc32c_update(params_crc, readback.data(), t.numel * 2);
 			}
 			fmt::print("step {} {} params {:08x} reads {:08x}\n", step,
-				   res == ckpt::CommitResult::committed ? "committed" : "overflow", params_crc,
-				   reads_crc);
-			if (res == ckpt::CommitResult::committed)
+				   ckpt_result_name(static_cast<uint32_t>(res)), params_crc, reads_crc);
+			if (res == CKPT_RESULT_COMMITTED)
 				step++;
 		}
-		fmt::print("committed step {}\n", d->status().committed_step);
-	} catch (const ckpt::Error &e) {
+		check(ckpt_info(d.get(), &info));
+		fmt::print("committed step {}\n", info.committed_step);
+	} catch (const std::exception &e) {
 		fmt::print(stderr, "ckpt-trace: {}\n", e.what());
 		return 1;
 	}

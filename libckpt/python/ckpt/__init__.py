@@ -21,28 +21,29 @@ for the one in flight, and calls after close() raise CkptError E_STATE.
 
 bf16 values travel as uint16 bit patterns (numpy has no bfloat16); fp16
 devices take and return numpy float16 (uint16 bit patterns work too).
+
+Everything here goes through libckpt's C ABI (ckpt.h): the error names, dtype
+codes and commit results are the library's, read at import; Device.status(),
+Device.uuid(), ckpt.image_uuid() and Device.export() (a safetensors file) are
+its entry points.
 """
 
 import ctypes
+import json
 import os
 import warnings as _warnings
 
-__all__ = ["CkptError", "CkptWarning", "Layout", "Device", "format", "open"]
+__all__ = ["CkptError", "CkptWarning", "Layout", "Device", "format", "open", "image_uuid", "ERRORS"]
 
 _lib = ctypes.CDLL(os.path.join(os.path.dirname(os.path.abspath(__file__)), "libckpt.so"))
 
-# The core's error codes (enum ckpt_err in libckpt/core/ckpt_format.h).
-ERRORS = [
-    "OK", "E_INVAL", "E_MAGIC", "E_CRC", "E_VERSION", "E_FEATURE", "E_GEOMETRY",
-    "E_LAYOUT", "E_TOO_SMALL", "E_NO_SB", "E_OPCODE", "E_LENGTH", "E_STEP", "E_STATE",
-    "E_GROUPS", "E_HPARAM", "E_TWICE", "E_INCOMPLETE", "E_ALIGN", "E_RANGE",
-    "E_READONLY", "E_IO", "E_NOSPC", "E_FAILED", "E_NAME", "E_DTYPE", "E_SIZE",
-    "E_MANIFEST", "E_RECORD", "E_NOMEM", "E_BLOB",
-]
+_lib.ckpt_err_name.restype = ctypes.c_char_p
+_lib.ckpt_err_name.argtypes = [ctypes.c_int]
+_lib.ckpt_abi_count.restype = ctypes.c_uint32
+_lib.ckpt_abi_count.argtypes = [ctypes.c_char_p]
 
-_DTYPES = {"fp16": 1, "bf16": 2}
-_DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
-
+# The library's error names (enum ckpt_err): ERRORS[code] == "E_TWICE".
+ERRORS = [_lib.ckpt_err_name(_i).decode() for _i in range(_lib.ckpt_abi_count(b"errors"))]
 
 class CkptError(Exception):
     """An engine error: .code (enum ckpt_err), .name ("E_TWICE", ...), .message."""
@@ -94,6 +95,16 @@ class _TensorInfo(ctypes.Structure):
                 ("numel", ctypes.c_uint64), ("offset", ctypes.c_uint64)]
 
 
+_lib.ckpt_status_field.restype = ctypes.c_char_p
+_lib.ckpt_status_field.argtypes = [ctypes.c_uint32]
+
+
+class _Status(ctypes.Structure):
+    # struct ckpt_device_status: uint64_t members the library names
+    _fields_ = [(_lib.ckpt_status_field(_i).decode(), ctypes.c_uint64)
+                for _i in range(_lib.ckpt_abi_count(b"status"))]
+
+
 _u64p = ctypes.POINTER(ctypes.c_uint64)
 _u16p = ctypes.POINTER(ctypes.c_uint16)
 _f32p = ctypes.POINTER(ctypes.c_float)
@@ -117,10 +128,46 @@ for _name, _res, _args in [
     ("ckpt_read_params", _int, [_vp, _cp, _u16p, _u64]),
     ("ckpt_read_state", _int, [_vp, _cp, _f32p, _f32p, _f32p, _u64]),
     ("ckpt_blob", _int, [_vp, _vp, ctypes.c_size_t]),
+    ("ckpt_status", _int, [_vp, ctypes.POINTER(_Status)]),
+    ("ckpt_uuid", _int, [_vp, ctypes.POINTER(ctypes.c_uint8)]),
+    ("ckpt_image_uuid", _int, [_cp, ctypes.POINTER(ctypes.c_uint8)]),
+    ("ckpt_uuid_string", None, [ctypes.POINTER(ctypes.c_uint8), _cp]),
+    ("ckpt_export", _int, [_vp, _cp, _u32, _cp]),
+    ("ckpt_state_name", _cp, [_u32]),
+    ("ckpt_result_name", _cp, [_u32]),
+    ("ckpt_dtype_name", _cp, [_u32]),
+    ("ckpt_dtype_parse", _int, [_cp]),
+    ("ckpt_dtype_code", _int, [_u32]),
+    ("ckpt_abi_sizeof", ctypes.c_size_t, [_cp]),
+    ("ckpt_abi_constant", ctypes.c_int64, [_cp]),
 ]:
     _fn = getattr(_lib, _name)
     _fn.restype = _res
     _fn.argtypes = _args
+
+# The mirrors above must be the library's structs, byte for byte.
+for _cname, _mirror in [("ckpt_info", _Info), ("ckpt_tensor_info", _TensorInfo),
+                        ("ckpt_group_hparams", _HParams), ("ckpt_device_status", _Status)]:
+    if _lib.ckpt_abi_sizeof(_cname.encode()) != ctypes.sizeof(_mirror):
+        raise ImportError(f"ckpt: struct {_cname} is {_lib.ckpt_abi_sizeof(_cname.encode())} bytes in "
+                          f"{_lib._name}, {ctypes.sizeof(_mirror)} in this package: they are out of step")
+
+# dtype name <-> code (enum ckpt_dtype), from the library.
+_DTYPES = {_lib.ckpt_dtype_name(_c).decode(): _c
+           for _c in (_lib.ckpt_dtype_code(_i) for _i in range(_lib.ckpt_abi_count(b"dtypes")))}
+_DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
+
+
+
+def _constant(name):
+    v = _lib.ckpt_abi_constant(name.encode())
+    if v < 0:
+        raise ImportError(f"ckpt: {_lib._name} does not define {name}")
+    return v
+
+
+# ckpt_export flags
+_EXPORT_LOWP, _EXPORT_OPTIMIZER = _constant("CKPT_EXPORT_LOWP"), _constant("CKPT_EXPORT_OPTIMIZER")
 
 
 def _c_string(b, what, value):
@@ -172,9 +219,24 @@ class Layout:
 def format(path, layout, dtype="bf16", chunk_params=65536, size=None):
     """Create or format a backing file or block device for layout."""
     if dtype not in _DTYPES:
-        raise CkptError(ERRORS.index("E_DTYPE"), f"unknown dtype {dtype!r}: use 'bf16' or 'fp16'")
+        raise CkptError(ERRORS.index("E_DTYPE"),
+                        f"unknown dtype {dtype!r}: use {' or '.join(repr(d) for d in _DTYPES)}")
     _check(_lib.ckpt_format(_path_bytes(path), layout._h, _DTYPES[dtype], int(chunk_params),
                             int(size or 0)))
+
+
+def _uuid_text(u):
+    buf = ctypes.create_string_buffer(37)
+    _lib.ckpt_uuid_string(u, buf)
+    return buf.value.decode()
+
+
+def image_uuid(path):
+    """The uuid of the dm-ckpt image at path (a backing file or device, or a
+    dm-ckpt device node, read-only)."""
+    u = (ctypes.c_uint8 * 16)()
+    _check(_lib.ckpt_image_uuid(_path_bytes(path), u))
+    return _uuid_text(u)
 
 
 def open(path):  # noqa: A001 - the module's verb, like the builtin for files
@@ -246,6 +308,38 @@ class Device:
         _check(_lib.ckpt_info(self._handle(), ctypes.byref(i)))
         return {f: getattr(i, f) for f, _ in _Info._fields_}
 
+    def status(self):
+        """The device's counters (the dm status line's fields, state and
+        last_result by name) and geometry, as a dict."""
+        st = _Status()
+        _check(_lib.ckpt_status(self._handle(), ctypes.byref(st)))
+        d = {f: getattr(st, f) for f, _ in _Status._fields_}
+        d["state"] = _lib.ckpt_state_name(d["state"]).decode()
+        d["last_result"] = _lib.ckpt_result_name(d["last_result"]).decode()
+        d["dtype"] = _DTYPE_NAMES.get(d["dtype"], d["dtype"])
+        return d
+
+    def uuid(self):
+        """The image's uuid, "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"."""
+        u = (ctypes.c_uint8 * 16)()
+        _check(_lib.ckpt_uuid(self._handle(), u))
+        return _uuid_text(u)
+
+    def export(self, out, what="master", with_optimizer=False, metadata=None):
+        """Writes the committed step to the safetensors file out (see
+        ckpt_export in ckpt.h): what="master", the fp32 master params (F32),
+        or "lowp", the params in the device dtype (F16/BF16); with_optimizer
+        adds NAME.exp_avg and NAME.exp_avg_sq. metadata: {str: str} added to
+        (and replacing entries of) the file's __metadata__. Returns out."""
+        if what not in ("master", "lowp"):
+            raise ValueError("what must be 'master' or 'lowp'")
+        flags = (_EXPORT_LOWP if what == "lowp" else 0) | (_EXPORT_OPTIMIZER if with_optimizer else 0)
+        meta = None
+        if metadata:
+            meta = json.dumps({str(k): str(v) for k, v in metadata.items()}).encode()
+        _check(_lib.ckpt_export(self._handle(), _path_bytes(out), flags, meta))
+        return out
+
     @property
     def committed_step(self):
         return self.info()["committed_step"]
@@ -309,7 +403,7 @@ class Device:
         """Returns "committed", or "overflow" when a non-finite gradient skipped the step."""
         blob = bytes(blob)
         r = _check(_lib.ckpt_commit(self._handle(), blob, len(blob)))
-        return "committed" if r == 1 else "overflow"
+        return _lib.ckpt_result_name(r).decode()
 
     def abort(self):
         _check(_lib.ckpt_abort(self._handle()))

@@ -36,7 +36,7 @@ from . import open as _open
 from . import safetensors as _safetensors
 
 __all__ = ["OffloadAdamW", "LossScaler", "LayoutMismatchError", "export_safetensors",
-           "load_safetensors_into", "read_uuid", "lowp_to_torch", "torch_to_lowp"]
+           "load_safetensors_into", "lowp_to_torch", "torch_to_lowp"]
 
 _HPARAM_KEYS = ("lr", "betas", "eps", "weight_decay", "adam_l2")
 
@@ -62,24 +62,6 @@ def lowp_to_torch(a, dtype):
     if dtype == "bf16":
         return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(a.view(np.float16))
-
-
-def read_uuid(path):
-    """The uuid of a dm-ckpt backing file (a peek at its superblock), or None when
-    path is not a regular file holding one (e.g. a /dev/mapper device, whose first
-    block is the status page). libckpt's C ABI does not report the uuid yet."""
-    try:
-        if not os.path.isfile(path):
-            return None
-        with open(path, "rb") as f:  # noqa: PTH123
-            head = f.read(48)
-    except OSError:
-        return None
-    # struct ckpt_sb_disk: le32 magic "CKPT" at 0, u8 uuid[16] at 32
-    if len(head) < 48 or int.from_bytes(head[:4], "little") != 0x54504B43:
-        return None
-    u = head[32:48].hex()
-    return f"{u[:8]}-{u[8:12]}-{u[12:16]}-{u[16:20]}-{u[20:]}"
 
 
 # ------------------------------------------------------------------ the optimizer
@@ -220,7 +202,7 @@ class OffloadAdamW(torch.optim.Optimizer):
                 self._resumed_step = 0
             else:
                 self._resumed_step = self.device.committed_step
-            self.uuid = read_uuid(self.path) if self.path else None
+            self.uuid = self.device.uuid()
             self._read_back()
         except BaseException:
             self.close()
@@ -638,34 +620,13 @@ def export_safetensors(device_or_path, out, what="master", metadata=None):
     FILE`, which writes the same F32 tensors from the command line (and checks
     every record's checksum on the way).
     """
-    if what not in ("master", "lowp"):
-        raise ValueError("what must be 'master' or 'lowp'")
     own = not isinstance(device_or_path, Device)
     dev = _open(device_or_path) if own else device_or_path
     try:
-        tensors = {}
-        for t in dev.tensors():
-            n = t["name"]
-            if what == "master":
-                tensors[n] = dev.read_state(n)[0]
-            else:
-                a = dev.read_params(n)
-                tensors[n] = ("BF16", np.ascontiguousarray(a).view(np.uint16)) if dev.dtype == "bf16" \
-                    else ("F16", np.ascontiguousarray(a).view(np.float16))
-        # the metadata keys of `ckptctl export`
-        meta = {"format": "pt", "step": str(dev.committed_step), "ckpt.dtype": dev.dtype}
-        if what == "lowp":
-            meta["ckpt.params"] = "lowp"
-        if own:
-            u = read_uuid(os.fspath(device_or_path))
-            if u:
-                meta["ckpt.uuid"] = u
-        meta.update(metadata or {})
-        _safetensors.save_file(tensors, out, metadata=meta)
+        return dev.export(out, what=what, metadata=metadata)
     finally:
         if own:
             dev.close()
-    return out
 
 
 def load_safetensors_into(module, path, strict=True):
