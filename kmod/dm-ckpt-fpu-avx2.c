@@ -5,9 +5,9 @@
  * The body is the core's, unchanged (core/ckpt_update_impl.h), so this build
  * gives the same bits as every other variant and as the userspace engine.
  * Compiled with the kernel's float flags (see Kbuild); only ever called
- * between kernel_fpu_begin() and kernel_fpu_end() by dm-ckpt-target.c.
+ * between kernel_fpu_begin() and kernel_fpu_end() by dm-ckpt-update.c.
  */
-#include "dm-ckpt.h"
+#include "dm-ckpt-fpu.h"
 #include "ckpt_update_impl.h"
 
 u32 dm_ckpt_update_avx2(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,

@@ -16,6 +16,11 @@
  * time): the userspace engine runs the same code, and both must leave
  * byte-identical backing images for the same command stream.
  *
+ * Files: this one is the target (table line, map, deferred bios, commands,
+ * staging, status, messages, module init); dm-ckpt-metadata.c reads the
+ * superblock and group table and commits; dm-ckpt-update.c owns the chunk
+ * buffers and runs the chunk updates. dm-ckpt.h is the instance they share.
+ *
  * Threads:
  *  - map() remaps PARAM reads (no copy), zero-fills GRAD reads, kills what is
  *    never allowed and defers control-block I/O and GRAD writes;
@@ -32,7 +37,6 @@
 #include <linux/bio.h>
 #include <linux/blkdev.h>
 #include <linux/device-mapper.h>
-#include <linux/dm-io.h>
 #include <linux/mm.h>
 #include <linux/slab.h>
 #include <linux/vmalloc.h>
@@ -44,191 +48,26 @@
 #include <linux/string.h>
 #include <linux/kernel.h>
 #include <linux/sched.h>
-#include <linux/ioprio.h>
-#include <asm/cpufeature.h>
 
 #include "ckpt_config.h"
-#ifdef CKPT_HAVE_LINUX_FPU_H
-#include <linux/fpu.h>
-#else
-#include <asm/fpu/api.h>
-#endif
-
-#include "ckpt_format.h"
-#include "ckpt_step.h"
 #include "dm-ckpt.h"
-
-#define DM_MSG_PREFIX "ckpt"
 
 #define CKPT_DEFAULT_QUEUE_DEPTH	8u
 #define CKPT_MAX_QUEUE_DEPTH		128u
 #define CKPT_DEFAULT_STAGING_KB		65536u	/* as the userspace engine */
 #define CKPT_MAX_STAGING_KB		(4u << 20)
-/* Params per kernel_fpu_begin/end section: preemption is off inside. */
-#define CKPT_FPU_SLICE			4096u
 #define CKPT_NO_STAGE			U32_MAX
 
-static bool force_sse2;
-module_param(force_sse2, bool, 0444);
-MODULE_PARM_DESC(force_sse2, "Use the SSE2 update even on an AVX2/F16C CPU");
-
-static bool ckpt_use_avx2;
-
-/* Per-bio data: a gradient write completes when all its chunk updates have. */
-struct ckpt_io {
-	atomic_t pending;
-	blk_status_t status;
-};
-
 /* A partially written chunk of gradients (staging_kb bounds them). */
-struct ckpt_stage {
+struct dm_ckpt_stage {
 	u32 chunk;		/* or CKPT_NO_STAGE when free */
 	u64 *cover;		/* sectors written so far */
 	u8 *grad;		/* plo_chunk_bytes */
 };
 
-/* One chunk buffer and the update that uses it. */
-struct ckpt_job {
-	struct ckpt_c *c;
-	struct work_struct work;
-	struct list_head list;
-	struct bio *bio;
-	u32 chunk, src, dst;
-	u32 grad_scale;
-	u64 step;		/* the open step: the new record's step */
-	u64 src_step;		/* the committed step: the source record's */
-	u64 src_sequence;	/* the current superblock's sequence */
-	u32 incompat;		/* the image's incompat feature bits */
-	struct ckpt_hparams hp;
-	u8 *rec;		/* record_bytes: 4 KiB header, fp32 p, m, v */
-	u16 *plo;		/* plo_chunk_bytes */
-	u16 *grad;		/* plo_chunk_bytes */
-	atomic_t writes;
-	int write_error;
-	struct completion done;
-};
-
-struct ckpt_c {
-	struct dm_target *ti;
-	struct dm_dev *dev;
-	struct dm_io_client *io;
-	struct workqueue_struct *ctl_wq;
-	struct workqueue_struct *upd_wq;
-	struct ckpt_layout layout;	/* constant for the target's life */
-	u32 chunk_shift;
-	u32 cb_shift;			/* log2(plo_chunk_bytes) */
-	u32 dtype;
-
-	/* deferred bios, in arrival order */
-	spinlock_t bio_lock;
-	struct bio_list bios;
-	struct work_struct bio_work;
-
-	/*
-	 * cmd_lock: commands, the superblock, staging, the scratch buffers and
-	 * gradient dispatch. Held by the bio work item and by messages.
-	 */
-	struct mutex cmd_lock;
-	struct ckpt_sb *sb;		/* the committed superblock */
-	struct ckpt_sb *sb_next;
-	u8 *groups;			/* chunk -> group */
-	struct ckpt_cmd *cmd;
-	struct ckpt_status *st;
-	u8 *page;			/* 4 KiB scratch: commands, status, superblock */
-	struct ckpt_stage *stages;
-	u32 n_stages;
-	u32 free_stages;
-	u32 *stage_of;			/* chunk -> stage index */
-	u8 *stage_mem;
-	u64 *cover_mem;
-	bool started;
-
-	/* sm_lock: the state machine, from map, updates and commands */
-	spinlock_t sm_lock;
-	struct ckpt_step_sm sm;
-	u64 *claimed;
-	u64 *applied;
-
-	/* chunk buffers */
-	struct ckpt_job *jobs;
-	unsigned int queue_depth;
-	spinlock_t job_lock;		/* free_jobs, jobs_busy */
-	struct list_head free_jobs;
-	unsigned int jobs_busy;
-	wait_queue_head_t job_wait;
-
-	atomic64_t grad_bytes;
-	atomic64_t param_bytes;
-
-	/* the table line's optional arguments, in the order given */
-	unsigned int staging_kb;
-	unsigned int n_opts;
-	unsigned int opt_order[2];	/* indices into ckpt_opt_args */
-};
-
 /* ---------------------------------------------------------------- helpers */
 
-static const char *ckpt_name(struct ckpt_c *c)
-{
-	return dm_device_name(dm_table_get_md(c->ti->table));
-}
-
-static int ckpt_dm_io(struct dm_io_request *req, struct dm_io_region *where,
-		      unsigned long *error_bits)
-{
-#ifdef CKPT_HAVE_DM_IO_IOPRIO
-	return dm_io(req, 1, where, error_bits, IOPRIO_DEFAULT);
-#else
-	return dm_io(req, 1, where, error_bits);
-#endif
-}
-
-static void ckpt_io_prep(struct ckpt_c *c, struct dm_io_request *req,
-			 struct dm_io_region *where, blk_opf_t opf, void *buf,
-			 u64 off, u64 len)
-{
-	where->bdev = c->dev->bdev;
-	where->sector = off >> SECTOR_SHIFT;
-	where->count = len >> SECTOR_SHIFT;
-	req->bi_opf = opf;
-	req->mem.type = is_vmalloc_addr(buf) ? DM_IO_VMA : DM_IO_KMEM;
-	req->mem.offset = 0;
-	req->mem.ptr.addr = buf;
-	req->notify.fn = NULL;
-	req->notify.context = NULL;
-	req->client = c->io;
-}
-
-/* Synchronous I/O on the backing device: off and len in bytes, 512 B aligned. */
-static int ckpt_io_sync(struct ckpt_c *c, blk_opf_t opf, void *buf, u64 off, u64 len)
-{
-	struct dm_io_request req;
-	struct dm_io_region where;
-	unsigned long bits = 0;
-
-	ckpt_io_prep(c, &req, &where, opf, buf, off, len);
-	return ckpt_dm_io(&req, &where, &bits);
-}
-
-/* Copy len bytes of the bio at *it to dst, advancing *it. */
-static void ckpt_bio_copy_from(struct bio *bio, struct bvec_iter *it, void *dst,
-			       unsigned int len)
-{
-	u8 *d = dst;
-
-	while (len) {
-		struct bio_vec bv = bio_iter_iovec(bio, *it);
-		unsigned int n = min(bv.bv_len, len);
-
-		bv.bv_len = n;
-		memcpy_from_bvec(d, &bv);
-		bio_advance_iter_single(bio, it, n);
-		d += n;
-		len -= n;
-	}
-}
-
-static void ckpt_bio_copy_to(struct bio *bio, const void *src)
+static void dmckpt_bio_copy_to(struct bio *bio, const void *src)
 {
 	struct bvec_iter it;
 	struct bio_vec bv;
@@ -240,40 +79,15 @@ static void ckpt_bio_copy_to(struct bio *bio, const void *src)
 	}
 }
 
-static struct ckpt_io *ckpt_io_of(struct bio *bio)
-{
-	return dm_per_bio_data(bio, sizeof(struct ckpt_io));
-}
-
-/* Drop one reference of a deferred bio; the last one completes it. */
-static void ckpt_bio_put(struct bio *bio, blk_status_t status)
-{
-	struct ckpt_io *io = ckpt_io_of(bio);
-
-	if (status)
-		WRITE_ONCE(io->status, status);
-	if (atomic_dec_and_test(&io->pending)) {
-		bio->bi_status = READ_ONCE(io->status);
-		bio_endio(bio);
-	}
-}
-
 /* A command or write the protocol refuses: the status page tells why. */
-static void ckpt_rejected(struct ckpt_c *c, int err)
+static void dmckpt_rejected(struct dm_ckpt *c, int err)
 {
 	spin_lock(&c->sm_lock);
 	ckpt_sm_rejected(&c->sm, err);
 	spin_unlock(&c->sm_lock);
 }
 
-static void ckpt_fail(struct ckpt_c *c, int err)
-{
-	spin_lock(&c->sm_lock);
-	ckpt_sm_fail(&c->sm, err);
-	spin_unlock(&c->sm_lock);
-}
-
-static u32 ckpt_state(struct ckpt_c *c)
+static u32 dmckpt_state(struct dm_ckpt *c)
 {
 	u32 state;
 
@@ -283,257 +97,9 @@ static u32 ckpt_state(struct ckpt_c *c)
 	return state;
 }
 
-/* ---------------------------------------------------------------- chunk buffers */
-
-static bool ckpt_job_available(struct ckpt_c *c)
-{
-	bool r;
-
-	spin_lock(&c->job_lock);
-	r = !list_empty(&c->free_jobs);
-	spin_unlock(&c->job_lock);
-	return r;
-}
-
-static struct ckpt_job *ckpt_get_job(struct ckpt_c *c)
-{
-	struct ckpt_job *j;
-
-	wait_event(c->job_wait, ckpt_job_available(c));
-	spin_lock(&c->job_lock);
-	j = list_first_entry(&c->free_jobs, struct ckpt_job, list);
-	list_del(&j->list);
-	c->jobs_busy++;
-	spin_unlock(&c->job_lock);
-	return j;
-}
-
-static void ckpt_put_job(struct ckpt_c *c, struct ckpt_job *j)
-{
-	spin_lock(&c->job_lock);
-	list_add(&j->list, &c->free_jobs);
-	c->jobs_busy--;
-	spin_unlock(&c->job_lock);
-	wake_up_all(&c->job_wait);
-}
-
-static bool ckpt_idle(struct ckpt_c *c)
-{
-	bool r;
-
-	spin_lock(&c->job_lock);
-	r = !c->jobs_busy;
-	spin_unlock(&c->job_lock);
-	return r;
-}
-
-/* Wait until no chunk update is in flight. */
-static void ckpt_drain(struct ckpt_c *c)
-{
-	wait_event(c->job_wait, ckpt_idle(c));
-}
-
-/* ---------------------------------------------------------------- chunk update */
-
-static u32 ckpt_run_update(struct ckpt_job *j, u32 *p, u32 *m, u32 *v, u64 n)
-{
-	u32 nonfinite = 0;
-	u64 i, k;
-
-	for (i = 0; i < n; i += k) {
-		k = min_t(u64, n - i, CKPT_FPU_SLICE);
-		kernel_fpu_begin();
-		if (ckpt_use_avx2)
-			nonfinite |= dm_ckpt_update_avx2(&j->hp, j->grad_scale, j->c->dtype,
-							 j->grad + i, p + i, m + i, v + i,
-							 j->plo + i, k);
-		else
-			nonfinite |= dm_ckpt_update_sse2(&j->hp, j->grad_scale, j->c->dtype,
-							 j->grad + i, p + i, m + i, v + i,
-							 j->plo + i, k);
-		kernel_fpu_end();
-		cond_resched();
-	}
-	return nonfinite;
-}
-
-/*
- * The record a step reads must be the committed state of its chunk, intact:
- * bit rot built upon would become new committed state with a fresh checksum.
- */
-static int ckpt_check_record(struct ckpt_c *c, struct ckpt_job *j)
-{
-	struct ckpt_rec want = {
-		.chunk = j->chunk,
-		.slot = j->src,
-		.chunk_shift = c->chunk_shift,
-		.step = j->src_step,
-		.sequence = j->src_sequence,
-	};
-	struct ckpt_rec got;
-	enum ckpt_rec_fault f = ckpt_rec_check(j->rec, j->rec + CKPT_BLOCK, NULL,
-						&want, 0, &got);
-
-	if (f == CKPT_REC_OK)
-		return 0;
-	if (f == CKPT_REC_HEADER)
-		DMERR_LIMIT("%s: state record of chunk %u slot %u: %s (%s)", ckpt_name(c),
-			    j->chunk, j->src, ckpt_rec_fault_str(f),
-			    ckpt_strerror(ckpt_rec_decode(j->rec, &got)));
-	else
-		DMERR_LIMIT("%s: state record of chunk %u slot %u: %s (holds chunk %u slot %u step %llu seq %llu, want step %llu seq %llu)",
-			    ckpt_name(c), j->chunk, j->src, ckpt_rec_fault_str(f),
-			    got.chunk, got.slot, got.step, got.sequence,
-			    j->src_step, j->src_sequence);
-	return -EIO;
-}
-
-static void ckpt_write_done(unsigned long error, void *context)
-{
-	struct ckpt_job *j = context;
-
-	if (error)
-		WRITE_ONCE(j->write_error, -EIO);
-	if (atomic_dec_and_test(&j->writes))
-		complete(&j->done);
-}
-
-/* Write the record and p_lo of the job's chunk to the destination slot. */
-static int ckpt_write_state(struct ckpt_c *c, struct ckpt_job *j)
-{
-	const struct ckpt_layout *l = &c->layout;
-	struct dm_io_request req;
-	struct dm_io_region where;
-	int ret;
-
-	j->write_error = 0;
-	atomic_set(&j->writes, 2);
-	reinit_completion(&j->done);
-
-	ckpt_io_prep(c, &req, &where, REQ_OP_WRITE, j->rec,
-		     ckpt_record_offset(l, j->dst, j->chunk), l->record_bytes);
-	req.notify.fn = ckpt_write_done;
-	req.notify.context = j;
-	ret = ckpt_dm_io(&req, &where, NULL);
-	if (ret)
-		ckpt_write_done(1, j);
-
-	ckpt_io_prep(c, &req, &where, REQ_OP_WRITE, j->plo,
-		     ckpt_plo_offset(l, j->dst, j->chunk), l->plo_chunk_bytes);
-	req.notify.fn = ckpt_write_done;
-	req.notify.context = j;
-	ret = ckpt_dm_io(&req, &where, NULL);
-	if (ret)
-		ckpt_write_done(1, j);
-
-	wait_for_completion_io(&j->done);
-	return READ_ONCE(j->write_error);
-}
-
-static void ckpt_job_work(struct work_struct *work)
-{
-	struct ckpt_job *j = container_of(work, struct ckpt_job, work);
-	struct ckpt_c *c = j->c;
-	const struct ckpt_layout *l = &c->layout;
-	const u64 cp = l->chunk_params;
-	u32 *p = (u32 *)(j->rec + CKPT_BLOCK);
-	blk_status_t status = BLK_STS_OK;
-	struct ckpt_rec rec;
-	u32 nonfinite;
-	int ret;
-
-	ret = ckpt_io_sync(c, REQ_OP_READ, j->rec, ckpt_record_offset(l, j->src, j->chunk),
-			   l->record_bytes);
-	if (ret) {
-		DMERR_LIMIT("%s: reading the state of chunk %u failed: %d", ckpt_name(c),
-			    j->chunk, ret);
-		goto fail;
-	}
-	ret = ckpt_check_record(c, j);
-	if (ret)
-		goto fail;
-
-	nonfinite = ckpt_run_update(j, p, p + cp, p + 2 * cp, cp);
-	if (nonfinite) {
-		/* The step will be skipped: this chunk is not written. */
-		spin_lock(&c->sm_lock);
-		ckpt_sm_applied(&c->sm, j->chunk, true, false);
-		spin_unlock(&c->sm_lock);
-		goto out;
-	}
-
-	memset(&rec, 0, sizeof(rec));
-	rec.chunk = j->chunk;
-	rec.slot = j->dst;
-	rec.chunk_shift = c->chunk_shift;
-	rec.step = j->step;
-	rec.sequence = j->src_sequence + 1;
-	rec.data_crc = ckpt_crc32c(p, 12 * cp);
-	if (j->incompat & CKPT_FEATURE_INCOMPAT_PLO_CRC)
-		rec.plo_crc = ckpt_plo_crc(j->plo, c->chunk_shift);
-	ckpt_rec_encode(&rec, j->rec);
-	ret = ckpt_write_state(c, j);
-	if (ret) {
-		DMERR_LIMIT("%s: writing the state of chunk %u failed: %d", ckpt_name(c),
-			    j->chunk, ret);
-		goto fail;
-	}
-	spin_lock(&c->sm_lock);
-	ckpt_sm_applied(&c->sm, j->chunk, false, true);
-	spin_unlock(&c->sm_lock);
-	goto out;
-fail:
-	ckpt_fail(c, -EIO);
-	status = BLK_STS_IOERR;
-out:
-	ckpt_bio_put(j->bio, status);
-	ckpt_put_job(c, j);
-}
-
-/*
- * Hand one whole chunk of gradients to an update. Claims the chunk (the
- * caller checked that it can); blocks while all queue_depth buffers are busy.
- * Called with cmd_lock held; src is the gradient (bio iterator or stage).
- */
-static void ckpt_dispatch(struct ckpt_c *c, struct bio *bio, u32 chunk,
-			  struct bvec_iter *it, const u8 *stage_grad)
-{
-	struct ckpt_job *j = ckpt_get_job(c);
-	int ret;
-
-	if (it)
-		ckpt_bio_copy_from(bio, it, j->grad, c->layout.plo_chunk_bytes);
-	else
-		memcpy(j->grad, stage_grad, c->layout.plo_chunk_bytes);
-
-	j->bio = bio;
-	j->chunk = chunk;
-	j->src_step = c->sb->committed_step;
-	j->src_sequence = c->sb->sequence;
-	j->incompat = c->sb->feature_incompat;
-	spin_lock(&c->sm_lock);
-	ret = ckpt_sm_claim(&c->sm, chunk);
-	j->src = ckpt_sm_src_slot(&c->sm);
-	j->dst = ckpt_sm_dst_slot(&c->sm);
-	j->step = c->sm.open_step;
-	j->grad_scale = c->sm.grad_scale;
-	j->hp = c->sm.groups[c->groups[chunk]];
-	spin_unlock(&c->sm_lock);
-	if (ret) {
-		/* Cannot happen: checked under cmd_lock. Fail the write, not the box. */
-		DMERR_LIMIT("%s: chunk %u: claim failed: %s", ckpt_name(c), chunk,
-			    ckpt_strerror(ret));
-		ckpt_put_job(c, j);
-		WRITE_ONCE(ckpt_io_of(bio)->status, BLK_STS_IOERR);
-		return;
-	}
-	atomic_inc(&ckpt_io_of(bio)->pending);
-	queue_work(c->upd_wq, &j->work);
-}
-
 /* ---------------------------------------------------------------- staging */
 
-static void ckpt_release_stage(struct ckpt_c *c, struct ckpt_stage *s)
+static void dmckpt_release_stage(struct dm_ckpt *c, struct dm_ckpt_stage *s)
 {
 	u32 words = ckpt_bitmap_words(c->layout.plo_chunk_bytes >> SECTOR_SHIFT);
 
@@ -543,16 +109,16 @@ static void ckpt_release_stage(struct ckpt_c *c, struct ckpt_stage *s)
 	c->free_stages++;
 }
 
-static void ckpt_release_stages(struct ckpt_c *c)
+static void dmckpt_release_stages(struct dm_ckpt *c)
 {
 	u32 i;
 
 	for (i = 0; i < c->n_stages; i++)
 		if (c->stages[i].chunk != CKPT_NO_STAGE)
-			ckpt_release_stage(c, &c->stages[i]);
+			dmckpt_release_stage(c, &c->stages[i]);
 }
 
-static struct ckpt_stage *ckpt_new_stage(struct ckpt_c *c, u32 chunk)
+static struct dm_ckpt_stage *dmckpt_new_stage(struct dm_ckpt *c, u32 chunk)
 {
 	u32 i;
 
@@ -567,7 +133,7 @@ static struct ckpt_stage *ckpt_new_stage(struct ckpt_c *c, u32 chunk)
 	return NULL;
 }
 
-static bool ckpt_cover_any(const u64 *bits, u32 first, u32 count)
+static bool dmckpt_cover_any(const u64 *bits, u32 first, u32 count)
 {
 	u32 s;
 
@@ -577,7 +143,7 @@ static bool ckpt_cover_any(const u64 *bits, u32 first, u32 count)
 	return false;
 }
 
-static bool ckpt_claimed(struct ckpt_c *c, u32 chunk)
+static bool dmckpt_claimed(struct dm_ckpt *c, u32 chunk)
 {
 	bool r;
 
@@ -591,11 +157,11 @@ static bool ckpt_claimed(struct ckpt_c *c, u32 chunk)
  * Check every piece of a gradient write before changing anything, so that a
  * refused write leaves the step exactly as it was. Returns 0 or -CKPT_E_*.
  */
-static int ckpt_grad_check(struct ckpt_c *c, u64 off, u64 len)
+static int dmckpt_grad_check(struct dm_ckpt *c, u64 off, u64 len)
 {
 	const u64 cb = c->layout.plo_chunk_bytes;
 	u32 free = c->free_stages;
-	u32 state = ckpt_state(c);
+	u32 state = dmckpt_state(c);
 
 	if (state == CKPT_STATE_FAILED)
 		return -CKPT_E_FAILED;
@@ -607,7 +173,7 @@ static int ckpt_grad_check(struct ckpt_c *c, u64 off, u64 len)
 		u64 n = min(len, cb - in);
 		u32 si = c->stage_of[chunk];
 
-		if (ckpt_claimed(c, chunk))
+		if (dmckpt_claimed(c, chunk))
 			return -CKPT_E_TWICE;
 		if (n == cb) {
 			/* A whole chunk over sectors already staged: written twice. */
@@ -617,7 +183,7 @@ static int ckpt_grad_check(struct ckpt_c *c, u64 off, u64 len)
 			if (!free)
 				return -CKPT_E_NOSPC;
 			free--;
-		} else if (ckpt_cover_any(c->stages[si].cover, in >> SECTOR_SHIFT,
+		} else if (dmckpt_cover_any(c->stages[si].cover, in >> SECTOR_SHIFT,
 					  n >> SECTOR_SHIFT)) {
 			return -CKPT_E_TWICE;
 		}
@@ -627,7 +193,7 @@ static int ckpt_grad_check(struct ckpt_c *c, u64 off, u64 len)
 	return 0;
 }
 
-static void ckpt_grad_write(struct ckpt_c *c, struct bio *bio)
+static void dmckpt_grad_write(struct dm_ckpt *c, struct bio *bio)
 {
 	const u64 cb = c->layout.plo_chunk_bytes;
 	const u32 sectors = cb >> SECTOR_SHIFT;
@@ -637,12 +203,12 @@ static void ckpt_grad_write(struct ckpt_c *c, struct bio *bio)
 	struct bvec_iter it = bio->bi_iter;
 	int ret;
 
-	ret = ckpt_grad_check(c, off, len);
+	ret = dmckpt_grad_check(c, off, len);
 	if (ret) {
 		DMDEBUG_LIMIT("%s: gradient write of %llu bytes at %llu refused: %s",
-			      ckpt_name(c), len, off, ckpt_strerror(ret));
-		ckpt_rejected(c, ret);
-		ckpt_bio_put(bio, BLK_STS_IOERR);
+			      dm_ckpt_name(c), len, off, ckpt_strerror(ret));
+		dmckpt_rejected(c, ret);
+		dm_ckpt_bio_put(bio, BLK_STS_IOERR);
 		return;
 	}
 	atomic64_add(len, &c->grad_bytes);
@@ -651,47 +217,30 @@ static void ckpt_grad_write(struct ckpt_c *c, struct bio *bio)
 		u32 chunk = off >> c->cb_shift;
 		u64 in = off & (cb - 1);
 		u64 n = min(len, cb - in);
-		struct ckpt_stage *s;
+		struct dm_ckpt_stage *s;
 
 		if (n == cb) {
-			ckpt_dispatch(c, bio, chunk, &it, NULL);
+			dm_ckpt_upd_dispatch(c, bio, chunk, &it, NULL);
 		} else {
 			u32 si = c->stage_of[chunk];
 
-			s = si == CKPT_NO_STAGE ? ckpt_new_stage(c, chunk) : &c->stages[si];
-			ckpt_bio_copy_from(bio, &it, s->grad + in, n);
+			s = si == CKPT_NO_STAGE ? dmckpt_new_stage(c, chunk) : &c->stages[si];
+			dm_ckpt_bio_copy_from(bio, &it, s->grad + in, n);
 			ckpt_cover_add(s->cover, sectors, in >> SECTOR_SHIFT, n >> SECTOR_SHIFT);
 			if (ckpt_cover_full(s->cover, sectors)) {
-				ckpt_dispatch(c, bio, chunk, NULL, s->grad);
-				ckpt_release_stage(c, s);
+				dm_ckpt_upd_dispatch(c, bio, chunk, NULL, s->grad);
+				dmckpt_release_stage(c, s);
 			}
 		}
 		off += n;
 		len -= n;
 	}
-	ckpt_bio_put(bio, BLK_STS_OK);
+	dm_ckpt_bio_put(bio, BLK_STS_OK);
 }
 
 /* ---------------------------------------------------------------- commands */
 
-/* Flush, then the next superblock copy with FUA (never over the current one). */
-static int ckpt_write_sb(struct ckpt_c *c, const struct ckpt_sb *next)
-{
-	int ret;
-
-	ret = blkdev_issue_flush(c->dev->bdev);
-	if (ret)
-		return ret;
-	ret = ckpt_sb_encode(next, c->page);
-	if (ret) {
-		DMERR("%s: cannot encode the superblock: %s", ckpt_name(c), ckpt_strerror(ret));
-		return -EINVAL;
-	}
-	return ckpt_io_sync(c, REQ_OP_WRITE | REQ_SYNC | REQ_FUA, c->page,
-			    ckpt_sb_next_offset(c->sb), CKPT_BLOCK);
-}
-
-static int ckpt_commit(struct ckpt_c *c, const struct ckpt_cmd *cmd)
+static int dmckpt_commit(struct dm_ckpt *c, const struct ckpt_cmd *cmd)
 {
 	struct ckpt_sb *next = c->sb_next;
 	int ret;
@@ -706,10 +255,10 @@ static int ckpt_commit(struct ckpt_c *c, const struct ckpt_cmd *cmd)
 	memset(next->blob, 0, sizeof(next->blob));
 	memcpy(next->blob, cmd->blob, cmd->blob_len);
 
-	ret = ckpt_write_sb(c, next);
+	ret = dm_ckpt_md_write_sb(&c->md, c->sb, next, c->page);
 	if (ret) {
 		DMERR("%s: committing step %llu failed: %d; step %llu stays committed",
-		      ckpt_name(c), next->committed_step, ret, c->sb->committed_step);
+		      dm_ckpt_name(c), next->committed_step, ret, c->sb->committed_step);
 		spin_lock(&c->sm_lock);
 		ckpt_sm_commit_failed(&c->sm, ret);
 		spin_unlock(&c->sm_lock);
@@ -720,7 +269,7 @@ static int ckpt_commit(struct ckpt_c *c, const struct ckpt_cmd *cmd)
 	spin_unlock(&c->sm_lock);
 	c->sb_next = c->sb;
 	c->sb = next;
-	ckpt_release_stages(c);
+	dmckpt_release_stages(c);
 	return CKPT_RESULT_COMMITTED;
 }
 
@@ -730,12 +279,12 @@ static int ckpt_commit(struct ckpt_c *c, const struct ckpt_cmd *cmd)
  * another -CKPT_E_* when the command was refused (recorded for the status
  * page). Called with cmd_lock held.
  */
-static int ckpt_exec(struct ckpt_c *c, const struct ckpt_cmd *cmd)
+static int dmckpt_exec(struct dm_ckpt *c, const struct ckpt_cmd *cmd)
 {
 	int ret;
 
 	/* Everything dispatched before the command is on the device first. */
-	ckpt_drain(c);
+	dm_ckpt_upd_drain(c);
 	switch (cmd->opcode) {
 	case CKPT_OP_BEGIN:
 		spin_lock(&c->sm_lock);
@@ -747,45 +296,45 @@ static int ckpt_exec(struct ckpt_c *c, const struct ckpt_cmd *cmd)
 		ret = ckpt_sm_abort(&c->sm, cmd);
 		spin_unlock(&c->sm_lock);
 		if (ret >= 0)
-			ckpt_release_stages(c);
+			dmckpt_release_stages(c);
 		break;
 	case CKPT_OP_COMMIT:
 		spin_lock(&c->sm_lock);
 		ret = ckpt_sm_commit(&c->sm, cmd);
 		spin_unlock(&c->sm_lock);
 		if (ret == CKPT_RESULT_OVERFLOW)
-			ckpt_release_stages(c);
+			dmckpt_release_stages(c);
 		else if (ret == CKPT_RESULT_COMMITTED)
-			return ckpt_commit(c, cmd);
+			return dmckpt_commit(c, cmd);
 		break;
 	default:
 		ret = -CKPT_E_OPCODE;
 		break;
 	}
 	if (ret < 0)
-		ckpt_rejected(c, ret);
+		dmckpt_rejected(c, ret);
 	return ret;
 }
 
-static void ckpt_control_write(struct ckpt_c *c, struct bio *bio)
+static void dmckpt_control_write(struct dm_ckpt *c, struct bio *bio)
 {
 	struct bvec_iter it = bio->bi_iter;
 	u32 len = bio->bi_iter.bi_size;
 	int ret;
 
 	memset(c->page, 0, CKPT_BLOCK);
-	ckpt_bio_copy_from(bio, &it, c->page, len);
+	dm_ckpt_bio_copy_from(bio, &it, c->page, len);
 	ret = ckpt_cmd_decode(c->page, len, c->cmd);
 	if (ret < 0)
-		ckpt_rejected(c, ret);
+		dmckpt_rejected(c, ret);
 	else
-		ret = ckpt_exec(c, c->cmd);
+		ret = dmckpt_exec(c, c->cmd);
 	if (ret < 0)
-		DMDEBUG_LIMIT("%s: command refused: %s", ckpt_name(c), ckpt_strerror(ret));
-	ckpt_bio_put(bio, ret < 0 ? BLK_STS_IOERR : BLK_STS_OK);
+		DMDEBUG_LIMIT("%s: command refused: %s", dm_ckpt_name(c), ckpt_strerror(ret));
+	dm_ckpt_bio_put(bio, ret < 0 ? BLK_STS_IOERR : BLK_STS_OK);
 }
 
-static void ckpt_fill_status(struct ckpt_c *c)
+static void dmckpt_fill_status(struct dm_ckpt *c)
 {
 	spin_lock(&c->sm_lock);
 	ckpt_sm_status(&c->sm, c->sb, c->st);
@@ -794,19 +343,19 @@ static void ckpt_fill_status(struct ckpt_c *c)
 	c->st->param_bytes = atomic64_read(&c->param_bytes);
 }
 
-static void ckpt_control_read(struct ckpt_c *c, struct bio *bio)
+static void dmckpt_control_read(struct dm_ckpt *c, struct bio *bio)
 {
 	u64 off = dm_target_offset(c->ti, bio->bi_iter.bi_sector) << SECTOR_SHIFT;
 
-	ckpt_fill_status(c);
+	dmckpt_fill_status(c);
 	ckpt_status_encode(c->st, c->page);
-	ckpt_bio_copy_to(bio, c->page + off);
-	ckpt_bio_put(bio, BLK_STS_OK);
+	dmckpt_bio_copy_to(bio, c->page + off);
+	dm_ckpt_bio_put(bio, BLK_STS_OK);
 }
 
-static void ckpt_bio_work(struct work_struct *work)
+static void dmckpt_bio_work(struct work_struct *work)
 {
-	struct ckpt_c *c = container_of(work, struct ckpt_c, bio_work);
+	struct dm_ckpt *c = container_of(work, struct dm_ckpt, bio_work);
 	struct bio_list bios;
 	struct bio *bio;
 	unsigned long flags;
@@ -821,11 +370,11 @@ static void ckpt_bio_work(struct work_struct *work)
 
 		mutex_lock(&c->cmd_lock);
 		if (off >= c->layout.grad_off)
-			ckpt_grad_write(c, bio);
+			dmckpt_grad_write(c, bio);
 		else if (bio_data_dir(bio) == WRITE)
-			ckpt_control_write(c, bio);
+			dmckpt_control_write(c, bio);
 		else
-			ckpt_control_read(c, bio);
+			dmckpt_control_read(c, bio);
 		mutex_unlock(&c->cmd_lock);
 		cond_resched();
 	}
@@ -833,9 +382,9 @@ static void ckpt_bio_work(struct work_struct *work)
 
 /* ---------------------------------------------------------------- map */
 
-static void ckpt_defer(struct ckpt_c *c, struct bio *bio)
+static void dmckpt_defer(struct dm_ckpt *c, struct bio *bio)
 {
-	struct ckpt_io *io = ckpt_io_of(bio);
+	struct dm_ckpt_io *io = dm_ckpt_io_of(bio);
 	unsigned long flags;
 
 	atomic_set(&io->pending, 1);
@@ -846,15 +395,15 @@ static void ckpt_defer(struct ckpt_c *c, struct bio *bio)
 	queue_work(c->ctl_wq, &c->bio_work);
 }
 
-static int ckpt_kill(struct ckpt_c *c, int err)
+static int dmckpt_kill(struct dm_ckpt *c, int err)
 {
-	ckpt_rejected(c, err);
+	dmckpt_rejected(c, err);
 	return DM_MAPIO_KILL;
 }
 
-static int ckpt_map(struct dm_target *ti, struct bio *bio)
+static int dmckpt_map(struct dm_target *ti, struct bio *bio)
 {
-	struct ckpt_c *c = ti->private;
+	struct dm_ckpt *c = ti->private;
 	const struct ckpt_layout *l = &c->layout;
 	const u64 cb = l->plo_chunk_bytes;
 	u64 off, len, in;
@@ -862,7 +411,7 @@ static int ckpt_map(struct dm_target *ti, struct bio *bio)
 
 	if (bio->bi_opf & REQ_PREFLUSH) {
 		/* Empty flush (dm core splits flush+data): pass to the backing device. */
-		bio_set_dev(bio, c->dev->bdev);
+		bio_set_dev(bio, c->md.dev->bdev);
 		return DM_MAPIO_REMAPPED;
 	}
 	if (bio_op(bio) != REQ_OP_READ && bio_op(bio) != REQ_OP_WRITE)
@@ -875,19 +424,19 @@ static int ckpt_map(struct dm_target *ti, struct bio *bio)
 		if (bio_data_dir(bio) == WRITE) {
 			/* A command is one write at offset 0 of at most 4 KiB. */
 			if (off || len > CKPT_BLOCK)
-				return ckpt_kill(c, -CKPT_E_RANGE);
+				return dmckpt_kill(c, -CKPT_E_RANGE);
 		} else if (off + len > l->grad_off) {
 			dm_accept_partial_bio(bio, (l->grad_off - off) >> SECTOR_SHIFT);
 		}
-		ckpt_defer(c, bio);
+		dmckpt_defer(c, bio);
 		return DM_MAPIO_SUBMITTED;
 	}
 
 	if (off < l->param_off) {
 		if (bio_data_dir(bio) == WRITE) {
 			if (off + len > l->param_off)
-				return ckpt_kill(c, -CKPT_E_RANGE);
-			ckpt_defer(c, bio);
+				return dmckpt_kill(c, -CKPT_E_RANGE);
+			dmckpt_defer(c, bio);
 			return DM_MAPIO_SUBMITTED;
 		}
 		if (off + len > l->param_off)
@@ -898,7 +447,7 @@ static int ckpt_map(struct dm_target *ti, struct bio *bio)
 	}
 
 	if (bio_data_dir(bio) == WRITE)
-		return ckpt_kill(c, -CKPT_E_READONLY);
+		return dmckpt_kill(c, -CKPT_E_READONLY);
 
 	/* PARAM read: one chunk per bio, remapped to the slot with its latest values. */
 	off -= l->param_off;
@@ -912,171 +461,18 @@ static int ckpt_map(struct dm_target *ti, struct bio *bio)
 	slot = ckpt_sm_read_slot(&c->sm, chunk);
 	spin_unlock(&c->sm_lock);
 	atomic64_add(len, &c->param_bytes);
-	bio_set_dev(bio, c->dev->bdev);
+	bio_set_dev(bio, c->md.dev->bdev);
 	bio->bi_iter.bi_sector = (ckpt_plo_offset(l, slot, chunk) + in) >> SECTOR_SHIFT;
 	return DM_MAPIO_REMAPPED;
 }
 
-/* ---------------------------------------------------------------- superblock */
-
-static const char *ckpt_sb_error(int err)
-{
-	switch (err < 0 ? -err : err) {
-	case CKPT_E_MAGIC:
-		return "Superblock: bad magic number";
-	case CKPT_E_CRC:
-		return "Superblock: checksum mismatch";
-	case CKPT_E_VERSION:
-		return "Superblock: unsupported format version";
-	case CKPT_E_FEATURE:
-		return "Superblock: unsupported feature bits";
-	case CKPT_E_GEOMETRY:
-		return "Superblock: geometry out of range";
-	case CKPT_E_LAYOUT:
-		return "Superblock: offsets or sizes disagree with the geometry";
-	case CKPT_E_TOO_SMALL:
-		return "Superblock: backing device smaller than the layout";
-	case CKPT_E_NO_SB:
-		return "Superblock: no valid copy";
-	case CKPT_E_BLOB:
-		return "Superblock: trainer blob too large";
-	case CKPT_E_MANIFEST:
-		return "Superblock: manifest length out of range";
-	default:
-		return "Superblock: invalid";
-	}
-}
-
-/*
- * Read one copy of the group table into table and check it against sb.
- * Returns 0, -EIO, or -EINVAL with *why set.
- */
-static int ckpt_read_groups(struct ckpt_c *c, const struct ckpt_sb *sb, u32 copy,
-			    u8 *table, const char **why)
-{
-	int ret;
-
-	ret = ckpt_io_sync(c, REQ_OP_READ | REQ_SYNC, table,
-			   ckpt_group_offset(&sb->layout, copy), sb->layout.group_bytes);
-	if (ret) {
-		*why = "read error";
-		return ret;
-	}
-	ret = ckpt_group_table_check(sb, table);
-	if (ret) {
-		*why = ret == -CKPT_E_CRC ? "checksum mismatch" : "a chunk's group is out of range";
-		return -EINVAL;
-	}
-	return 0;
-}
-
-/*
- * Read both superblock copies and the group table into sb and groups (n_chunks
- * bytes, or NULL to skip the group table). The group table comes from the
- * first copy that checks out; a damaged superblock or group table copy that
- * was skipped is logged. Returns 0 or -errno with *error set to a static
- * message.
- */
-static int ckpt_read_sb(struct ckpt_c *c, struct ckpt_sb *sb, struct ckpt_sb *scratch,
-			u8 **groups, char **error)
-{
-	u64 dev_bytes = bdev_nr_bytes(c->dev->bdev);
-	const char *why[2] = { NULL, NULL };
-	u8 *buf, *table = NULL;
-	int ret, r0, r1;
-	u32 copy, copies, other;
-
-	if (dev_bytes < 2 * CKPT_BLOCK) {
-		*error = "Backing device too small for a superblock";
-		return -EINVAL;
-	}
-	buf = kvmalloc(2 * CKPT_BLOCK, GFP_KERNEL);
-	if (!buf) {
-		*error = "Cannot allocate superblock buffer";
-		return -ENOMEM;
-	}
-	ret = ckpt_io_sync(c, REQ_OP_READ | REQ_SYNC, buf, 0, 2 * CKPT_BLOCK);
-	if (ret) {
-		*error = "Cannot read the superblock";
-		goto out;
-	}
-	ret = ckpt_sb_pick(buf, buf + CKPT_BLOCK, dev_bytes, sb);
-	if (ret < 0) {
-		r0 = ckpt_sb_decode(buf, dev_bytes, scratch);
-		r1 = ckpt_sb_decode(buf + CKPT_BLOCK, dev_bytes, scratch);
-		DMERR("%s: no usable superblock on %s (%llu bytes): copy 0: %s, copy 1: %s",
-		      ckpt_name(c), c->dev->name, dev_bytes,
-		      r0 ? ckpt_strerror(r0) : "wrong parity",
-		      r1 ? ckpt_strerror(r1) : "wrong parity");
-		*error = (char *)ckpt_sb_error(ret);
-		ret = -EINVAL;
-		goto out;
-	}
-	copy = ret;
-	ret = 0;
-	if (!groups)
-		goto out;
-
-	other = copy ^ 1;
-	/* It may have been a newer commit: the device would resume one step back. */
-	r1 = ckpt_sb_check_other(buf + other * CKPT_BLOCK, other, dev_bytes, sb, scratch);
-	if (r1)
-		DMWARN("%s: superblock copy %u on %s is damaged (%s): using copy %u (sequence %llu, step %llu), a newer commit may be lost",
-		       ckpt_name(c), other, c->dev->name,
-		       r1 == -CKPT_E_NO_SB ? "its sequence belongs to the other copy" :
-		       ckpt_strerror(r1), copy, sb->sequence, sb->committed_step);
-
-	table = kvmalloc(sb->layout.group_bytes, GFP_KERNEL);
-	if (!table) {
-		*error = "Cannot allocate the group table";
-		ret = -ENOMEM;
-		goto out;
-	}
-	copies = ckpt_meta_copies(&sb->layout);
-	for (copy = 0; copy < copies; copy++) {
-		ret = ckpt_read_groups(c, sb, copy, table, &why[copy]);
-		if (!ret)
-			break;
-	}
-	if (ret) {
-		DMERR("%s: group table on %s: copy 0: %s%s%s", ckpt_name(c), c->dev->name,
-		      why[0], copies > 1 ? ", copy 1: " : "", copies > 1 ? why[1] : "");
-		if (copies > 1)
-			*error = "Group table: no intact copy";
-		else if (ret == -EINVAL)
-			*error = "Group table: a chunk's group is out of range";
-		else
-			*error = "Cannot read the group table";
-		goto out;
-	}
-	if (copy)
-		DMWARN("%s: group table copy 0 on %s is damaged (%s): using copy 1",
-		       ckpt_name(c), c->dev->name, why[0]);
-	*groups = table;
-	table = NULL;
-out:
-	kvfree(table);
-	kvfree(buf);
-	return ret;
-}
-
 /* ---------------------------------------------------------------- ctr/dtr */
 
-static void ckpt_free(struct ckpt_c *c)
+static void dmckpt_free(struct dm_ckpt *c)
 {
-	unsigned int i;
-
-	if (c->upd_wq)
-		destroy_workqueue(c->upd_wq);
+	dm_ckpt_upd_destroy(c);
 	if (c->ctl_wq)
 		destroy_workqueue(c->ctl_wq);
-	if (c->jobs) {
-		for (i = 0; i < c->queue_depth; i++) {
-			kvfree(c->jobs[i].rec);
-			kvfree(c->jobs[i].plo);
-		}
-		kfree(c->jobs);
-	}
 	kvfree(c->stage_mem);
 	kvfree(c->cover_mem);
 	kfree(c->stages);
@@ -1089,19 +485,16 @@ static void ckpt_free(struct ckpt_c *c)
 	kfree(c->cmd);
 	kfree(c->sb_next);
 	kfree(c->sb);
-	if (c->io)
-		dm_io_client_destroy(c->io);
-	if (c->dev)
-		dm_put_device(c->ti, c->dev);
+	dm_ckpt_md_close(&c->md);
 	kfree(c);
 }
 
 /* The optional table arguments: "<name> <value>" pairs, each at most once. */
-static const struct ckpt_opt_arg {
+static const struct dmckpt_opt_arg {
 	const char *name;
 	unsigned int min, max;
 	const char *err_dup, *err_missing, *err_nan, *err_range;
-} ckpt_opt_args[] = {
+} dmckpt_opt_args[] = {
 	{ "queue_depth", 1, CKPT_MAX_QUEUE_DEPTH,
 	  "Duplicate queue_depth argument", "queue_depth needs a value",
 	  "Invalid queue_depth (not a number)", "queue_depth out of range (1..128)" },
@@ -1110,18 +503,18 @@ static const struct ckpt_opt_arg {
 	  "Invalid staging_kb (not a number)", "staging_kb out of range (1..4194304)" },
 };
 
-static unsigned int *ckpt_opt_value(struct ckpt_c *c, unsigned int i)
+static unsigned int *dmckpt_opt_value(struct dm_ckpt *c, unsigned int i)
 {
 	return i == 0 ? &c->queue_depth : &c->staging_kb;
 }
 
-static int ckpt_parse_opts(struct ckpt_c *c, struct dm_arg_set *as, char **error)
+static int dmckpt_parse_opts(struct dm_ckpt *c, struct dm_arg_set *as, char **error)
 {
 	static const struct dm_arg arg_count = {
 		0, 4, "Invalid number of optional arguments (0, 2 or 4)"
 	};
-	bool seen[ARRAY_SIZE(ckpt_opt_args)] = { };
-	const struct ckpt_opt_arg *o;
+	bool seen[ARRAY_SIZE(dmckpt_opt_args)] = { };
+	const struct dmckpt_opt_arg *o;
 	unsigned int n, v, i;
 	const char *name;
 	int ret;
@@ -1136,14 +529,14 @@ static int ckpt_parse_opts(struct ckpt_c *c, struct dm_arg_set *as, char **error
 	while (n) {
 		name = dm_shift_arg(as);
 		n--;
-		for (i = 0; i < ARRAY_SIZE(ckpt_opt_args); i++)
-			if (!strcasecmp(name, ckpt_opt_args[i].name))
+		for (i = 0; i < ARRAY_SIZE(dmckpt_opt_args); i++)
+			if (!strcasecmp(name, dmckpt_opt_args[i].name))
 				break;
-		if (i == ARRAY_SIZE(ckpt_opt_args)) {
+		if (i == ARRAY_SIZE(dmckpt_opt_args)) {
 			*error = "Unknown optional argument";
 			return -EINVAL;
 		}
-		o = &ckpt_opt_args[i];
+		o = &dmckpt_opt_args[i];
 		if (seen[i]) {
 			*error = (char *)o->err_dup;
 			return -EINVAL;
@@ -1161,7 +554,7 @@ static int ckpt_parse_opts(struct ckpt_c *c, struct dm_arg_set *as, char **error
 			*error = (char *)o->err_range;
 			return -EINVAL;
 		}
-		*ckpt_opt_value(c, i) = v;
+		*dmckpt_opt_value(c, i) = v;
 		seen[i] = true;
 		c->opt_order[c->n_opts++] = i;
 	}
@@ -1172,7 +565,7 @@ static int ckpt_parse_opts(struct ckpt_c *c, struct dm_arg_set *as, char **error
 	return 0;
 }
 
-static int ckpt_alloc(struct ckpt_c *c, char **error)
+static int dmckpt_alloc(struct dm_ckpt *c, char **error)
 {
 	const struct ckpt_layout *l = &c->layout;
 	const u32 n_chunks = c->sb->geo.n_chunks;
@@ -1205,26 +598,7 @@ static int ckpt_alloc(struct ckpt_c *c, char **error)
 		c->stages[i].grad = c->stage_mem + i * cb;
 		c->stages[i].cover = c->cover_mem + i * cover_words;
 	}
-
-	c->jobs = kcalloc(c->queue_depth, sizeof(*c->jobs), GFP_KERNEL);
-	if (!c->jobs)
-		goto nomem;
-	for (i = 0; i < c->queue_depth; i++) {
-		struct ckpt_job *j = &c->jobs[i];
-
-		j->c = c;
-		INIT_WORK(&j->work, ckpt_job_work);
-		init_completion(&j->done);
-		j->rec = kvmalloc(l->record_bytes, GFP_KERNEL);
-		j->plo = kvmalloc(2 * cb, GFP_KERNEL);
-		if (!j->rec || !j->plo) {
-			*error = "Cannot allocate chunk buffers (reduce queue_depth)";
-			return -ENOMEM;
-		}
-		j->grad = j->plo + (cb >> 1);
-		list_add_tail(&j->list, &c->free_jobs);
-	}
-	return 0;
+	return dm_ckpt_upd_create(c, c->queue_depth, error);
 nomem:
 	*error = "Cannot allocate memory";
 	return -ENOMEM;
@@ -1233,10 +607,10 @@ nomem:
 /*
  * ckpt <backing_dev> [#opt_args] [queue_depth N] [staging_kb K]
  */
-static int ckpt_ctr(struct dm_target *ti, unsigned int argc, char **argv)
+static int dmckpt_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 {
 	struct dm_arg_set as;
-	struct ckpt_c *c;
+	struct dm_ckpt *c;
 	int ret;
 
 	if (argc < 1) {
@@ -1251,38 +625,21 @@ static int ckpt_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 	c->ti = ti;
 	spin_lock_init(&c->bio_lock);
 	bio_list_init(&c->bios);
-	INIT_WORK(&c->bio_work, ckpt_bio_work);
+	INIT_WORK(&c->bio_work, dmckpt_bio_work);
 	mutex_init(&c->cmd_lock);
 	spin_lock_init(&c->sm_lock);
-	spin_lock_init(&c->job_lock);
-	INIT_LIST_HEAD(&c->free_jobs);
-	init_waitqueue_head(&c->job_wait);
 	atomic64_set(&c->grad_bytes, 0);
 	atomic64_set(&c->param_bytes, 0);
 
 	as.argc = argc - 1;
 	as.argv = argv + 1;
-	ret = ckpt_parse_opts(c, &as, &ti->error);
+	ret = dmckpt_parse_opts(c, &as, &ti->error);
 	if (ret)
 		goto bad;
 
-	ret = dm_get_device(ti, argv[0], dm_table_get_mode(ti->table), &c->dev);
-	if (ret) {
-		ti->error = "Backing device lookup failed";
+	ret = dm_ckpt_md_open(&c->md, ti, argv[0], &ti->error);
+	if (ret)
 		goto bad;
-	}
-	if (bdev_logical_block_size(c->dev->bdev) > CKPT_BLOCK) {
-		ti->error = "Backing device logical block size above 4096 is not supported";
-		ret = -EINVAL;
-		goto bad;
-	}
-	c->io = dm_io_client_create();
-	if (IS_ERR(c->io)) {
-		ret = PTR_ERR(c->io);
-		c->io = NULL;
-		ti->error = "Cannot create dm-io client";
-		goto bad;
-	}
 
 	c->sb = kzalloc(sizeof(*c->sb), GFP_KERNEL);
 	c->sb_next = kzalloc(sizeof(*c->sb_next), GFP_KERNEL);
@@ -1295,7 +652,7 @@ static int ckpt_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 		goto bad;
 	}
 
-	ret = ckpt_read_sb(c, c->sb, c->sb_next, &c->groups, &ti->error);
+	ret = dm_ckpt_md_read_sb(&c->md, c->sb, c->sb_next, &c->groups, &ti->error);
 	if (ret)
 		goto bad;
 	c->layout = c->sb->layout;
@@ -1305,21 +662,19 @@ static int ckpt_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 
 	if (ti->len != c->layout.virt_bytes >> SECTOR_SHIFT) {
 		DMERR("%s: the table has %llu sectors, the device's virtual size is %llu sectors",
-		      ckpt_name(c), (unsigned long long)ti->len,
+		      dm_ckpt_name(c), (unsigned long long)ti->len,
 		      c->layout.virt_bytes >> SECTOR_SHIFT);
 		ti->error = "Target length does not match the virtual size in the superblock";
 		ret = -EINVAL;
 		goto bad;
 	}
 
-	ret = ckpt_alloc(c, &ti->error);
+	ret = dmckpt_alloc(c, &ti->error);
 	if (ret)
 		goto bad;
 
 	c->ctl_wq = alloc_ordered_workqueue("dm-ckpt-ctl", WQ_MEM_RECLAIM);
-	c->upd_wq = alloc_workqueue("dm-ckpt-upd", WQ_MEM_RECLAIM | WQ_UNBOUND,
-				    c->queue_depth);
-	if (!c->ctl_wq || !c->upd_wq) {
+	if (!c->ctl_wq) {
 		ti->error = "Cannot allocate workqueues";
 		ret = -ENOMEM;
 		goto bad;
@@ -1330,32 +685,32 @@ static int ckpt_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 	ti->num_flush_bios = 1;
 	ti->num_discard_bios = 0;
 	ti->num_write_zeroes_bios = 0;
-	ti->per_io_data_size = sizeof(struct ckpt_io);
+	ti->per_io_data_size = sizeof(struct dm_ckpt_io);
 	ti->private = c;
 	return 0;
 bad:
-	ckpt_free(c);
+	dmckpt_free(c);
 	return ret;
 }
 
-static void ckpt_dtr(struct dm_target *ti)
+static void dmckpt_dtr(struct dm_target *ti)
 {
-	struct ckpt_c *c = ti->private;
+	struct dm_ckpt *c = ti->private;
 
 	flush_workqueue(c->ctl_wq);
-	ckpt_drain(c);
-	ckpt_free(c);
+	dm_ckpt_upd_drain(c);
+	dmckpt_free(c);
 }
 
 /* ---------------------------------------------------------------- suspend/resume */
 
-static void ckpt_postsuspend(struct dm_target *ti)
+static void dmckpt_postsuspend(struct dm_target *ti)
 {
-	struct ckpt_c *c = ti->private;
+	struct dm_ckpt *c = ti->private;
 
 	/* dm core waited for our bios; nothing may still touch the device. */
 	flush_workqueue(c->ctl_wq);
-	ckpt_drain(c);
+	dm_ckpt_upd_drain(c);
 }
 
 /*
@@ -1364,25 +719,25 @@ static void ckpt_postsuspend(struct dm_target *ti)
  * what that one has since committed. An open step of the old instance is
  * dropped. Later resumes keep the open step.
  */
-static int ckpt_preresume(struct dm_target *ti)
+static int dmckpt_preresume(struct dm_target *ti)
 {
-	struct ckpt_c *c = ti->private;
+	struct dm_ckpt *c = ti->private;
 	char *error = NULL;
 	int ret = 0;
 
 	mutex_lock(&c->cmd_lock);
 	if (c->started)
 		goto out;
-	ret = ckpt_read_sb(c, c->sb_next, c->sb_next, NULL, &error);
+	ret = dm_ckpt_md_read_sb(&c->md, c->sb_next, c->sb_next, NULL, &error);
 	if (ret) {
-		DMERR("%s: resume: %s", ckpt_name(c), error);
+		DMERR("%s: resume: %s", dm_ckpt_name(c), error);
 		goto out;
 	}
 	if (c->sb_next->sequence != c->sb->sequence) {
 		if (memcmp(&c->sb_next->geo, &c->sb->geo, sizeof(c->sb->geo)) ||
 		    memcmp(c->sb_next->uuid, c->sb->uuid, sizeof(c->sb->uuid))) {
 			DMERR("%s: resume: the device was reformatted since the table was loaded",
-			      ckpt_name(c));
+			      dm_ckpt_name(c));
 			ret = -EINVAL;
 			goto out;
 		}
@@ -1390,7 +745,7 @@ static int ckpt_preresume(struct dm_target *ti)
 		spin_lock(&c->sm_lock);
 		ckpt_sm_init(&c->sm, c->sb, c->claimed, c->applied);
 		spin_unlock(&c->sm_lock);
-		ckpt_release_stages(c);
+		dmckpt_release_stages(c);
 	}
 	c->started = true;
 out:
@@ -1400,14 +755,14 @@ out:
 
 /* ---------------------------------------------------------------- status */
 
-struct ckpt_counts {
+struct dmckpt_counts {
 	u32 state, last_result, last_error, first_io_error, overflow;
 	u64 committed_step, open_step, chunks_done;
 	u64 steps_committed, steps_skipped, steps_aborted, commands_rejected, io_errors;
 	u32 committed_slot;
 };
 
-static void ckpt_counts(struct ckpt_c *c, struct ckpt_counts *k)
+static void dmckpt_counts(struct dm_ckpt *c, struct dmckpt_counts *k)
 {
 	const struct ckpt_step_sm *sm = &c->sm;
 	bool open;
@@ -1431,16 +786,16 @@ static void ckpt_counts(struct ckpt_c *c, struct ckpt_counts *k)
 	spin_unlock(&c->sm_lock);
 }
 
-static void ckpt_status(struct dm_target *ti, status_type_t type, unsigned int status_flags,
-			char *result, unsigned int maxlen)
+static void dmckpt_status(struct dm_target *ti, status_type_t type, unsigned int status_flags,
+			  char *result, unsigned int maxlen)
 {
-	struct ckpt_c *c = ti->private;
+	struct dm_ckpt *c = ti->private;
 	unsigned int sz = 0;
-	struct ckpt_counts k;
+	struct dmckpt_counts k;
 
 	switch (type) {
 	case STATUSTYPE_INFO:
-		ckpt_counts(c, &k);
+		dmckpt_counts(c, &k);
 		DMEMIT("%s %llu %llu %llu/%u %u %s %u %u %llu %llu %llu %llu %llu %llu %llu",
 		       ckpt_state_name(k.state), k.committed_step, k.open_step,
 		       k.chunks_done, c->sm.n_chunks, k.overflow,
@@ -1450,14 +805,14 @@ static void ckpt_status(struct dm_target *ti, status_type_t type, unsigned int s
 		       (u64)atomic64_read(&c->param_bytes), k.io_errors);
 		break;
 	case STATUSTYPE_TABLE:
-		DMEMIT("%s", c->dev->name);
+		DMEMIT("%s", c->md.dev->name);
 		if (c->n_opts) {
 			unsigned int i;
 
 			DMEMIT(" %u", 2 * c->n_opts);
 			for (i = 0; i < c->n_opts; i++)
-				DMEMIT(" %s %u", ckpt_opt_args[c->opt_order[i]].name,
-				       *ckpt_opt_value(c, c->opt_order[i]));
+				DMEMIT(" %s %u", dmckpt_opt_args[c->opt_order[i]].name,
+				       *dmckpt_opt_value(c, c->opt_order[i]));
 		}
 		break;
 	default:
@@ -1467,19 +822,17 @@ static void ckpt_status(struct dm_target *ti, status_type_t type, unsigned int s
 
 /* ---------------------------------------------------------------- messages */
 
-static int ckpt_stats(struct ckpt_c *c, char *result, unsigned int maxlen)
+static int dmckpt_stats(struct dm_ckpt *c, char *result, unsigned int maxlen)
 {
 	unsigned int sz = 0;
-	struct ckpt_counts k;
+	struct dmckpt_counts k;
 	u32 used, n_stages, busy;
 
-	ckpt_counts(c, &k);
+	dmckpt_counts(c, &k);
 	mutex_lock(&c->cmd_lock);
 	used = c->n_stages - c->free_stages;
 	n_stages = c->n_stages;
-	spin_lock(&c->job_lock);
-	busy = c->jobs_busy;
-	spin_unlock(&c->job_lock);
+	busy = dm_ckpt_upd_busy(c);
 	DMEMIT("state %s\ncommitted_step %llu\ncommitted_slot %u\nsequence %llu\n",
 	       ckpt_state_name(k.state), k.committed_step, k.committed_slot,
 	       c->sb->sequence);
@@ -1496,7 +849,7 @@ static int ckpt_stats(struct ckpt_c *c, char *result, unsigned int maxlen)
 	       k.commands_rejected, k.io_errors, (u64)atomic64_read(&c->grad_bytes),
 	       (u64)atomic64_read(&c->param_bytes));
 	DMEMIT("blob_len %u\nstaging %u/%u\nqueue %u/%u\nfpu %s\n", c->sb->blob_len,
-	       used, n_stages, busy, c->queue_depth, ckpt_use_avx2 ? "avx2" : "sse2");
+	       used, n_stages, busy, c->upd.queue_depth, dm_ckpt_upd_fpu_name());
 	mutex_unlock(&c->cmd_lock);
 	return 1;
 }
@@ -1504,7 +857,7 @@ static int ckpt_stats(struct ckpt_c *c, char *result, unsigned int maxlen)
 /* hparam fields of a group token, in this order, as fp32 hex bit patterns */
 #define CKPT_HP_FIELDS 11
 
-static int ckpt_parse_group(char *tok, struct ckpt_hparams *hp)
+static int dmckpt_parse_group(char *tok, struct ckpt_hparams *hp)
 {
 	u32 v[CKPT_HP_FIELDS] = { 0 };
 	unsigned int n = 0;
@@ -1532,7 +885,7 @@ static int ckpt_parse_group(char *tok, struct ckpt_hparams *hp)
 }
 
 /* Fill c->cmd from a message; -EINVAL with a usage line on a syntax error. */
-static int ckpt_parse_message(struct ckpt_c *c, unsigned int argc, char **argv)
+static int dmckpt_parse_message(struct dm_ckpt *c, unsigned int argc, char **argv)
 {
 	struct ckpt_cmd *cmd = c->cmd;
 	unsigned int i;
@@ -1546,7 +899,7 @@ static int ckpt_parse_message(struct ckpt_c *c, unsigned int argc, char **argv)
 			goto usage;
 		cmd->n_groups = argc - 3;
 		for (i = 0; i < cmd->n_groups; i++)
-			if (ckpt_parse_group(argv[3 + i], &cmd->groups[i]))
+			if (dmckpt_parse_group(argv[3 + i], &cmd->groups[i]))
 				goto usage;
 		return 0;
 	}
@@ -1574,18 +927,18 @@ static int ckpt_parse_message(struct ckpt_c *c, unsigned int argc, char **argv)
 			goto usage;
 		return 0;
 	}
-	DMWARN("%s: unknown message '%s' (begin, commit, abort, stats)", ckpt_name(c), argv[0]);
+	DMWARN("%s: unknown message '%s' (begin, commit, abort, stats)", dm_ckpt_name(c), argv[0]);
 	return -EINVAL;
 usage:
 	DMWARN("%s: usage: begin <step> <scale> <g>..., commit <step> [<blob>], abort [<step>]",
-	       ckpt_name(c));
+	       dm_ckpt_name(c));
 	return -EINVAL;
 }
 
-static int ckpt_message(struct dm_target *ti, unsigned int argc, char **argv,
-			char *result, unsigned int maxlen)
+static int dmckpt_message(struct dm_target *ti, unsigned int argc, char **argv,
+			  char *result, unsigned int maxlen)
 {
-	struct ckpt_c *c = ti->private;
+	struct dm_ckpt *c = ti->private;
 	unsigned int sz = 0;
 	u32 opcode = 0;
 	u64 step = 0;
@@ -1596,19 +949,19 @@ static int ckpt_message(struct dm_target *ti, unsigned int argc, char **argv,
 	if (!strcasecmp(argv[0], "stats")) {
 		if (argc != 1)
 			return -EINVAL;
-		return ckpt_stats(c, result, maxlen);
+		return dmckpt_stats(c, result, maxlen);
 	}
 	mutex_lock(&c->cmd_lock);
-	if (ckpt_parse_message(c, argc, argv)) {
+	if (dmckpt_parse_message(c, argc, argv)) {
 		mutex_unlock(&c->cmd_lock);
 		return -EINVAL;
 	}
 	opcode = c->cmd->opcode;
 	step = c->cmd->step;
-	ret = ckpt_exec(c, c->cmd);
+	ret = dmckpt_exec(c, c->cmd);
 	mutex_unlock(&c->cmd_lock);
 	if (ret < 0) {
-		DMWARN("%s: message %s refused: %s", ckpt_name(c), argv[0], ckpt_strerror(ret));
+		DMWARN("%s: message %s refused: %s", dm_ckpt_name(c), argv[0], ckpt_strerror(ret));
 		return ret == -CKPT_E_IO || ret == -CKPT_E_FAILED ? -EIO : -EINVAL;
 	}
 	if (opcode == CKPT_OP_COMMIT) {
@@ -1620,58 +973,56 @@ static int ckpt_message(struct dm_target *ti, unsigned int argc, char **argv,
 
 /* ---------------------------------------------------------------- limits */
 
-static int ckpt_iterate_devices(struct dm_target *ti, iterate_devices_callout_fn fn,
-				void *data)
+static int dmckpt_iterate_devices(struct dm_target *ti, iterate_devices_callout_fn fn,
+				  void *data)
 {
-	struct ckpt_c *c = ti->private;
+	struct dm_ckpt *c = ti->private;
 
-	return fn(ti, c->dev, 0, c->layout.dev_bytes >> SECTOR_SHIFT, data);
+	return fn(ti, c->md.dev, 0, c->layout.dev_bytes >> SECTOR_SHIFT, data);
 }
 
-static void ckpt_io_hints(struct dm_target *ti, struct queue_limits *limits)
+static void dmckpt_io_hints(struct dm_target *ti, struct queue_limits *limits)
 {
-	struct ckpt_c *c = ti->private;
+	struct dm_ckpt *c = ti->private;
 
 	/* Whole chunks go straight to the update; anything less is staged. */
 	limits->io_opt = c->layout.plo_chunk_bytes;
 }
 
-static struct target_type ckpt_target = {
+static struct target_type dmckpt_target = {
 	.name = "ckpt",
 	.version = { 1, 0, 0 },
 	.module = THIS_MODULE,
-	.ctr = ckpt_ctr,
-	.dtr = ckpt_dtr,
-	.map = ckpt_map,
-	.postsuspend = ckpt_postsuspend,
-	.preresume = ckpt_preresume,
-	.status = ckpt_status,
-	.message = ckpt_message,
-	.iterate_devices = ckpt_iterate_devices,
-	.io_hints = ckpt_io_hints,
+	.ctr = dmckpt_ctr,
+	.dtr = dmckpt_dtr,
+	.map = dmckpt_map,
+	.postsuspend = dmckpt_postsuspend,
+	.preresume = dmckpt_preresume,
+	.status = dmckpt_status,
+	.message = dmckpt_message,
+	.iterate_devices = dmckpt_iterate_devices,
+	.io_hints = dmckpt_io_hints,
 };
 
 static int __init dm_ckpt_init(void)
 {
 	int ret;
 
-	ckpt_use_avx2 = !force_sse2 && boot_cpu_has(X86_FEATURE_AVX2) &&
-			boot_cpu_has(X86_FEATURE_F16C) &&
-			cpu_has_xfeatures(XFEATURE_MASK_SSE | XFEATURE_MASK_YMM, NULL);
-	ret = dm_register_target(&ckpt_target);
+	dm_ckpt_upd_init();
+	ret = dm_register_target(&dmckpt_target);
 	if (ret < 0) {
 		DMERR("register failed %d", ret);
 		return ret;
 	}
-	DMINFO("version %u.%u.%u loaded, update: %s", ckpt_target.version[0],
-	       ckpt_target.version[1], ckpt_target.version[2],
-	       ckpt_use_avx2 ? "avx2" : "sse2");
+	DMINFO("version %u.%u.%u loaded, update: %s", dmckpt_target.version[0],
+	       dmckpt_target.version[1], dmckpt_target.version[2],
+	       dm_ckpt_upd_fpu_name());
 	return 0;
 }
 
 static void __exit dm_ckpt_exit(void)
 {
-	dm_unregister_target(&ckpt_target);
+	dm_unregister_target(&dmckpt_target);
 }
 
 module_init(dm_ckpt_init);

@@ -1,21 +1,130 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * dm-ckpt: what the target's main translation unit needs from the float ones.
- *
- * The fused AdamW body (core/ckpt_update_impl.h) is compiled twice, in
- * dm-ckpt-fpu-sse2.c (x86-64 baseline) and dm-ckpt-fpu-avx2.c (AVX2/F16C),
- * each with its own float flags. No float crosses these calls: fp32 values
- * are u32 bit patterns. Call them only between kernel_fpu_begin() and
- * kernel_fpu_end(), on at most a few thousand params at a time.
+ * dm-ckpt: the target instance, shared by the target (dm-ckpt-target.c) and
+ * the update (dm-ckpt-update.c); the metadata layer sees only its own part.
  */
 #ifndef DM_CKPT_H
 #define DM_CKPT_H
 
-#include "ckpt_update.h"
+#include <linux/atomic.h>
+#include <linux/bio.h>
+#include <linux/device-mapper.h>
+#include <linux/mutex.h>
+#include <linux/spinlock.h>
+#include <linux/workqueue.h>
 
-u32 dm_ckpt_update_sse2(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
-			const u16 *grad, u32 *p, u32 *m, u32 *v, u16 *plo, u64 n);
-u32 dm_ckpt_update_avx2(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
-			const u16 *grad, u32 *p, u32 *m, u32 *v, u16 *plo, u64 n);
+#include "ckpt_format.h"
+#include "ckpt_step.h"
+#include "dm-ckpt-metadata.h"
+#include "dm-ckpt-update.h"
+
+#define DM_MSG_PREFIX "ckpt"
+
+/* Per-bio data: a gradient write completes when all its chunk updates have. */
+struct dm_ckpt_io {
+	atomic_t pending;
+	blk_status_t status;
+};
+
+struct dm_ckpt_stage;
+
+struct dm_ckpt {
+	struct dm_target *ti;
+	struct dm_ckpt_metadata md;
+	struct dm_ckpt_update upd;
+	struct workqueue_struct *ctl_wq;
+	struct ckpt_layout layout;	/* constant for the target's life */
+	u32 chunk_shift;
+	u32 cb_shift;			/* log2(plo_chunk_bytes) */
+	u32 dtype;
+
+	/* deferred bios, in arrival order */
+	spinlock_t bio_lock;
+	struct bio_list bios;
+	struct work_struct bio_work;
+
+	/*
+	 * cmd_lock: commands, the superblock, staging, the scratch buffers and
+	 * gradient dispatch. Held by the bio work item and by messages.
+	 */
+	struct mutex cmd_lock;
+	struct ckpt_sb *sb;		/* the committed superblock */
+	struct ckpt_sb *sb_next;
+	u8 *groups;			/* chunk -> group */
+	struct ckpt_cmd *cmd;
+	struct ckpt_status *st;
+	u8 *page;			/* 4 KiB scratch: commands, status, superblock */
+	struct dm_ckpt_stage *stages;
+	u32 n_stages;
+	u32 free_stages;
+	u32 *stage_of;			/* chunk -> stage index */
+	u8 *stage_mem;
+	u64 *cover_mem;
+	bool started;
+
+	/* sm_lock: the state machine, from map, updates and commands */
+	spinlock_t sm_lock;
+	struct ckpt_step_sm sm;
+	u64 *claimed;
+	u64 *applied;
+
+	atomic64_t grad_bytes;
+	atomic64_t param_bytes;
+
+	/* the table line's optional arguments, in the order given */
+	unsigned int queue_depth;
+	unsigned int staging_kb;
+	unsigned int n_opts;
+	unsigned int opt_order[2];	/* indices into the target's option table */
+};
+
+static inline const char *dm_ckpt_name(struct dm_ckpt *c)
+{
+	return dm_device_name(dm_table_get_md(c->ti->table));
+}
+
+static inline struct dm_ckpt_io *dm_ckpt_io_of(struct bio *bio)
+{
+	return dm_per_bio_data(bio, sizeof(struct dm_ckpt_io));
+}
+
+/* Drop one reference of a deferred bio; the last one completes it. Any context. */
+static inline void dm_ckpt_bio_put(struct bio *bio, blk_status_t status)
+{
+	struct dm_ckpt_io *io = dm_ckpt_io_of(bio);
+
+	if (status)
+		WRITE_ONCE(io->status, status);
+	if (atomic_dec_and_test(&io->pending)) {
+		bio->bi_status = READ_ONCE(io->status);
+		bio_endio(bio);
+	}
+}
+
+/* Copy len bytes of the bio at *it to dst, advancing *it. */
+static inline void dm_ckpt_bio_copy_from(struct bio *bio, struct bvec_iter *it, void *dst,
+					 unsigned int len)
+{
+	u8 *d = dst;
+
+	while (len) {
+		struct bio_vec bv = bio_iter_iovec(bio, *it);
+		unsigned int n = min(bv.bv_len, len);
+
+		bv.bv_len = n;
+		memcpy_from_bvec(d, &bv);
+		bio_advance_iter_single(bio, it, n);
+		d += n;
+		len -= n;
+	}
+}
+
+/* The backing device failed: the state machine enters FAILED. Takes sm_lock. */
+static inline void dm_ckpt_fail(struct dm_ckpt *c, int err)
+{
+	spin_lock(&c->sm_lock);
+	ckpt_sm_fail(&c->sm, err);
+	spin_unlock(&c->sm_lock);
+}
 
 #endif /* DM_CKPT_H */

@@ -1,0 +1,83 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * dm-ckpt metadata: the backing device, its superblock and group table, and
+ * the commit of a step (flush, then the next superblock copy with FUA).
+ *
+ * The on-disk format itself (encoding, checks, which copy is current) is the
+ * portable core's (ckpt_format.h); this layer does the I/O around it. All
+ * I/O goes through dm-io on the backing device.
+ */
+#ifndef DM_CKPT_METADATA_H
+#define DM_CKPT_METADATA_H
+
+#include <linux/device-mapper.h>
+#include <linux/dm-io.h>
+
+#include "ckpt_format.h"
+
+struct dm_ckpt_metadata {
+	struct dm_target *ti;		/* for the device name in log lines */
+	struct dm_dev *dev;		/* the backing device */
+	struct dm_io_client *io;
+};
+
+/*
+ * Open the backing device at path with the table's mode and create the dm-io
+ * client. Constructor only: process context, may sleep (GFP_KERNEL). Returns
+ * 0 or -errno with *error set to a static message for ti->error.
+ */
+int dm_ckpt_md_open(struct dm_ckpt_metadata *md, struct dm_target *ti,
+		    const char *path, char **error);
+
+/*
+ * Undo dm_ckpt_md_open; also on a partly opened md. No I/O may be in flight.
+ * Process context, may sleep.
+ */
+void dm_ckpt_md_close(struct dm_ckpt_metadata *md);
+
+/*
+ * Fill a dm-io request for len bytes at byte offset off of the backing device
+ * (both 512 B aligned) from or to buf (kmalloc or vmalloc memory), with no
+ * completion callback. Any context; does no I/O.
+ */
+void dm_ckpt_md_io_prep(struct dm_ckpt_metadata *md, struct dm_io_request *req,
+			struct dm_io_region *where, blk_opf_t opf, void *buf,
+			u64 off, u64 len);
+
+/*
+ * Submit a prepared request: synchronous when req->notify.fn is NULL (blocks
+ * until the I/O is done), else asynchronous (may block for memory only).
+ * Process context. Returns 0 or -errno.
+ */
+int dm_ckpt_md_submit(struct dm_io_request *req, struct dm_io_region *where,
+		      unsigned long *error_bits);
+
+/*
+ * Synchronous I/O on the backing device: off and len in bytes, 512 B aligned.
+ * Process context, no spinlock held; blocks until the I/O is done. Returns 0
+ * or -errno.
+ */
+int dm_ckpt_md_io(struct dm_ckpt_metadata *md, blk_opf_t opf, void *buf, u64 off,
+		  u64 len);
+
+/*
+ * Read both superblock copies and pick the current one into sb (scratch is a
+ * second superblock for the checks). When groups is not NULL, also read the
+ * group table (n_chunks bytes, kvmalloc'ed into *groups, the caller frees it)
+ * from the first copy that checks out. Damaged copies that were skipped are
+ * logged. Process context, no spinlock held; blocks on I/O and allocates with
+ * GFP_KERNEL. Returns 0 or -errno with *error set to a static message.
+ */
+int dm_ckpt_md_read_sb(struct dm_ckpt_metadata *md, struct ckpt_sb *sb,
+		       struct ckpt_sb *scratch, u8 **groups, char **error);
+
+/*
+ * Commit: flush the backing device, then write next (the successor of cur)
+ * with FUA into the copy cur is not in, encoded through page (CKPT_BLOCK
+ * bytes of scratch). Called with the target's command lock held (it owns cur,
+ * next and page); process context; blocks on both I/Os. Returns 0 or -errno.
+ */
+int dm_ckpt_md_write_sb(struct dm_ckpt_metadata *md, const struct ckpt_sb *cur,
+			const struct ckpt_sb *next, u8 *page);
+
+#endif /* DM_CKPT_METADATA_H */

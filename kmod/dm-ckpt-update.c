@@ -1,0 +1,373 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * dm-ckpt update: the chunk buffers and the chunk update job (read, check,
+ * fused AdamW update in bounded FPU sections, record seal and write).
+ */
+#include <linux/bio.h>
+#include <linux/completion.h>
+#include <linux/kernel.h>
+#include <linux/mm.h>
+#include <linux/module.h>
+#include <linux/sched.h>
+#include <linux/slab.h>
+#include <linux/spinlock.h>
+#include <linux/wait.h>
+#include <linux/workqueue.h>
+#include <asm/cpufeature.h>
+
+#include "ckpt_config.h"
+#ifdef CKPT_HAVE_LINUX_FPU_H
+#include <linux/fpu.h>
+#else
+#include <asm/fpu/api.h>
+#endif
+
+#include "dm-ckpt.h"
+#include "dm-ckpt-fpu.h"
+
+/* Params per kernel_fpu_begin/end section: preemption is off inside. */
+#define CKPT_FPU_SLICE			4096u
+
+static bool force_sse2;
+module_param(force_sse2, bool, 0444);
+MODULE_PARM_DESC(force_sse2, "Use the SSE2 update even on an AVX2/F16C CPU");
+
+static bool ckpt_use_avx2;
+
+/* One chunk buffer and the update that uses it. */
+struct dm_ckpt_job {
+	struct dm_ckpt *c;
+	struct work_struct work;
+	struct list_head list;
+	struct bio *bio;
+	u32 chunk, src, dst;
+	u32 grad_scale;
+	u64 step;		/* the open step: the new record's step */
+	u64 src_step;		/* the committed step: the source record's */
+	u64 src_sequence;	/* the current superblock's sequence */
+	u32 incompat;		/* the image's incompat feature bits */
+	struct ckpt_hparams hp;
+	u8 *rec;		/* record_bytes: 4 KiB header, fp32 p, m, v */
+	u16 *plo;		/* plo_chunk_bytes */
+	u16 *grad;		/* plo_chunk_bytes */
+	atomic_t writes;
+	int write_error;
+	struct completion done;
+};
+
+void dm_ckpt_upd_init(void)
+{
+	ckpt_use_avx2 = !force_sse2 && boot_cpu_has(X86_FEATURE_AVX2) &&
+			boot_cpu_has(X86_FEATURE_F16C) &&
+			cpu_has_xfeatures(XFEATURE_MASK_SSE | XFEATURE_MASK_YMM, NULL);
+}
+
+const char *dm_ckpt_upd_fpu_name(void)
+{
+	return ckpt_use_avx2 ? "avx2" : "sse2";
+}
+
+static bool job_available(struct dm_ckpt_update *u)
+{
+	bool r;
+
+	spin_lock(&u->job_lock);
+	r = !list_empty(&u->free_jobs);
+	spin_unlock(&u->job_lock);
+	return r;
+}
+
+static struct dm_ckpt_job *get_job(struct dm_ckpt_update *u)
+{
+	struct dm_ckpt_job *j;
+
+	wait_event(u->job_wait, job_available(u));
+	spin_lock(&u->job_lock);
+	j = list_first_entry(&u->free_jobs, struct dm_ckpt_job, list);
+	list_del(&j->list);
+	u->jobs_busy++;
+	spin_unlock(&u->job_lock);
+	return j;
+}
+
+static void put_job(struct dm_ckpt_update *u, struct dm_ckpt_job *j)
+{
+	spin_lock(&u->job_lock);
+	list_add(&j->list, &u->free_jobs);
+	u->jobs_busy--;
+	spin_unlock(&u->job_lock);
+	wake_up_all(&u->job_wait);
+}
+
+static bool upd_idle(struct dm_ckpt_update *u)
+{
+	bool r;
+
+	spin_lock(&u->job_lock);
+	r = !u->jobs_busy;
+	spin_unlock(&u->job_lock);
+	return r;
+}
+
+void dm_ckpt_upd_drain(struct dm_ckpt *c)
+{
+	wait_event(c->upd.job_wait, upd_idle(&c->upd));
+}
+
+static u32 run_update(struct dm_ckpt_job *j, u32 *p, u32 *m, u32 *v, u64 n)
+{
+	u32 nonfinite = 0;
+	u64 i, k;
+
+	for (i = 0; i < n; i += k) {
+		k = min_t(u64, n - i, CKPT_FPU_SLICE);
+		kernel_fpu_begin();
+		if (ckpt_use_avx2)
+			nonfinite |= dm_ckpt_update_avx2(&j->hp, j->grad_scale, j->c->dtype,
+							 j->grad + i, p + i, m + i, v + i,
+							 j->plo + i, k);
+		else
+			nonfinite |= dm_ckpt_update_sse2(&j->hp, j->grad_scale, j->c->dtype,
+							 j->grad + i, p + i, m + i, v + i,
+							 j->plo + i, k);
+		kernel_fpu_end();
+		cond_resched();
+	}
+	return nonfinite;
+}
+
+/*
+ * The record a step reads must be the committed state of its chunk, intact:
+ * bit rot built upon would become new committed state with a fresh checksum.
+ */
+static int check_record(struct dm_ckpt *c, struct dm_ckpt_job *j)
+{
+	struct ckpt_rec want = {
+		.chunk = j->chunk,
+		.slot = j->src,
+		.chunk_shift = c->chunk_shift,
+		.step = j->src_step,
+		.sequence = j->src_sequence,
+	};
+	struct ckpt_rec got;
+	enum ckpt_rec_fault f = ckpt_rec_check(j->rec, j->rec + CKPT_BLOCK, NULL,
+						&want, 0, &got);
+
+	if (f == CKPT_REC_OK)
+		return 0;
+	if (f == CKPT_REC_HEADER)
+		DMERR_LIMIT("%s: state record of chunk %u slot %u: %s (%s)", dm_ckpt_name(c),
+			    j->chunk, j->src, ckpt_rec_fault_str(f),
+			    ckpt_strerror(ckpt_rec_decode(j->rec, &got)));
+	else
+		DMERR_LIMIT("%s: state record of chunk %u slot %u: %s (holds chunk %u slot %u step %llu seq %llu, want step %llu seq %llu)",
+			    dm_ckpt_name(c), j->chunk, j->src, ckpt_rec_fault_str(f),
+			    got.chunk, got.slot, got.step, got.sequence,
+			    j->src_step, j->src_sequence);
+	return -EIO;
+}
+
+static void write_done(unsigned long error, void *context)
+{
+	struct dm_ckpt_job *j = context;
+
+	if (error)
+		WRITE_ONCE(j->write_error, -EIO);
+	if (atomic_dec_and_test(&j->writes))
+		complete(&j->done);
+}
+
+/* Write the record and p_lo of the job's chunk to the destination slot. */
+static int write_state(struct dm_ckpt *c, struct dm_ckpt_job *j)
+{
+	const struct ckpt_layout *l = &c->layout;
+	struct dm_io_request req;
+	struct dm_io_region where;
+	int ret;
+
+	j->write_error = 0;
+	atomic_set(&j->writes, 2);
+	reinit_completion(&j->done);
+
+	dm_ckpt_md_io_prep(&c->md, &req, &where, REQ_OP_WRITE, j->rec,
+			   ckpt_record_offset(l, j->dst, j->chunk), l->record_bytes);
+	req.notify.fn = write_done;
+	req.notify.context = j;
+	ret = dm_ckpt_md_submit(&req, &where, NULL);
+	if (ret)
+		write_done(1, j);
+
+	dm_ckpt_md_io_prep(&c->md, &req, &where, REQ_OP_WRITE, j->plo,
+			   ckpt_plo_offset(l, j->dst, j->chunk), l->plo_chunk_bytes);
+	req.notify.fn = write_done;
+	req.notify.context = j;
+	ret = dm_ckpt_md_submit(&req, &where, NULL);
+	if (ret)
+		write_done(1, j);
+
+	wait_for_completion_io(&j->done);
+	return READ_ONCE(j->write_error);
+}
+
+static void job_work(struct work_struct *work)
+{
+	struct dm_ckpt_job *j = container_of(work, struct dm_ckpt_job, work);
+	struct dm_ckpt *c = j->c;
+	const struct ckpt_layout *l = &c->layout;
+	const u64 cp = l->chunk_params;
+	u32 *p = (u32 *)(j->rec + CKPT_BLOCK);
+	blk_status_t status = BLK_STS_OK;
+	struct ckpt_rec rec;
+	u32 nonfinite;
+	int ret;
+
+	ret = dm_ckpt_md_io(&c->md, REQ_OP_READ, j->rec,
+			    ckpt_record_offset(l, j->src, j->chunk), l->record_bytes);
+	if (ret) {
+		DMERR_LIMIT("%s: reading the state of chunk %u failed: %d", dm_ckpt_name(c),
+			    j->chunk, ret);
+		goto fail;
+	}
+	ret = check_record(c, j);
+	if (ret)
+		goto fail;
+
+	nonfinite = run_update(j, p, p + cp, p + 2 * cp, cp);
+	if (nonfinite) {
+		/* The step will be skipped: this chunk is not written. */
+		spin_lock(&c->sm_lock);
+		ckpt_sm_applied(&c->sm, j->chunk, true, false);
+		spin_unlock(&c->sm_lock);
+		goto out;
+	}
+
+	memset(&rec, 0, sizeof(rec));
+	rec.chunk = j->chunk;
+	rec.slot = j->dst;
+	rec.chunk_shift = c->chunk_shift;
+	rec.step = j->step;
+	rec.sequence = j->src_sequence + 1;
+	rec.data_crc = ckpt_crc32c(p, 12 * cp);
+	if (j->incompat & CKPT_FEATURE_INCOMPAT_PLO_CRC)
+		rec.plo_crc = ckpt_plo_crc(j->plo, c->chunk_shift);
+	ckpt_rec_encode(&rec, j->rec);
+	ret = write_state(c, j);
+	if (ret) {
+		DMERR_LIMIT("%s: writing the state of chunk %u failed: %d", dm_ckpt_name(c),
+			    j->chunk, ret);
+		goto fail;
+	}
+	spin_lock(&c->sm_lock);
+	ckpt_sm_applied(&c->sm, j->chunk, false, true);
+	spin_unlock(&c->sm_lock);
+	goto out;
+fail:
+	dm_ckpt_fail(c, -EIO);
+	status = BLK_STS_IOERR;
+out:
+	dm_ckpt_bio_put(j->bio, status);
+	put_job(&c->upd, j);
+}
+
+void dm_ckpt_upd_dispatch(struct dm_ckpt *c, struct bio *bio, u32 chunk,
+			  struct bvec_iter *it, const u8 *stage_grad)
+{
+	struct dm_ckpt_job *j = get_job(&c->upd);
+	int ret;
+
+	if (it)
+		dm_ckpt_bio_copy_from(bio, it, j->grad, c->layout.plo_chunk_bytes);
+	else
+		memcpy(j->grad, stage_grad, c->layout.plo_chunk_bytes);
+
+	j->bio = bio;
+	j->chunk = chunk;
+	j->src_step = c->sb->committed_step;
+	j->src_sequence = c->sb->sequence;
+	j->incompat = c->sb->feature_incompat;
+	spin_lock(&c->sm_lock);
+	ret = ckpt_sm_claim(&c->sm, chunk);
+	j->src = ckpt_sm_src_slot(&c->sm);
+	j->dst = ckpt_sm_dst_slot(&c->sm);
+	j->step = c->sm.open_step;
+	j->grad_scale = c->sm.grad_scale;
+	j->hp = c->sm.groups[c->groups[chunk]];
+	spin_unlock(&c->sm_lock);
+	if (ret) {
+		/* Cannot happen: checked under cmd_lock. Fail the write, not the box. */
+		DMERR_LIMIT("%s: chunk %u: claim failed: %s", dm_ckpt_name(c), chunk,
+			    ckpt_strerror(ret));
+		put_job(&c->upd, j);
+		WRITE_ONCE(dm_ckpt_io_of(bio)->status, BLK_STS_IOERR);
+		return;
+	}
+	atomic_inc(&dm_ckpt_io_of(bio)->pending);
+	queue_work(c->upd.wq, &j->work);
+}
+
+unsigned int dm_ckpt_upd_busy(struct dm_ckpt *c)
+{
+	unsigned int busy;
+
+	spin_lock(&c->upd.job_lock);
+	busy = c->upd.jobs_busy;
+	spin_unlock(&c->upd.job_lock);
+	return busy;
+}
+
+int dm_ckpt_upd_create(struct dm_ckpt *c, unsigned int queue_depth, char **error)
+{
+	struct dm_ckpt_update *u = &c->upd;
+	const struct ckpt_layout *l = &c->layout;
+	const u64 cb = l->plo_chunk_bytes;
+	unsigned int i;
+
+	spin_lock_init(&u->job_lock);
+	INIT_LIST_HEAD(&u->free_jobs);
+	init_waitqueue_head(&u->job_wait);
+	u->jobs = kcalloc(queue_depth, sizeof(*u->jobs), GFP_KERNEL);
+	if (!u->jobs) {
+		*error = "Cannot allocate memory";
+		return -ENOMEM;
+	}
+	u->queue_depth = queue_depth;
+	for (i = 0; i < queue_depth; i++) {
+		struct dm_ckpt_job *j = &u->jobs[i];
+
+		j->c = c;
+		INIT_WORK(&j->work, job_work);
+		init_completion(&j->done);
+		j->rec = kvmalloc(l->record_bytes, GFP_KERNEL);
+		j->plo = kvmalloc(2 * cb, GFP_KERNEL);
+		if (!j->rec || !j->plo) {
+			*error = "Cannot allocate chunk buffers (reduce queue_depth)";
+			return -ENOMEM;
+		}
+		j->grad = j->plo + (cb >> 1);
+		list_add_tail(&j->list, &u->free_jobs);
+	}
+	u->wq = alloc_workqueue("dm-ckpt-upd", WQ_MEM_RECLAIM | WQ_UNBOUND, queue_depth);
+	if (!u->wq) {
+		*error = "Cannot allocate workqueues";
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+void dm_ckpt_upd_destroy(struct dm_ckpt *c)
+{
+	struct dm_ckpt_update *u = &c->upd;
+	unsigned int i;
+
+	if (u->wq)
+		destroy_workqueue(u->wq);
+	u->wq = NULL;
+	if (u->jobs) {
+		for (i = 0; i < u->queue_depth; i++) {
+			kvfree(u->jobs[i].rec);
+			kvfree(u->jobs[i].plo);
+		}
+		kfree(u->jobs);
+	}
+	u->jobs = NULL;
+}

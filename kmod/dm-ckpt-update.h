@@ -1,0 +1,74 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * dm-ckpt update: the chunk buffers (queue_depth of them, allocated in the
+ * constructor) and the chunk update that runs in each: read the committed
+ * slot's record, check it, run the fused AdamW update in bounded
+ * kernel_fpu_begin/end sections, seal the new record and write it and the
+ * chunk's p_lo to the other slot, then tell the step state machine.
+ *
+ * Locks: the target's cmd_lock serialises dispatch; job_lock protects the
+ * free list and the busy count; the update work items take the target's
+ * sm_lock (a spinlock) only around state machine calls.
+ */
+#ifndef DM_CKPT_UPDATE_H
+#define DM_CKPT_UPDATE_H
+
+#include <linux/bio.h>
+#include <linux/list.h>
+#include <linux/spinlock.h>
+#include <linux/wait.h>
+#include <linux/workqueue.h>
+
+struct dm_ckpt;
+struct dm_ckpt_job;
+
+struct dm_ckpt_update {
+	struct workqueue_struct *wq;	/* unbound, queue_depth items at once */
+	struct dm_ckpt_job *jobs;
+	unsigned int queue_depth;
+	spinlock_t job_lock;		/* free_jobs, jobs_busy */
+	struct list_head free_jobs;
+	unsigned int jobs_busy;
+	wait_queue_head_t job_wait;
+};
+
+/*
+ * Pick the float variant (AVX2/F16C or SSE2) for the module's life. Module
+ * init only.
+ */
+void dm_ckpt_upd_init(void);
+
+/* The float variant in use, "avx2" or "sse2", for log lines and stats. */
+const char *dm_ckpt_upd_fpu_name(void);
+
+/*
+ * Allocate queue_depth chunk buffers and the update workqueue for c, whose
+ * layout is known. Constructor only: process context, GFP_KERNEL. Returns 0
+ * or -errno with *error set to a static message for ti->error; on error the
+ * caller still calls dm_ckpt_upd_destroy.
+ */
+int dm_ckpt_upd_create(struct dm_ckpt *c, unsigned int queue_depth, char **error);
+
+/* Free what dm_ckpt_upd_create allocated; no update may be in flight. */
+void dm_ckpt_upd_destroy(struct dm_ckpt *c);
+
+/*
+ * Hand one whole chunk of gradients to an update and take a reference on bio
+ * (dropped when the update completes). The gradient comes from bio at *it
+ * (advanced) or, when it is NULL, from stage_grad. Claims the chunk in the
+ * state machine: the caller checked that it can. Called with cmd_lock held,
+ * in process context; blocks while all queue_depth buffers are busy.
+ */
+void dm_ckpt_upd_dispatch(struct dm_ckpt *c, struct bio *bio, u32 chunk,
+			  struct bvec_iter *it, const u8 *stage_grad);
+
+/*
+ * Wait until no chunk update is in flight. Process context; blocks. With
+ * cmd_lock held no new update can start meanwhile.
+ */
+void dm_ckpt_upd_drain(struct dm_ckpt *c);
+
+/* Chunk buffers in use now (a snapshot). Any context but hard IRQ. */
+unsigned int dm_ckpt_upd_busy(struct dm_ckpt *c);
+
+#endif /* DM_CKPT_UPDATE_H */
