@@ -8,6 +8,8 @@
 #include <linux/dm-io.h>
 #include <linux/ioprio.h>
 #include <linux/mm.h>
+#include <linux/mutex.h>
+#include <linux/list.h>
 #include <linux/slab.h>
 #include <linux/string.h>
 
@@ -46,8 +48,43 @@ int dm_ckpt_md_open(struct dm_ckpt_metadata *md, struct dm_target *ti,
 	return 0;
 }
 
+/* Every claimed image, under dm_ckpt_claims_lock. */
+static LIST_HEAD(dm_ckpt_claims);
+static DEFINE_MUTEX(dm_ckpt_claims_lock);
+
+int dm_ckpt_md_claim(struct dm_ckpt_metadata *md, const u8 *uuid, char **error)
+{
+	struct mapped_device *owner = dm_table_get_md(md->ti->table);
+	struct dm_ckpt_metadata *o;
+	int ret = 0;
+
+	mutex_lock(&dm_ckpt_claims_lock);
+	list_for_each_entry(o, &dm_ckpt_claims, claim) {
+		if (o->owner != owner && !memcmp(o->uuid, uuid, sizeof(o->uuid))) {
+			DMERR("%s: the image on %s (uuid %pU) is in use by ckpt device %s",
+			      md_name(md), md->dev->name, uuid, dm_device_name(o->owner));
+			*error = "Backing device in use by another ckpt device";
+			ret = -EBUSY;
+			goto out;
+		}
+	}
+	memcpy(md->uuid, uuid, sizeof(md->uuid));
+	md->owner = owner;
+	list_add(&md->claim, &dm_ckpt_claims);
+	md->claimed = true;
+out:
+	mutex_unlock(&dm_ckpt_claims_lock);
+	return ret;
+}
+
 void dm_ckpt_md_close(struct dm_ckpt_metadata *md)
 {
+	if (md->claimed) {
+		mutex_lock(&dm_ckpt_claims_lock);
+		list_del(&md->claim);
+		mutex_unlock(&dm_ckpt_claims_lock);
+		md->claimed = false;
+	}
 	if (md->io)
 		dm_io_client_destroy(md->io);
 	md->io = NULL;

@@ -19,6 +19,12 @@ struct dm_ckpt_metadata {
 	struct dm_target *ti;		/* for the device name in log lines */
 	struct dm_dev *dev;		/* the backing device */
 	struct dm_io_client *io;
+
+	/* the image this table uses, while claimed (dm_ckpt_md_claim) */
+	struct list_head claim;
+	struct mapped_device *owner;
+	u8 uuid[16];
+	bool claimed;
 };
 
 /*
@@ -28,6 +34,17 @@ struct dm_ckpt_metadata {
  */
 int dm_ckpt_md_open(struct dm_ckpt_metadata *md, struct dm_target *ti,
 		    const char *path, char **error);
+
+/*
+ * Claim the image with this uuid for the table's mapped device: one image,
+ * one ckpt device. A table of another mapped device that claims it is
+ * refused (-EBUSY), whichever path leads to the image (the same block
+ * device, a dm-linear over it, ...); a new table of the same mapped device
+ * (a reload, whose constructor runs while the old table lives) is not.
+ * Constructor only: process context, takes a module-wide mutex. Returns 0 or
+ * -EBUSY with *error set. dm_ckpt_md_close releases the claim.
+ */
+int dm_ckpt_md_claim(struct dm_ckpt_metadata *md, const u8 *uuid, char **error);
 
 /*
  * Undo dm_ckpt_md_open; also on a partly opened md. No I/O may be in flight.

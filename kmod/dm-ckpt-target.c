@@ -326,6 +326,59 @@ static int dmckpt_commit(struct dm_ckpt *c, const struct ckpt_cmd *cmd)
 }
 
 /*
+ * The step's per-chunk bitmaps (claimed, applied: 2 MiB each with 2^24
+ * chunks) are cleared here, with no spinlock held, and the core runs with
+ * them hidden so that it does not clear them again under sm_lock. Only
+ * outside the OPEN state: then nothing reads them (map asks for the applied
+ * bit only in an open step, and no update is in flight once drained under
+ * cmd_lock). Called with cmd_lock held and sm_lock not held.
+ */
+static void dmckpt_clear_bitmaps(struct dm_ckpt *c)
+{
+	const size_t bytes = ckpt_bitmap_words(c->sb->geo.n_chunks) * sizeof(u64);
+
+	memset(c->claimed, 0, bytes);
+	memset(c->applied, 0, bytes);
+}
+
+static void __dmckpt_hide_bitmaps(struct dm_ckpt *c)
+{
+	c->sm.claimed = NULL;
+	c->sm.applied = NULL;
+}
+
+static void __dmckpt_show_bitmaps(struct dm_ckpt *c)
+{
+	c->sm.claimed = c->claimed;
+	c->sm.applied = c->applied;
+}
+
+/*
+ * BEGIN. Once the step is open, the slot it writes must have no PARAM read
+ * in flight: a read mapped before BEGIN reads the previous state there, and
+ * the step's first update would overwrite it under the read. New reads of
+ * that slot start only for chunks already updated. Called with cmd_lock
+ * held; may wait for reads.
+ */
+static int dmckpt_begin(struct dm_ckpt *c, const struct ckpt_cmd *cmd)
+{
+	u32 dst;
+	int ret;
+
+	if (dmckpt_state(c) != CKPT_STATE_OPEN)
+		dmckpt_clear_bitmaps(c);
+	spin_lock(&c->sm_lock);
+	__dmckpt_hide_bitmaps(c);
+	ret = ckpt_sm_begin(&c->sm, cmd);
+	__dmckpt_show_bitmaps(c);
+	dst = ckpt_sm_dst_slot(&c->sm);
+	spin_unlock(&c->sm_lock);
+	if (!ret)
+		wait_event(c->readers_wait, !atomic_read(&c->readers[dst]));
+	return ret;
+}
+
+/*
  * Run a decoded command, exactly as Engine::control_write does. Returns >= 0
  * (a CKPT_RESULT_* for COMMIT), -CKPT_E_IO when the backing device failed, or
  * another -CKPT_E_* when the command was refused (recorded for the status
@@ -339,9 +392,7 @@ static int dmckpt_exec(struct dm_ckpt *c, const struct ckpt_cmd *cmd)
 	dm_ckpt_upd_drain(c);
 	switch (cmd->opcode) {
 	case CKPT_OP_BEGIN:
-		spin_lock(&c->sm_lock);
-		ret = ckpt_sm_begin(&c->sm, cmd);
-		spin_unlock(&c->sm_lock);
+		ret = dmckpt_begin(c, cmd);
 		break;
 	case CKPT_OP_ABORT:
 		spin_lock(&c->sm_lock);
@@ -462,6 +513,7 @@ static int dmckpt_map(struct dm_target *ti, struct bio *bio)
 	u64 off, len, in;
 	u32 chunk, slot;
 
+	dm_ckpt_io_of(bio)->slot = -1;
 	if (bio->bi_opf & REQ_PREFLUSH) {
 		/* Empty flush (dm core splits flush+data): pass to the backing device. */
 		bio_set_dev(bio, c->md.dev->bdev);
@@ -472,6 +524,10 @@ static int dmckpt_map(struct dm_target *ti, struct bio *bio)
 
 	off = dm_target_offset(ti, bio->bi_iter.bi_sector) << SECTOR_SHIFT;
 	len = bio->bi_iter.bi_size;
+
+	/* A read-only table never writes the backing device. */
+	if (c->read_only && bio_data_dir(bio) == WRITE)
+		return dmckpt_kill(c, -CKPT_E_READONLY);
 
 	if (off < l->grad_off) {
 		if (bio_data_dir(bio) == WRITE) {
@@ -512,11 +568,23 @@ static int dmckpt_map(struct dm_target *ti, struct bio *bio)
 	}
 	spin_lock(&c->sm_lock);
 	slot = ckpt_sm_read_slot(&c->sm, chunk);
+	atomic_inc(&c->readers[slot]);
 	spin_unlock(&c->sm_lock);
+	dm_ckpt_io_of(bio)->slot = slot;
 	atomic64_add(len, &c->param_bytes);
 	bio_set_dev(bio, c->md.dev->bdev);
 	bio->bi_iter.bi_sector = (ckpt_plo_offset(l, slot, chunk) + in) >> SECTOR_SHIFT;
 	return DM_MAPIO_REMAPPED;
+}
+
+static int dmckpt_end_io(struct dm_target *ti, struct bio *bio, blk_status_t *error)
+{
+	struct dm_ckpt *c = ti->private;
+	int slot = dm_ckpt_io_of(bio)->slot;
+
+	if (slot >= 0 && atomic_dec_and_test(&c->readers[slot]))
+		wake_up_all(&c->readers_wait);
+	return DM_ENDIO_DONE;
 }
 
 /* ---------------------------------------------------------------- ctr/dtr */
@@ -526,9 +594,14 @@ static void dmckpt_free(struct dm_ckpt *c)
 	dm_ckpt_upd_destroy(c);
 	if (c->ctl_wq)
 		destroy_workqueue(c->ctl_wq);
-	kvfree(c->stage_mem);
+	if (c->stages) {
+		u32 i;
+
+		for (i = 0; i < c->n_stages; i++)
+			kvfree(c->stages[i].grad);
+	}
 	kvfree(c->cover_mem);
-	kfree(c->stages);
+	kvfree(c->stages);
 	kvfree(c->stage_of);
 	kvfree(c->claimed);
 	kvfree(c->applied);
@@ -618,43 +691,92 @@ static int dmckpt_parse_opts(struct dm_ckpt *c, struct dm_arg_set *as, char **er
 	return 0;
 }
 
+/*
+ * What the table line asks for must fit: staging_kb and queue_depth reach
+ * gigabytes with the largest chunks (8 MiB of gradients, 48 MiB records), and
+ * 2^18 or more chunks make even the per-stage arrays large. Everything is
+ * added up before anything is allocated, and a table that would take more
+ * than half the memory is refused with the option to reduce.
+ */
+static int dmckpt_check_memory(struct dm_ckpt *c, u64 n_stages, char **error)
+{
+	const u64 cb = c->layout.plo_chunk_bytes;
+	const u64 stage_bytes = cb + sizeof(struct dm_ckpt_stage) +
+		ckpt_bitmap_words(cb >> SECTOR_SHIFT) * sizeof(u64);
+	const u64 staging = n_stages * stage_bytes;
+	const u64 jobs = dm_ckpt_upd_bytes(&c->layout, c->queue_depth);
+	const u64 budget = ((u64)totalram_pages() << PAGE_SHIFT) / 2;
+
+	if (staging > budget) {
+		DMERR("%s: staging_kb %u with %llu KiB chunks needs %llu MiB for %llu stages, more than half the RAM (%llu MiB)",
+		      dm_ckpt_name(c), c->staging_kb, cb >> 10, staging >> 20, n_stages,
+		      budget >> 20);
+		*error = "staging_kb needs more than half the RAM: reduce staging_kb";
+		return -ENOMEM;
+	}
+	if (jobs > budget) {
+		DMERR("%s: queue_depth %u with %llu KiB records needs %llu MiB of chunk buffers, more than half the RAM (%llu MiB)",
+		      dm_ckpt_name(c), c->queue_depth, c->layout.record_bytes >> 10,
+		      jobs >> 20, budget >> 20);
+		*error = "queue_depth needs more than half the RAM: reduce queue_depth";
+		return -ENOMEM;
+	}
+	if (staging + jobs > budget) {
+		DMERR("%s: staging_kb %u and queue_depth %u need %llu + %llu MiB, more than half the RAM (%llu MiB)",
+		      dm_ckpt_name(c), c->staging_kb, c->queue_depth, staging >> 20,
+		      jobs >> 20, budget >> 20);
+		*error = "staging_kb plus queue_depth exceed half the RAM: reduce either";
+		return -ENOMEM;
+	}
+	return 0;
+}
+
 static int dmckpt_alloc(struct dm_ckpt *c, char **error)
 {
-	const struct ckpt_layout *l = &c->layout;
 	const u32 n_chunks = c->sb->geo.n_chunks;
-	const u64 cb = l->plo_chunk_bytes;
+	const u64 cb = c->layout.plo_chunk_bytes;
 	const u32 cover_words = ckpt_bitmap_words(cb >> SECTOR_SHIFT);
 	u64 n_stages;
 	unsigned int i;
-
-	c->claimed = kvcalloc(ckpt_bitmap_words(n_chunks), sizeof(u64), GFP_KERNEL);
-	c->applied = kvcalloc(ckpt_bitmap_words(n_chunks), sizeof(u64), GFP_KERNEL);
-	c->stage_of = kvmalloc_array(n_chunks, sizeof(u32), GFP_KERNEL);
-	if (!c->claimed || !c->applied || !c->stage_of)
-		goto nomem;
-	memset(c->stage_of, 0xff, n_chunks * sizeof(u32));
+	int ret;
 
 	/* As the engine: staging / chunk bytes, at least 2, at most max(2, n_chunks). */
 	n_stages = ((u64)c->staging_kb << 10) >> c->cb_shift;
 	n_stages = clamp_t(u64, n_stages, 2, max(2u, n_chunks));
-	c->n_stages = n_stages;
-	c->free_stages = n_stages;
-	c->stages = kcalloc(n_stages, sizeof(*c->stages), GFP_KERNEL);
-	c->stage_mem = kvmalloc_array(n_stages, cb, GFP_KERNEL);
-	c->cover_mem = kvcalloc(n_stages * cover_words, sizeof(u64), GFP_KERNEL);
-	if (!c->stages || !c->stage_mem || !c->cover_mem) {
-		*error = "Cannot allocate staging memory (reduce staging_kb)";
+	ret = dmckpt_check_memory(c, n_stages, error);
+	if (ret)
+		return ret;
+
+	c->claimed = kvcalloc(ckpt_bitmap_words(n_chunks), sizeof(u64), DM_CKPT_GFP_BIG);
+	c->applied = kvcalloc(ckpt_bitmap_words(n_chunks), sizeof(u64), DM_CKPT_GFP_BIG);
+	c->stage_of = kvmalloc_array(n_chunks, sizeof(u32), DM_CKPT_GFP_BIG);
+	if (!c->claimed || !c->applied || !c->stage_of) {
+		*error = "Cannot allocate the per-chunk bitmaps";
 		return -ENOMEM;
 	}
+	memset(c->stage_of, 0xff, n_chunks * sizeof(u32));
+
+	/* One buffer per stage: no single allocation grows with staging_kb. */
+	c->stages = kvcalloc(n_stages, sizeof(*c->stages), DM_CKPT_GFP_BIG);
+	c->cover_mem = kvcalloc(n_stages * cover_words, sizeof(u64), DM_CKPT_GFP_BIG);
+	if (!c->stages || !c->cover_mem) {
+		*error = "Cannot allocate staging memory: reduce staging_kb";
+		return -ENOMEM;
+	}
+	c->n_stages = n_stages;
 	for (i = 0; i < n_stages; i++) {
 		c->stages[i].chunk = CKPT_NO_STAGE;
-		c->stages[i].grad = c->stage_mem + i * cb;
 		c->stages[i].cover = c->cover_mem + i * cover_words;
+		c->stages[i].grad = kvmalloc(cb, DM_CKPT_GFP_BIG);
+		if (!c->stages[i].grad) {
+			*error = "Cannot allocate staging memory: reduce staging_kb";
+			return -ENOMEM;
+		}
+		if (!(i & 1023))
+			cond_resched();
 	}
+	c->free_stages = n_stages;
 	return dm_ckpt_upd_create(c, c->queue_depth, error);
-nomem:
-	*error = "Cannot allocate memory";
-	return -ENOMEM;
 }
 
 /*
@@ -681,6 +803,14 @@ static int dmckpt_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 	INIT_WORK(&c->bio_work, dmckpt_bio_work);
 	mutex_init(&c->cmd_lock);
 	spin_lock_init(&c->sm_lock);
+	atomic_set(&c->readers[0], 0);
+	atomic_set(&c->readers[1], 0);
+	init_waitqueue_head(&c->readers_wait);
+#ifdef CKPT_HAVE_BLK_MODE_T
+	c->read_only = !(dm_table_get_mode(ti->table) & BLK_OPEN_WRITE);
+#else
+	c->read_only = !(dm_table_get_mode(ti->table) & FMODE_WRITE);
+#endif
 	atomic64_set(&c->grad_bytes, 0);
 	atomic64_set(&c->param_bytes, 0);
 
@@ -706,6 +836,9 @@ static int dmckpt_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 	}
 
 	ret = dm_ckpt_md_read_sb(&c->md, c->sb, c->sb_next, &c->groups, &ti->error);
+	if (ret)
+		goto bad;
+	ret = dm_ckpt_md_claim(&c->md, c->sb->uuid, &ti->error);
 	if (ret)
 		goto bad;
 	c->layout = c->sb->layout;
@@ -768,36 +901,45 @@ static void dmckpt_postsuspend(struct dm_target *ti)
 }
 
 /*
- * The first resume of a table starts from the superblock on the device as it
- * is now: a table loaded while an older one was live (a reload) must not use
- * what that one has since committed. An open step of the old instance is
- * dropped. Later resumes keep the open step.
+ * Every resume checks that the backing device still holds the image this
+ * table was loaded for (same uuid and geometry). The first resume of a table
+ * then starts from the superblock as it is now: a table loaded while an
+ * older one was live (a reload) must not use what that one has since
+ * committed, and an open step of the old instance is dropped. A later resume
+ * keeps the open step, so the image must not have changed meanwhile.
  */
 static int dmckpt_preresume(struct dm_target *ti)
 {
 	struct dm_ckpt *c = ti->private;
+	struct ckpt_sb *now = c->sb_next;
 	char *error = NULL;
-	int ret = 0;
+	int ret;
 
 	mutex_lock(&c->cmd_lock);
-	if (c->started)
-		goto out;
-	ret = dm_ckpt_md_read_sb(&c->md, c->sb_next, c->sb_next, NULL, &error);
+	ret = dm_ckpt_md_read_sb(&c->md, now, now, NULL, &error);
 	if (ret) {
 		DMERR("%s: resume: %s", dm_ckpt_name(c), error);
 		goto out;
 	}
-	if (c->sb_next->sequence != c->sb->sequence) {
-		if (memcmp(&c->sb_next->geo, &c->sb->geo, sizeof(c->sb->geo)) ||
-		    memcmp(c->sb_next->uuid, c->sb->uuid, sizeof(c->sb->uuid))) {
-			DMERR("%s: resume: the device was reformatted since the table was loaded",
-			      dm_ckpt_name(c));
+	if (memcmp(&now->geo, &c->sb->geo, sizeof(now->geo)) ||
+	    memcmp(now->uuid, c->sb->uuid, sizeof(now->uuid))) {
+		DMERR("%s: resume: the device was reformatted since the table was loaded",
+		      dm_ckpt_name(c));
+		ret = -EINVAL;
+		goto out;
+	}
+	if (now->sequence != c->sb->sequence) {
+		if (c->started) {
+			DMERR("%s: resume: the image changed while the device was suspended (superblock sequence %llu, this table committed %llu)",
+			      dm_ckpt_name(c), now->sequence, c->sb->sequence);
 			ret = -EINVAL;
 			goto out;
 		}
 		swap(c->sb, c->sb_next);
+		dmckpt_clear_bitmaps(c);
 		spin_lock(&c->sm_lock);
-		ckpt_sm_init(&c->sm, c->sb, c->claimed, c->applied);
+		ckpt_sm_init(&c->sm, c->sb, NULL, NULL);
+		__dmckpt_show_bitmaps(c);
 		spin_unlock(&c->sm_lock);
 		dmckpt_release_stages(c);
 	}
@@ -1031,6 +1173,11 @@ static int dmckpt_message(struct dm_target *ti, unsigned int argc, char **argv,
 			return -EINVAL;
 		return dmckpt_stats(c, result, maxlen);
 	}
+	if (c->read_only) {
+		DMWARN_LIMIT("%s: message %s refused: the table is read-only",
+			     dm_ckpt_name(c), argv[0]);
+		return -EROFS;
+	}
 	mutex_lock(&c->cmd_lock);
 	if (dmckpt_parse_message(c, argc, argv)) {
 		mutex_unlock(&c->cmd_lock);
@@ -1077,6 +1224,7 @@ static struct target_type dmckpt_target = {
 	.ctr = dmckpt_ctr,
 	.dtr = dmckpt_dtr,
 	.map = dmckpt_map,
+	.end_io = dmckpt_end_io,
 	.postsuspend = dmckpt_postsuspend,
 	.preresume = dmckpt_preresume,
 	.status = dmckpt_status,

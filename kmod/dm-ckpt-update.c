@@ -322,6 +322,12 @@ unsigned int dm_ckpt_upd_busy(struct dm_ckpt *c)
 	return busy;
 }
 
+u64 dm_ckpt_upd_bytes(const struct ckpt_layout *l, unsigned int queue_depth)
+{
+	return (u64)queue_depth * (sizeof(struct dm_ckpt_job) + l->record_bytes +
+				   2 * l->plo_chunk_bytes);
+}
+
 int dm_ckpt_upd_create(struct dm_ckpt *c, unsigned int queue_depth, char **error)
 {
 	struct dm_ckpt_update *u = &c->upd;
@@ -332,7 +338,7 @@ int dm_ckpt_upd_create(struct dm_ckpt *c, unsigned int queue_depth, char **error
 	spin_lock_init(&u->job_lock);
 	INIT_LIST_HEAD(&u->free_jobs);
 	init_waitqueue_head(&u->job_wait);
-	u->jobs = kcalloc(queue_depth, sizeof(*u->jobs), GFP_KERNEL);
+	u->jobs = kvcalloc(queue_depth, sizeof(*u->jobs), GFP_KERNEL);
 	if (!u->jobs) {
 		*error = "Cannot allocate memory";
 		return -ENOMEM;
@@ -344,8 +350,8 @@ int dm_ckpt_upd_create(struct dm_ckpt *c, unsigned int queue_depth, char **error
 		j->c = c;
 		INIT_WORK(&j->work, job_work);
 		init_completion(&j->done);
-		j->rec = kvmalloc(l->record_bytes, GFP_KERNEL);
-		j->plo = kvmalloc(2 * cb, GFP_KERNEL);
+		j->rec = kvmalloc(l->record_bytes, DM_CKPT_GFP_BIG);
+		j->plo = kvmalloc(2 * cb, DM_CKPT_GFP_BIG);
 		if (!j->rec || !j->plo) {
 			*error = "Cannot allocate chunk buffers (reduce queue_depth)";
 			return -ENOMEM;
@@ -374,7 +380,7 @@ void dm_ckpt_upd_destroy(struct dm_ckpt *c)
 			kvfree(u->jobs[i].rec);
 			kvfree(u->jobs[i].plo);
 		}
-		kfree(u->jobs);
+		kvfree(u->jobs);
 	}
 	u->jobs = NULL;
 }

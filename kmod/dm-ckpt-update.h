@@ -21,6 +21,7 @@
 
 struct dm_ckpt;
 struct dm_ckpt_job;
+struct ckpt_layout;
 
 struct dm_ckpt_update {
 	struct workqueue_struct *wq;	/* unbound, queue_depth items at once */
@@ -40,6 +41,9 @@ void dm_ckpt_upd_init(void);
 
 /* The float variant in use, "avx2" or "sse2", for log lines and stats. */
 const char *dm_ckpt_upd_fpu_name(void);
+
+/* Bytes of memory queue_depth chunk buffers need for chunks of layout l. */
+u64 dm_ckpt_upd_bytes(const struct ckpt_layout *l, unsigned int queue_depth);
 
 /*
  * Allocate queue_depth chunk buffers and the update workqueue for c, whose

@@ -20,10 +20,18 @@
 
 #define DM_MSG_PREFIX "ckpt"
 
+/*
+ * Flags for the constructor's large allocations (staging, chunk buffers,
+ * per-chunk arrays): their size comes from the table line and the image, so
+ * failing is an answer (the table is refused), not a kernel warning.
+ */
+#define DM_CKPT_GFP_BIG		(GFP_KERNEL | __GFP_NOWARN | __GFP_RETRY_MAYFAIL)
+
 /* Per-bio data: a gradient write completes when all its chunk updates have. */
 struct dm_ckpt_io {
 	atomic_t pending;
 	blk_status_t status;
+	int slot;		/* a PARAM read: the p_lo slot it reads; else -1 */
 };
 
 struct dm_ckpt_stage;
@@ -58,7 +66,6 @@ struct dm_ckpt {
 	u32 n_stages;
 	u32 free_stages;
 	u32 *stage_of;			/* chunk -> stage index */
-	u8 *stage_mem;
 	u64 *cover_mem;
 	bool started;
 
@@ -75,6 +82,16 @@ struct dm_ckpt {
 	 */
 	int error;
 	u8 uuid[16];			/* the image's, constant */
+
+	/*
+	 * PARAM reads in flight per p_lo slot, counted in map (under sm_lock,
+	 * with the slot choice) and end_io: BEGIN waits for the slot it is
+	 * about to rewrite, so that no read returns a mix of two steps.
+	 */
+	atomic_t readers[2];
+	wait_queue_head_t readers_wait;
+
+	bool read_only;			/* the table was loaded read-only */
 
 	atomic64_t grad_bytes;
 	atomic64_t param_bytes;

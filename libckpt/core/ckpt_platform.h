@@ -15,9 +15,23 @@
 #include <linux/crc32c.h>
 #include <asm/byteorder.h>
 
+/*
+ * crc32c-intel keeps preemption off (kernel_fpu_begin) for the whole buffer
+ * of a call: 48 MiB records, 8 MiB p_lo chunks and 16 MiB group tables would
+ * keep it off for milliseconds. Slices bound each section.
+ */
+#define CKPT_CRC_SLICE	(64u << 10)
+
 static inline u32 ckpt_crc32c_raw(u32 seed, const void *p, size_t len)
 {
-	return crc32c(seed, p, len);
+	const u8 *b = p;
+
+	while (len > CKPT_CRC_SLICE) {
+		seed = crc32c(seed, b, CKPT_CRC_SLICE);
+		b += CKPT_CRC_SLICE;
+		len -= CKPT_CRC_SLICE;
+	}
+	return crc32c(seed, b, len);
 }
 
 #else /* userspace */

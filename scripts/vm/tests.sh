@@ -105,7 +105,7 @@ kmod_run() { # KERNEL CPU DIR
 	local k=$1 c=$2 d=$3 rc f name line
 	[ "$nprog" -gt 0 ] || return 0
 	log "$k/$c: kmod tests ($programs)"
-	"$RUN" --kernel "$k" --cpu "$c" --quiet --out "$d/kmod" --log "$d/kmod.log" "${run_args[@]}" \
+	"$RUN" --kernel "$k" --cpu "$c" --quiet --out "$d/kmod" --log "$d/kmod.log" --image-size 64G --timeout "${CKPT_VM_TIMEOUT:-1500}" "${run_args[@]}" \
 		"$VM_DIR/guest/kmod-tests.sh" $programs 2>"$d/kmod.runner"
 	rc=$?
 	sed 's/^/# /' "$d/kmod.runner"

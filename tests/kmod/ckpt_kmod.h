@@ -430,6 +430,52 @@ static CK_UNUSED int ck_format(struct ck_model *m, const char *dev,
 	return ck_format_features(m, dev, g, seed, CKPT_FEATURE_INCOMPAT_PLO_CRC);
 }
 
+/*
+ * Format only the metadata of a large geometry: superblock copy 1 (sequence
+ * 1), copy 0 zeroed, and the group table (every chunk in group 0). The
+ * records are not written: enough for the constructor, which reads nothing
+ * else, on a sparse device far larger than the guest's memory. sb receives
+ * the superblock. Returns 0 or -errno (-ENOSPC: the device is too small).
+ */
+static CK_UNUSED int ck_format_sparse(struct ckpt_sb *sb, const char *dev,
+				      const struct ckpt_geometry *g, uint64_t seed)
+{
+	struct ck_rng r = { seed };
+	uint64_t gbytes;
+	uint8_t *blk;
+	int fd, ret, i;
+
+	memset(sb, 0, sizeof(*sb));
+	sb->feature_incompat = CKPT_FEATURE_INCOMPAT_PLO_CRC;
+	if (ckpt_layout_compute_features(g, sb->feature_incompat, &sb->layout))
+		return -EINVAL;
+	if (ck_dev_bytes(dev) < sb->layout.dev_bytes)
+		return -ENOSPC;
+	for (i = 0; i < 16; i++)
+		sb->uuid[i] = (uint8_t)ck_next(&r);
+	sb->sequence = 1;
+	sb->geo = *g;
+	gbytes = sb->layout.group_bytes;
+	blk = ck_alloc(gbytes > 2 * CKPT_BLOCK ? gbytes : 2 * CKPT_BLOCK);
+	if (!blk)
+		return -ENOMEM;
+	fd = open(dev, O_RDWR | O_DIRECT);
+	if (fd < 0) {
+		free(blk);
+		return -errno;
+	}
+	/* zeros: every chunk in group 0 */
+	ret = ck_pwrite(fd, blk, gbytes, sb->layout.group_off);
+	if (!ret)
+		ret = ckpt_sb_encode(sb, blk + CKPT_BLOCK) ? -EINVAL :
+		      ck_pwrite(fd, blk, 2 * CKPT_BLOCK, 0);
+	if (!ret && fsync(fd))
+		ret = -errno;
+	close(fd);
+	free(blk);
+	return ret;
+}
+
 /* Write one superblock block (4 KiB) at copy k of the device. */
 static CK_UNUSED int ck_write_sb_block(const char *dev, const void *block, int k)
 {

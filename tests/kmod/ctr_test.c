@@ -236,7 +236,7 @@ static int write_bad_sb(const struct ck_model *m, const struct sb_case *k, uint6
 	return r;
 }
 
-TEST_F(ctr, corrupt_superblocks)
+TEST_F_TIMEOUT(ctr, corrupt_superblocks, 300)
 {
 	static const char *const geo = "Superblock: geometry out of range";
 	static const char *const lay = "Superblock: offsets or sizes disagree with the geometry";
