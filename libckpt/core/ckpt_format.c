@@ -487,6 +487,41 @@ int ckpt_group_table_check(const struct ckpt_sb *sb, const u8 *table)
 	return 0;
 }
 
+int ckpt_sb_next(const struct ckpt_sb *cur, u64 step, u32 slot, const void *blob,
+		 u32 blob_len, struct ckpt_sb *next)
+{
+	if (!cur || !next || slot > 1 || (blob_len && !blob))
+		return -CKPT_E_INVAL;
+	if (blob_len > CKPT_BLOB_MAX)
+		return -CKPT_E_BLOB;
+	if (next != cur)
+		*next = *cur;
+	next->sequence++;
+	next->committed_step = step;
+	next->committed_slot = slot;
+	/* memmove: the blob may be cur's own */
+	if (blob_len)
+		memmove(next->blob, blob, blob_len);
+	memset(next->blob + blob_len, 0, CKPT_BLOB_MAX - blob_len);
+	next->blob_len = blob_len;
+	return 0;
+}
+
+void ckpt_sb_first(struct ckpt_sb *sb, const u8 *uuid, const struct ckpt_geometry *geo,
+		   const struct ckpt_layout *l, u32 incompat, u32 manifest_len,
+		   u32 manifest_crc, u32 group_crc)
+{
+	memset(sb, 0, sizeof(*sb));
+	memcpy(sb->uuid, uuid, sizeof(sb->uuid));
+	sb->sequence = 1;
+	sb->feature_incompat = incompat;
+	sb->geo = *geo;
+	sb->layout = *l;
+	sb->manifest_len = manifest_len;
+	sb->manifest_crc = manifest_crc;
+	sb->group_crc = group_crc;
+}
+
 /* ---------------- state record header ---------------- */
 
 void ckpt_rec_encode(const struct ckpt_rec *r, void *block)
@@ -560,6 +595,38 @@ enum ckpt_rec_fault ckpt_rec_check(const void *header, const void *data,
 	    ckpt_plo_crc(plo, want->chunk_shift) != got->plo_crc)
 		return CKPT_REC_PLO;
 	return CKPT_REC_OK;
+}
+
+void ckpt_rec_committed(const struct ckpt_sb *sb, u32 chunk, struct ckpt_rec *id)
+{
+	memset(id, 0, sizeof(*id));
+	id->chunk = chunk;
+	id->slot = sb->committed_slot;
+	id->chunk_shift = sb->geo.chunk_shift;
+	id->step = sb->committed_step;
+	id->sequence = sb->sequence;
+}
+
+void ckpt_rec_next(const struct ckpt_sb *sb, u32 chunk, u64 step, struct ckpt_rec *id)
+{
+	ckpt_rec_committed(sb, chunk, id);
+	id->slot ^= 1;
+	id->step = step;
+	id->sequence++;
+}
+
+void ckpt_rec_seal(void *header, const void *data, const void *plo,
+		   const struct ckpt_rec *id, u32 incompat)
+{
+	struct ckpt_rec r = *id;
+
+	if (data)
+		r.data_crc = ckpt_crc32c(data, (size_t)12 << r.chunk_shift);
+	if (!(incompat & CKPT_FEATURE_INCOMPAT_PLO_CRC))
+		r.plo_crc = 0;
+	else if (plo)
+		r.plo_crc = ckpt_plo_crc(plo, r.chunk_shift);
+	ckpt_rec_encode(&r, header);
 }
 
 const char *ckpt_rec_fault_str(enum ckpt_rec_fault f)

@@ -199,13 +199,9 @@ void Engine::control_write(const void *buf, uint64_t len)
 			if (ret == CKPT_RESULT_OVERFLOW)
 				release_stages();
 			if (ret == CKPT_RESULT_COMMITTED) {
-				struct ckpt_sb next = img_.sb;
-				next.sequence++;
-				next.committed_step = sm_.open_step;
-				next.committed_slot = ckpt_sm_dst_slot(&sm_);
-				next.blob_len = cmd.blob_len;
-				std::memset(next.blob, 0, sizeof(next.blob));
-				std::memcpy(next.blob, cmd.blob, cmd.blob_len);
+				struct ckpt_sb next;
+				check_core(ckpt_sb_next(&img_.sb, sm_.open_step, ckpt_sm_dst_slot(&sm_), cmd.blob,
+							cmd.blob_len, &next), "next superblock");
 				try {
 					commit_superblock(next);
 				} catch (const Error &e) {
@@ -415,8 +411,9 @@ void Engine::worker_main(Worker &w)
 					fail(CKPT_E_IO, "short read of chunk {} state", chunk);
 				// The full check, data checksum included: a step must not
 				// turn bit rot into new committed state with a fresh checksum.
-				img_.check_record(s.rec.as(), chunk, src, img_.sb.committed_step, img_.sb.sequence,
-						  true);
+				struct ckpt_rec id;
+				ckpt_rec_committed(&img_.sb, chunk, &id);
+				img_.check_record(s.rec.as(), id, true);
 				auto *p = reinterpret_cast<uint32_t *>(s.rec.as() + CKPT_BLOCK);
 				uint32_t nonfinite = 0;
 				if (load) {
@@ -448,16 +445,8 @@ void Engine::worker_main(Worker &w)
 					s.job = nullptr;
 					continue;
 				}
-				struct ckpt_rec rec = {};
-				rec.chunk = chunk;
-				rec.slot = dst;
-				rec.chunk_shift = img_.sb.geo.chunk_shift;
-				rec.step = step;
-				rec.sequence = img_.sb.sequence + 1;
-				rec.data_crc = ckpt_crc32c(p, 12 * cp);
-				if (img_.sb.feature_incompat & CKPT_FEATURE_INCOMPAT_PLO_CRC)
-					rec.plo_crc = ckpt_plo_crc(s.plo.as(), rec.chunk_shift);
-				ckpt_rec_encode(&rec, s.rec.as());
+				ckpt_rec_next(&img_.sb, chunk, step, &id);
+				ckpt_rec_seal(s.rec.as(), p, s.plo.as(), &id, img_.sb.feature_incompat);
 				w.ring.write(fd, s.rec.as(), static_cast<unsigned>(l.record_bytes),
 					     ckpt_record_offset(&l, dst, chunk), tag);
 				w.ring.write(fd, s.plo.as(), static_cast<unsigned>(l.plo_chunk_bytes),
@@ -512,10 +501,12 @@ void Engine::read_state(uint64_t offset, uint64_t n, float *p, float *m, float *
 		fail(CKPT_E_RANGE, "state read of {} params at {}: out of range", n, offset);
 	for_each_piece(offset, n, sb.layout.chunk_params, [&](uint32_t c, uint64_t in, uint64_t k) {
 		const uint32_t slot = ckpt_sm_read_slot(&sm_, c);
-		const bool committed = slot == sb.committed_slot;
-		img_.read_state(slot, committed ? sb.committed_step : sm_.open_step,
-				committed ? sb.sequence : sb.sequence + 1, c * sb.layout.chunk_params + in, k,
-				p, m, v, bounce_);
+		struct ckpt_rec id;
+		if (slot == sb.committed_slot)
+			ckpt_rec_committed(&sb, c, &id);
+		else
+			ckpt_rec_next(&sb, c, sm_.open_step, &id);
+		img_.read_state(id, c * sb.layout.chunk_params + in, k, p, m, v, bounce_);
 		p += k;
 		m += k;
 		v += k;
@@ -553,14 +544,9 @@ void Engine::load_state(const std::vector<StateSpan> &spans, uint64_t step, std:
 	run_batch();
 	if (batch_.error)
 		throw Error(batch_.error, batch_.message);
-	struct ckpt_sb next = img_.sb;
-	next.sequence++;
-	next.committed_step = step;
-	next.committed_slot ^= 1;
-	next.blob_len = static_cast<uint32_t>(blob.size());
-	std::memset(next.blob, 0, sizeof(next.blob));
-	if (!blob.empty())
-		std::memcpy(next.blob, blob.data(), blob.size());
+	struct ckpt_sb next;
+	check_core(ckpt_sb_next(&img_.sb, step, img_.sb.committed_slot ^ 1, blob.data(),
+				static_cast<uint32_t>(blob.size()), &next), "next superblock");
 	commit_superblock(next);
 	// The step machine starts over from the new commit.
 	ckpt_sm_init(&sm_, &img_.sb, claimed_.data(), applied_.data());
