@@ -383,6 +383,7 @@ enum ckpt_opcode {
  * sqrt is computed by the client in double, as PyTorch does, so the target
  * needs no libm and no float outside its FPU translation unit.
  */
+/* The CKPT_HPARAMS list (ckpt_abi.h), in its order: the core checks it. */
 struct ckpt_hparams {
 	u32 lr;
 	u32 beta1;
@@ -411,6 +412,25 @@ struct ckpt_hparams_disk {
 	__le32 flags;
 	__le32 reserved;
 } __packed;
+
+/*
+ * The range check of one group's hyperparameters, on their fp32 bit patterns:
+ * what torch.optim.AdamW refuses (lr, eps, weight_decay < 0; a beta outside
+ * [0, 1)) and derived fields no valid input gives (1 - beta outside (0, 1],
+ * bc2_sqrt outside (0, 1], step_size < 0), every field finite, known flags.
+ * A beta may be 1.0f: the fp32 of a double just below 1, which torch takes;
+ * 1 - beta, computed in double, is what must be positive. -0.0 counts as 0.
+ * Returns 0, or -CKPT_E_HPARAM with *field naming the first bad field (as in
+ * CKPT_HPARAMS) when field is not NULL.
+ */
+int ckpt_hparams_check(const struct ckpt_hparams *h, const char **field);
+
+/*
+ * A group from n words in CKPT_HPARAMS order (a kernel "begin" message):
+ * n is CKPT_HPARAMS_N, or one less (flags 0). Returns 0 or -CKPT_E_INVAL
+ * with h untouched. The values are not checked: BEGIN does that.
+ */
+int ckpt_hparams_from_words(struct ckpt_hparams *h, const u32 *words, u32 n);
 
 struct ckpt_cmd_disk {
 	__le32 magic;

@@ -64,18 +64,6 @@ struct ckpt_step_sm {
 void ckpt_sm_init(struct ckpt_step_sm *sm, const struct ckpt_sb *sb,
 		  u64 *claimed, u64 *applied);
 
-/*
- * The range check of one group's hyperparameters, on their fp32 bit patterns:
- * what torch.optim.AdamW refuses (lr, eps, weight_decay < 0; a beta outside
- * [0, 1)) and derived fields no valid input gives (1 - beta outside (0, 1],
- * bc2_sqrt outside (0, 1], step_size < 0), every field finite, known flags.
- * A beta may be 1.0f: the fp32 of a double just below 1, which torch takes;
- * 1 - beta, computed in double, is what must be positive. -0.0 counts as 0.
- * Returns 0, or -CKPT_E_HPARAM with *field naming the first bad field (as in
- * struct ckpt_hparams) when field is not NULL.
- */
-int ckpt_hparams_check(const struct ckpt_hparams *h, const char **field);
-
 /* BEGIN: state IDLE, step == committed + 1, n_groups matches, hparams valid. */
 int ckpt_sm_begin(struct ckpt_step_sm *sm, const struct ckpt_cmd *cmd);
 /* Before a chunk's update is dispatched: OPEN, in range, not yet claimed. */
@@ -110,8 +98,66 @@ static inline u32 ckpt_sm_dst_slot(const struct ckpt_step_sm *sm)
 	return sm->committed_slot ^ 1;
 }
 
+/*
+ * The status counters: the fields of CKPT_STATUS_FIELDS (kind STATE and
+ * RESULT: the enum value; FRACTION: chunks_done, over n_chunks), plus the
+ * committed slot the stats message reports. The status line's field table is
+ * generated from the list with offsetof(), so a field missing here does not
+ * compile.
+ */
+struct ckpt_counters {
+	u32 state;
+	u64 committed_step;
+	u64 open_step;
+	u64 chunks_done;
+	u32 overflow;
+	u32 last_result;
+	u32 last_error;
+	u32 first_io_error;
+	u64 steps_committed;
+	u64 steps_skipped;
+	u64 steps_aborted;
+	u64 commands_rejected;
+	u64 grad_bytes;
+	u64 param_bytes;
+	u64 io_errors;
+	u32 committed_slot;
+};
+
+/*
+ * Fill k from the step machine, the one derivation of what the status page,
+ * the dm status line and the stats message report (open_step, overflow and
+ * chunks_done are 0 outside an open step). grad_bytes and param_bytes are
+ * the host's byte counters. Caller holds the sm lock (no sleeping, no ops).
+ */
+void ckpt_sm_counters(const struct ckpt_step_sm *sm, u64 grad_bytes, u64 param_bytes,
+		      struct ckpt_counters *k);
+
+/*
+ * The status page: ckpt_sm_counters and sb's geometry and blob; the host
+ * then sets grad_bytes and param_bytes. Caller holds the sm lock.
+ */
 void ckpt_sm_status(const struct ckpt_step_sm *sm, const struct ckpt_sb *sb,
 		    struct ckpt_status *st);
+
+/*
+ * The dm status INFO line: the CKPT_STATUS_FIELDS of k separated by single
+ * spaces, STATE and RESULT by name, FRACTION as "chunks_done/n_chunks",
+ * numbers in decimal, no newline. Writes at most len bytes including the
+ * NUL; returns the length, or -CKPT_E_INVAL (buf holds "") when it does not
+ * fit. CKPT_STATUS_LINE_MAX always fits.
+ */
+#define CKPT_STATUS_LINE_MAX	512
+int ckpt_status_line(const struct ckpt_counters *k, u32 n_chunks, char *buf, u32 len);
+
+/*
+ * Parse the first len bytes of s (a NUL before len ends it), as printed by
+ * ckpt_status_line, optionally followed by one newline. Strict: exactly the
+ * fields in order, single spaces, known names, decimal without sign or
+ * leading zeros that fits its field, chunks_done <= n_chunks. Returns 0, or
+ * -CKPT_E_INVAL with k and n_chunks untouched.
+ */
+int ckpt_status_line_parse(const char *s, u32 len, struct ckpt_counters *k, u32 *n_chunks);
 
 /*
  * Sector coverage of a partially written chunk (staging). bits holds

@@ -4,7 +4,11 @@
 // fields, the gradient-write plan and command execution.
 #include <gtest/gtest.h>
 
+#include <cstddef>
+#include <cstdio>
 #include <cstring>
+#include <memory>
+#include <string>
 #include <random>
 #include <vector>
 
@@ -193,4 +197,304 @@ TEST(CoreSuperblock, NextRefusesBadInputUnchanged)
 	EXPECT_EQ(ckpt_sb_next(&cur, 1, 2, nullptr, 0, &next), -CKPT_E_INVAL);
 	EXPECT_EQ(ckpt_sb_next(&cur, 1, 1, nullptr, 4, &next), -CKPT_E_INVAL);
 	EXPECT_EQ(std::memcmp(&before, &next, sizeof(next)), 0);
+}
+
+// ---------------------------------------------------------------- status
+
+namespace {
+
+// The dm INFO line as kmod/dm-ckpt-target.c printed it before the core did.
+std::string kernel_line(const ckpt_counters &k, uint32_t n_chunks)
+{
+	char buf[CKPT_STATUS_LINE_MAX];
+	snprintf(buf, sizeof(buf), "%s %llu %llu %llu/%u %u %s %u %u %llu %llu %llu %llu %llu %llu %llu",
+		 ckpt_state_name(k.state), (unsigned long long)k.committed_step,
+		 (unsigned long long)k.open_step, (unsigned long long)k.chunks_done, n_chunks, k.overflow,
+		 ckpt_result_name(k.last_result), k.last_error, k.first_io_error,
+		 (unsigned long long)k.steps_committed, (unsigned long long)k.steps_skipped,
+		 (unsigned long long)k.steps_aborted, (unsigned long long)k.commands_rejected,
+		 (unsigned long long)k.grad_bytes, (unsigned long long)k.param_bytes,
+		 (unsigned long long)k.io_errors);
+	return buf;
+}
+
+ckpt_counters random_counters(std::mt19937_64 &rng, uint32_t *n_chunks)
+{
+	auto pick = [&]() -> uint64_t {
+		switch (rng() % 4) {
+		case 0: return 0;
+		case 1: return rng() % 10;
+		case 2: return ~0ull - rng() % 3;
+		default: return rng();
+		}
+	};
+	ckpt_counters k{};
+	k.state = uint32_t(rng() % CKPT_STATE_MAX);
+	k.committed_step = pick();
+	k.open_step = pick();
+	*n_chunks = uint32_t(pick()) | 1;
+	k.chunks_done = pick() % (uint64_t(*n_chunks) + 1);
+	k.overflow = uint32_t(pick());
+	k.last_result = uint32_t(rng() % CKPT_RESULT_MAX);
+	k.last_error = uint32_t(pick());
+	k.first_io_error = uint32_t(pick());
+	k.steps_committed = pick();
+	k.steps_skipped = pick();
+	k.steps_aborted = pick();
+	k.commands_rejected = pick();
+	k.grad_bytes = pick();
+	k.param_bytes = pick();
+	k.io_errors = pick();
+	return k;
+}
+
+} // namespace
+
+TEST(CoreStatus, CountersFromTheStepMachine)
+{
+	ckpt_sb sb = small_sb();
+	sb.committed_step = 6;
+	sb.committed_slot = 1;
+	std::vector<uint64_t> claimed(1), applied(1);
+	ckpt_step_sm sm;
+	ckpt_sm_init(&sm, &sb, claimed.data(), applied.data());
+	ckpt_cmd begin{};
+	begin.opcode = CKPT_OP_BEGIN;
+	begin.step = 7;
+	begin.n_groups = 2;
+	begin.grad_scale = f32(1.0f);
+	begin.groups[0] = test_hparams(0);
+	begin.groups[1] = test_hparams(1);
+	ASSERT_EQ(ckpt_sm_begin(&sm, &begin), 0);
+	ASSERT_EQ(ckpt_sm_claim(&sm, 2), 0);
+	ckpt_sm_applied(&sm, 2, true, false);
+	ckpt_sm_rejected(&sm, CKPT_E_TWICE);
+	ckpt_counters k;
+	ckpt_sm_counters(&sm, 111, 222, &k);
+	EXPECT_EQ(k.state, uint32_t(CKPT_STATE_OPEN));
+	EXPECT_EQ(k.committed_step, 6u);
+	EXPECT_EQ(k.open_step, 7u);
+	EXPECT_EQ(k.chunks_done, 1u);
+	EXPECT_EQ(k.overflow, 1u);
+	EXPECT_EQ(k.last_result, uint32_t(CKPT_RESULT_REJECTED));
+	EXPECT_EQ(k.last_error, uint32_t(CKPT_E_TWICE));
+	EXPECT_EQ(k.commands_rejected, 1u);
+	EXPECT_EQ(k.grad_bytes, 111u);
+	EXPECT_EQ(k.param_bytes, 222u);
+	EXPECT_EQ(k.committed_slot, 1u);
+	char line[CKPT_STATUS_LINE_MAX];
+	ASSERT_GT(ckpt_status_line(&k, 8, line, sizeof(line)), 0);
+	EXPECT_STREQ(line, "open 6 7 1/8 1 rejected 16 0 0 0 0 1 111 222 0");
+	// Outside an open step the step's counters read 0; the status page agrees.
+	ckpt_cmd abort{};
+	abort.opcode = CKPT_OP_ABORT;
+	ASSERT_EQ(ckpt_sm_abort(&sm, &abort), 0);
+	ckpt_sm_counters(&sm, 0, 0, &k);
+	EXPECT_EQ(k.open_step, 0u);
+	EXPECT_EQ(k.chunks_done, 0u);
+	EXPECT_EQ(k.overflow, 0u);
+	auto st = std::make_unique<ckpt_status>();
+	ckpt_sm_status(&sm, &sb, st.get());
+	EXPECT_EQ(st->steps_aborted, 1u);
+	EXPECT_EQ(st->committed_slot, 1u);
+	EXPECT_EQ(st->geo.n_chunks, 8u);
+}
+
+TEST(CoreStatus, LineIsTheKernelsAndParsesBack)
+{
+	std::mt19937_64 rng(11);
+	for (int i = 0; i < 2000; i++) {
+		uint32_t n;
+		const ckpt_counters k = random_counters(rng, &n);
+		char line[CKPT_STATUS_LINE_MAX];
+		const int len = ckpt_status_line(&k, n, line, sizeof(line));
+		ASSERT_GT(len, 0);
+		ASSERT_EQ(std::string(line), kernel_line(k, n));
+		ckpt_counters back;
+		uint32_t n_back = 0;
+		std::memset(&back, 0x5a, sizeof(back));
+		ASSERT_EQ(ckpt_status_line_parse(line, uint32_t(len), &back, &n_back), 0) << line;
+		EXPECT_EQ(n_back, n);
+		ckpt_counters want = k;
+		want.committed_slot = 0;
+		ASSERT_EQ(std::memcmp(&back, &want, sizeof(want)), 0) << line;
+		// One trailing newline is fine (dmsetup prints one).
+		std::string nl = std::string(line) + "\n";
+		ASSERT_EQ(ckpt_status_line_parse(nl.c_str(), uint32_t(nl.size()), &back, &n_back), 0);
+	}
+}
+
+TEST(CoreStatus, LineDoesNotOverrun)
+{
+	std::mt19937_64 rng(12);
+	uint32_t n;
+	const ckpt_counters k = random_counters(rng, &n);
+	char full[CKPT_STATUS_LINE_MAX];
+	const int len = ckpt_status_line(&k, n, full, sizeof(full));
+	ASSERT_GT(len, 0);
+	for (uint32_t size = 0; size <= uint32_t(len) + 1; size++) {
+		std::vector<char> buf(size + 8, '#');
+		const int r = ckpt_status_line(&k, n, buf.data(), size);
+		if (size > uint32_t(len)) {
+			EXPECT_EQ(r, len);
+			EXPECT_STREQ(buf.data(), full);
+		} else {
+			EXPECT_EQ(r, -CKPT_E_INVAL) << size;
+			if (size) {
+				EXPECT_EQ(buf[0], '\0');
+			}
+		}
+		for (size_t i = size; i < buf.size(); i++)
+			ASSERT_EQ(buf[i], '#') << "wrote past " << size;
+	}
+}
+
+TEST(CoreStatus, HostileLinesAreRefusedUnchanged)
+{
+	const std::string good = "idle 3 0 0/8 0 committed 0 0 3 0 0 0 4096 8192 0";
+	ckpt_counters k;
+	uint32_t n = 77;
+	ASSERT_EQ(ckpt_status_line_parse(good.c_str(), uint32_t(good.size()), &k, &n), 0);
+	EXPECT_EQ(n, 8u);
+	EXPECT_EQ(k.grad_bytes, 4096u);
+	const char *bad[] = {
+		"",
+		"\n",
+		" idle 3 0 0/8 0 committed 0 0 3 0 0 0 4096 8192 0",
+		"idle 3 0 0/8 0 committed 0 0 3 0 0 0 4096 8192 0 ",
+		"idle  3 0 0/8 0 committed 0 0 3 0 0 0 4096 8192 0",
+		"idle 3 0 0/8 0 committed 0 0 3 0 0 0 4096 8192",
+		"idle 3 0 0/8 0 committed 0 0 3 0 0 0 4096 8192 0 0",
+		"idle 3 0 0/8 0 committed 0 0 3 0 0 0 4096 8192 0\n\n",
+		"idle\t3 0 0/8 0 committed 0 0 3 0 0 0 4096 8192 0",
+		"IDLE 3 0 0/8 0 committed 0 0 3 0 0 0 4096 8192 0",
+		"idler 3 0 0/8 0 committed 0 0 3 0 0 0 4096 8192 0",
+		"unknown 3 0 0/8 0 committed 0 0 3 0 0 0 4096 8192 0",
+		"idle 3 0 0/8 0 commit 0 0 3 0 0 0 4096 8192 0",
+		"idle 3 0 0/8 0 committedx 0 0 3 0 0 0 4096 8192 0",
+		"idle -3 0 0/8 0 committed 0 0 3 0 0 0 4096 8192 0",
+		"idle +3 0 0/8 0 committed 0 0 3 0 0 0 4096 8192 0",
+		"idle 03 0 0/8 0 committed 0 0 3 0 0 0 4096 8192 0",
+		"idle 3x 0 0/8 0 committed 0 0 3 0 0 0 4096 8192 0",
+		"idle 0x3 0 0/8 0 committed 0 0 3 0 0 0 4096 8192 0",
+		"idle 18446744073709551616 0 0/8 0 committed 0 0 3 0 0 0 4096 8192 0",
+		"idle 3 0 0/8 4294967296 committed 0 0 3 0 0 0 4096 8192 0",
+		"idle 3 0 0/4294967296 0 committed 0 0 3 0 0 0 4096 8192 0",
+		"idle 3 0 9/8 0 committed 0 0 3 0 0 0 4096 8192 0",
+		"idle 3 0 0 0 committed 0 0 3 0 0 0 4096 8192 0",
+		"idle 3 0 0/ 0 committed 0 0 3 0 0 0 4096 8192 0",
+		"idle 3 0 /8 0 committed 0 0 3 0 0 0 4096 8192 0",
+		"idle 3 0 0//8 0 committed 0 0 3 0 0 0 4096 8192 0",
+		"idle 3 0 0/8/8 0 committed 0 0 3 0 0 0 4096 8192 0",
+		"idle 3 0 0/8 0 0 0 0 3 0 0 0 4096 8192 0",
+		"idle 3 0 0/8 0 committed 0 0 3 0 0 0 4096 8192 0\r",
+	};
+	for (const char *s : bad) {
+		ckpt_counters before;
+		std::memset(&before, 0x33, sizeof(before));
+		ckpt_counters got = before;
+		uint32_t n_got = 99;
+		EXPECT_EQ(ckpt_status_line_parse(s, uint32_t(std::strlen(s)), &got, &n_got), -CKPT_E_INVAL)
+			<< "'" << s << "'";
+		EXPECT_EQ(std::memcmp(&got, &before, sizeof(got)), 0) << s;
+		EXPECT_EQ(n_got, 99u) << s;
+	}
+	// len bounds the read: a line cut short is refused, bytes past len never read.
+	EXPECT_EQ(ckpt_status_line_parse(good.c_str(), uint32_t(good.size() - 2), &k, &n), -CKPT_E_INVAL);
+	std::string more = good + " 5";
+	EXPECT_EQ(ckpt_status_line_parse(more.c_str(), uint32_t(good.size()), &k, &n), 0);
+	EXPECT_EQ(ckpt_status_line_parse(nullptr, 10, &k, &n), -CKPT_E_INVAL);
+	// Random bytes never crash and are (nearly always) refused.
+	std::mt19937_64 rng(13);
+	for (int i = 0; i < 20000; i++) {
+		std::string s = good;
+		for (int j = 0, m = 1 + int(rng() % 4); j < m; j++)
+			s[rng() % s.size()] = char(rng());
+		ckpt_status_line_parse(s.data(), uint32_t(s.size()), &k, &n);
+	}
+}
+
+// ---------------------------------------------------------------- hparams
+
+TEST(CoreHparams, FieldOrderAndBytesAreTheList)
+{
+	// struct ckpt_hparams is the CKPT_HPARAMS list, 4 bytes apart.
+	const char *names[] = {
+#define NAME(f, range) #f,
+		CKPT_HPARAMS(NAME)
+#undef NAME
+	};
+	ASSERT_EQ(sizeof(names) / sizeof(names[0]), size_t(CKPT_HPARAMS_N));
+	EXPECT_EQ(CKPT_HPARAMS_N, 11);
+	EXPECT_EQ(offsetof(ckpt_hparams, lr), 0u);
+	EXPECT_EQ(offsetof(ckpt_hparams, flags), 40u);
+	EXPECT_EQ(offsetof(ckpt_hparams_disk, reserved), 44u);
+	// Each field alone out of range is reported by its name, in list order.
+	for (int i = 0; i < CKPT_HPARAMS_N; i++) {
+		ckpt_hparams h = test_hparams(0);
+		uint32_t *w = reinterpret_cast<uint32_t *>(&h);
+		w[i] = 0x7fc00000u;	// NaN: bad for every float field
+		if (i == CKPT_HPARAMS_N - 1)
+			w[i] = 0x80;	// unknown flag
+		const char *field = nullptr;
+		EXPECT_EQ(ckpt_hparams_check(&h, &field), -CKPT_E_HPARAM) << names[i];
+		EXPECT_STREQ(field, names[i]);
+		// With every later field bad too, the first one is named.
+		for (int j = i + 1; j < CKPT_HPARAMS_N; j++)
+			w[j] = 0xff800000u;
+		field = nullptr;
+		EXPECT_EQ(ckpt_hparams_check(&h, &field), -CKPT_E_HPARAM);
+		EXPECT_STREQ(field, names[i]);
+	}
+	ckpt_hparams ok = test_hparams(1);
+	const char *field = "untouched";
+	EXPECT_EQ(ckpt_hparams_check(&ok, &field), 0);
+	EXPECT_STREQ(field, "untouched");
+}
+
+TEST(CoreHparams, CommandCarriesFieldsInListOrder)
+{
+	ckpt_cmd cmd{};
+	cmd.opcode = CKPT_OP_BEGIN;
+	cmd.step = 1;
+	cmd.n_groups = 1;
+	cmd.grad_scale = f32(1.0f);
+	uint32_t *w = reinterpret_cast<uint32_t *>(&cmd.groups[0]);
+	for (int i = 0; i < CKPT_HPARAMS_N; i++)
+		w[i] = 0x01010101u * uint32_t(i + 1);
+	std::vector<uint8_t> buf(CKPT_BLOCK);
+	const int len = ckpt_cmd_encode(&cmd, buf.data());
+	ASSERT_EQ(len, int(sizeof(ckpt_cmd_disk) + sizeof(ckpt_hparams_disk)));
+	const uint8_t *hp = buf.data() + sizeof(ckpt_cmd_disk);
+	for (int i = 0; i < CKPT_HPARAMS_N; i++) {
+		uint32_t le = uint32_t(hp[4 * i]) | uint32_t(hp[4 * i + 1]) << 8 |
+			      uint32_t(hp[4 * i + 2]) << 16 | uint32_t(hp[4 * i + 3]) << 24;
+		EXPECT_EQ(le, w[i]) << i;
+	}
+	for (int i = 4 * CKPT_HPARAMS_N; i < int(sizeof(ckpt_hparams_disk)); i++)
+		EXPECT_EQ(hp[i], 0) << "reserved byte " << i;
+	auto back = std::make_unique<ckpt_cmd>();
+	ASSERT_EQ(ckpt_cmd_decode(buf.data(), uint32_t(len), back.get()), 0);
+	EXPECT_EQ(std::memcmp(&back->groups[0], &cmd.groups[0], sizeof(ckpt_hparams)), 0);
+}
+
+TEST(CoreHparams, FromWords)
+{
+	uint32_t words[CKPT_HPARAMS_N + 1];
+	for (int i = 0; i <= CKPT_HPARAMS_N; i++)
+		words[i] = uint32_t(100 + i);
+	ckpt_hparams h;
+	ASSERT_EQ(ckpt_hparams_from_words(&h, words, CKPT_HPARAMS_N), 0);
+	EXPECT_EQ(h.lr, 100u);
+	EXPECT_EQ(h.bc2_sqrt, 108u);
+	EXPECT_EQ(h.flags, 110u);
+	ASSERT_EQ(ckpt_hparams_from_words(&h, words, CKPT_HPARAMS_N - 1), 0);
+	EXPECT_EQ(h.decay, 109u);
+	EXPECT_EQ(h.flags, 0u);
+	const ckpt_hparams before = h;
+	EXPECT_EQ(ckpt_hparams_from_words(&h, words, CKPT_HPARAMS_N + 1), -CKPT_E_INVAL);
+	EXPECT_EQ(ckpt_hparams_from_words(&h, words, CKPT_HPARAMS_N - 2), -CKPT_E_INVAL);
+	EXPECT_EQ(ckpt_hparams_from_words(&h, words, 0), -CKPT_E_INVAL);
+	EXPECT_EQ(ckpt_hparams_from_words(&h, nullptr, CKPT_HPARAMS_N), -CKPT_E_INVAL);
+	EXPECT_EQ(std::memcmp(&h, &before, sizeof(h)), 0);
 }
