@@ -540,3 +540,281 @@ bool ckpt_cover_full(const u64 *bits, u32 n_sectors)
 	}
 	return true;
 }
+
+/* ---------------- the step protocol ---------------- */
+
+u32 ckpt_stage_count(u64 staging_bytes, u64 chunk_bytes, u32 n_chunks)
+{
+	u64 n = chunk_bytes ? staging_bytes / chunk_bytes : 0;
+	u64 hi = n_chunks > 2 ? n_chunks : 2;
+
+	if (n < 2)
+		n = 2;
+	return (u32)(n > hi ? hi : n);
+}
+
+void ckpt_step_release_stages(struct ckpt_step *cs)
+{
+	u32 i, words = ckpt_bitmap_words(cs->sectors);
+
+	for (i = 0; i < cs->mem.n_stages; i++) {
+		struct ckpt_stage *s = &cs->mem.stages[i];
+
+		if (s->chunk != CKPT_NO_STAGE)
+			cs->mem.stage_of[s->chunk] = CKPT_NO_STAGE;
+		s->chunk = CKPT_NO_STAGE;
+		s->done_next = CKPT_NO_STAGE;
+		memset(s->cover, 0, words * sizeof(u64));
+	}
+	cs->free_stages = cs->mem.n_stages;
+	cs->done_first = CKPT_NO_STAGE;
+}
+
+void ckpt_step_init(struct ckpt_step *cs, const struct ckpt_step_ops *ops, void *host,
+		    struct ckpt_sb *sb, const struct ckpt_step_mem *mem)
+{
+	u32 i;
+
+	memset(cs, 0, sizeof(*cs));
+	cs->ops = ops;
+	cs->host = host;
+	cs->sb = sb;
+	cs->mem = *mem;
+	cs->chunk_bytes = sb->layout.plo_chunk_bytes;
+	cs->sectors = (u32)(cs->chunk_bytes / CKPT_SECTOR);
+	ckpt_sm_init(&cs->sm, sb, mem->claimed, mem->applied);
+	for (i = 0; i < sb->geo.n_chunks; i++)
+		mem->stage_of[i] = CKPT_NO_STAGE;
+	for (i = 0; i < mem->n_stages; i++)
+		mem->stages[i].chunk = CKPT_NO_STAGE;
+	ckpt_step_release_stages(cs);
+}
+
+static bool ckpt_cover_any(const u64 *bits, u32 first, u32 count)
+{
+	u32 s;
+
+	for (s = first; s < first + count; s++)
+		if (ckpt_bit_test(bits, s))
+			return true;
+	return false;
+}
+
+/* Every piece of a gradient write, before anything changes. Under the sm lock. */
+static int __ckpt_grad_check(const struct ckpt_step *cs, u64 off, u64 len)
+{
+	const struct ckpt_step_sm *sm = &cs->sm;
+	const u64 cb = cs->chunk_bytes;
+	u32 free = cs->free_stages;
+
+	if (sm->state == CKPT_STATE_FAILED)
+		return -CKPT_E_FAILED;
+	if (sm->state != CKPT_STATE_OPEN)
+		return -CKPT_E_STATE;
+	if (off % CKPT_SECTOR || len % CKPT_SECTOR ||
+	    off > (u64)sm->n_chunks * cb || len > (u64)sm->n_chunks * cb - off)
+		return -CKPT_E_RANGE;
+	while (len) {
+		u32 chunk = (u32)(off / cb);
+		u64 in = off - (u64)chunk * cb;
+		u64 n = len < cb - in ? len : cb - in;
+		u32 si = cs->mem.stage_of[chunk];
+
+		if (ckpt_bit_test(sm->claimed, chunk))
+			return -CKPT_E_TWICE;
+		if (n == cb) {
+			/* A whole chunk over sectors already staged: written twice. */
+			if (si != CKPT_NO_STAGE)
+				return -CKPT_E_TWICE;
+		} else if (si == CKPT_NO_STAGE) {
+			if (!free)
+				return -CKPT_E_NOSPC;
+			free--;
+		} else if (ckpt_cover_any(cs->mem.stages[si].cover, (u32)(in / CKPT_SECTOR),
+					  (u32)(n / CKPT_SECTOR))) {
+			return -CKPT_E_TWICE;
+		}
+		off += n;
+		len -= n;
+	}
+	return 0;
+}
+
+static struct ckpt_stage *ckpt_stage_take(struct ckpt_step *cs, u32 chunk)
+{
+	u32 i, si = cs->mem.stage_of[chunk];
+
+	if (si != CKPT_NO_STAGE)
+		return &cs->mem.stages[si];
+	for (i = 0; i < cs->mem.n_stages; i++) {
+		if (cs->mem.stages[i].chunk == CKPT_NO_STAGE) {
+			cs->mem.stages[i].chunk = chunk;
+			cs->mem.stage_of[chunk] = i;
+			cs->free_stages--;
+			return &cs->mem.stages[i];
+		}
+	}
+	return NULL;	/* cannot happen: checked */
+}
+
+static int ckpt_step_claim(struct ckpt_step *cs, u32 chunk)
+{
+	int ret;
+
+	cs->ops->lock(cs->host);
+	ret = ckpt_sm_claim(&cs->sm, chunk);
+	cs->ops->unlock(cs->host);
+	return ret;
+}
+
+int ckpt_step_grad_write(struct ckpt_step *cs, u64 off, u64 len, void *src)
+{
+	const u64 cb = cs->chunk_bytes;
+	u32 words = ckpt_bitmap_words(cs->sectors);
+	int ret, err = 0;
+
+	cs->ops->lock(cs->host);
+	ret = __ckpt_grad_check(cs, off, len);
+	if (ret)
+		ckpt_sm_rejected(&cs->sm, ret);
+	else
+		cs->grad_bytes += len;
+	cs->ops->unlock(cs->host);
+	if (ret)
+		return ret;
+
+	cs->done_first = CKPT_NO_STAGE;
+	while (len && !err) {
+		u32 chunk = (u32)(off / cb);
+		u64 in = off - (u64)chunk * cb;
+		u64 n = len < cb - in ? len : cb - in;
+		struct ckpt_stage *s;
+
+		if (n == cb) {
+			err = ckpt_step_claim(cs, chunk);
+			if (!err)
+				err = cs->ops->dispatch(cs->host, src, chunk, NULL);
+		} else {
+			s = ckpt_stage_take(cs, chunk);
+			if (!s)
+				return -CKPT_E_NOSPC;
+			cs->ops->copy(cs->host, src, s->grad + in, n);
+			ckpt_cover_add(s->cover, cs->sectors, (u32)(in / CKPT_SECTOR),
+				       (u32)(n / CKPT_SECTOR));
+			if (ckpt_cover_full(s->cover, cs->sectors)) {
+				s->done_next = cs->done_first;
+				cs->done_first = (u32)(s - cs->mem.stages);
+				err = ckpt_step_claim(cs, chunk);
+				if (!err)
+					err = cs->ops->dispatch(cs->host, src, chunk, s->grad);
+			}
+		}
+		off += n;
+		len -= n;
+	}
+	if (cs->ops->dispatched) {
+		ret = cs->ops->dispatched(cs->host, src);
+		if (!err)
+			err = ret;
+	}
+	/* The completed stages are free again. */
+	while (cs->done_first != CKPT_NO_STAGE) {
+		struct ckpt_stage *s = &cs->mem.stages[cs->done_first];
+
+		cs->done_first = s->done_next;
+		cs->mem.stage_of[s->chunk] = CKPT_NO_STAGE;
+		s->chunk = CKPT_NO_STAGE;
+		s->done_next = CKPT_NO_STAGE;
+		memset(s->cover, 0, words * sizeof(u64));
+		cs->free_stages++;
+	}
+	return err;
+}
+
+int ckpt_step_write_sb(struct ckpt_step *cs, u64 step, u32 slot, const void *blob,
+		       u32 blob_len)
+{
+	struct ckpt_sb *next = cs->mem.spare;
+	int ret;
+
+	if (ckpt_sb_next(cs->sb, step, slot, blob, blob_len, next))
+		return -CKPT_EIO_ERRNO;
+	/* Every chunk write of the step is complete; make them durable first. */
+	ret = cs->ops->flush(cs->host);
+	if (ret)
+		return ret;
+	memset(cs->mem.block, 0, CKPT_BLOCK);
+	if (ckpt_sb_encode(next, cs->mem.block))
+		return -CKPT_EIO_ERRNO;
+	ret = cs->ops->write_sb(cs->host, cs->mem.block, ckpt_sb_next_offset(cs->sb));
+	if (ret)
+		return ret;
+	*cs->sb = *next;
+	return 0;
+}
+
+int ckpt_step_exec(struct ckpt_step *cs, const struct ckpt_cmd *cmd, int *io_errno)
+{
+	const struct ckpt_step_ops *ops = cs->ops;
+	u64 step = 0;
+	u32 slot = 0;
+	int ret, io;
+
+	/* Everything dispatched before the command is on the device first. */
+	if (ops->drain)
+		ops->drain(cs->host);
+	ops->lock(cs->host);
+	switch (cmd->opcode) {
+	case CKPT_OP_BEGIN:
+		ret = ckpt_sm_begin(&cs->sm, cmd);
+		break;
+	case CKPT_OP_ABORT:
+		ret = ckpt_sm_abort(&cs->sm, cmd);
+		break;
+	case CKPT_OP_COMMIT:
+		ret = ckpt_sm_commit(&cs->sm, cmd);
+		step = cs->sm.open_step;
+		slot = ckpt_sm_dst_slot(&cs->sm);
+		break;
+	default:
+		ret = -CKPT_E_OPCODE;
+		break;
+	}
+	if (ret < 0)
+		ckpt_sm_rejected(&cs->sm, ret);
+	ops->unlock(cs->host);
+	if (ret < 0)
+		return ret;
+
+	if (cmd->opcode == CKPT_OP_ABORT || ret == CKPT_RESULT_OVERFLOW) {
+		ckpt_step_release_stages(cs);
+	} else if (ret == CKPT_RESULT_COMMITTED) {
+		io = ckpt_step_write_sb(cs, step, slot, cmd->blob, cmd->blob_len);
+		ops->lock(cs->host);
+		if (io)
+			ckpt_sm_commit_failed(&cs->sm, io);
+		else
+			ckpt_sm_committed(&cs->sm);
+		ops->unlock(cs->host);
+		if (io) {
+			if (io_errno)
+				*io_errno = io;
+			return -CKPT_E_IO;
+		}
+		ckpt_step_release_stages(cs);
+	}
+	return ret;
+}
+
+int ckpt_step_command(struct ckpt_step *cs, const void *buf, u32 len)
+{
+	int ret = ckpt_cmd_decode(buf, len, cs->mem.cmd);
+
+	if (ret < 0) {
+		cs->ops->lock(cs->host);
+		ckpt_sm_rejected(&cs->sm, ret);
+		cs->ops->unlock(cs->host);
+		return ret;
+	}
+	return ckpt_step_exec(cs, cs->mem.cmd, NULL);
+}

@@ -167,6 +167,152 @@ int ckpt_status_line_parse(const char *s, u32 len, struct ckpt_counters *k, u32 
 int ckpt_cover_add(u64 *bits, u32 n_sectors, u32 first, u32 count);
 bool ckpt_cover_full(const u64 *bits, u32 n_sectors);
 
+/* ---------------- the step protocol: what a target does, minus its I/O ---------------- */
+
+/*
+ * A target (the kernel's, the engine) runs the protocol through struct
+ * ckpt_step: the core decides (which write is refused, which chunk is staged
+ * or dispatched, when stages are released, what a command does, what the
+ * next superblock is) and calls the host's ops for I/O only.
+ *
+ * Locking contract. The host has two locks:
+ *   - its command lock (kernel: a mutex, engine: its call mutex), held by the
+ *     caller of ckpt_step_grad_write, ckpt_step_command, ckpt_step_exec and
+ *     ckpt_step_write_sb; it serializes them and guards the staging state;
+ *   - the sm lock (kernel: a spinlock), taken by the core through ops->lock
+ *     around every change or read of cs->sm and cs->grad_bytes, for work
+ *     bounded by the write's pieces; the core never sleeps or calls another
+ *     op while it holds it. Update completions (ckpt_sm_applied, ckpt_sm_fail)
+ *     and status readers (ckpt_sm_counters) take it themselves.
+ * The other ops are called with only the command lock held and may sleep.
+ */
+struct ckpt_step_ops {
+	void (*lock)(void *host);
+	void (*unlock)(void *host);
+	/* Optional: wait until every dispatched update has called ckpt_sm_applied. */
+	void (*drain)(void *host);
+	/* Make every write so far durable: 0 or -errno. */
+	int (*flush)(void *host);
+	/* Write one CKPT_BLOCK superblock block at off, durable (FUA): 0 or -errno. */
+	int (*write_sb)(void *host, const void *block, u64 off);
+	/* Gradient write walk, src is the caller's: consume the next n bytes into dst. */
+	void (*copy)(void *host, void *src, void *dst, u64 n);
+	/*
+	 * Hand chunk's gradients to an update (the chunk is claimed): grad NULL,
+	 * the next chunk-size bytes of src; else a complete stage, valid until
+	 * the walk ends (after ops->dispatched). 0 or a negative error the write
+	 * then returns.
+	 */
+	int (*dispatch)(void *host, void *src, u32 chunk, const void *grad);
+	/* Optional: every chunk of the write is dispatched; 0 or a negative error. */
+	int (*dispatched)(void *host, void *src);
+};
+
+#define CKPT_NO_STAGE		0xffffffffu
+/* Default staging memory for partial chunks (the target's staging_kb). */
+#define CKPT_STAGING_DEFAULT	(64ULL << 20)
+
+/*
+ * The number of stages for staging_bytes of partial-chunk gradients: one per
+ * chunk_bytes, at least 2 (two tensors sharing a chunk), at most
+ * max(2, n_chunks) (more could never be used).
+ */
+u32 ckpt_stage_count(u64 staging_bytes, u64 chunk_bytes, u32 n_chunks);
+
+/* A partial chunk's gradients. cover and grad are host storage. */
+struct ckpt_stage {
+	u32 chunk;		/* CKPT_NO_STAGE: free */
+	u32 done_next;		/* complete in this write: next index, or CKPT_NO_STAGE */
+	u64 *cover;		/* ckpt_bitmap_words(chunk sectors) words */
+	u8 *grad;		/* chunk_bytes */
+};
+
+/*
+ * What the host allocates for ckpt_step_init (the core never allocates):
+ * claimed, applied: ckpt_bitmap_words(n_chunks) words each; stages:
+ * ckpt_stage_count() entries, each with its cover and grad; stage_of: n_chunks
+ * entries; spare: a superblock; block: CKPT_BLOCK bytes the host can write
+ * (the superblock is encoded there); cmd: a decoded command.
+ */
+struct ckpt_step_mem {
+	u64 *claimed;
+	u64 *applied;
+	struct ckpt_stage *stages;
+	u32 n_stages;
+	u32 *stage_of;
+	struct ckpt_sb *spare;
+	void *block;
+	struct ckpt_cmd *cmd;
+};
+
+struct ckpt_step {
+	const struct ckpt_step_ops *ops;
+	void *host;
+	struct ckpt_sb *sb;	/* the current superblock (host's), updated on commit */
+	struct ckpt_step_mem mem;
+	struct ckpt_step_sm sm;	/* under the sm lock */
+	u64 grad_bytes;		/* under the sm lock */
+	u64 chunk_bytes;
+	u32 sectors;		/* per chunk */
+	u32 free_stages;	/* under the command lock, as the stages */
+	u32 done_first;		/* stages completed by the current write */
+};
+
+/* Start from superblock sb (the host's, kept up to date by commits). */
+void ckpt_step_init(struct ckpt_step *cs, const struct ckpt_step_ops *ops, void *host,
+		    struct ckpt_sb *sb, const struct ckpt_step_mem *mem);
+
+/*
+ * A gradient write of len bytes at off in the GRAD window. Every piece is
+ * checked before anything changes (state FAILED/not OPEN: E_FAILED/E_STATE;
+ * a claimed chunk, a whole chunk over a staged one or a staged sector again:
+ * E_TWICE; no free stage for a new partial chunk: E_NOSPC): a refused write is
+ * recorded (ckpt_sm_rejected) and returns -CKPT_E_* with nothing else changed.
+ * Then each piece is either a whole chunk, dispatched from src, or copied into
+ * its chunk's stage, dispatched from there once complete; completed stages are
+ * released after ops->dispatched. Returns 0, or the first error of a claim
+ * (-CKPT_E_*: the device failed meanwhile) or an op (not recorded as a
+ * refusal). Caller holds the command lock.
+ */
+int ckpt_step_grad_write(struct ckpt_step *cs, u64 off, u64 len, void *src);
+
+/*
+ * A command as written to the control block: decoded (a malformed one is
+ * refused), then ckpt_step_exec. Caller holds the command lock.
+ */
+int ckpt_step_command(struct ckpt_step *cs, const void *buf, u32 len);
+
+/*
+ * Run a decoded command: drain the updates, then BEGIN, ABORT or COMMIT.
+ * ABORT and a discarded (overflowed) COMMIT release the stages; a COMMIT of a
+ * complete step writes the next superblock (ckpt_step_write_sb), then the
+ * step is committed and the stages released. Returns >= 0 (CKPT_RESULT_* for
+ * COMMIT), -CKPT_E_IO when the superblock write failed (the device fails,
+ * the old commit stands; *io_errno, if not NULL, gets the host's errno), or
+ * another -CKPT_E_* for a refused command, recorded. cmd may be cs->mem.cmd.
+ * Caller holds the command lock.
+ */
+int ckpt_step_exec(struct ckpt_step *cs, const struct ckpt_cmd *cmd, int *io_errno);
+
+/*
+ * Commit: flush, then the superblock after cs->sb committing step in slot
+ * with blob, with FUA at its copy; on success *cs->sb is it. Returns 0 or
+ * -errno (of ops->flush or ops->write_sb; -EIO if it cannot be encoded); the
+ * step machine is not touched (a load of state re-inits it). Caller holds
+ * the command lock.
+ */
+int ckpt_step_write_sb(struct ckpt_step *cs, u64 step, u32 slot, const void *blob,
+		       u32 blob_len);
+
+/* Release every stage (ABORT, a new commit). Caller holds the command lock. */
+void ckpt_step_release_stages(struct ckpt_step *cs);
+
+/* Stages in use (stats). Caller holds the command lock. */
+static inline u32 ckpt_step_stages_used(const struct ckpt_step *cs)
+{
+	return cs->mem.n_stages - cs->free_stages;
+}
+
 #ifdef __cplusplus
 }
 #endif
