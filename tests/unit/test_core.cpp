@@ -6,7 +6,10 @@
 
 #include <cstddef>
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
+#include <iterator>
+#include <utility>
 #include <memory>
 #include <string>
 #include <random>
@@ -497,4 +500,349 @@ TEST(CoreHparams, FromWords)
 	EXPECT_EQ(ckpt_hparams_from_words(&h, words, 0), -CKPT_E_INVAL);
 	EXPECT_EQ(ckpt_hparams_from_words(&h, nullptr, CKPT_HPARAMS_N), -CKPT_E_INVAL);
 	EXPECT_EQ(std::memcmp(&h, &before, sizeof(h)), 0);
+}
+
+// ---------------------------------------------------------------- step protocol
+
+namespace {
+
+// A host that records what the core asks of it.
+struct FakeHost {
+	int locked = 0, max_locked = 0;
+	int drains = 0, flushes = 0;
+	int flush_ret = 0, write_ret = 0;
+	std::vector<std::pair<uint64_t, std::vector<uint8_t>>> sb_writes;
+	std::vector<std::pair<uint32_t, std::vector<uint8_t>>> dispatched;	// chunk, grads
+	int batches = 0;
+	bool op_under_lock = false;
+
+	void check_unlocked()
+	{
+		if (locked)
+			op_under_lock = true;
+	}
+};
+
+struct Src {
+	const uint8_t *p;
+};
+
+FakeHost &host_of(void *h) { return *static_cast<FakeHost *>(h); }
+
+const ckpt_step_ops fake_ops = {
+	.lock = [](void *h) { host_of(h).locked++; host_of(h).max_locked = std::max(host_of(h).max_locked, host_of(h).locked); },
+	.unlock = [](void *h) { host_of(h).locked--; },
+	.drain = [](void *h) { host_of(h).check_unlocked(); host_of(h).drains++; },
+	.flush = [](void *h) { host_of(h).check_unlocked(); host_of(h).flushes++; return host_of(h).flush_ret; },
+	.write_sb =
+		[](void *h, const void *block, uint64_t off) {
+			FakeHost &f = host_of(h);
+			f.check_unlocked();
+			if (f.write_ret)
+				return f.write_ret;
+			auto *b = static_cast<const uint8_t *>(block);
+			f.sb_writes.push_back({off, std::vector<uint8_t>(b, b + CKPT_BLOCK)});
+			return 0;
+		},
+	.copy =
+		[](void *h, void *src, void *dst, uint64_t n) {
+			host_of(h).check_unlocked();
+			auto *s = static_cast<Src *>(src);
+			std::memcpy(dst, s->p, n);
+			s->p += n;
+		},
+	.dispatch =
+		[](void *h, void *src, uint32_t chunk, const void *grad) {
+			FakeHost &f = host_of(h);
+			f.check_unlocked();
+			const uint64_t cb = 2u << CKPT_MIN_CHUNK_SHIFT;
+			auto *s = static_cast<Src *>(src);
+			const uint8_t *g = static_cast<const uint8_t *>(grad);
+			if (!g) {
+				g = s->p;
+				s->p += cb;
+			}
+			f.dispatched.push_back({chunk, std::vector<uint8_t>(g, g + cb)});
+			return 0;
+		},
+	.dispatched = [](void *h, void *) { host_of(h).check_unlocked(); host_of(h).batches++; return 0; },
+};
+
+// A step protocol over small_sb() with its memory, as a host would allocate it.
+struct Proto {
+	FakeHost host;
+	ckpt_sb sb = small_sb();
+	std::unique_ptr<ckpt_sb> spare = std::make_unique<ckpt_sb>();
+	std::unique_ptr<ckpt_cmd> cmd = std::make_unique<ckpt_cmd>();
+	std::vector<uint64_t> claimed, applied, cover;
+	std::vector<ckpt_stage> stages;
+	std::vector<std::vector<uint8_t>> grads;
+	std::vector<uint32_t> stage_of;
+	std::vector<uint8_t> block = std::vector<uint8_t>(CKPT_BLOCK);
+	ckpt_step cs{};
+	uint64_t cb;
+
+	explicit Proto(uint64_t staging)
+	{
+		cb = sb.layout.plo_chunk_bytes;
+		const uint32_t n = sb.geo.n_chunks;
+		const uint32_t n_stages = ckpt_stage_count(staging, cb, n);
+		const uint64_t words = ckpt_bitmap_words(cb / CKPT_SECTOR);
+		claimed.assign(ckpt_bitmap_words(n), 0);
+		applied.assign(ckpt_bitmap_words(n), 0);
+		cover.assign(n_stages * words, 0);
+		stages.resize(n_stages);
+		grads.assign(n_stages, std::vector<uint8_t>(cb));
+		for (uint32_t i = 0; i < n_stages; i++) {
+			stages[i].cover = cover.data() + i * words;
+			stages[i].grad = grads[i].data();
+		}
+		stage_of.resize(n);
+		ckpt_step_mem mem{};
+		mem.claimed = claimed.data();
+		mem.applied = applied.data();
+		mem.stages = stages.data();
+		mem.n_stages = n_stages;
+		mem.stage_of = stage_of.data();
+		mem.spare = spare.get();
+		mem.block = block.data();
+		mem.cmd = cmd.get();
+		ckpt_step_init(&cs, &fake_ops, &host, &sb, &mem);
+	}
+
+	int command(uint32_t op, uint64_t step, const char *blob = "")
+	{
+		ckpt_cmd c{};
+		c.opcode = op;
+		c.step = step;
+		if (op == CKPT_OP_BEGIN) {
+			c.n_groups = 2;
+			c.grad_scale = f32(1.0f);
+			c.groups[0] = test_hparams(0);
+			c.groups[1] = test_hparams(1);
+		}
+		if (op == CKPT_OP_COMMIT) {
+			c.blob_len = uint32_t(std::strlen(blob));
+			std::memcpy(c.blob, blob, c.blob_len);
+		}
+		std::vector<uint8_t> buf(CKPT_BLOCK);
+		const int len = ckpt_cmd_encode(&c, buf.data());
+		EXPECT_GT(len, 0);
+		return ckpt_step_command(&cs, buf.data(), uint32_t(len));
+	}
+
+	int grad(uint64_t off, const std::vector<uint8_t> &g)
+	{
+		Src src{g.data()};
+		return ckpt_step_grad_write(&cs, off, g.size(), &src);
+	}
+
+	// Everything a refused call must leave as it was.
+	std::vector<uint8_t> snapshot() const
+	{
+		std::vector<uint8_t> s;
+		auto add = [&](const void *p, size_t n) {
+			auto *b = static_cast<const uint8_t *>(p);
+			s.insert(s.end(), b, b + n);
+		};
+		ckpt_step_sm sm = cs.sm;
+		sm.last_error = 0;	// the refusal is recorded, nothing else
+		sm.last_result = 0;
+		sm.commands_rejected = 0;
+		add(&sm, sizeof(sm));
+		add(&cs.grad_bytes, sizeof(cs.grad_bytes));
+		add(&cs.free_stages, sizeof(cs.free_stages));
+		add(claimed.data(), claimed.size() * 8);
+		add(applied.data(), applied.size() * 8);
+		add(cover.data(), cover.size() * 8);
+		for (const auto &g : grads)
+			add(g.data(), g.size());
+		for (const auto &st : stages)
+			add(&st.chunk, sizeof(st.chunk));
+		add(stage_of.data(), stage_of.size() * 4);
+		add(&sb, sizeof(sb));
+		return s;
+	}
+
+	// Complete every dispatched chunk, as the host's updates would.
+	void apply_all()
+	{
+		for (auto &d : host.dispatched)
+			ckpt_sm_applied(&cs.sm, d.first, false, true);
+	}
+};
+
+std::vector<uint8_t> pattern(size_t n, uint8_t seed)
+{
+	std::vector<uint8_t> v(n);
+	for (size_t i = 0; i < n; i++)
+		v[i] = uint8_t(seed + i * 7);
+	return v;
+}
+
+} // namespace
+
+TEST(CoreProtocol, StageCountRule)
+{
+	EXPECT_EQ(ckpt_stage_count(CKPT_STAGING_DEFAULT, 4096, 100000), 16384u);
+	EXPECT_EQ(ckpt_stage_count(CKPT_STAGING_DEFAULT, 4096, 100), 100u);
+	EXPECT_EQ(ckpt_stage_count(0, 4096, 100), 2u);
+	EXPECT_EQ(ckpt_stage_count(1 << 20, 8 << 20, 100), 2u);
+	EXPECT_EQ(ckpt_stage_count(CKPT_STAGING_DEFAULT, 4096, 1), 2u);
+	EXPECT_EQ(ckpt_stage_count(~0ull, 4096, 1u << 24), 1u << 24);
+	EXPECT_EQ(CKPT_STAGING_DEFAULT, 64ull << 20);
+}
+
+TEST(CoreProtocol, WholeAndStagedChunksThenCommit)
+{
+	Proto p(CKPT_STAGING_DEFAULT);
+	const uint64_t cb = p.cb;
+	ASSERT_EQ(p.command(CKPT_OP_BEGIN, 1), 0);
+	EXPECT_EQ(p.host.drains, 1);
+	// Chunk 0 whole plus the first half of chunk 1: one dispatch, one stage.
+	auto g1 = pattern(cb + cb / 2, 1);
+	ASSERT_EQ(p.grad(0, g1), 0);
+	ASSERT_EQ(p.host.dispatched.size(), 1u);
+	EXPECT_EQ(p.host.dispatched[0].first, 0u);
+	EXPECT_EQ(std::vector<uint8_t>(g1.begin(), g1.begin() + cb), p.host.dispatched[0].second);
+	EXPECT_EQ(ckpt_step_stages_used(&p.cs), 1u);
+	// The rest of chunk 1 and all of chunks 2..7.
+	auto g2 = pattern(cb / 2 + 6 * cb, 2);
+	ASSERT_EQ(p.grad(cb + cb / 2, g2), 0);
+	ASSERT_EQ(p.host.dispatched.size(), 8u);
+	EXPECT_EQ(p.host.dispatched[1].first, 1u);
+	std::vector<uint8_t> chunk1(g1.begin() + cb, g1.end());
+	chunk1.insert(chunk1.end(), g2.begin(), g2.begin() + cb / 2);
+	EXPECT_EQ(p.host.dispatched[1].second, chunk1);
+	EXPECT_EQ(ckpt_step_stages_used(&p.cs), 0u) << "a complete stage is released";
+	EXPECT_EQ(p.host.batches, 2);
+	EXPECT_FALSE(p.host.op_under_lock);
+	EXPECT_EQ(p.host.locked, 0);
+	EXPECT_EQ(p.cs.grad_bytes, g1.size() + g2.size());
+	// COMMIT before the updates completed: refused, the step stays open.
+	EXPECT_EQ(p.command(CKPT_OP_COMMIT, 1), -CKPT_E_INCOMPLETE);
+	p.apply_all();
+	const ckpt_sb before = p.sb;
+	ASSERT_EQ(p.command(CKPT_OP_COMMIT, 1, "blob"), CKPT_RESULT_COMMITTED);
+	EXPECT_EQ(p.host.flushes, 1);
+	ASSERT_EQ(p.host.sb_writes.size(), 1u);
+	EXPECT_EQ(p.host.sb_writes[0].first, ckpt_sb_next_offset(&before));
+	ckpt_sb want;
+	ASSERT_EQ(ckpt_sb_next(&before, 1, 1, "blob", 4, &want), 0);
+	std::vector<uint8_t> enc(CKPT_BLOCK);
+	ASSERT_EQ(ckpt_sb_encode(&want, enc.data()), 0);
+	EXPECT_EQ(p.host.sb_writes[0].second, enc);
+	EXPECT_EQ(std::memcmp(&p.sb, &want, sizeof(want)), 0) << "the host's superblock is the new one";
+	EXPECT_EQ(p.cs.sm.committed_step, 1u);
+	EXPECT_EQ(p.cs.sm.committed_slot, 1u);
+	EXPECT_EQ(p.cs.sm.state, uint32_t(CKPT_STATE_IDLE));
+	EXPECT_EQ(p.cs.sm.last_result, uint32_t(CKPT_RESULT_COMMITTED));
+	EXPECT_FALSE(p.host.op_under_lock);
+}
+
+TEST(CoreProtocol, RefusedWritesChangeNothing)
+{
+	Proto p(0);	// 2 stages
+	const uint64_t cb = p.cb;
+	auto half = pattern(cb / 2, 3);
+	// No open step.
+	auto before = p.snapshot();
+	EXPECT_EQ(p.grad(0, half), -CKPT_E_STATE);
+	EXPECT_EQ(p.snapshot(), before);
+	EXPECT_EQ(p.cs.sm.last_error, uint32_t(CKPT_E_STATE));
+	EXPECT_EQ(p.cs.sm.last_result, uint32_t(CKPT_RESULT_REJECTED));
+	ASSERT_EQ(p.command(CKPT_OP_BEGIN, 1), 0);
+	ASSERT_EQ(p.grad(0, pattern(cb, 4)), 0);		// chunk 0 whole
+	ASSERT_EQ(p.grad(cb, half), 0);			// chunk 1 staged
+	ASSERT_EQ(p.grad(2 * cb + cb / 2, half), 0);	// chunk 2 staged: both stages used
+	const uint64_t rejected = p.cs.sm.commands_rejected;
+	struct Case {
+		uint64_t off, len;
+		int err;
+	} cases[] = {
+		{0, cb, -CKPT_E_TWICE},				// claimed chunk
+		{cb / 2 + cb / 2 + 0, cb, -CKPT_E_TWICE},	// whole chunk 1 over its stage
+		{cb, CKPT_SECTOR, -CKPT_E_TWICE},		// a staged sector again
+		{cb + cb / 2 - CKPT_SECTOR, 2 * CKPT_SECTOR, -CKPT_E_TWICE},	// overlaps by one sector
+		{3 * cb, cb / 2, -CKPT_E_NOSPC},		// no free stage
+		// valid pieces first, the bad one last: still nothing changes
+		{cb + cb / 2, cb / 2 + cb + cb / 2 + CKPT_SECTOR, -CKPT_E_TWICE},
+		{4 * cb, 2 * cb + cb / 2, -CKPT_E_NOSPC},
+		{7 * cb, 2 * cb, -CKPT_E_RANGE},
+		{CKPT_SECTOR / 2, CKPT_SECTOR, -CKPT_E_RANGE},
+	};
+	for (const Case &c : cases) {
+		before = p.snapshot();
+		const size_t dispatched = p.host.dispatched.size();
+		auto g = pattern(c.len, 9);
+		EXPECT_EQ(p.grad(c.off, g), c.err) << c.off << "+" << c.len;
+		EXPECT_EQ(p.snapshot(), before) << c.off << "+" << c.len;
+		EXPECT_EQ(p.host.dispatched.size(), dispatched);
+		EXPECT_EQ(p.cs.sm.last_error, uint32_t(-c.err));
+	}
+	EXPECT_EQ(p.cs.sm.commands_rejected, rejected + std::size(cases));
+	// The device failed: E_FAILED, unchanged.
+	ckpt_sm_fail(&p.cs.sm, -28);
+	before = p.snapshot();
+	EXPECT_EQ(p.grad(5 * cb, pattern(cb, 5)), -CKPT_E_FAILED);
+	EXPECT_EQ(p.snapshot(), before);
+	EXPECT_EQ(p.host.locked, 0);
+}
+
+TEST(CoreProtocol, AbortAndOverflowReleaseStages)
+{
+	Proto p(CKPT_STAGING_DEFAULT);
+	const uint64_t cb = p.cb;
+	ASSERT_EQ(p.command(CKPT_OP_BEGIN, 1), 0);
+	ASSERT_EQ(p.grad(cb, pattern(cb / 2, 1)), 0);
+	EXPECT_EQ(ckpt_step_stages_used(&p.cs), 1u);
+	ASSERT_EQ(p.command(CKPT_OP_ABORT, 0), 0);
+	EXPECT_EQ(ckpt_step_stages_used(&p.cs), 0u);
+	EXPECT_EQ(p.stage_of[1], CKPT_NO_STAGE);
+	// The same sectors can be written in the next step.
+	ASSERT_EQ(p.command(CKPT_OP_BEGIN, 1), 0);
+	ASSERT_EQ(p.grad(cb, pattern(cb / 2, 1)), 0);
+	ASSERT_EQ(p.grad(0, pattern(cb, 1)), 0);
+	for (auto &d : p.host.dispatched)
+		ckpt_sm_applied(&p.cs.sm, d.first, d.first == 0, false);
+	p.host.dispatched.clear();
+	ASSERT_EQ(p.grad(2 * cb, pattern(6 * cb, 1)), 0);
+	ASSERT_EQ(p.grad(cb + cb / 2, pattern(cb / 2, 1)), 0);
+	p.apply_all();
+	EXPECT_EQ(p.command(CKPT_OP_COMMIT, 1), CKPT_RESULT_OVERFLOW);
+	EXPECT_EQ(p.host.sb_writes.size(), 0u);
+	EXPECT_EQ(p.cs.sm.committed_step, 0u);
+	EXPECT_EQ(ckpt_step_stages_used(&p.cs), 0u);
+	// Unknown opcodes and garbage are refused and recorded.
+	std::vector<uint8_t> junk(100, 0x42);
+	EXPECT_EQ(ckpt_step_command(&p.cs, junk.data(), 100), -CKPT_E_MAGIC);
+	EXPECT_EQ(p.cs.sm.last_error, uint32_t(CKPT_E_MAGIC));
+	EXPECT_EQ(p.host.locked, 0);
+}
+
+TEST(CoreProtocol, SuperblockWriteFailureKeepsTheErrno)
+{
+	for (int which : {0, 1}) {
+		Proto p(CKPT_STAGING_DEFAULT);
+		ASSERT_EQ(p.command(CKPT_OP_BEGIN, 1), 0);
+		ASSERT_EQ(p.grad(0, pattern(8 * p.cb, 1)), 0);
+		p.apply_all();
+		if (which)
+			p.host.write_ret = -28;	// ENOSPC
+		else
+			p.host.flush_ret = -28;
+		const ckpt_sb before = p.sb;
+		auto cmd = std::make_unique<ckpt_cmd>();
+		cmd->opcode = CKPT_OP_COMMIT;
+		cmd->step = 1;
+		int io = 0;
+		EXPECT_EQ(ckpt_step_exec(&p.cs, cmd.get(), &io), -CKPT_E_IO);
+		EXPECT_EQ(io, -28);
+		EXPECT_EQ(p.cs.sm.state, uint32_t(CKPT_STATE_FAILED));
+		EXPECT_EQ(p.cs.sm.first_io_error, 28u);
+		EXPECT_EQ(p.cs.sm.committed_step, 0u);
+		EXPECT_EQ(p.cs.sm.commands_rejected, 0u) << "an I/O failure is not a refusal";
+		EXPECT_EQ(std::memcmp(&p.sb, &before, sizeof(before)), 0) << "the old commit stands";
+		EXPECT_EQ(p.command(CKPT_OP_BEGIN, 1), -CKPT_E_FAILED);
+	}
 }
