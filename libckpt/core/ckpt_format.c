@@ -499,9 +499,9 @@ int ckpt_sb_next(const struct ckpt_sb *cur, u64 step, u32 slot, const void *blob
 	next->sequence++;
 	next->committed_step = step;
 	next->committed_slot = slot;
-	/* memmove: the blob may be cur's own */
-	if (blob_len)
-		memmove(next->blob, blob, blob_len);
+	/* The blob may be cur's own, in place when next is cur. */
+	if (blob_len && blob != next->blob)
+		memcpy(next->blob, blob, blob_len);
 	memset(next->blob + blob_len, 0, CKPT_BLOB_MAX - blob_len);
 	next->blob_len = blob_len;
 	return 0;

@@ -400,9 +400,12 @@ static bool ckpt_get_u64(const char *s, u32 end, u32 *pos, char stop, u64 max, u
 	for (; i < end && s[i] >= '0' && s[i] <= '9'; i++) {
 		u32 d = s[i] - '0';
 
-		if (v > max / 10 || (v == max / 10 && d > max % 10))
+		/* v * 10 + d would pass 2^64 - 1 (whose tenth is ...161, rest 5) */
+		if (v > 1844674407370955161ULL || (v == 1844674407370955161ULL && d > 5))
 			return false;
 		v = v * 10 + d;
+		if (v > max)
+			return false;
 	}
 	if (i < end && s[i] != stop)
 		return false;
@@ -545,7 +548,8 @@ bool ckpt_cover_full(const u64 *bits, u32 n_sectors)
 
 u32 ckpt_stage_count(u64 staging_bytes, u64 chunk_bytes, u32 n_chunks)
 {
-	u64 n = chunk_bytes ? staging_bytes / chunk_bytes : 0;
+	/* chunk_bytes is a power of two: a shift, no 64-bit division */
+	u64 n = chunk_bytes ? staging_bytes >> __builtin_ctzll(chunk_bytes) : 0;
 	u64 hi = n_chunks > 2 ? n_chunks : 2;
 
 	if (n < 2)
@@ -558,16 +562,16 @@ void ckpt_step_release_stages(struct ckpt_step *cs)
 	u32 i, words = ckpt_bitmap_words(cs->sectors);
 
 	for (i = 0; i < cs->mem.n_stages; i++) {
-		struct ckpt_stage *s = &cs->mem.stages[i];
+		struct ckpt_stage_buf *s = &cs->mem.stages[i];
 
-		if (s->chunk != CKPT_NO_STAGE)
-			cs->mem.stage_of[s->chunk] = CKPT_NO_STAGE;
-		s->chunk = CKPT_NO_STAGE;
-		s->done_next = CKPT_NO_STAGE;
+		if (s->chunk != CKPT_STAGE_FREE)
+			cs->mem.stage_of[s->chunk] = CKPT_STAGE_FREE;
+		s->chunk = CKPT_STAGE_FREE;
+		s->done_next = CKPT_STAGE_FREE;
 		memset(s->cover, 0, words * sizeof(u64));
 	}
 	cs->free_stages = cs->mem.n_stages;
-	cs->done_first = CKPT_NO_STAGE;
+	cs->done_first = CKPT_STAGE_FREE;
 }
 
 void ckpt_step_init(struct ckpt_step *cs, const struct ckpt_step_ops *ops, void *host,
@@ -581,12 +585,13 @@ void ckpt_step_init(struct ckpt_step *cs, const struct ckpt_step_ops *ops, void 
 	cs->sb = sb;
 	cs->mem = *mem;
 	cs->chunk_bytes = sb->layout.plo_chunk_bytes;
-	cs->sectors = (u32)(cs->chunk_bytes / CKPT_SECTOR);
+	cs->cb_shift = sb->geo.chunk_shift + 1;	/* 2 bytes per param */
+	cs->sectors = (u32)(cs->chunk_bytes >> 9);
 	ckpt_sm_init(&cs->sm, sb, mem->claimed, mem->applied);
 	for (i = 0; i < sb->geo.n_chunks; i++)
-		mem->stage_of[i] = CKPT_NO_STAGE;
+		mem->stage_of[i] = CKPT_STAGE_FREE;
 	for (i = 0; i < mem->n_stages; i++)
-		mem->stages[i].chunk = CKPT_NO_STAGE;
+		mem->stages[i].chunk = CKPT_STAGE_FREE;
 	ckpt_step_release_stages(cs);
 }
 
@@ -611,12 +616,13 @@ static int __ckpt_grad_check(const struct ckpt_step *cs, u64 off, u64 len)
 		return -CKPT_E_FAILED;
 	if (sm->state != CKPT_STATE_OPEN)
 		return -CKPT_E_STATE;
-	if (off % CKPT_SECTOR || len % CKPT_SECTOR ||
-	    off > (u64)sm->n_chunks * cb || len > (u64)sm->n_chunks * cb - off)
+	if ((off | len) & (CKPT_SECTOR - 1) ||
+	    off > ((u64)sm->n_chunks << cs->cb_shift) ||
+	    len > ((u64)sm->n_chunks << cs->cb_shift) - off)
 		return -CKPT_E_RANGE;
 	while (len) {
-		u32 chunk = (u32)(off / cb);
-		u64 in = off - (u64)chunk * cb;
+		u32 chunk = (u32)(off >> cs->cb_shift);
+		u64 in = off & (cb - 1);
 		u64 n = len < cb - in ? len : cb - in;
 		u32 si = cs->mem.stage_of[chunk];
 
@@ -624,14 +630,14 @@ static int __ckpt_grad_check(const struct ckpt_step *cs, u64 off, u64 len)
 			return -CKPT_E_TWICE;
 		if (n == cb) {
 			/* A whole chunk over sectors already staged: written twice. */
-			if (si != CKPT_NO_STAGE)
+			if (si != CKPT_STAGE_FREE)
 				return -CKPT_E_TWICE;
-		} else if (si == CKPT_NO_STAGE) {
+		} else if (si == CKPT_STAGE_FREE) {
 			if (!free)
 				return -CKPT_E_NOSPC;
 			free--;
-		} else if (ckpt_cover_any(cs->mem.stages[si].cover, (u32)(in / CKPT_SECTOR),
-					  (u32)(n / CKPT_SECTOR))) {
+		} else if (ckpt_cover_any(cs->mem.stages[si].cover, (u32)(in >> 9),
+					  (u32)(n >> 9))) {
 			return -CKPT_E_TWICE;
 		}
 		off += n;
@@ -640,14 +646,14 @@ static int __ckpt_grad_check(const struct ckpt_step *cs, u64 off, u64 len)
 	return 0;
 }
 
-static struct ckpt_stage *ckpt_stage_take(struct ckpt_step *cs, u32 chunk)
+static struct ckpt_stage_buf *ckpt_stage_take(struct ckpt_step *cs, u32 chunk)
 {
 	u32 i, si = cs->mem.stage_of[chunk];
 
-	if (si != CKPT_NO_STAGE)
+	if (si != CKPT_STAGE_FREE)
 		return &cs->mem.stages[si];
 	for (i = 0; i < cs->mem.n_stages; i++) {
-		if (cs->mem.stages[i].chunk == CKPT_NO_STAGE) {
+		if (cs->mem.stages[i].chunk == CKPT_STAGE_FREE) {
 			cs->mem.stages[i].chunk = chunk;
 			cs->mem.stage_of[chunk] = i;
 			cs->free_stages--;
@@ -683,12 +689,12 @@ int ckpt_step_grad_write(struct ckpt_step *cs, u64 off, u64 len, void *src)
 	if (ret)
 		return ret;
 
-	cs->done_first = CKPT_NO_STAGE;
+	cs->done_first = CKPT_STAGE_FREE;
 	while (len && !err) {
-		u32 chunk = (u32)(off / cb);
-		u64 in = off - (u64)chunk * cb;
+		u32 chunk = (u32)(off >> cs->cb_shift);
+		u64 in = off & (cb - 1);
 		u64 n = len < cb - in ? len : cb - in;
-		struct ckpt_stage *s;
+		struct ckpt_stage_buf *s;
 
 		if (n == cb) {
 			err = ckpt_step_claim(cs, chunk);
@@ -699,8 +705,7 @@ int ckpt_step_grad_write(struct ckpt_step *cs, u64 off, u64 len, void *src)
 			if (!s)
 				return -CKPT_E_NOSPC;
 			cs->ops->copy(cs->host, src, s->grad + in, n);
-			ckpt_cover_add(s->cover, cs->sectors, (u32)(in / CKPT_SECTOR),
-				       (u32)(n / CKPT_SECTOR));
+			ckpt_cover_add(s->cover, cs->sectors, (u32)(in >> 9), (u32)(n >> 9));
 			if (ckpt_cover_full(s->cover, cs->sectors)) {
 				s->done_next = cs->done_first;
 				cs->done_first = (u32)(s - cs->mem.stages);
@@ -718,13 +723,13 @@ int ckpt_step_grad_write(struct ckpt_step *cs, u64 off, u64 len, void *src)
 			err = ret;
 	}
 	/* The completed stages are free again. */
-	while (cs->done_first != CKPT_NO_STAGE) {
-		struct ckpt_stage *s = &cs->mem.stages[cs->done_first];
+	while (cs->done_first != CKPT_STAGE_FREE) {
+		struct ckpt_stage_buf *s = &cs->mem.stages[cs->done_first];
 
 		cs->done_first = s->done_next;
-		cs->mem.stage_of[s->chunk] = CKPT_NO_STAGE;
-		s->chunk = CKPT_NO_STAGE;
-		s->done_next = CKPT_NO_STAGE;
+		cs->mem.stage_of[s->chunk] = CKPT_STAGE_FREE;
+		s->chunk = CKPT_STAGE_FREE;
+		s->done_next = CKPT_STAGE_FREE;
 		memset(s->cover, 0, words * sizeof(u64));
 		cs->free_stages++;
 	}

@@ -208,21 +208,21 @@ struct ckpt_step_ops {
 	int (*dispatched)(void *host, void *src);
 };
 
-#define CKPT_NO_STAGE		0xffffffffu
+#define CKPT_STAGE_FREE		0xffffffffu
 /* Default staging memory for partial chunks (the target's staging_kb). */
 #define CKPT_STAGING_DEFAULT	(64ULL << 20)
 
 /*
  * The number of stages for staging_bytes of partial-chunk gradients: one per
- * chunk_bytes, at least 2 (two tensors sharing a chunk), at most
+ * chunk_bytes (a power of two), at least 2 (two tensors sharing a chunk), at most
  * max(2, n_chunks) (more could never be used).
  */
 u32 ckpt_stage_count(u64 staging_bytes, u64 chunk_bytes, u32 n_chunks);
 
 /* A partial chunk's gradients. cover and grad are host storage. */
-struct ckpt_stage {
-	u32 chunk;		/* CKPT_NO_STAGE: free */
-	u32 done_next;		/* complete in this write: next index, or CKPT_NO_STAGE */
+struct ckpt_stage_buf {
+	u32 chunk;		/* CKPT_STAGE_FREE: free */
+	u32 done_next;		/* complete in this write: next index, or CKPT_STAGE_FREE */
 	u64 *cover;		/* ckpt_bitmap_words(chunk sectors) words */
 	u8 *grad;		/* chunk_bytes */
 };
@@ -237,7 +237,7 @@ struct ckpt_stage {
 struct ckpt_step_mem {
 	u64 *claimed;
 	u64 *applied;
-	struct ckpt_stage *stages;
+	struct ckpt_stage_buf *stages;
 	u32 n_stages;
 	u32 *stage_of;
 	struct ckpt_sb *spare;
@@ -252,7 +252,8 @@ struct ckpt_step {
 	struct ckpt_step_mem mem;
 	struct ckpt_step_sm sm;	/* under the sm lock */
 	u64 grad_bytes;		/* under the sm lock */
-	u64 chunk_bytes;
+	u64 chunk_bytes;	/* of gradients: 2 B per param, a power of two */
+	u32 cb_shift;		/* log2(chunk_bytes) */
 	u32 sectors;		/* per chunk */
 	u32 free_stages;	/* under the command lock, as the stages */
 	u32 done_first;		/* stages completed by the current write */

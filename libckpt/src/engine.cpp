@@ -79,7 +79,7 @@ void Engine::start(const std::string &path)
 		stages_[i].grad = stage_grad_[i].as();
 		stages_[i].cover = stage_cover_.data() + i * cover_words;
 	}
-	stage_of_.assign(n_chunks, CKPT_NO_STAGE);
+	stage_of_.assign(n_chunks, CKPT_STAGE_FREE);
 	struct ckpt_step_mem mem = {};
 	mem.claimed = claimed_.data();
 	mem.applied = applied_.data();

@@ -108,10 +108,10 @@ private:
 	std::vector<uint64_t> claimed_, applied_;
 	std::unique_ptr<struct ckpt_cmd> cmd_;
 	std::unique_ptr<struct ckpt_sb> spare_;
-	std::vector<struct ckpt_stage> stages_;
+	std::vector<struct ckpt_stage_buf> stages_;
 	std::vector<Buffer> stage_grad_;
 	std::vector<uint64_t> stage_cover_;
-	std::vector<uint32_t> stage_of_;	// chunk -> stage index or CKPT_NO_STAGE
+	std::vector<uint32_t> stage_of_;	// chunk -> stage index or CKPT_STAGE_FREE
 	Buffer block_;				// superblock/status/bounce
 	Buffer bounce_;				// PARAM reads, read_state
 	uint64_t param_bytes_ = 0;

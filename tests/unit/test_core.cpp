@@ -575,7 +575,7 @@ struct Proto {
 	std::unique_ptr<ckpt_sb> spare = std::make_unique<ckpt_sb>();
 	std::unique_ptr<ckpt_cmd> cmd = std::make_unique<ckpt_cmd>();
 	std::vector<uint64_t> claimed, applied, cover;
-	std::vector<ckpt_stage> stages;
+	std::vector<ckpt_stage_buf> stages;
 	std::vector<std::vector<uint8_t>> grads;
 	std::vector<uint32_t> stage_of;
 	std::vector<uint8_t> block = std::vector<uint8_t>(CKPT_BLOCK);
@@ -798,7 +798,7 @@ TEST(CoreProtocol, AbortAndOverflowReleaseStages)
 	EXPECT_EQ(ckpt_step_stages_used(&p.cs), 1u);
 	ASSERT_EQ(p.command(CKPT_OP_ABORT, 0), 0);
 	EXPECT_EQ(ckpt_step_stages_used(&p.cs), 0u);
-	EXPECT_EQ(p.stage_of[1], CKPT_NO_STAGE);
+	EXPECT_EQ(p.stage_of[1], CKPT_STAGE_FREE);
 	// The same sectors can be written in the next step.
 	ASSERT_EQ(p.command(CKPT_OP_BEGIN, 1), 0);
 	ASSERT_EQ(p.grad(cb, pattern(cb / 2, 1)), 0);
