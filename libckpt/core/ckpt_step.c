@@ -702,8 +702,10 @@ int ckpt_step_grad_write(struct ckpt_step *cs, u64 off, u64 len, void *src)
 				err = cs->ops->dispatch(cs->host, src, chunk, NULL);
 		} else {
 			s = ckpt_stage_take(cs, chunk);
-			if (!s)
-				return -CKPT_E_NOSPC;
+			if (!s) {	/* cannot happen: the check counted the stages */
+				err = -CKPT_E_NOSPC;
+				break;
+			}
 			cs->ops->copy(cs->host, src, s->grad + in, n);
 			ckpt_cover_add(s->cover, cs->sectors, (u32)(in >> 9), (u32)(n >> 9));
 			if (ckpt_cover_full(s->cover, cs->sectors)) {
