@@ -182,8 +182,9 @@ bool ckpt_cover_full(const u64 *bits, u32 n_sectors);
  *   - the sm lock (kernel: a spinlock), taken by the core through ops->lock
  *     around every change or read of cs->sm and cs->grad_bytes, for work
  *     bounded by the write's pieces; the core never sleeps or calls another
- *     op while it holds it. Update completions (ckpt_sm_applied, ckpt_sm_fail)
- *     and status readers (ckpt_sm_counters) take it themselves.
+ *     op while it holds it. Every ckpt_sm_* function above expects it held:
+ *     the host takes it around its own calls (an update's ckpt_sm_applied or
+ *     ckpt_sm_fail, a status read's ckpt_sm_counters).
  * The other ops are called with only the command lock held and may sleep.
  */
 struct ckpt_step_ops {
