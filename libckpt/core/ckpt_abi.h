@@ -99,6 +99,28 @@
 	X(param_bytes,		U64)		\
 	X(io_errors,		U64)
 
+/*
+ * X(field, range): the hyperparameters of one group, fp32 bit patterns (the
+ * flags a bit set), in the order of struct ckpt_hparams, of their on-disk
+ * form in a BEGIN command, of the comma-separated hex words of a kernel
+ * "begin" message group (flags may be left out there: 0), and of the order
+ * ckpt_hparams_check() looks (it names the first bad field). range:
+ * NONNEG >= 0, UNIT in [0, 1], UNIT_POS in (0, 1], FINITE any finite value
+ * (all finite; -0.0 counts as 0), FLAGS known CKPT_GROUP_* bits only.
+ */
+#define CKPT_HPARAMS(X)				\
+	X(lr,			NONNEG)		\
+	X(beta1,		UNIT)		\
+	X(beta2,		UNIT)		\
+	X(eps,			NONNEG)		\
+	X(weight_decay,		NONNEG)		\
+	X(one_minus_beta1,	UNIT_POS)	\
+	X(one_minus_beta2,	UNIT_POS)	\
+	X(step_size,		NONNEG)		\
+	X(bc2_sqrt,		UNIT_POS)	\
+	X(decay,		FINITE)		\
+	X(flags,		FLAGS)
+
 /* Expanders: enums, and rows of the name tables (positional, from 0). */
 #define CKPT_ABI_ENUM_ERR(name, msg)		CKPT_##name,
 #define CKPT_ABI_ENUM_DTYPE(name, code, s, st)	CKPT_DTYPE_##name = code,
@@ -108,10 +130,18 @@
 #define CKPT_ABI_SECOND(name, s)		s,
 #define CKPT_ABI_DTYPE_ROW(name, code, s, st)	{ code, s, st },
 
+#define CKPT_ABI_ENUM_HP(f, range)		CKPT_HPI_##f,
+/* "field f is u32 number CKPT_HPI_f of both hparams structs &&" */
+#define CKPT_ABI_HP_AT(f, range)					\
+	(offsetof(struct ckpt_hparams, f) == 4 * CKPT_HPI_##f &&	\
+	 offsetof(struct ckpt_hparams_disk, f) == 4 * CKPT_HPI_##f) &&
+
 /* Errors of the core and of libckpt, returned negated. */
 enum ckpt_err { CKPT_ERRORS(CKPT_ABI_ENUM_ERR) CKPT_E_MAX };
 enum ckpt_dtype { CKPT_DTYPES(CKPT_ABI_ENUM_DTYPE) };
 enum ckpt_state { CKPT_STATES(CKPT_ABI_ENUM_STATE) CKPT_STATE_MAX };
 enum ckpt_result { CKPT_RESULTS(CKPT_ABI_ENUM_RESULT) CKPT_RESULT_MAX };
+/* Index of each hyperparameter (CKPT_HPI_lr...), and their number. */
+enum ckpt_hparam_index { CKPT_HPARAMS(CKPT_ABI_ENUM_HP) CKPT_HPARAMS_N };
 
 #endif /* CKPT_ABI_H */

@@ -487,6 +487,41 @@ int ckpt_group_table_check(const struct ckpt_sb *sb, const u8 *table)
 	return 0;
 }
 
+int ckpt_sb_next(const struct ckpt_sb *cur, u64 step, u32 slot, const void *blob,
+		 u32 blob_len, struct ckpt_sb *next)
+{
+	if (!cur || !next || slot > 1 || (blob_len && !blob))
+		return -CKPT_E_INVAL;
+	if (blob_len > CKPT_BLOB_MAX)
+		return -CKPT_E_BLOB;
+	if (next != cur)
+		*next = *cur;
+	next->sequence++;
+	next->committed_step = step;
+	next->committed_slot = slot;
+	/* The blob may be cur's own, in place when next is cur. */
+	if (blob_len && blob != next->blob)
+		memcpy(next->blob, blob, blob_len);
+	memset(next->blob + blob_len, 0, CKPT_BLOB_MAX - blob_len);
+	next->blob_len = blob_len;
+	return 0;
+}
+
+void ckpt_sb_first(struct ckpt_sb *sb, const u8 *uuid, const struct ckpt_geometry *geo,
+		   const struct ckpt_layout *l, u32 incompat, u32 manifest_len,
+		   u32 manifest_crc, u32 group_crc)
+{
+	memset(sb, 0, sizeof(*sb));
+	memcpy(sb->uuid, uuid, sizeof(sb->uuid));
+	sb->sequence = 1;
+	sb->feature_incompat = incompat;
+	sb->geo = *geo;
+	sb->layout = *l;
+	sb->manifest_len = manifest_len;
+	sb->manifest_crc = manifest_crc;
+	sb->group_crc = group_crc;
+}
+
 /* ---------------- state record header ---------------- */
 
 void ckpt_rec_encode(const struct ckpt_rec *r, void *block)
@@ -562,6 +597,38 @@ enum ckpt_rec_fault ckpt_rec_check(const void *header, const void *data,
 	return CKPT_REC_OK;
 }
 
+void ckpt_rec_committed(const struct ckpt_sb *sb, u32 chunk, struct ckpt_rec *id)
+{
+	memset(id, 0, sizeof(*id));
+	id->chunk = chunk;
+	id->slot = sb->committed_slot;
+	id->chunk_shift = sb->geo.chunk_shift;
+	id->step = sb->committed_step;
+	id->sequence = sb->sequence;
+}
+
+void ckpt_rec_next(const struct ckpt_sb *sb, u32 chunk, u64 step, struct ckpt_rec *id)
+{
+	ckpt_rec_committed(sb, chunk, id);
+	id->slot ^= 1;
+	id->step = step;
+	id->sequence++;
+}
+
+void ckpt_rec_seal(void *header, const void *data, const void *plo,
+		   const struct ckpt_rec *id, u32 incompat)
+{
+	struct ckpt_rec r = *id;
+
+	if (data)
+		r.data_crc = ckpt_crc32c(data, (size_t)12 << r.chunk_shift);
+	if (!(incompat & CKPT_FEATURE_INCOMPAT_PLO_CRC))
+		r.plo_crc = 0;
+	else if (plo)
+		r.plo_crc = ckpt_plo_crc(plo, r.chunk_shift);
+	ckpt_rec_encode(&r, header);
+}
+
 const char *ckpt_rec_fault_str(enum ckpt_rec_fault f)
 {
 	switch (f) {
@@ -586,35 +653,131 @@ const char *ckpt_rec_fault_str(enum ckpt_rec_fault f)
 #define CKPT_CMD_HDR	((u32)sizeof(struct ckpt_cmd_disk))
 #define CKPT_HP_BYTES	((u32)sizeof(struct ckpt_hparams_disk))
 
+/* ---------------- hyperparameters ---------------- */
+
+enum ckpt_hp_range {
+	CKPT_HP_NONNEG,
+	CKPT_HP_UNIT,
+	CKPT_HP_UNIT_POS,
+	CKPT_HP_FINITE,
+	CKPT_HP_FLAGS,
+};
+
+#define CKPT_HP_ROW(f, range)						\
+	{ #f, CKPT_HP_##range, offsetof(struct ckpt_hparams, f),		\
+	  offsetof(struct ckpt_hparams_disk, f) },
+
+static const struct ckpt_hp_field {
+	const char *name;
+	u8 range;
+	u8 off;		/* in struct ckpt_hparams */
+	u8 disk_off;	/* in struct ckpt_hparams_disk */
+} ckpt_hp_fields[] = { CKPT_HPARAMS(CKPT_HP_ROW) };
+
+/*
+ * Not one byte moves: both structs hold the list's u32 fields in its order,
+ * 4 bytes apart, the disk form one reserved word more.
+ */
+_Static_assert(CKPT_HPARAMS(CKPT_ABI_HP_AT) 1, "hparams fields out of list order");
+_Static_assert(sizeof(struct ckpt_hparams) == 4 * CKPT_HPARAMS_N, "hparams size");
+_Static_assert(sizeof(struct ckpt_hparams_disk) == 4 * CKPT_HPARAMS_N + 4, "hparams disk size");
+_Static_assert(ARRAY_SIZE(ckpt_hp_fields) == CKPT_HPARAMS_N, "hparams table");
+
+#define CKPT_F32_EXP	0x7f800000u
+#define CKPT_F32_SIGN	0x80000000u
+/* Non-negative finite floats order like their bit patterns. */
+#define CKPT_F32_ONE	0x3f800000u
+
+static bool ckpt_f32_finite(u32 bits)
+{
+	return (bits & CKPT_F32_EXP) != CKPT_F32_EXP;
+}
+
+/* >= 0 (+0 or -0 included), finite */
+static bool ckpt_f32_nonneg(u32 bits)
+{
+	return ckpt_f32_finite(bits) && (!(bits & CKPT_F32_SIGN) || bits == CKPT_F32_SIGN);
+}
+
+static bool ckpt_hp_ok(u8 range, u32 bits)
+{
+	switch (range) {
+	case CKPT_HP_NONNEG:
+		return ckpt_f32_nonneg(bits);
+	case CKPT_HP_UNIT:	/* [0, 1] */
+		return ckpt_f32_nonneg(bits) && (bits & ~CKPT_F32_SIGN) <= CKPT_F32_ONE;
+	case CKPT_HP_UNIT_POS:	/* (0, 1] */
+		return !(bits & CKPT_F32_SIGN) && bits != 0 && bits <= CKPT_F32_ONE;
+	case CKPT_HP_FINITE:
+		return ckpt_f32_finite(bits);
+	case CKPT_HP_FLAGS:
+		return !(bits & ~CKPT_GROUP_ADAM_L2);
+	}
+	return false;
+}
+
+static u32 ckpt_u32_at(const void *base, u32 off)
+{
+	u32 v;
+
+	memcpy(&v, (const u8 *)base + off, sizeof(v));
+	return v;
+}
+
+static void ckpt_u32_put(void *base, u32 off, u32 v)
+{
+	memcpy((u8 *)base + off, &v, sizeof(v));
+}
+
+int ckpt_hparams_check(const struct ckpt_hparams *h, const char **field)
+{
+	u32 i;
+
+	for (i = 0; i < ARRAY_SIZE(ckpt_hp_fields); i++) {
+		const struct ckpt_hp_field *f = &ckpt_hp_fields[i];
+
+		if (!ckpt_hp_ok(f->range, ckpt_u32_at(h, f->off))) {
+			if (field)
+				*field = f->name;
+			return -CKPT_E_HPARAM;
+		}
+	}
+	return 0;
+}
+
+int ckpt_hparams_from_words(struct ckpt_hparams *h, const u32 *words, u32 n)
+{
+	u32 i;
+
+	if (!h || !words || n > CKPT_HPARAMS_N || n + 1 < CKPT_HPARAMS_N)
+		return -CKPT_E_INVAL;
+	memset(h, 0, sizeof(*h));
+	for (i = 0; i < n; i++)
+		ckpt_u32_put(h, ckpt_hp_fields[i].off, words[i]);
+	return 0;
+}
+
 static void ckpt_hparams_put(struct ckpt_hparams_disk *d, const struct ckpt_hparams *h)
 {
-	d->lr = cpu_to_le32(h->lr);
-	d->beta1 = cpu_to_le32(h->beta1);
-	d->beta2 = cpu_to_le32(h->beta2);
-	d->eps = cpu_to_le32(h->eps);
-	d->weight_decay = cpu_to_le32(h->weight_decay);
-	d->one_minus_beta1 = cpu_to_le32(h->one_minus_beta1);
-	d->one_minus_beta2 = cpu_to_le32(h->one_minus_beta2);
-	d->step_size = cpu_to_le32(h->step_size);
-	d->bc2_sqrt = cpu_to_le32(h->bc2_sqrt);
-	d->decay = cpu_to_le32(h->decay);
-	d->flags = cpu_to_le32(h->flags);
+	__le32 v;
+	u32 i;
+
+	for (i = 0; i < ARRAY_SIZE(ckpt_hp_fields); i++) {
+		v = cpu_to_le32(ckpt_u32_at(h, ckpt_hp_fields[i].off));
+		memcpy((u8 *)d + ckpt_hp_fields[i].disk_off, &v, sizeof(v));
+	}
 	d->reserved = 0;
 }
 
 static void ckpt_hparams_get(struct ckpt_hparams *h, const struct ckpt_hparams_disk *d)
 {
-	h->lr = le32_to_cpu(d->lr);
-	h->beta1 = le32_to_cpu(d->beta1);
-	h->beta2 = le32_to_cpu(d->beta2);
-	h->eps = le32_to_cpu(d->eps);
-	h->weight_decay = le32_to_cpu(d->weight_decay);
-	h->one_minus_beta1 = le32_to_cpu(d->one_minus_beta1);
-	h->one_minus_beta2 = le32_to_cpu(d->one_minus_beta2);
-	h->step_size = le32_to_cpu(d->step_size);
-	h->bc2_sqrt = le32_to_cpu(d->bc2_sqrt);
-	h->decay = le32_to_cpu(d->decay);
-	h->flags = le32_to_cpu(d->flags);
+	__le32 v;
+	u32 i;
+
+	for (i = 0; i < ARRAY_SIZE(ckpt_hp_fields); i++) {
+		memcpy(&v, (const u8 *)d + ckpt_hp_fields[i].disk_off, sizeof(v));
+		ckpt_u32_put(h, ckpt_hp_fields[i].off, le32_to_cpu(v));
+	}
 }
 
 int ckpt_cmd_encode(const struct ckpt_cmd *cmd, void *buf)

@@ -252,11 +252,35 @@ int ckpt_sb_check_other(const void *block, u32 index, u64 dev_bytes,
  */
 int ckpt_group_table_check(const struct ckpt_sb *sb, const u8 *table);
 
+/* Where superblock sb is written: copy (sequence & 1). */
+static inline u64 ckpt_sb_offset(const struct ckpt_sb *sb)
+{
+	return (sb->sequence & 1) * CKPT_BLOCK;
+}
+
 /* Where the next superblock write goes: never over the current copy. */
 static inline u64 ckpt_sb_next_offset(const struct ckpt_sb *cur)
 {
 	return ((cur->sequence + 1) & 1) * CKPT_BLOCK;
 }
+
+/*
+ * The superblock that commits step in slot with the trainer blob, after cur:
+ * a copy of cur (uuid, features, geometry, layout, metadata checksums) with
+ * sequence + 1 and the blob zero-padded. The one rule every commit follows
+ * (a step's COMMIT, a load of state, verify's rollback). next may be cur.
+ * Returns 0, or -CKPT_E_BLOB (too long) / -CKPT_E_INVAL with next untouched.
+ */
+int ckpt_sb_next(const struct ckpt_sb *cur, u64 step, u32 slot, const void *blob,
+		 u32 blob_len, struct ckpt_sb *next);
+
+/*
+ * The first superblock of a new image: sequence 1 (so copy 1), step 0 in
+ * slot 0, no blob, incompat the image's feature bits.
+ */
+void ckpt_sb_first(struct ckpt_sb *sb, const u8 *uuid, const struct ckpt_geometry *geo,
+		   const struct ckpt_layout *l, u32 incompat, u32 manifest_len,
+		   u32 manifest_crc, u32 group_crc);
 
 /* ---------------- state record header ---------------- */
 
@@ -315,6 +339,30 @@ enum ckpt_rec_fault {
 enum ckpt_rec_fault ckpt_rec_check(const void *header, const void *data,
 				   const void *plo, const struct ckpt_rec *want,
 				   u32 incompat, struct ckpt_rec *got);
+/*
+ * Record identities, the want of every ckpt_rec_check() and what
+ * ckpt_rec_seal() writes; the one place that says which step and sequence a
+ * record must carry.
+ *
+ * ckpt_rec_committed: the record of chunk that superblock sb commits (its
+ * committed slot, step and sequence).
+ * ckpt_rec_next: the record of chunk a step at step writes, which the
+ * superblock after sb commits (the other slot, sequence + 1).
+ * data_crc and plo_crc come back zero.
+ */
+void ckpt_rec_committed(const struct ckpt_sb *sb, u32 chunk, struct ckpt_rec *id);
+void ckpt_rec_next(const struct ckpt_sb *sb, u32 chunk, u64 step, struct ckpt_rec *id);
+
+/*
+ * Seal a record: write its header block (CKPT_BLOCK bytes at header, zeroed
+ * first) with id's identity, the crc32c of the 12 B * 2^chunk_shift of
+ * p, m, v at data and, with PLO_CRC in incompat, of the chunk's p_lo at plo
+ * (else plo_crc is 0). data or plo NULL: id's checksum is kept (a re-stamp
+ * of a header whose data did not change).
+ */
+void ckpt_rec_seal(void *header, const void *data, const void *plo,
+		   const struct ckpt_rec *id, u32 incompat);
+
 /* A short description of a fault, for messages. */
 const char *ckpt_rec_fault_str(enum ckpt_rec_fault f);
 /* crc32c of a chunk's p_lo (what the PLO_CRC record field holds). */
@@ -335,6 +383,7 @@ enum ckpt_opcode {
  * sqrt is computed by the client in double, as PyTorch does, so the target
  * needs no libm and no float outside its FPU translation unit.
  */
+/* The CKPT_HPARAMS list (ckpt_abi.h), in its order: the core checks it. */
 struct ckpt_hparams {
 	u32 lr;
 	u32 beta1;
@@ -363,6 +412,25 @@ struct ckpt_hparams_disk {
 	__le32 flags;
 	__le32 reserved;
 } __packed;
+
+/*
+ * The range check of one group's hyperparameters, on their fp32 bit patterns:
+ * what torch.optim.AdamW refuses (lr, eps, weight_decay < 0; a beta outside
+ * [0, 1)) and derived fields no valid input gives (1 - beta outside (0, 1],
+ * bc2_sqrt outside (0, 1], step_size < 0), every field finite, known flags.
+ * A beta may be 1.0f: the fp32 of a double just below 1, which torch takes;
+ * 1 - beta, computed in double, is what must be positive. -0.0 counts as 0.
+ * Returns 0, or -CKPT_E_HPARAM with *field naming the first bad field (as in
+ * CKPT_HPARAMS) when field is not NULL.
+ */
+int ckpt_hparams_check(const struct ckpt_hparams *h, const char **field);
+
+/*
+ * A group from n words in CKPT_HPARAMS order (a kernel "begin" message):
+ * n is CKPT_HPARAMS_N, or one less (flags 0). Returns 0 or -CKPT_E_INVAL
+ * with h untouched. The values are not checked: BEGIN does that.
+ */
+int ckpt_hparams_from_words(struct ckpt_hparams *h, const u32 *words, u32 n);
 
 struct ckpt_cmd_disk {
 	__le32 magic;

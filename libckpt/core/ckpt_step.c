@@ -52,63 +52,6 @@ void ckpt_sm_init(struct ckpt_step_sm *sm, const struct ckpt_sb *sb,
 	sm->last_result = CKPT_RESULT_NONE;
 }
 
-/* >= 0 (+0 or -0 included), finite */
-static bool ckpt_f32_nonneg(u32 bits)
-{
-	return ckpt_f32_finite(bits) && (!(bits & CKPT_F32_SIGN) || bits == CKPT_F32_SIGN);
-}
-
-/*
- * Non-negative finite floats order like their bit patterns, so the ranges are
- * integer comparisons.
- */
-#define CKPT_F32_ONE	0x3f800000u
-
-/* in [0, 1] */
-static bool ckpt_f32_unit(u32 bits)
-{
-	return ckpt_f32_nonneg(bits) && (bits & ~CKPT_F32_SIGN) <= CKPT_F32_ONE;
-}
-
-/* in (0, 1] */
-static bool ckpt_f32_unit_pos(u32 bits)
-{
-	return !(bits & CKPT_F32_SIGN) && bits != 0 && bits <= CKPT_F32_ONE;
-}
-
-int ckpt_hparams_check(const struct ckpt_hparams *h, const char **field)
-{
-	const char *bad = NULL;
-
-	if (!ckpt_f32_nonneg(h->lr))
-		bad = "lr";
-	else if (!ckpt_f32_unit(h->beta1))
-		bad = "beta1";
-	else if (!ckpt_f32_unit(h->beta2))
-		bad = "beta2";
-	else if (!ckpt_f32_nonneg(h->eps))
-		bad = "eps";
-	else if (!ckpt_f32_nonneg(h->weight_decay))
-		bad = "weight_decay";
-	else if (!ckpt_f32_unit_pos(h->one_minus_beta1))
-		bad = "one_minus_beta1";
-	else if (!ckpt_f32_unit_pos(h->one_minus_beta2))
-		bad = "one_minus_beta2";
-	else if (!ckpt_f32_nonneg(h->step_size))
-		bad = "step_size";
-	else if (!ckpt_f32_unit_pos(h->bc2_sqrt))
-		bad = "bc2_sqrt";
-	else if (!ckpt_f32_finite(h->decay))
-		bad = "decay";
-	else if (h->flags & ~CKPT_GROUP_ADAM_L2)
-		bad = "flags";
-	if (!bad)
-		return 0;
-	if (field)
-		*field = bad;
-	return -CKPT_E_HPARAM;
-}
-
 int ckpt_sm_begin(struct ckpt_step_sm *sm, const struct ckpt_cmd *cmd)
 {
 	u32 i, gs = cmd->grad_scale;
@@ -279,32 +222,272 @@ u32 ckpt_sm_read_slot(const struct ckpt_step_sm *sm, u32 chunk)
 	return ckpt_sm_src_slot(sm);
 }
 
-void ckpt_sm_status(const struct ckpt_step_sm *sm, const struct ckpt_sb *sb,
-		    struct ckpt_status *st)
+void ckpt_sm_counters(const struct ckpt_step_sm *sm, u64 grad_bytes, u64 param_bytes,
+		      struct ckpt_counters *k)
 {
 	bool open = sm->state == CKPT_STATE_OPEN;
 
+	memset(k, 0, sizeof(*k));
+	k->state = sm->state;
+	k->committed_step = sm->committed_step;
+	k->open_step = open ? sm->open_step : 0;
+	k->chunks_done = open ? sm->chunks_applied : 0;
+	k->overflow = open ? sm->overflow : 0;
+	k->last_result = sm->last_result;
+	k->last_error = sm->last_error;
+	k->first_io_error = sm->first_io_error;
+	k->steps_committed = sm->steps_committed;
+	k->steps_skipped = sm->steps_skipped;
+	k->steps_aborted = sm->steps_aborted;
+	k->commands_rejected = sm->commands_rejected;
+	k->grad_bytes = grad_bytes;
+	k->param_bytes = param_bytes;
+	k->io_errors = sm->io_errors;
+	k->committed_slot = sm->committed_slot;
+}
+
+void ckpt_sm_status(const struct ckpt_step_sm *sm, const struct ckpt_sb *sb,
+		    struct ckpt_status *st)
+{
+	struct ckpt_counters k;
+
+	ckpt_sm_counters(sm, 0, 0, &k);
 	memset(st, 0, sizeof(*st));
-	st->state = sm->state;
-	st->last_result = sm->last_result;
-	st->last_error = sm->last_error;
-	st->first_io_error = sm->first_io_error;
-	st->committed_step = sm->committed_step;
-	st->open_step = open ? sm->open_step : 0;
-	st->committed_slot = sm->committed_slot;
-	st->overflow = open ? sm->overflow : 0;
-	st->chunks_done = open ? sm->chunks_applied : 0;
-	st->steps_committed = sm->steps_committed;
-	st->steps_skipped = sm->steps_skipped;
-	st->steps_aborted = sm->steps_aborted;
-	st->commands_rejected = sm->commands_rejected;
-	st->io_errors = sm->io_errors;
+	st->state = k.state;
+	st->committed_step = k.committed_step;
+	st->open_step = k.open_step;
+	st->chunks_done = k.chunks_done;
+	st->overflow = k.overflow;
+	st->last_result = k.last_result;
+	st->last_error = k.last_error;
+	st->first_io_error = k.first_io_error;
+	st->steps_committed = k.steps_committed;
+	st->steps_skipped = k.steps_skipped;
+	st->steps_aborted = k.steps_aborted;
+	st->commands_rejected = k.commands_rejected;
+	st->io_errors = k.io_errors;
+	st->committed_slot = k.committed_slot;
 	/* grad_bytes and param_bytes are the host's counters: it fills them. */
 	if (sb) {
 		st->geo = sb->geo;
 		st->blob_len = sb->blob_len <= CKPT_BLOB_MAX ? sb->blob_len : 0;
 		memcpy(st->blob, sb->blob, st->blob_len);
 	}
+}
+
+/* ---------------- status line ---------------- */
+
+enum ckpt_field_kind {
+	CKPT_KIND_STATE,
+	CKPT_KIND_RESULT,
+	CKPT_KIND_U32,
+	CKPT_KIND_U64,
+	CKPT_KIND_FRACTION,
+};
+
+#define CKPT_CTR_ROW(f, kind)						\
+	{ CKPT_KIND_##kind, offsetof(struct ckpt_counters, f),		\
+	  sizeof(((struct ckpt_counters *)0)->f) },
+
+/* The status line's fields, in CKPT_STATUS_FIELDS order. */
+static const struct ckpt_ctr_field {
+	u8 kind;
+	u8 off;
+	u8 size;
+} ckpt_ctr_fields[] = { CKPT_STATUS_FIELDS(CKPT_CTR_ROW) };
+
+static u64 ckpt_ctr_get(const struct ckpt_counters *k, const struct ckpt_ctr_field *f)
+{
+	const u8 *p = (const u8 *)k + f->off;
+	u32 v32;
+	u64 v64;
+
+	if (f->size == sizeof(u32)) {
+		memcpy(&v32, p, sizeof(v32));
+		return v32;
+	}
+	memcpy(&v64, p, sizeof(v64));
+	return v64;
+}
+
+static void ckpt_ctr_set(struct ckpt_counters *k, const struct ckpt_ctr_field *f, u64 v)
+{
+	u8 *p = (u8 *)k + f->off;
+	u32 v32 = (u32)v;
+
+	if (f->size == sizeof(u32))
+		memcpy(p, &v32, sizeof(v32));
+	else
+		memcpy(p, &v, sizeof(v));
+}
+
+/* Append s (NUL-terminated) at *pos; false when it would not fit with a NUL. */
+static bool ckpt_put_str(char *buf, u32 len, u32 *pos, const char *s)
+{
+	while (*s) {
+		if (*pos + 1 >= len)
+			return false;
+		buf[(*pos)++] = *s++;
+	}
+	return true;
+}
+
+static bool ckpt_put_u64(char *buf, u32 len, u32 *pos, u64 v)
+{
+	char digits[21];
+	int i = 20;
+
+	digits[i] = '\0';
+	do {
+		digits[--i] = (char)('0' + v % 10);
+		v /= 10;
+	} while (v);
+	return ckpt_put_str(buf, len, pos, digits + i);
+}
+
+int ckpt_status_line(const struct ckpt_counters *k, u32 n_chunks, char *buf, u32 len)
+{
+	u32 i, pos = 0;
+	bool ok = len > 0;
+
+	for (i = 0; ok && i < ARRAY_SIZE(ckpt_ctr_fields); i++) {
+		const struct ckpt_ctr_field *f = &ckpt_ctr_fields[i];
+		u64 v = ckpt_ctr_get(k, f);
+
+		if (i)
+			ok = ckpt_put_str(buf, len, &pos, " ");
+		if (!ok)
+			break;
+		switch (f->kind) {
+		case CKPT_KIND_STATE:
+			ok = ckpt_put_str(buf, len, &pos, ckpt_state_name((u32)v));
+			break;
+		case CKPT_KIND_RESULT:
+			ok = ckpt_put_str(buf, len, &pos, ckpt_result_name((u32)v));
+			break;
+		case CKPT_KIND_FRACTION:
+			ok = ckpt_put_u64(buf, len, &pos, v) &&
+			     ckpt_put_str(buf, len, &pos, "/") &&
+			     ckpt_put_u64(buf, len, &pos, n_chunks);
+			break;
+		default:
+			ok = ckpt_put_u64(buf, len, &pos, v);
+			break;
+		}
+	}
+	if (!ok) {
+		if (len)
+			buf[0] = '\0';
+		return -CKPT_E_INVAL;
+	}
+	buf[pos] = '\0';
+	return (int)pos;
+}
+
+/*
+ * Strict decimal at s[*pos..end), no sign, no leading zero, at most max,
+ * ending at end or at the byte stop.
+ */
+static bool ckpt_get_u64(const char *s, u32 end, u32 *pos, char stop, u64 max, u64 *out)
+{
+	u32 i = *pos;
+	u64 v = 0;
+
+	if (i >= end || s[i] < '0' || s[i] > '9')
+		return false;
+	if (s[i] == '0' && i + 1 < end && s[i + 1] >= '0' && s[i + 1] <= '9')
+		return false;
+	for (; i < end && s[i] >= '0' && s[i] <= '9'; i++) {
+		u32 d = s[i] - '0';
+
+		/* v * 10 + d would pass 2^64 - 1 (whose tenth is ...161, rest 5) */
+		if (v > 1844674407370955161ULL || (v == 1844674407370955161ULL && d > 5))
+			return false;
+		v = v * 10 + d;
+		if (v > max)
+			return false;
+	}
+	if (i < end && s[i] != stop)
+		return false;
+	*pos = i;
+	*out = v;
+	return true;
+}
+
+/* One of the n names name(0..n-1), ending at end or at a space. */
+static bool ckpt_get_name(const char *s, u32 end, u32 *pos, const char *(*name)(u32),
+			  u32 n, u64 *out)
+{
+	u32 v;
+
+	for (v = 0; v < n; v++) {
+		const char *t = name(v);
+		u32 i = *pos;
+
+		while (*t && i < end && s[i] == *t) {
+			i++;
+			t++;
+		}
+		if (!*t && (i == end || s[i] == ' ')) {
+			*pos = i;
+			*out = v;
+			return true;
+		}
+	}
+	return false;
+}
+
+#define CKPT_U32_MAX	0xffffffffULL
+
+int ckpt_status_line_parse(const char *s, u32 len, struct ckpt_counters *out, u32 *n_chunks)
+{
+	struct ckpt_counters k;
+	u32 i, end = 0, pos = 0;
+	u64 v = 0, n = 0;
+	bool ok = true;
+
+	if (!s || !out || !n_chunks)
+		return -CKPT_E_INVAL;
+	while (end < len && s[end])
+		end++;
+	if (end && s[end - 1] == '\n')
+		end--;
+	memset(&k, 0, sizeof(k));
+	for (i = 0; ok && i < ARRAY_SIZE(ckpt_ctr_fields); i++) {
+		const struct ckpt_ctr_field *f = &ckpt_ctr_fields[i];
+		u64 max = f->size == sizeof(u32) ? CKPT_U32_MAX : ~0ULL;
+
+		if (i && (pos >= end || s[pos++] != ' ')) {
+			ok = false;
+			break;
+		}
+		switch (f->kind) {
+		case CKPT_KIND_STATE:
+			ok = ckpt_get_name(s, end, &pos, ckpt_state_name, CKPT_STATE_MAX, &v);
+			break;
+		case CKPT_KIND_RESULT:
+			ok = ckpt_get_name(s, end, &pos, ckpt_result_name, CKPT_RESULT_MAX, &v);
+			break;
+		case CKPT_KIND_FRACTION:
+			/* "done/n": the '/' must be there, done <= n */
+			ok = ckpt_get_u64(s, end, &pos, '/', max, &v) && pos < end;
+			if (ok) {
+				pos++;
+				ok = ckpt_get_u64(s, end, &pos, ' ', CKPT_U32_MAX, &n) && v <= n;
+			}
+			break;
+		default:
+			ok = ckpt_get_u64(s, end, &pos, ' ', max, &v);
+			break;
+		}
+		if (ok)
+			ckpt_ctr_set(&k, f, v);
+	}
+	if (!ok || pos != end)
+		return -CKPT_E_INVAL;
+	*out = k;	/* committed_slot is not in the line: 0 */
+	*n_chunks = (u32)n;
+	return 0;
 }
 
 /* ---------------- sector coverage ---------------- */
@@ -359,4 +542,286 @@ bool ckpt_cover_full(const u64 *bits, u32 n_sectors)
 			return false;
 	}
 	return true;
+}
+
+/* ---------------- the step protocol ---------------- */
+
+u32 ckpt_stage_count(u64 staging_bytes, u64 chunk_bytes, u32 n_chunks)
+{
+	/* chunk_bytes is a power of two: a shift, no 64-bit division */
+	u64 n = chunk_bytes ? staging_bytes >> __builtin_ctzll(chunk_bytes) : 0;
+	u64 hi = n_chunks > 2 ? n_chunks : 2;
+
+	if (n < 2)
+		n = 2;
+	return (u32)(n > hi ? hi : n);
+}
+
+void ckpt_step_release_stages(struct ckpt_step *cs)
+{
+	u32 i, words = ckpt_bitmap_words(cs->sectors);
+
+	for (i = 0; i < cs->mem.n_stages; i++) {
+		struct ckpt_stage_buf *s = &cs->mem.stages[i];
+
+		if (s->chunk != CKPT_STAGE_FREE)
+			cs->mem.stage_of[s->chunk] = CKPT_STAGE_FREE;
+		s->chunk = CKPT_STAGE_FREE;
+		s->done_next = CKPT_STAGE_FREE;
+		memset(s->cover, 0, words * sizeof(u64));
+	}
+	cs->free_stages = cs->mem.n_stages;
+	cs->done_first = CKPT_STAGE_FREE;
+}
+
+void ckpt_step_init(struct ckpt_step *cs, const struct ckpt_step_ops *ops, void *host,
+		    struct ckpt_sb *sb, const struct ckpt_step_mem *mem)
+{
+	u32 i;
+
+	memset(cs, 0, sizeof(*cs));
+	cs->ops = ops;
+	cs->host = host;
+	cs->sb = sb;
+	cs->mem = *mem;
+	cs->chunk_bytes = sb->layout.plo_chunk_bytes;
+	cs->cb_shift = sb->geo.chunk_shift + 1;	/* 2 bytes per param */
+	cs->sectors = (u32)(cs->chunk_bytes >> 9);
+	ckpt_sm_init(&cs->sm, sb, mem->claimed, mem->applied);
+	for (i = 0; i < sb->geo.n_chunks; i++)
+		mem->stage_of[i] = CKPT_STAGE_FREE;
+	for (i = 0; i < mem->n_stages; i++)
+		mem->stages[i].chunk = CKPT_STAGE_FREE;
+	ckpt_step_release_stages(cs);
+}
+
+static bool ckpt_cover_any(const u64 *bits, u32 first, u32 count)
+{
+	u32 s;
+
+	for (s = first; s < first + count; s++)
+		if (ckpt_bit_test(bits, s))
+			return true;
+	return false;
+}
+
+/* Every piece of a gradient write, before anything changes. Under the sm lock. */
+static int __ckpt_grad_check(const struct ckpt_step *cs, u64 off, u64 len)
+{
+	const struct ckpt_step_sm *sm = &cs->sm;
+	const u64 cb = cs->chunk_bytes;
+	u32 free = cs->free_stages;
+
+	if (sm->state == CKPT_STATE_FAILED)
+		return -CKPT_E_FAILED;
+	if (sm->state != CKPT_STATE_OPEN)
+		return -CKPT_E_STATE;
+	if ((off | len) & (CKPT_SECTOR - 1) ||
+	    off > ((u64)sm->n_chunks << cs->cb_shift) ||
+	    len > ((u64)sm->n_chunks << cs->cb_shift) - off)
+		return -CKPT_E_RANGE;
+	while (len) {
+		u32 chunk = (u32)(off >> cs->cb_shift);
+		u64 in = off & (cb - 1);
+		u64 n = len < cb - in ? len : cb - in;
+		u32 si = cs->mem.stage_of[chunk];
+
+		if (ckpt_bit_test(sm->claimed, chunk))
+			return -CKPT_E_TWICE;
+		if (n == cb) {
+			/* A whole chunk over sectors already staged: written twice. */
+			if (si != CKPT_STAGE_FREE)
+				return -CKPT_E_TWICE;
+		} else if (si == CKPT_STAGE_FREE) {
+			if (!free)
+				return -CKPT_E_NOSPC;
+			free--;
+		} else if (ckpt_cover_any(cs->mem.stages[si].cover, (u32)(in >> 9),
+					  (u32)(n >> 9))) {
+			return -CKPT_E_TWICE;
+		}
+		off += n;
+		len -= n;
+	}
+	return 0;
+}
+
+static struct ckpt_stage_buf *ckpt_stage_take(struct ckpt_step *cs, u32 chunk)
+{
+	u32 i, si = cs->mem.stage_of[chunk];
+
+	if (si != CKPT_STAGE_FREE)
+		return &cs->mem.stages[si];
+	for (i = 0; i < cs->mem.n_stages; i++) {
+		if (cs->mem.stages[i].chunk == CKPT_STAGE_FREE) {
+			cs->mem.stages[i].chunk = chunk;
+			cs->mem.stage_of[chunk] = i;
+			cs->free_stages--;
+			return &cs->mem.stages[i];
+		}
+	}
+	return NULL;	/* cannot happen: checked */
+}
+
+static int ckpt_step_claim(struct ckpt_step *cs, u32 chunk)
+{
+	int ret;
+
+	cs->ops->lock(cs->host);
+	ret = ckpt_sm_claim(&cs->sm, chunk);
+	cs->ops->unlock(cs->host);
+	return ret;
+}
+
+int ckpt_step_grad_write(struct ckpt_step *cs, u64 off, u64 len, void *src)
+{
+	const u64 cb = cs->chunk_bytes;
+	u32 words = ckpt_bitmap_words(cs->sectors);
+	int ret, err = 0;
+
+	cs->ops->lock(cs->host);
+	ret = __ckpt_grad_check(cs, off, len);
+	if (ret)
+		ckpt_sm_rejected(&cs->sm, ret);
+	else
+		cs->grad_bytes += len;
+	cs->ops->unlock(cs->host);
+	if (ret)
+		return ret;
+
+	cs->done_first = CKPT_STAGE_FREE;
+	while (len && !err) {
+		u32 chunk = (u32)(off >> cs->cb_shift);
+		u64 in = off & (cb - 1);
+		u64 n = len < cb - in ? len : cb - in;
+		struct ckpt_stage_buf *s;
+
+		if (n == cb) {
+			err = ckpt_step_claim(cs, chunk);
+			if (!err)
+				err = cs->ops->dispatch(cs->host, src, chunk, NULL);
+		} else {
+			s = ckpt_stage_take(cs, chunk);
+			if (!s) {	/* cannot happen: the check counted the stages */
+				err = -CKPT_E_NOSPC;
+				break;
+			}
+			cs->ops->copy(cs->host, src, s->grad + in, n);
+			ckpt_cover_add(s->cover, cs->sectors, (u32)(in >> 9), (u32)(n >> 9));
+			if (ckpt_cover_full(s->cover, cs->sectors)) {
+				s->done_next = cs->done_first;
+				cs->done_first = (u32)(s - cs->mem.stages);
+				err = ckpt_step_claim(cs, chunk);
+				if (!err)
+					err = cs->ops->dispatch(cs->host, src, chunk, s->grad);
+			}
+		}
+		off += n;
+		len -= n;
+	}
+	if (cs->ops->dispatched) {
+		ret = cs->ops->dispatched(cs->host, src);
+		if (!err)
+			err = ret;
+	}
+	/* The completed stages are free again. */
+	while (cs->done_first != CKPT_STAGE_FREE) {
+		struct ckpt_stage_buf *s = &cs->mem.stages[cs->done_first];
+
+		cs->done_first = s->done_next;
+		cs->mem.stage_of[s->chunk] = CKPT_STAGE_FREE;
+		s->chunk = CKPT_STAGE_FREE;
+		s->done_next = CKPT_STAGE_FREE;
+		memset(s->cover, 0, words * sizeof(u64));
+		cs->free_stages++;
+	}
+	return err;
+}
+
+int ckpt_step_write_sb(struct ckpt_step *cs, u64 step, u32 slot, const void *blob,
+		       u32 blob_len)
+{
+	struct ckpt_sb *next = cs->mem.spare;
+	int ret;
+
+	if (ckpt_sb_next(cs->sb, step, slot, blob, blob_len, next))
+		return -CKPT_EIO_ERRNO;
+	/* Every chunk write of the step is complete; make them durable first. */
+	ret = cs->ops->flush(cs->host);
+	if (ret)
+		return ret;
+	memset(cs->mem.block, 0, CKPT_BLOCK);
+	if (ckpt_sb_encode(next, cs->mem.block))
+		return -CKPT_EIO_ERRNO;
+	ret = cs->ops->write_sb(cs->host, cs->mem.block, ckpt_sb_next_offset(cs->sb));
+	if (ret)
+		return ret;
+	*cs->sb = *next;
+	return 0;
+}
+
+int ckpt_step_exec(struct ckpt_step *cs, const struct ckpt_cmd *cmd, int *io_errno)
+{
+	const struct ckpt_step_ops *ops = cs->ops;
+	u64 step = 0;
+	u32 slot = 0;
+	int ret, io;
+
+	/* Everything dispatched before the command is on the device first. */
+	if (ops->drain)
+		ops->drain(cs->host);
+	ops->lock(cs->host);
+	switch (cmd->opcode) {
+	case CKPT_OP_BEGIN:
+		ret = ckpt_sm_begin(&cs->sm, cmd);
+		break;
+	case CKPT_OP_ABORT:
+		ret = ckpt_sm_abort(&cs->sm, cmd);
+		break;
+	case CKPT_OP_COMMIT:
+		ret = ckpt_sm_commit(&cs->sm, cmd);
+		step = cs->sm.open_step;
+		slot = ckpt_sm_dst_slot(&cs->sm);
+		break;
+	default:
+		ret = -CKPT_E_OPCODE;
+		break;
+	}
+	if (ret < 0)
+		ckpt_sm_rejected(&cs->sm, ret);
+	ops->unlock(cs->host);
+	if (ret < 0)
+		return ret;
+
+	if (cmd->opcode == CKPT_OP_ABORT || ret == CKPT_RESULT_OVERFLOW) {
+		ckpt_step_release_stages(cs);
+	} else if (ret == CKPT_RESULT_COMMITTED) {
+		io = ckpt_step_write_sb(cs, step, slot, cmd->blob, cmd->blob_len);
+		ops->lock(cs->host);
+		if (io)
+			ckpt_sm_commit_failed(&cs->sm, io);
+		else
+			ckpt_sm_committed(&cs->sm);
+		ops->unlock(cs->host);
+		if (io) {
+			if (io_errno)
+				*io_errno = io;
+			return -CKPT_E_IO;
+		}
+		ckpt_step_release_stages(cs);
+	}
+	return ret;
+}
+
+int ckpt_step_command(struct ckpt_step *cs, const void *buf, u32 len)
+{
+	int ret = ckpt_cmd_decode(buf, len, cs->mem.cmd);
+
+	if (ret < 0) {
+		cs->ops->lock(cs->host);
+		ckpt_sm_rejected(&cs->sm, ret);
+		cs->ops->unlock(cs->host);
+		return ret;
+	}
+	return ckpt_step_exec(cs, cs->mem.cmd, NULL);
 }

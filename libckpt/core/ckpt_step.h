@@ -64,18 +64,6 @@ struct ckpt_step_sm {
 void ckpt_sm_init(struct ckpt_step_sm *sm, const struct ckpt_sb *sb,
 		  u64 *claimed, u64 *applied);
 
-/*
- * The range check of one group's hyperparameters, on their fp32 bit patterns:
- * what torch.optim.AdamW refuses (lr, eps, weight_decay < 0; a beta outside
- * [0, 1)) and derived fields no valid input gives (1 - beta outside (0, 1],
- * bc2_sqrt outside (0, 1], step_size < 0), every field finite, known flags.
- * A beta may be 1.0f: the fp32 of a double just below 1, which torch takes;
- * 1 - beta, computed in double, is what must be positive. -0.0 counts as 0.
- * Returns 0, or -CKPT_E_HPARAM with *field naming the first bad field (as in
- * struct ckpt_hparams) when field is not NULL.
- */
-int ckpt_hparams_check(const struct ckpt_hparams *h, const char **field);
-
 /* BEGIN: state IDLE, step == committed + 1, n_groups matches, hparams valid. */
 int ckpt_sm_begin(struct ckpt_step_sm *sm, const struct ckpt_cmd *cmd);
 /* Before a chunk's update is dispatched: OPEN, in range, not yet claimed. */
@@ -110,8 +98,66 @@ static inline u32 ckpt_sm_dst_slot(const struct ckpt_step_sm *sm)
 	return sm->committed_slot ^ 1;
 }
 
+/*
+ * The status counters: the fields of CKPT_STATUS_FIELDS (kind STATE and
+ * RESULT: the enum value; FRACTION: chunks_done, over n_chunks), plus the
+ * committed slot the stats message reports. The status line's field table is
+ * generated from the list with offsetof(), so a field missing here does not
+ * compile.
+ */
+struct ckpt_counters {
+	u32 state;
+	u64 committed_step;
+	u64 open_step;
+	u64 chunks_done;
+	u32 overflow;
+	u32 last_result;
+	u32 last_error;
+	u32 first_io_error;
+	u64 steps_committed;
+	u64 steps_skipped;
+	u64 steps_aborted;
+	u64 commands_rejected;
+	u64 grad_bytes;
+	u64 param_bytes;
+	u64 io_errors;
+	u32 committed_slot;
+};
+
+/*
+ * Fill k from the step machine, the one derivation of what the status page,
+ * the dm status line and the stats message report (open_step, overflow and
+ * chunks_done are 0 outside an open step). grad_bytes and param_bytes are
+ * the host's byte counters. Caller holds the sm lock (no sleeping, no ops).
+ */
+void ckpt_sm_counters(const struct ckpt_step_sm *sm, u64 grad_bytes, u64 param_bytes,
+		      struct ckpt_counters *k);
+
+/*
+ * The status page: ckpt_sm_counters and sb's geometry and blob; the host
+ * then sets grad_bytes and param_bytes. Caller holds the sm lock.
+ */
 void ckpt_sm_status(const struct ckpt_step_sm *sm, const struct ckpt_sb *sb,
 		    struct ckpt_status *st);
+
+/*
+ * The dm status INFO line: the CKPT_STATUS_FIELDS of k separated by single
+ * spaces, STATE and RESULT by name, FRACTION as "chunks_done/n_chunks",
+ * numbers in decimal, no newline. Writes at most len bytes including the
+ * NUL; returns the length, or -CKPT_E_INVAL (buf holds "") when it does not
+ * fit. CKPT_STATUS_LINE_MAX always fits.
+ */
+#define CKPT_STATUS_LINE_MAX	512
+int ckpt_status_line(const struct ckpt_counters *k, u32 n_chunks, char *buf, u32 len);
+
+/*
+ * Parse the first len bytes of s (a NUL before len ends it), as printed by
+ * ckpt_status_line, optionally followed by one newline. Strict: exactly the
+ * fields in order, single spaces, known names, decimal without sign or
+ * leading zeros that fits its field, chunks_done <= n_chunks. Returns 0, or
+ * -CKPT_E_INVAL with k and n_chunks untouched.
+ */
+int ckpt_status_line_parse(const char *s, u32 len, struct ckpt_counters *k, u32 *n_chunks);
 
 /*
  * Sector coverage of a partially written chunk (staging). bits holds
@@ -120,6 +166,154 @@ void ckpt_sm_status(const struct ckpt_step_sm *sm, const struct ckpt_sb *sb,
  */
 int ckpt_cover_add(u64 *bits, u32 n_sectors, u32 first, u32 count);
 bool ckpt_cover_full(const u64 *bits, u32 n_sectors);
+
+/* ---------------- the step protocol: what a target does, minus its I/O ---------------- */
+
+/*
+ * A target (the kernel's, the engine) runs the protocol through struct
+ * ckpt_step: the core decides (which write is refused, which chunk is staged
+ * or dispatched, when stages are released, what a command does, what the
+ * next superblock is) and calls the host's ops for I/O only.
+ *
+ * Locking contract. The host has two locks:
+ *   - its command lock (kernel: a mutex, engine: its call mutex), held by the
+ *     caller of ckpt_step_grad_write, ckpt_step_command, ckpt_step_exec and
+ *     ckpt_step_write_sb; it serializes them and guards the staging state;
+ *   - the sm lock (kernel: a spinlock), taken by the core through ops->lock
+ *     around every change or read of cs->sm and cs->grad_bytes, for work
+ *     bounded by the write's pieces; the core never sleeps or calls another
+ *     op while it holds it. Every ckpt_sm_* function above expects it held:
+ *     the host takes it around its own calls (an update's ckpt_sm_applied or
+ *     ckpt_sm_fail, a status read's ckpt_sm_counters).
+ * The other ops are called with only the command lock held and may sleep.
+ */
+struct ckpt_step_ops {
+	void (*lock)(void *host);
+	void (*unlock)(void *host);
+	/* Optional: wait until every dispatched update has called ckpt_sm_applied. */
+	void (*drain)(void *host);
+	/* Make every write so far durable: 0 or -errno. */
+	int (*flush)(void *host);
+	/* Write one CKPT_BLOCK superblock block at off, durable (FUA): 0 or -errno. */
+	int (*write_sb)(void *host, const void *block, u64 off);
+	/* Gradient write walk, src is the caller's: consume the next n bytes into dst. */
+	void (*copy)(void *host, void *src, void *dst, u64 n);
+	/*
+	 * Hand chunk's gradients to an update (the chunk is claimed): grad NULL,
+	 * the next chunk-size bytes of src; else a complete stage, valid until
+	 * the walk ends (after ops->dispatched). 0 or a negative error the write
+	 * then returns.
+	 */
+	int (*dispatch)(void *host, void *src, u32 chunk, const void *grad);
+	/* Optional: every chunk of the write is dispatched; 0 or a negative error. */
+	int (*dispatched)(void *host, void *src);
+};
+
+#define CKPT_STAGE_FREE		0xffffffffu
+/* Default staging memory for partial chunks (the target's staging_kb). */
+#define CKPT_STAGING_DEFAULT	(64ULL << 20)
+
+/*
+ * The number of stages for staging_bytes of partial-chunk gradients: one per
+ * chunk_bytes (a power of two), at least 2 (two tensors sharing a chunk), at most
+ * max(2, n_chunks) (more could never be used).
+ */
+u32 ckpt_stage_count(u64 staging_bytes, u64 chunk_bytes, u32 n_chunks);
+
+/* A partial chunk's gradients. cover and grad are host storage. */
+struct ckpt_stage_buf {
+	u32 chunk;		/* CKPT_STAGE_FREE: free */
+	u32 done_next;		/* complete in this write: next index, or CKPT_STAGE_FREE */
+	u64 *cover;		/* ckpt_bitmap_words(chunk sectors) words */
+	u8 *grad;		/* chunk_bytes */
+};
+
+/*
+ * What the host allocates for ckpt_step_init (the core never allocates):
+ * claimed, applied: ckpt_bitmap_words(n_chunks) words each; stages:
+ * ckpt_stage_count() entries, each with its cover and grad; stage_of: n_chunks
+ * entries; spare: a superblock; block: CKPT_BLOCK bytes the host can write
+ * (the superblock is encoded there); cmd: a decoded command.
+ */
+struct ckpt_step_mem {
+	u64 *claimed;
+	u64 *applied;
+	struct ckpt_stage_buf *stages;
+	u32 n_stages;
+	u32 *stage_of;
+	struct ckpt_sb *spare;
+	void *block;
+	struct ckpt_cmd *cmd;
+};
+
+struct ckpt_step {
+	const struct ckpt_step_ops *ops;
+	void *host;
+	struct ckpt_sb *sb;	/* the current superblock (host's), updated on commit */
+	struct ckpt_step_mem mem;
+	struct ckpt_step_sm sm;	/* under the sm lock */
+	u64 grad_bytes;		/* under the sm lock */
+	u64 chunk_bytes;	/* of gradients: 2 B per param, a power of two */
+	u32 cb_shift;		/* log2(chunk_bytes) */
+	u32 sectors;		/* per chunk */
+	u32 free_stages;	/* under the command lock, as the stages */
+	u32 done_first;		/* stages completed by the current write */
+};
+
+/* Start from superblock sb (the host's, kept up to date by commits). */
+void ckpt_step_init(struct ckpt_step *cs, const struct ckpt_step_ops *ops, void *host,
+		    struct ckpt_sb *sb, const struct ckpt_step_mem *mem);
+
+/*
+ * A gradient write of len bytes at off in the GRAD window. Every piece is
+ * checked before anything changes (state FAILED/not OPEN: E_FAILED/E_STATE;
+ * a claimed chunk, a whole chunk over a staged one or a staged sector again:
+ * E_TWICE; no free stage for a new partial chunk: E_NOSPC): a refused write is
+ * recorded (ckpt_sm_rejected) and returns -CKPT_E_* with nothing else changed.
+ * Then each piece is either a whole chunk, dispatched from src, or copied into
+ * its chunk's stage, dispatched from there once complete; completed stages are
+ * released after ops->dispatched. Returns 0, or the first error of a claim
+ * (-CKPT_E_*: the device failed meanwhile) or an op (not recorded as a
+ * refusal). Caller holds the command lock.
+ */
+int ckpt_step_grad_write(struct ckpt_step *cs, u64 off, u64 len, void *src);
+
+/*
+ * A command as written to the control block: decoded (a malformed one is
+ * refused), then ckpt_step_exec. Caller holds the command lock.
+ */
+int ckpt_step_command(struct ckpt_step *cs, const void *buf, u32 len);
+
+/*
+ * Run a decoded command: drain the updates, then BEGIN, ABORT or COMMIT.
+ * ABORT and a discarded (overflowed) COMMIT release the stages; a COMMIT of a
+ * complete step writes the next superblock (ckpt_step_write_sb), then the
+ * step is committed and the stages released. Returns >= 0 (CKPT_RESULT_* for
+ * COMMIT), -CKPT_E_IO when the superblock write failed (the device fails,
+ * the old commit stands; *io_errno, if not NULL, gets the host's errno), or
+ * another -CKPT_E_* for a refused command, recorded. cmd may be cs->mem.cmd.
+ * Caller holds the command lock.
+ */
+int ckpt_step_exec(struct ckpt_step *cs, const struct ckpt_cmd *cmd, int *io_errno);
+
+/*
+ * Commit: flush, then the superblock after cs->sb committing step in slot
+ * with blob, with FUA at its copy; on success *cs->sb is it. Returns 0 or
+ * -errno (of ops->flush or ops->write_sb; -EIO if it cannot be encoded); the
+ * step machine is not touched (a load of state re-inits it). Caller holds
+ * the command lock.
+ */
+int ckpt_step_write_sb(struct ckpt_step *cs, u64 step, u32 slot, const void *blob,
+		       u32 blob_len);
+
+/* Release every stage (ABORT, a new commit). Caller holds the command lock. */
+void ckpt_step_release_stages(struct ckpt_step *cs);
+
+/* Stages in use (stats). Caller holds the command lock. */
+static inline u32 ckpt_step_stages_used(const struct ckpt_step *cs)
+{
+	return cs->mem.n_stages - cs->free_stages;
+}
 
 #ifdef __cplusplus
 }

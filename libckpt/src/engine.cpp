@@ -62,20 +62,34 @@ void Engine::start(const std::string &path)
 	block_ = Buffer(CKPT_BLOCK);
 	const struct ckpt_layout &l = img_.sb.layout;
 
-	claimed_.assign(ckpt_bitmap_words(img_.sb.geo.n_chunks), 0);
-	applied_.assign(ckpt_bitmap_words(img_.sb.geo.n_chunks), 0);
-	ckpt_sm_init(&sm_, &img_.sb, claimed_.data(), applied_.data());
+	const uint32_t n_chunks = img_.sb.geo.n_chunks;
+	claimed_.assign(ckpt_bitmap_words(n_chunks), 0);
+	applied_.assign(ckpt_bitmap_words(n_chunks), 0);
 	cmd_ = std::make_unique<struct ckpt_cmd>();
+	spare_ = std::make_unique<struct ckpt_sb>();
 
-	size_t n_stages = std::clamp<uint64_t>(opts_.staging_bytes / l.plo_chunk_bytes, 2,
-					       std::max(2u, img_.sb.geo.n_chunks));
-	stages_.resize(n_stages);
-	const uint32_t sectors = static_cast<uint32_t>(l.plo_chunk_bytes / CKPT_SECTOR);
-	for (Stage &s : stages_) {
-		s.grad = Buffer(l.plo_chunk_bytes);
-		s.cover.assign(ckpt_bitmap_words(sectors), 0);
+	// The memory the core's step protocol runs in: it tells the sizes.
+	const uint32_t n_stages = ckpt_stage_count(opts_.staging_bytes, l.plo_chunk_bytes, n_chunks);
+	const uint64_t cover_words = ckpt_bitmap_words(l.plo_chunk_bytes / CKPT_SECTOR);
+	stages_.assign(n_stages, {});
+	stage_grad_.resize(n_stages);
+	stage_cover_.assign(n_stages * cover_words, 0);
+	for (uint32_t i = 0; i < n_stages; i++) {
+		stage_grad_[i] = Buffer(l.plo_chunk_bytes);
+		stages_[i].grad = stage_grad_[i].as();
+		stages_[i].cover = stage_cover_.data() + i * cover_words;
 	}
-	stage_of_.assign(img_.sb.geo.n_chunks, -1);
+	stage_of_.assign(n_chunks, CKPT_STAGE_FREE);
+	struct ckpt_step_mem mem = {};
+	mem.claimed = claimed_.data();
+	mem.applied = applied_.data();
+	mem.stages = stages_.data();
+	mem.n_stages = n_stages;
+	mem.stage_of = stage_of_.data();
+	mem.spare = spare_.get();
+	mem.block = block_.as();
+	mem.cmd = cmd_.get();
+	ckpt_step_init(&step_, &ops_, this, &img_.sb, &mem);
 	bounce_ = Buffer(std::max<uint64_t>(l.record_bytes, l.plo_chunk_bytes + CKPT_BLOCK));
 	batch_.jobs.reserve(img_.sb.geo.n_chunks);
 
@@ -105,12 +119,18 @@ Engine::~Engine()
 void Engine::write(uint64_t off, const void *buf, uint64_t len)
 {
 	std::lock_guard call(call_mu_);
-	try {
-		dispatch_write(off, buf, len);
-	} catch (const Error &e) {
-		ckpt_sm_rejected(&sm_, e.code());
-		throw;
+	dispatch_write(off, buf, len);
+}
+
+// A write the routing refuses, recorded on the status page as the core
+// records the refusals of commands and gradient writes.
+void Engine::refuse(int code, std::string message)
+{
+	{
+		std::lock_guard lk(mu_);
+		ckpt_sm_rejected(&step_.sm, code);
 	}
+	throw Error(code, std::move(message));
 }
 
 void Engine::dispatch_write(uint64_t off, const void *buf, uint64_t len)
@@ -119,22 +139,22 @@ void Engine::dispatch_write(uint64_t off, const void *buf, uint64_t len)
 	if (len == 0)
 		return;
 	if (off % CKPT_SECTOR || len % CKPT_SECTOR)
-		fail(CKPT_E_ALIGN, "write of {} bytes at {}: not {}-byte aligned", len, off, CKPT_SECTOR);
+		refuse(CKPT_E_ALIGN, fmt::format("write of {} bytes at {}: not {}-byte aligned", len, off, CKPT_SECTOR));
 	if (off >= l.virt_bytes || len > l.virt_bytes - off)
-		fail(CKPT_E_RANGE, "write of {} bytes at {}: beyond the device ({} bytes)", len, off,
-		     l.virt_bytes);
+		refuse(CKPT_E_RANGE, fmt::format("write of {} bytes at {}: beyond the device ({} bytes)", len,
+					       off, l.virt_bytes));
 	if (off < l.grad_off) {
 		if (off != 0 || len > CKPT_BLOCK)
-			fail(CKPT_E_RANGE, "a command is one write at offset 0 of at most {} bytes",
-			     CKPT_BLOCK);
+			refuse(CKPT_E_RANGE, fmt::format("a command is one write at offset 0 of at most {} bytes",
+						       CKPT_BLOCK));
 		control_write(buf, len);
 	} else if (off < l.param_off) {
 		if (len > l.param_off - off)
-			fail(CKPT_E_RANGE, "gradient write of {} bytes at {} runs into the PARAM window",
-			     len, off);
+			refuse(CKPT_E_RANGE, fmt::format("gradient write of {} bytes at {} runs into the PARAM "
+						       "window", len, off));
 		grad_write(off - l.grad_off, static_cast<const uint8_t *>(buf), len);
 	} else {
-		fail(CKPT_E_READONLY, "the PARAM window is read-only (write at {})", off);
+		refuse(CKPT_E_READONLY, fmt::format("the PARAM window is read-only (write at {})", off));
 	}
 }
 
@@ -151,8 +171,11 @@ void Engine::read(uint64_t off, void *buf, uint64_t len)
 		if (off < l.grad_off) {
 			n = std::min(len, l.grad_off - off);
 			struct ckpt_status st;
-			ckpt_sm_status(&sm_, &img_.sb, &st);
-			st.grad_bytes = grad_bytes_;
+			{
+				std::lock_guard lk(mu_);
+				ckpt_sm_status(&step_.sm, &img_.sb, &st);
+				st.grad_bytes = step_.grad_bytes;
+			}
 			st.param_bytes = param_bytes_;
 			ckpt_status_encode(&st, block_.as());
 			std::memcpy(out, block_.as() + off, n);
@@ -180,157 +203,124 @@ struct ckpt_status Engine::status()
 
 // ---------------------------------------------------------------- commands
 
+// The host side of the core's step protocol (ckpt_step.h): the sm lock is
+// mu_, the command lock call_mu_ (held by every caller of ckpt_step_*). The
+// ops never throw through the C core: they return errors, and keep the
+// message for the throw that follows.
+struct EngineOps {
+	struct Src {
+		const uint8_t *p;
+	};
+
+	static Engine &of(void *host) { return *static_cast<Engine *>(host); }
+	static void lock(void *host) { of(host).mu_.lock(); }
+	static void unlock(void *host) { of(host).mu_.unlock(); }
+	static int flush(void *host)
+	{
+		Engine &e = of(host);
+		try {
+			e.img_.file.flush();
+		} catch (const Error &err) {
+			e.io_message_ = err.what();
+			return -EIO;
+		}
+		return 0;
+	}
+	static int write_sb(void *host, const void *block, uint64_t off)
+	{
+		Engine &e = of(host);
+		try {
+			e.img_.file.pwrite_durable(block, CKPT_BLOCK, off);
+		} catch (const Error &err) {
+			e.io_message_ = err.what();
+			return -EIO;
+		}
+		return 0;
+	}
+	static void copy(void *, void *src, void *dst, uint64_t n)
+	{
+		auto *s = static_cast<Src *>(src);
+		std::memcpy(dst, s->p, n);
+		s->p += n;
+	}
+	static int dispatch(void *host, void *src, uint32_t chunk, const void *grad)
+	{
+		Engine &e = of(host);
+		auto *s = static_cast<Src *>(src);
+		if (!grad) {
+			grad = s->p;
+			s->p += e.step_.chunk_bytes;
+		}
+		e.batch_.jobs.push_back({chunk, static_cast<const uint16_t *>(grad), nullptr});
+		return 0;
+	}
+	// The stages of completed chunks stay valid until this returns.
+	static int dispatched(void *host, void *)
+	{
+		Engine &e = of(host);
+		e.run_batch();
+		return e.batch_.error ? -e.batch_.error : 0;
+	}
+};
+
+const struct ckpt_step_ops Engine::ops_ = {
+	.lock = EngineOps::lock,
+	.unlock = EngineOps::unlock,
+	.drain = nullptr,	// every batch completes before its write returns
+	.flush = EngineOps::flush,
+	.write_sb = EngineOps::write_sb,
+	.copy = EngineOps::copy,
+	.dispatch = EngineOps::dispatch,
+	.dispatched = EngineOps::dispatched,
+};
+
+// ---------------------------------------------------------------- commands
+
 void Engine::control_write(const void *buf, uint64_t len)
 {
-	struct ckpt_cmd &cmd = *cmd_;
-	int ret = ckpt_cmd_decode(buf, static_cast<uint32_t>(len), &cmd);
-	if (ret == 0) {
-		switch (cmd.opcode) {
-		case CKPT_OP_BEGIN:
-			ret = ckpt_sm_begin(&sm_, &cmd);
-			break;
-		case CKPT_OP_ABORT:
-			ret = ckpt_sm_abort(&sm_, &cmd);
-			if (ret >= 0)
-				release_stages();
-			break;
-		case CKPT_OP_COMMIT:
-			ret = ckpt_sm_commit(&sm_, &cmd);
-			if (ret == CKPT_RESULT_OVERFLOW)
-				release_stages();
-			if (ret == CKPT_RESULT_COMMITTED) {
-				struct ckpt_sb next = img_.sb;
-				next.sequence++;
-				next.committed_step = sm_.open_step;
-				next.committed_slot = ckpt_sm_dst_slot(&sm_);
-				next.blob_len = cmd.blob_len;
-				std::memset(next.blob, 0, sizeof(next.blob));
-				std::memcpy(next.blob, cmd.blob, cmd.blob_len);
-				try {
-					commit_superblock(next);
-				} catch (const Error &e) {
-					ckpt_sm_commit_failed(&sm_, EIO);
-					throw;
-				}
-				ckpt_sm_committed(&sm_);
-				release_stages();
-			}
-			break;
-		}
-	}
+	io_message_.clear();
+	const int ret = ckpt_step_command(&step_, buf, static_cast<uint32_t>(len));
+	if (ret == -CKPT_E_IO)
+		throw Error(CKPT_E_IO, io_message_.empty() ? "committing the step failed" : io_message_);
 	check_core(ret, "command rejected");
-}
-
-// Orders the commit: every chunk write of the step is complete (the batches
-// waited for them); flush makes them durable; only then the superblock that
-// points at them is written, with FUA, over the older copy.
-void Engine::commit_superblock(const struct ckpt_sb &next)
-{
-	img_.file.flush();
-	std::memset(block_.as(), 0, CKPT_BLOCK);
-	check_core(ckpt_sb_encode(&next, block_.as()), "encode superblock");
-	img_.file.pwrite_durable(block_.as(), CKPT_BLOCK, ckpt_sb_next_offset(&img_.sb));
-	img_.sb = next;
 }
 
 // ---------------------------------------------------------------- gradients
 
-Engine::Stage *Engine::stage_for(uint32_t chunk)
-{
-	int32_t i = stage_of_[chunk];
-	if (i >= 0)
-		return &stages_[static_cast<size_t>(i)];
-	for (size_t k = 0; k < stages_.size(); k++)
-		if (stages_[k].chunk < 0)
-			return &stages_[k];
-	return nullptr;
-}
-
-void Engine::release_stages()
-{
-	for (Stage &s : stages_) {
-		if (s.chunk >= 0)
-			stage_of_[static_cast<size_t>(s.chunk)] = -1;
-		s.chunk = -1;
-		std::fill(s.cover.begin(), s.cover.end(), 0);
-	}
-}
-
 void Engine::grad_write(uint64_t off, const uint8_t *buf, uint64_t len)
 {
-	const struct ckpt_layout &l = img_.sb.layout;
-	const uint64_t cb = l.plo_chunk_bytes;
-	const uint32_t sectors = static_cast<uint32_t>(cb / CKPT_SECTOR);
-
-	if (sm_.state == CKPT_STATE_FAILED)
-		fail(CKPT_E_FAILED, "the device failed earlier (first error: {}); no new steps",
-		     strerror(static_cast<int>(sm_.first_io_error)));
-	if (sm_.state != CKPT_STATE_OPEN)
-		fail(CKPT_E_STATE, "gradient write with no open step");
-
-	// Check every piece before changing anything, so a refused write leaves
-	// the step exactly as it was.
-	size_t free_stages = 0;
-	for (const Stage &s : stages_)
-		free_stages += s.chunk < 0;
-	for_each_piece(off, len, cb, [&](uint32_t c, uint64_t in, uint64_t n) {
-		if (claimed_[c / 64] >> (c % 64) & 1)
-			fail(CKPT_E_TWICE, "gradient of chunk {} written twice in step {}", c, sm_.open_step);
-		int32_t si = stage_of_[c];
-		if (n == cb && si >= 0)
-			fail(CKPT_E_TWICE, "gradient of chunk {} written twice in step {}", c, sm_.open_step);
-		if (n == cb)
-			return;
-		if (si < 0) {
-			if (!free_stages--)
-				fail(CKPT_E_NOSPC, "staging for partial chunks is full ({} chunks)",
-				     stages_.size());
-			return;
-		}
-		const auto &cover = stages_[static_cast<size_t>(si)].cover;
-		for (uint64_t s = in / CKPT_SECTOR; s < (in + n) / CKPT_SECTOR; s++)
-			if (cover[s / 64] >> (s % 64) & 1)
-				fail(CKPT_E_TWICE, "gradient at param {} written twice in step {}",
-				     (c * cb + s * CKPT_SECTOR) / 2, sm_.open_step);
-	});
-
+	EngineOps::Src src{buf};
 	batch_.jobs.clear();
-	for_each_piece(off, len, cb, [&](uint32_t c, uint64_t in, uint64_t n) {
-		const uint8_t *src = buf + (c * cb + in - off);
-		if (n == cb) {
-			batch_.jobs.push_back({c, reinterpret_cast<const uint16_t *>(src), nullptr});
-			return;
-		}
-		Stage *s = stage_for(c);
-		s->chunk = c;
-		stage_of_[c] = static_cast<int32_t>(s - stages_.data());
-		std::memcpy(s->grad.as() + in, src, n);
-		check_core(ckpt_cover_add(s->cover.data(), sectors, static_cast<uint32_t>(in / CKPT_SECTOR),
-					  static_cast<uint32_t>(n / CKPT_SECTOR)), "stage gradient");
-		if (ckpt_cover_full(s->cover.data(), sectors))
-			batch_.jobs.push_back({c, s->grad.as<uint16_t>(), nullptr});
-	});
-	for (const Job &j : batch_.jobs)
-		check_core(ckpt_sm_claim(&sm_, j.chunk), "claim chunk");
-	grad_bytes_ += len;
-	run_batch();
-	for (const Job &j : batch_.jobs) {
-		int32_t si = stage_of_[j.chunk];
-		if (si >= 0) {
-			Stage &s = stages_[static_cast<size_t>(si)];
-			s.chunk = -1;
-			std::fill(s.cover.begin(), s.cover.end(), 0);
-			stage_of_[j.chunk] = -1;
-		}
-	}
+	batch_.error = 0;
+	const int ret = ckpt_step_grad_write(&step_, off, len, &src);
+	if (!ret)
+		return;
 	if (batch_.error)
 		throw Error(batch_.error, batch_.message);
+	const int code = -ret;
+	switch (code) {
+	case CKPT_E_FAILED:
+		fail(code, "the device failed earlier (first error: {}); no new steps",
+		     strerror(static_cast<int>(step_.sm.first_io_error)));
+	case CKPT_E_STATE:
+		fail(code, "gradient write with no open step");
+	case CKPT_E_TWICE:
+		fail(code, "gradient write of {} bytes at {}: written twice in step {}", len, off,
+		     step_.sm.open_step);
+	case CKPT_E_NOSPC:
+		fail(code, "gradient write of {} bytes at {}: staging for partial chunks is full ({} chunks)",
+		     len, off, step_.mem.n_stages);
+	default:
+		fail(code, "gradient write of {} bytes at {} refused: {}", len, off, ckpt_strerror(code));
+	}
 }
 
 // ---------------------------------------------------------------- workers
 
 void Engine::run_batch()
 {
+	batch_.error = 0;
+	batch_.message.clear();
 	if (batch_.jobs.empty())
 		return;
 	std::unique_lock lk(mu_);
@@ -343,7 +333,9 @@ void Engine::run_batch()
 	done_cv_.wait(lk, [this] { return batch_.workers_left == 0; });
 }
 
-void Engine::batch_failed(const Error &e)
+// io_errno: the errno of the failed I/O (the io_uring result), EIO for a
+// corrupt record; the status page reports the first one.
+void Engine::batch_failed(const Error &e, int io_errno)
 {
 	std::lock_guard lk(mu_);
 	if (!batch_.error) {
@@ -351,7 +343,7 @@ void Engine::batch_failed(const Error &e)
 		batch_.message = e.what();
 	}
 	if (e.code() == CKPT_E_IO || e.code() == CKPT_E_RECORD)
-		ckpt_sm_fail(&sm_, EIO);
+		ckpt_sm_fail(&step_.sm, io_errno);
 }
 
 void Engine::worker_main(Worker &w)
@@ -373,9 +365,10 @@ void Engine::worker_main(Worker &w)
 			seen = generation_;
 		}
 		const bool load = batch_.jobs.front().load != nullptr;
-		const uint32_t src = ckpt_sm_src_slot(&sm_), dst = ckpt_sm_dst_slot(&sm_);
-		const uint64_t step = load ? load_step_ : sm_.open_step;
+		const uint32_t src = ckpt_sm_src_slot(&step_.sm), dst = ckpt_sm_dst_slot(&step_.sm);
+		const uint64_t step = load ? load_step_ : step_.sm.open_step;
 		unsigned inflight = 0;
+		int io_errno = EIO;
 		bool stop = false;
 		try {
 			for (;;) {
@@ -400,13 +393,15 @@ void Engine::worker_main(Worker &w)
 				inflight--;
 				Worker::Slot &s = w.slots[tag];
 				const uint32_t chunk = s.job->chunk;
-				if (res < 0)
+				if (res < 0) {
+					io_errno = -res;
 					fail(CKPT_E_IO, "backing I/O on chunk {} failed: {}", chunk, strerror(-res));
+				}
 				if (s.writes) {		// a write completed
 					if (--s.writes == 0) {
 						std::lock_guard lk(mu_);
 						if (!load)
-							ckpt_sm_applied(&sm_, chunk, false, true);
+							ckpt_sm_applied(&step_.sm, chunk, false, true);
 						s.job = nullptr;
 					}
 					continue;
@@ -415,8 +410,9 @@ void Engine::worker_main(Worker &w)
 					fail(CKPT_E_IO, "short read of chunk {} state", chunk);
 				// The full check, data checksum included: a step must not
 				// turn bit rot into new committed state with a fresh checksum.
-				img_.check_record(s.rec.as(), chunk, src, img_.sb.committed_step, img_.sb.sequence,
-						  true);
+				struct ckpt_rec id;
+				ckpt_rec_committed(&img_.sb, chunk, &id);
+				img_.check_record(s.rec.as(), id, true);
 				auto *p = reinterpret_cast<uint32_t *>(s.rec.as() + CKPT_BLOCK);
 				uint32_t nonfinite = 0;
 				if (load) {
@@ -437,27 +433,19 @@ void Engine::worker_main(Worker &w)
 					}
 					ckpt_round_params(img_.sb.geo.dtype, p, s.plo.as<uint16_t>(), cp);
 				} else {
-					const struct ckpt_hparams *hp = &sm_.groups[img_.group_table[chunk]];
-					nonfinite = ckpt_update_chunk(hp, sm_.grad_scale, img_.sb.geo.dtype, s.job->grad,
+					const struct ckpt_hparams *hp = &step_.sm.groups[img_.group_table[chunk]];
+					nonfinite = ckpt_update_chunk(hp, step_.sm.grad_scale, img_.sb.geo.dtype, s.job->grad,
 								      p, p + cp, p + 2 * cp,
 								      s.plo.as<uint16_t>(), cp);
 				}
 				if (nonfinite) {	// the step will be skipped: write nothing
 					std::lock_guard lk(mu_);
-					ckpt_sm_applied(&sm_, chunk, true, false);
+					ckpt_sm_applied(&step_.sm, chunk, true, false);
 					s.job = nullptr;
 					continue;
 				}
-				struct ckpt_rec rec = {};
-				rec.chunk = chunk;
-				rec.slot = dst;
-				rec.chunk_shift = img_.sb.geo.chunk_shift;
-				rec.step = step;
-				rec.sequence = img_.sb.sequence + 1;
-				rec.data_crc = ckpt_crc32c(p, 12 * cp);
-				if (img_.sb.feature_incompat & CKPT_FEATURE_INCOMPAT_PLO_CRC)
-					rec.plo_crc = ckpt_plo_crc(s.plo.as(), rec.chunk_shift);
-				ckpt_rec_encode(&rec, s.rec.as());
+				ckpt_rec_next(&img_.sb, chunk, step, &id);
+				ckpt_rec_seal(s.rec.as(), p, s.plo.as(), &id, img_.sb.feature_incompat);
 				w.ring.write(fd, s.rec.as(), static_cast<unsigned>(l.record_bytes),
 					     ckpt_record_offset(&l, dst, chunk), tag);
 				w.ring.write(fd, s.plo.as(), static_cast<unsigned>(l.plo_chunk_bytes),
@@ -466,7 +454,7 @@ void Engine::worker_main(Worker &w)
 				inflight += 2;
 			}
 		} catch (const Error &e) {
-			batch_failed(e);
+			batch_failed(e, io_errno);
 			batch_.next = batch_.jobs.size();	// others stop taking jobs
 			while (inflight) {			// never leave I/O on our buffers
 				try {
@@ -492,7 +480,7 @@ void Engine::param_read(uint64_t off, uint8_t *buf, uint64_t len)
 {
 	const struct ckpt_layout &l = img_.sb.layout;
 	for_each_piece(off, len, l.plo_chunk_bytes, [&](uint32_t c, uint64_t in, uint64_t n) {
-		uint32_t slot = ckpt_sm_read_slot(&sm_, c);
+		uint32_t slot = ckpt_sm_read_slot(&step_.sm, c);
 		uint64_t lo = align_down(in, CKPT_BLOCK), hi = align_up(in + n, CKPT_BLOCK);
 		img_.file.pread_all(bounce_.as(), hi - lo, ckpt_plo_offset(&l, slot, c) + lo);
 		std::memcpy(buf, bounce_.as() + (in - lo), n);
@@ -511,11 +499,13 @@ void Engine::read_state(uint64_t offset, uint64_t n, float *p, float *m, float *
 	if (offset >= sb.layout.n_params || n > sb.layout.n_params - offset)
 		fail(CKPT_E_RANGE, "state read of {} params at {}: out of range", n, offset);
 	for_each_piece(offset, n, sb.layout.chunk_params, [&](uint32_t c, uint64_t in, uint64_t k) {
-		const uint32_t slot = ckpt_sm_read_slot(&sm_, c);
-		const bool committed = slot == sb.committed_slot;
-		img_.read_state(slot, committed ? sb.committed_step : sm_.open_step,
-				committed ? sb.sequence : sb.sequence + 1, c * sb.layout.chunk_params + in, k,
-				p, m, v, bounce_);
+		const uint32_t slot = ckpt_sm_read_slot(&step_.sm, c);
+		struct ckpt_rec id;
+		if (slot == sb.committed_slot)
+			ckpt_rec_committed(&sb, c, &id);
+		else
+			ckpt_rec_next(&sb, c, step_.sm.open_step, &id);
+		img_.read_state(id, c * sb.layout.chunk_params + in, k, p, m, v, bounce_);
 		p += k;
 		m += k;
 		v += k;
@@ -528,10 +518,10 @@ void Engine::load_state(const std::vector<StateSpan> &spans, uint64_t step, std:
 {
 	std::lock_guard call(call_mu_);
 	const struct ckpt_layout &l = img_.sb.layout;
-	if (sm_.state == CKPT_STATE_FAILED)
+	if (step_.sm.state == CKPT_STATE_FAILED)
 		fail(CKPT_E_FAILED, "the device failed earlier; no changes accepted");
-	if (sm_.state != CKPT_STATE_IDLE)
-		fail(CKPT_E_STATE, "loading state while step {} is open", sm_.open_step);
+	if (step_.sm.state != CKPT_STATE_IDLE)
+		fail(CKPT_E_STATE, "loading state while step {} is open", step_.sm.open_step);
 	if (img_.sb.committed_step != 0)
 		fail(CKPT_E_STATE, "state can be loaded only before the first step (committed step is {})",
 		     img_.sb.committed_step);
@@ -553,17 +543,13 @@ void Engine::load_state(const std::vector<StateSpan> &spans, uint64_t step, std:
 	run_batch();
 	if (batch_.error)
 		throw Error(batch_.error, batch_.message);
-	struct ckpt_sb next = img_.sb;
-	next.sequence++;
-	next.committed_step = step;
-	next.committed_slot ^= 1;
-	next.blob_len = static_cast<uint32_t>(blob.size());
-	std::memset(next.blob, 0, sizeof(next.blob));
-	if (!blob.empty())
-		std::memcpy(next.blob, blob.data(), blob.size());
-	commit_superblock(next);
+	io_message_.clear();
+	if (ckpt_step_write_sb(&step_, step, img_.sb.committed_slot ^ 1, blob.data(),
+			       static_cast<uint32_t>(blob.size())) < 0)
+		throw Error(CKPT_E_IO, io_message_.empty() ? "loading state: commit failed" : io_message_);
 	// The step machine starts over from the new commit.
-	ckpt_sm_init(&sm_, &img_.sb, claimed_.data(), applied_.data());
+	std::lock_guard lk(mu_);
+	ckpt_sm_init(&step_.sm, &img_.sb, claimed_.data(), applied_.data());
 }
 
 } // namespace ckpt

@@ -38,7 +38,7 @@ public:
 struct EngineOptions {
 	unsigned workers = 0;			// 0: one per CPU, at most 4
 	unsigned depth = 3;			// chunks in flight per worker
-	uint64_t staging_bytes = 64u << 20;	// partial-chunk gradients
+	uint64_t staging_bytes = CKPT_STAGING_DEFAULT;	// partial-chunk gradients
 };
 
 // fp32 p, exp_avg, exp_avg_sq of n params at a param offset, for load_state;
@@ -75,11 +75,6 @@ public:
 	void read_state(uint64_t offset, uint64_t n, float *p, float *m, float *v);
 
 private:
-	struct Stage {
-		int64_t chunk = -1;
-		Buffer grad;
-		std::vector<uint64_t> cover;
-	};
 	struct Job {
 		uint32_t chunk;
 		const uint16_t *grad;			// update
@@ -98,27 +93,30 @@ private:
 	void start(const std::string &path);
 	void run_batch();
 	void worker_main(Worker &w);
-	void batch_failed(const Error &e);
+	void batch_failed(const Error &e, int io_errno);
 
 	void dispatch_write(uint64_t off, const void *buf, uint64_t len);
 	void control_write(const void *buf, uint64_t len);
 	void grad_write(uint64_t off, const uint8_t *buf, uint64_t len);
 	void param_read(uint64_t off, uint8_t *buf, uint64_t len);
-	void commit_superblock(const struct ckpt_sb &next);
-	void release_stages();
-	Stage *stage_for(uint32_t chunk);
+	[[noreturn]] void refuse(int code, std::string message);
+	static const struct ckpt_step_ops ops_;
 
 	EngineOptions opts_;
 	Image img_;
-	struct ckpt_step_sm sm_ {};
+	struct ckpt_step step_ {};		// the protocol; step_.sm under mu_
 	std::vector<uint64_t> claimed_, applied_;
 	std::unique_ptr<struct ckpt_cmd> cmd_;
-	std::vector<Stage> stages_;
-	std::vector<int32_t> stage_of_;		// chunk -> stage index or -1
+	std::unique_ptr<struct ckpt_sb> spare_;
+	std::vector<struct ckpt_stage_buf> stages_;
+	std::vector<Buffer> stage_grad_;
+	std::vector<uint64_t> stage_cover_;
+	std::vector<uint32_t> stage_of_;	// chunk -> stage index or CKPT_STAGE_FREE
 	Buffer block_;				// superblock/status/bounce
 	Buffer bounce_;				// PARAM reads, read_state
-	uint64_t grad_bytes_ = 0, param_bytes_ = 0;
+	uint64_t param_bytes_ = 0;
 	uint64_t load_step_ = 0;		// the step load_state commits
+	std::string io_message_;		// why the last flush or superblock write failed
 
 	std::mutex call_mu_;			// one virtual-device call at a time
 	std::mutex mu_;				// batch hand-off and sm_ from workers
@@ -126,6 +124,7 @@ private:
 	uint64_t generation_ = 0;
 	bool stopping_ = false;
 	Batch batch_;
+	friend struct EngineOps;
 	std::vector<std::unique_ptr<Worker>> workers_;
 	std::vector<std::thread> threads_;
 };

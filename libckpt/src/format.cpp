@@ -141,38 +141,27 @@ void write_image(const BackingFile &f, const Layout::Placed &placed, const struc
 		f.pwrite_all(chunk.as(), n, l.plo_off[0] + off);
 		off += n;
 	}
-	struct ckpt_rec rec = {};
-	rec.slot = 0;
-	rec.chunk_shift = placed.geo.chunk_shift;
-	rec.step = 0;
-	rec.sequence = 1;
-	rec.data_crc = ckpt_crc32c(chunk.as() + CKPT_BLOCK, 12 * l.chunk_params);
-	if (incompat & CKPT_FEATURE_INCOMPAT_PLO_CRC)	// of zeros too
-		rec.plo_crc = ckpt_plo_crc(chunk.as() + CKPT_BLOCK, placed.geo.chunk_shift);
+	struct ckpt_sb sb;
+	uint8_t uuid[16];
+	std::random_device rd;
+	for (auto &b : uuid)
+		b = static_cast<uint8_t>(rd());
+	uuid[6] = (uuid[6] & 0x0f) | 0x40;	// RFC 4122 version 4
+	uuid[8] = (uuid[8] & 0x3f) | 0x80;
+	ckpt_sb_first(&sb, uuid, &placed.geo, &l, incompat, static_cast<uint32_t>(manifest.size()),
+		      ckpt_crc32c(manifest.data(), manifest.size()),
+		      ckpt_crc32c(placed.group_table.data(), placed.group_table.size()));
+	// The records the first superblock commits (p_lo and state of zeros).
 	for (uint32_t c = 0; c < placed.geo.n_chunks; c++) {
-		rec.chunk = c;
-		ckpt_rec_encode(&rec, chunk.as());
+		struct ckpt_rec id;
+		ckpt_rec_committed(&sb, c, &id);
+		ckpt_rec_seal(chunk.as(), chunk.as() + CKPT_BLOCK, chunk.as() + CKPT_BLOCK, &id, incompat);
 		f.pwrite_all(chunk.as(), l.record_bytes, ckpt_record_offset(&l, 0, c));
 	}
 	f.flush();
 
-	struct ckpt_sb sb = {};
-	std::random_device rd;
-	for (auto &b : sb.uuid)
-		b = static_cast<uint8_t>(rd());
-	sb.uuid[6] = (sb.uuid[6] & 0x0f) | 0x40;	// RFC 4122 version 4
-	sb.uuid[8] = (sb.uuid[8] & 0x3f) | 0x80;
-	sb.sequence = 1;
-	sb.feature_incompat = incompat;
-	sb.geo = placed.geo;
-	sb.layout = l;
-	sb.manifest_len = static_cast<uint32_t>(manifest.size());
-	sb.manifest_crc = ckpt_crc32c(manifest.data(), manifest.size());
-	sb.group_crc = ckpt_crc32c(placed.group_table.data(), placed.group_table.size());
-	sb.committed_step = 0;
-	sb.committed_slot = 0;
 	check_core(ckpt_sb_encode(&sb, zero.as()), "encode superblock");
-	f.pwrite_durable(zero.as(), CKPT_BLOCK, (sb.sequence & 1) * CKPT_BLOCK);
+	f.pwrite_durable(zero.as(), CKPT_BLOCK, ckpt_sb_offset(&sb));
 }
 
 } // namespace

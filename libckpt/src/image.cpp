@@ -205,41 +205,37 @@ std::string Image::tensors_of_chunk(uint32_t chunk) const
 	return out.empty() ? "no tensor" : out;
 }
 
-void Image::check_record(const uint8_t *block, uint32_t chunk, uint32_t slot, uint64_t step,
-			 uint64_t sequence, bool data, const uint8_t *plo) const
+void Image::check_record(const uint8_t *block, const struct ckpt_rec &want, bool data,
+			 const uint8_t *plo) const
 {
-	struct ckpt_rec want = {};
-	want.chunk = chunk;
-	want.slot = slot;
-	want.chunk_shift = sb.geo.chunk_shift;
-	want.step = step;
-	want.sequence = sequence;
 	struct ckpt_rec got;
 	const enum ckpt_rec_fault f = ckpt_rec_check(block, data ? block + CKPT_BLOCK : nullptr, plo, &want,
 						     sb.feature_incompat, &got);
 	if (f == CKPT_REC_OK)
 		return;
-	std::string what = fmt::format("{}: state record of chunk {} slot {} ({}): {}", file.path, chunk,
-				       slot, tensors_of_chunk(chunk), ckpt_rec_fault_str(f));
+	std::string what = fmt::format("{}: state record of chunk {} slot {} ({}): {}", file.path, want.chunk,
+				       want.slot, tensors_of_chunk(want.chunk), ckpt_rec_fault_str(f));
 	if (f == CKPT_REC_HEADER)
 		what += fmt::format(" ({})", ckpt_strerror(-ckpt_rec_decode(block, &got)));
 	if (f == CKPT_REC_PLACE || f == CKPT_REC_STEP)
 		what += fmt::format(" (it holds chunk {} slot {} step {} sequence {}, expected step {} "
 				    "sequence {})",
-				    got.chunk, got.slot, got.step, got.sequence, step, sequence);
+				    got.chunk, got.slot, got.step, got.sequence, want.step, want.sequence);
 	throw Error(CKPT_E_RECORD, what);
 }
 
-void Image::read_state(uint32_t slot, uint64_t step, uint64_t sequence, uint64_t offset, uint64_t n,
-		       float *p, float *m, float *v, Buffer &bounce) const
+void Image::read_state(const struct ckpt_rec &id, uint64_t offset, uint64_t n, float *p, float *m,
+		       float *v, Buffer &bounce) const
 {
 	const struct ckpt_layout &l = sb.layout;
 	if (offset >= l.n_params || n > l.n_params - offset)
 		fail(CKPT_E_RANGE, "state read of {} params at {}: out of range", n, offset);
 	const uint64_t cp = l.chunk_params;
 	for_each_piece(offset, n, cp, [&](uint32_t c, uint64_t in, uint64_t k) {
-		file.pread_all(bounce.as(), l.record_bytes, ckpt_record_offset(&l, slot, c));
-		check_record(bounce.as(), c, slot, step, sequence, true);
+		struct ckpt_rec want = id;
+		want.chunk = c;
+		file.pread_all(bounce.as(), l.record_bytes, ckpt_record_offset(&l, want.slot, c));
+		check_record(bounce.as(), want, true);
 		const auto *state = reinterpret_cast<const float *>(bounce.as() + CKPT_BLOCK);
 		std::memcpy(p, state + in, k * 4);
 		std::memcpy(m, state + cp + in, k * 4);
@@ -248,6 +244,33 @@ void Image::read_state(uint32_t slot, uint64_t step, uint64_t sequence, uint64_t
 		m += k;
 		v += k;
 	});
+}
+
+namespace {
+
+struct ckpt_rec identity(const struct ckpt_sb &sb, uint32_t chunk, uint32_t slot, uint64_t step,
+			 uint64_t sequence)
+{
+	struct ckpt_rec id;
+	ckpt_rec_committed(&sb, chunk, &id);
+	id.slot = slot;
+	id.step = step;
+	id.sequence = sequence;
+	return id;
+}
+
+} // namespace
+
+void Image::read_state(uint32_t slot, uint64_t step, uint64_t sequence, uint64_t offset, uint64_t n,
+		       float *p, float *m, float *v, Buffer &bounce) const
+{
+	read_state(identity(sb, 0, slot, step, sequence), offset, n, p, m, v, bounce);
+}
+
+void Image::check_record(const uint8_t *block, uint32_t chunk, uint32_t slot, uint64_t step,
+			 uint64_t sequence, bool data, const uint8_t *plo) const
+{
+	check_record(block, identity(sb, chunk, slot, step, sequence), data, plo);
 }
 
 } // namespace ckpt

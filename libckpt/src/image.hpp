@@ -46,16 +46,22 @@ struct Image {
 	// Writes the intact copy of the group table and of the manifest over each
 	// damaged one, flushed; returns the regions written. Needs writable.
 	unsigned repair_meta();
-	// fp32 p, m, v of n params at param offset from the records of slot,
-	// whose headers must say step and sequence; data checksums verified.
+	// fp32 p, m, v of n params at param offset from the records whose
+	// identity is id (slot, step, sequence; ckpt_rec_committed or
+	// ckpt_rec_next, its chunk field is ignored); data checksums verified.
 	// bounce holds at least one record.
+	void read_state(const struct ckpt_rec &id, uint64_t offset, uint64_t n, float *p, float *m,
+			float *v, Buffer &bounce) const;
+	// Throws CKPT_E_RECORD, naming the chunk and its tensors, unless block
+	// is the intact record header of identity want (ckpt_rec_check); with
+	// data, block holds the whole record and its data checksum must match;
+	// with plo and the PLO_CRC feature, so must the chunk's p_lo.
+	void check_record(const uint8_t *block, const struct ckpt_rec &want, bool data,
+			  const uint8_t *plo = nullptr) const;
+	// Compatibility forms naming slot, step and sequence: the records sb
+	// commits are ckpt_rec_committed's.
 	void read_state(uint32_t slot, uint64_t step, uint64_t sequence, uint64_t offset, uint64_t n,
 			float *p, float *m, float *v, Buffer &bounce) const;
-	// Throws CKPT_E_RECORD, naming the chunk and its tensors, unless block
-	// is the intact record header of chunk in slot at step and sequence
-	// (ckpt_rec_check); with data, block holds the whole record and its
-	// data checksum must match; with plo and the PLO_CRC feature, so must
-	// the chunk's p_lo.
 	void check_record(const uint8_t *block, uint32_t chunk, uint32_t slot, uint64_t step,
 			  uint64_t sequence, bool data, const uint8_t *plo = nullptr) const;
 	// The names of the tensors with params in chunk, quoted, for messages.

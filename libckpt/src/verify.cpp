@@ -18,7 +18,7 @@ namespace {
 // The step and sequence a slot's records should have; why decides on others
 // (empty: accepted as well).
 struct RecordRule {
-	uint64_t step = 0, sequence = 0;
+	struct ckpt_sb sb;	// the superblock that commits the slot's records
 	std::function<std::string(const struct ckpt_rec &)> why;
 };
 
@@ -32,8 +32,9 @@ std::string describe(const Manifest &m, uint64_t param)
 	return fmt::format("param {}", param);
 }
 
-SlotCheck check_slot(const Image &img, uint32_t slot, const RecordRule &rule)
+SlotCheck check_slot(const Image &img, const RecordRule &rule)
 {
+	const uint32_t slot = rule.sb.committed_slot;
 	const struct ckpt_layout &l = img.sb.layout;
 	const uint64_t cp = l.chunk_params;
 	SlotCheck out;
@@ -50,12 +51,8 @@ SlotCheck check_slot(const Image &img, uint32_t slot, const RecordRule &rule)
 		const uint64_t poff = ckpt_plo_offset(&l, slot, c);
 		img.file.pread_all(rec.as(), l.record_bytes, roff);
 		img.file.pread_all(plo.as(), l.plo_chunk_bytes, poff);
-		struct ckpt_rec expect = {}, r;
-		expect.chunk = c;
-		expect.slot = slot;
-		expect.chunk_shift = img.sb.geo.chunk_shift;
-		expect.step = rule.step;
-		expect.sequence = rule.sequence;
+		struct ckpt_rec expect, r;
+		ckpt_rec_committed(&rule.sb, c, &expect);
 		enum ckpt_rec_fault f = ckpt_rec_check(rec.as(), rec.as() + CKPT_BLOCK, plo.as(), &expect, img.sb.feature_incompat, &r);
 		if (f == CKPT_REC_HEADER) {
 			int ret = ckpt_rec_decode(rec.as(), &r);
@@ -175,14 +172,13 @@ SlotCheck check_committed(const Image &img)
 {
 	const struct ckpt_sb &sb = img.sb;
 	RecordRule rule;
-	rule.step = sb.committed_step;
-	rule.sequence = sb.sequence;
+	rule.sb = sb;
 	rule.why = [&](const struct ckpt_rec &r) {
 		return fmt::format("is at step {} sequence {}, the superblock commits step {} sequence {} "
 				   "(a lost or misdirected write)",
 				   r.step, r.sequence, sb.committed_step, sb.sequence);
 	};
-	return check_slot(img, sb.committed_slot, rule);
+	return check_slot(img, rule);
 }
 
 RollbackCheck check_rollback(const Image &img, const std::array<SuperblockCopy, 2> &copies)
@@ -218,8 +214,7 @@ RollbackCheck check_rollback(const Image &img, const std::array<SuperblockCopy, 
 	// Records at the previous step, committed by the previous superblock; or
 	// already stamped with the next sequence by an interrupted rollback.
 	RecordRule rule;
-	rule.step = rb.step;
-	rule.sequence = p.sequence;
+	rule.sb = p;
 	rule.why = [&](const struct ckpt_rec &r) -> std::string {
 		if (r.step == rb.step && r.sequence == sb.sequence + 1)
 			return {};
@@ -229,7 +224,7 @@ RollbackCheck check_rollback(const Image &img, const std::array<SuperblockCopy, 
 		return fmt::format("is at step {} sequence {}, not the previous step {} sequence {}", r.step,
 				   r.sequence, rb.step, p.sequence);
 	};
-	rb.records = check_slot(img, rb.slot, rule);
+	rb.records = check_slot(img, rule);
 	if (!rb.records.ok()) {
 		const Damage &d = rb.records.damage.front();
 		rb.reason = fmt::format("slot {} does not hold step {} intact: {}{}", rb.slot, rb.step, d.what,
@@ -248,26 +243,25 @@ void rollback(Image &img, const RollbackCheck &rb)
 	if (!rb.available)
 		fail(CKPT_E_STATE, "{}: cannot roll back: {}", img.file.path, rb.reason);
 	const struct ckpt_layout &l = img.sb.layout;
-	struct ckpt_sb next = img.sb;
-	next.sequence = img.sb.sequence + 1;
-	next.committed_step = rb.step;
-	next.committed_slot = rb.slot;
-	next.blob_len = rb.prev.blob_len;
-	std::memcpy(next.blob, rb.prev.blob, sizeof(next.blob));
+	struct ckpt_sb next;
+	check_core(ckpt_sb_next(&img.sb, rb.step, rb.slot, rb.prev.blob, rb.prev.blob_len, &next),
+		   "rollback superblock");
 
 	// Headers only; the slot is not the committed one, so a crash here
-	// changes nothing a reader of the current superblock sees.
+	// changes nothing a reader of the current superblock sees. Each record
+	// is re-sealed as one the next superblock commits; its checksums stay.
 	Buffer hdr(CKPT_BLOCK);
 	for (uint32_t c = 0; c < img.sb.geo.n_chunks; c++) {
 		const uint64_t off = ckpt_record_offset(&l, rb.slot, c);
 		img.file.pread_all(hdr.as(), CKPT_BLOCK, off);
-		struct ckpt_rec r;
+		struct ckpt_rec r, id;
 		check_core(ckpt_rec_decode(hdr.as(), &r), fmt::format("record of chunk {}", c));
-		if (r.sequence == next.sequence)
+		ckpt_rec_next(&img.sb, c, rb.step, &id);
+		if (r.sequence == id.sequence)
 			continue;
-		r.sequence = next.sequence;
-		std::memset(hdr.as(), 0, CKPT_BLOCK);
-		ckpt_rec_encode(&r, hdr.as());
+		id.data_crc = r.data_crc;
+		id.plo_crc = r.plo_crc;
+		ckpt_rec_seal(hdr.as(), nullptr, nullptr, &id, img.sb.feature_incompat);
 		img.file.pwrite_all(hdr.as(), CKPT_BLOCK, off);
 	}
 	img.file.flush();

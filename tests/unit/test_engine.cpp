@@ -11,6 +11,10 @@
 #include <functional>
 #include <vector>
 
+#include <csignal>
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include "device.hpp"
 #include "format.hpp"
 
@@ -262,6 +266,31 @@ TEST_F(EngineTest, CorruptStateRecordFailsTheDevice)
 	EXPECT_EQ(st.state, CKPT_STATE_FAILED);
 	EXPECT_EQ(code_of([&] { d->commit({}); }), CKPT_E_FAILED);
 	EXPECT_EQ(st.committed_step, 0u);
+}
+
+// A failed update reports the errno of the failed I/O (here EFBIG: the
+// record slot the step writes lies beyond RLIMIT_FSIZE), not a constant EIO.
+TEST_F(EngineTest, FailedWriteKeepsItsErrno)
+{
+	auto d = open();
+	const struct ckpt_layout &l = d->layout();
+	ASSERT_EQ(truncate(path_.c_str(), static_cast<off_t>(l.rec_off[1])), 0);
+	struct rlimit old_lim;
+	ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old_lim), 0);
+	struct rlimit lim = old_lim;
+	lim.rlim_cur = l.rec_off[1];
+	auto old_sig = signal(SIGXFSZ, SIG_IGN);
+	ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &lim), 0);
+	std::vector<uint16_t> g(l.n_params, 0x3c00);
+	d->begin(groups(), 1.0);
+	const int code = code_of([&] { d->write_grad_window(0, g.data(), l.window_bytes); });
+	setrlimit(RLIMIT_FSIZE, &old_lim);
+	signal(SIGXFSZ, old_sig);
+	EXPECT_EQ(code, CKPT_E_IO);
+	struct ckpt_status st = d->status();
+	EXPECT_EQ(st.state, CKPT_STATE_FAILED);
+	EXPECT_EQ(st.first_io_error, static_cast<uint32_t>(EFBIG));
+	EXPECT_EQ(st.commands_rejected, 0u) << "an I/O failure is not a refused command";
 }
 
 // Bit rot in committed state must not become new committed state with a

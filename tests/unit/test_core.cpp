@@ -1,0 +1,848 @@
+// SPDX-License-Identifier: MIT
+// The protocol rules the core owns and both targets call: record identity
+// and sealing, the next superblock, status counters and line, hyperparameter
+// fields, the gradient-write plan and command execution.
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <cstdio>
+#include <algorithm>
+#include <cstring>
+#include <iterator>
+#include <utility>
+#include <memory>
+#include <string>
+#include <random>
+#include <vector>
+
+#include "core_test_util.hpp"
+
+extern "C" {
+#include "ckpt_step.h"
+}
+
+namespace {
+
+// A valid superblock of a small image (8 chunks of 2048 params, 2 groups).
+ckpt_sb small_sb(uint32_t incompat = CKPT_FEATURE_INCOMPAT_DEFAULT)
+{
+	ckpt_geometry g{};
+	g.n_chunks = 8;
+	g.chunk_shift = CKPT_MIN_CHUNK_SHIFT;
+	g.n_groups = 2;
+	g.dtype = CKPT_DTYPE_BF16;
+	g.optimizer = CKPT_OPT_ADAM;
+	g.manifest_bytes = CKPT_BLOCK;
+	ckpt_layout l{};
+	EXPECT_EQ(ckpt_layout_compute_features(&g, incompat, &l), 0);
+	const uint8_t uuid[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+	ckpt_sb sb;
+	ckpt_sb_first(&sb, uuid, &g, &l, incompat, 10, 0x1234, 0x5678);
+	return sb;
+}
+
+} // namespace
+
+// ---------------------------------------------------------------- records
+
+TEST(CoreRecord, IdentityOfCommittedAndNext)
+{
+	ckpt_sb sb = small_sb();
+	sb.sequence = 41;
+	sb.committed_step = 17;
+	sb.committed_slot = 1;
+	ckpt_rec id;
+	std::memset(&id, 0xaa, sizeof(id));
+	ckpt_rec_committed(&sb, 5, &id);
+	EXPECT_EQ(id.chunk, 5u);
+	EXPECT_EQ(id.slot, 1u);
+	EXPECT_EQ(id.chunk_shift, CKPT_MIN_CHUNK_SHIFT);
+	EXPECT_EQ(id.step, 17u);
+	EXPECT_EQ(id.sequence, 41u);
+	EXPECT_EQ(id.data_crc, 0u);
+	EXPECT_EQ(id.plo_crc, 0u);
+	ckpt_rec_next(&sb, 6, 18, &id);
+	EXPECT_EQ(id.chunk, 6u);
+	EXPECT_EQ(id.slot, 0u);
+	EXPECT_EQ(id.step, 18u);
+	EXPECT_EQ(id.sequence, 42u);
+}
+
+TEST(CoreRecord, SealThenCheckRoundTrip)
+{
+	for (uint32_t incompat : {0u, unsigned(CKPT_FEATURE_INCOMPAT_DEFAULT)}) {
+		ckpt_sb sb = small_sb(incompat);
+		const size_t cp = size_t(1) << sb.geo.chunk_shift;
+		std::mt19937 rng(incompat + 1);
+		std::vector<uint8_t> rec(CKPT_BLOCK + 12 * cp, 0xcc), plo(2 * cp);
+		for (size_t i = CKPT_BLOCK; i < rec.size(); i++)
+			rec[i] = uint8_t(rng());
+		for (auto &x : plo)
+			x = uint8_t(rng());
+		ckpt_rec id, got;
+		ckpt_rec_next(&sb, 3, 1, &id);
+		ckpt_rec_seal(rec.data(), rec.data() + CKPT_BLOCK, plo.data(), &id, incompat);
+		for (size_t i = sizeof(ckpt_rec_disk); i < CKPT_BLOCK; i++)
+			ASSERT_EQ(rec[i], 0) << "header block not zeroed at " << i;
+		EXPECT_EQ(ckpt_rec_check(rec.data(), rec.data() + CKPT_BLOCK, plo.data(), &id, incompat, &got),
+			  CKPT_REC_OK);
+		EXPECT_EQ(got.data_crc, ckpt_crc32c(rec.data() + CKPT_BLOCK, 12 * cp));
+		EXPECT_EQ(got.plo_crc, incompat ? ckpt_plo_crc(plo.data(), sb.geo.chunk_shift) : 0u);
+		// After the commit, the same record is the committed one.
+		ckpt_sb next;
+		ASSERT_EQ(ckpt_sb_next(&sb, 1, sb.committed_slot ^ 1, nullptr, 0, &next), 0);
+		ckpt_rec want;
+		ckpt_rec_committed(&next, 3, &want);
+		EXPECT_EQ(ckpt_rec_check(rec.data(), rec.data() + CKPT_BLOCK, plo.data(), &want, incompat, &got),
+			  CKPT_REC_OK);
+		// ... but not the committed record of the superblock before it.
+		ckpt_rec_committed(&sb, 3, &want);
+		EXPECT_EQ(ckpt_rec_check(rec.data(), nullptr, nullptr, &want, incompat, &got), CKPT_REC_PLACE);
+		// A flipped data bit is caught.
+		rec[CKPT_BLOCK + 100] ^= 4;
+		ckpt_rec_committed(&next, 3, &want);
+		EXPECT_EQ(ckpt_rec_check(rec.data(), rec.data() + CKPT_BLOCK, plo.data(), &want, incompat, &got),
+			  CKPT_REC_DATA);
+	}
+}
+
+TEST(CoreRecord, ResealWithoutDataKeepsTheChecksums)
+{
+	ckpt_sb sb = small_sb();
+	std::vector<uint8_t> a(CKPT_BLOCK), b(CKPT_BLOCK);
+	ckpt_rec id;
+	ckpt_rec_next(&sb, 2, 1, &id);
+	id.data_crc = 0xdeadbeef;
+	id.plo_crc = 0x01020304;
+	ckpt_rec_seal(a.data(), nullptr, nullptr, &id, CKPT_FEATURE_INCOMPAT_PLO_CRC);
+	ckpt_rec got;
+	ASSERT_EQ(ckpt_rec_decode(a.data(), &got), 0);
+	EXPECT_EQ(got.data_crc, 0xdeadbeefu);
+	EXPECT_EQ(got.plo_crc, 0x01020304u);
+	// Without PLO_CRC the field is zero whatever id says.
+	ckpt_rec_seal(b.data(), nullptr, nullptr, &id, 0);
+	ASSERT_EQ(ckpt_rec_decode(b.data(), &got), 0);
+	EXPECT_EQ(got.plo_crc, 0u);
+	// The same identity and checksums give the same bytes as the encoder.
+	ckpt_rec r = id;
+	std::vector<uint8_t> c(CKPT_BLOCK, 0x55);
+	ckpt_rec_encode(&r, c.data());
+	EXPECT_EQ(a, c);
+}
+
+// ---------------------------------------------------------------- superblock
+
+TEST(CoreSuperblock, FirstIsCopyOneAtStepZero)
+{
+	ckpt_sb sb = small_sb();
+	EXPECT_EQ(sb.sequence, 1u);
+	EXPECT_EQ(ckpt_sb_offset(&sb), CKPT_BLOCK);
+	EXPECT_EQ(sb.committed_step, 0u);
+	EXPECT_EQ(sb.committed_slot, 0u);
+	EXPECT_EQ(sb.blob_len, 0u);
+	EXPECT_EQ(sb.feature_incompat, CKPT_FEATURE_INCOMPAT_DEFAULT);
+	EXPECT_EQ(sb.manifest_len, 10u);
+	EXPECT_EQ(sb.manifest_crc, 0x1234u);
+	EXPECT_EQ(sb.group_crc, 0x5678u);
+	// It encodes and decodes back.
+	std::vector<uint8_t> block(CKPT_BLOCK);
+	ASSERT_EQ(ckpt_sb_encode(&sb, block.data()), 0);
+	ckpt_sb back;
+	ASSERT_EQ(ckpt_sb_decode(block.data(), sb.layout.dev_bytes, &back), 0);
+	EXPECT_EQ(back.sequence, 1u);
+}
+
+TEST(CoreSuperblock, NextOfAKnownSuperblock)
+{
+	ckpt_sb cur = small_sb();
+	cur.sequence = 9;
+	cur.committed_step = 4;
+	cur.committed_slot = 1;
+	cur.blob_len = 5;
+	std::memcpy(cur.blob, "hello", 5);
+	std::memset(cur.blob + 5, 0x77, 20);	// garbage past blob_len must not survive
+	const uint8_t blob[3] = {'a', 'b', 'c'};
+	ckpt_sb next;
+	std::memset(&next, 0xee, sizeof(next));
+	ASSERT_EQ(ckpt_sb_next(&cur, 5, 0, blob, 3, &next), 0);
+	EXPECT_EQ(next.sequence, 10u);
+	EXPECT_EQ(next.committed_step, 5u);
+	EXPECT_EQ(next.committed_slot, 0u);
+	EXPECT_EQ(next.blob_len, 3u);
+	EXPECT_EQ(std::memcmp(next.blob, "abc", 3), 0);
+	for (size_t i = 3; i < CKPT_BLOB_MAX; i++)
+		ASSERT_EQ(next.blob[i], 0) << i;
+	EXPECT_EQ(ckpt_sb_next_offset(&cur), ckpt_sb_offset(&next));
+	// Everything else is cur's.
+	ckpt_sb expect = cur;
+	expect.sequence = 10;
+	expect.committed_step = 5;
+	expect.committed_slot = 0;
+	expect.blob_len = 3;
+	std::memset(expect.blob, 0, sizeof(expect.blob));
+	std::memcpy(expect.blob, "abc", 3);
+	EXPECT_EQ(std::memcmp(&expect, &next, sizeof(next)), 0);
+	// In place, with the blob taken from cur itself.
+	ckpt_sb same = cur;
+	ASSERT_EQ(ckpt_sb_next(&same, 5, 0, same.blob, 5, &same), 0);
+	EXPECT_EQ(same.sequence, 10u);
+	EXPECT_EQ(std::memcmp(same.blob, "hello", 5), 0);
+	EXPECT_EQ(same.blob[5], 0);
+}
+
+TEST(CoreSuperblock, NextRefusesBadInputUnchanged)
+{
+	ckpt_sb cur = small_sb(), next = small_sb();
+	next.sequence = 1234;
+	const ckpt_sb before = next;
+	std::vector<uint8_t> big(CKPT_BLOB_MAX + 1);
+	EXPECT_EQ(ckpt_sb_next(&cur, 1, 1, big.data(), CKPT_BLOB_MAX + 1, &next), -CKPT_E_BLOB);
+	EXPECT_EQ(ckpt_sb_next(&cur, 1, 2, nullptr, 0, &next), -CKPT_E_INVAL);
+	EXPECT_EQ(ckpt_sb_next(&cur, 1, 1, nullptr, 4, &next), -CKPT_E_INVAL);
+	EXPECT_EQ(std::memcmp(&before, &next, sizeof(next)), 0);
+}
+
+// ---------------------------------------------------------------- status
+
+namespace {
+
+// The dm INFO line as kmod/dm-ckpt-target.c printed it before the core did.
+std::string kernel_line(const ckpt_counters &k, uint32_t n_chunks)
+{
+	char buf[CKPT_STATUS_LINE_MAX];
+	snprintf(buf, sizeof(buf), "%s %llu %llu %llu/%u %u %s %u %u %llu %llu %llu %llu %llu %llu %llu",
+		 ckpt_state_name(k.state), (unsigned long long)k.committed_step,
+		 (unsigned long long)k.open_step, (unsigned long long)k.chunks_done, n_chunks, k.overflow,
+		 ckpt_result_name(k.last_result), k.last_error, k.first_io_error,
+		 (unsigned long long)k.steps_committed, (unsigned long long)k.steps_skipped,
+		 (unsigned long long)k.steps_aborted, (unsigned long long)k.commands_rejected,
+		 (unsigned long long)k.grad_bytes, (unsigned long long)k.param_bytes,
+		 (unsigned long long)k.io_errors);
+	return buf;
+}
+
+ckpt_counters random_counters(std::mt19937_64 &rng, uint32_t *n_chunks)
+{
+	auto pick = [&]() -> uint64_t {
+		switch (rng() % 4) {
+		case 0: return 0;
+		case 1: return rng() % 10;
+		case 2: return ~0ull - rng() % 3;
+		default: return rng();
+		}
+	};
+	ckpt_counters k{};
+	k.state = uint32_t(rng() % CKPT_STATE_MAX);
+	k.committed_step = pick();
+	k.open_step = pick();
+	*n_chunks = uint32_t(pick()) | 1;
+	k.chunks_done = pick() % (uint64_t(*n_chunks) + 1);
+	k.overflow = uint32_t(pick());
+	k.last_result = uint32_t(rng() % CKPT_RESULT_MAX);
+	k.last_error = uint32_t(pick());
+	k.first_io_error = uint32_t(pick());
+	k.steps_committed = pick();
+	k.steps_skipped = pick();
+	k.steps_aborted = pick();
+	k.commands_rejected = pick();
+	k.grad_bytes = pick();
+	k.param_bytes = pick();
+	k.io_errors = pick();
+	return k;
+}
+
+} // namespace
+
+TEST(CoreStatus, CountersFromTheStepMachine)
+{
+	ckpt_sb sb = small_sb();
+	sb.committed_step = 6;
+	sb.committed_slot = 1;
+	std::vector<uint64_t> claimed(1), applied(1);
+	ckpt_step_sm sm;
+	ckpt_sm_init(&sm, &sb, claimed.data(), applied.data());
+	ckpt_cmd begin{};
+	begin.opcode = CKPT_OP_BEGIN;
+	begin.step = 7;
+	begin.n_groups = 2;
+	begin.grad_scale = f32(1.0f);
+	begin.groups[0] = test_hparams(0);
+	begin.groups[1] = test_hparams(1);
+	ASSERT_EQ(ckpt_sm_begin(&sm, &begin), 0);
+	ASSERT_EQ(ckpt_sm_claim(&sm, 2), 0);
+	ckpt_sm_applied(&sm, 2, true, false);
+	ckpt_sm_rejected(&sm, CKPT_E_TWICE);
+	ckpt_counters k;
+	ckpt_sm_counters(&sm, 111, 222, &k);
+	EXPECT_EQ(k.state, uint32_t(CKPT_STATE_OPEN));
+	EXPECT_EQ(k.committed_step, 6u);
+	EXPECT_EQ(k.open_step, 7u);
+	EXPECT_EQ(k.chunks_done, 1u);
+	EXPECT_EQ(k.overflow, 1u);
+	EXPECT_EQ(k.last_result, uint32_t(CKPT_RESULT_REJECTED));
+	EXPECT_EQ(k.last_error, uint32_t(CKPT_E_TWICE));
+	EXPECT_EQ(k.commands_rejected, 1u);
+	EXPECT_EQ(k.grad_bytes, 111u);
+	EXPECT_EQ(k.param_bytes, 222u);
+	EXPECT_EQ(k.committed_slot, 1u);
+	char line[CKPT_STATUS_LINE_MAX];
+	ASSERT_GT(ckpt_status_line(&k, 8, line, sizeof(line)), 0);
+	EXPECT_STREQ(line, "open 6 7 1/8 1 rejected 16 0 0 0 0 1 111 222 0");
+	// Outside an open step the step's counters read 0; the status page agrees.
+	ckpt_cmd abort{};
+	abort.opcode = CKPT_OP_ABORT;
+	ASSERT_EQ(ckpt_sm_abort(&sm, &abort), 0);
+	ckpt_sm_counters(&sm, 0, 0, &k);
+	EXPECT_EQ(k.open_step, 0u);
+	EXPECT_EQ(k.chunks_done, 0u);
+	EXPECT_EQ(k.overflow, 0u);
+	auto st = std::make_unique<ckpt_status>();
+	ckpt_sm_status(&sm, &sb, st.get());
+	EXPECT_EQ(st->steps_aborted, 1u);
+	EXPECT_EQ(st->committed_slot, 1u);
+	EXPECT_EQ(st->geo.n_chunks, 8u);
+}
+
+TEST(CoreStatus, LineIsTheKernelsAndParsesBack)
+{
+	std::mt19937_64 rng(11);
+	for (int i = 0; i < 2000; i++) {
+		uint32_t n;
+		const ckpt_counters k = random_counters(rng, &n);
+		char line[CKPT_STATUS_LINE_MAX];
+		const int len = ckpt_status_line(&k, n, line, sizeof(line));
+		ASSERT_GT(len, 0);
+		ASSERT_EQ(std::string(line), kernel_line(k, n));
+		ckpt_counters back;
+		uint32_t n_back = 0;
+		std::memset(&back, 0x5a, sizeof(back));
+		ASSERT_EQ(ckpt_status_line_parse(line, uint32_t(len), &back, &n_back), 0) << line;
+		EXPECT_EQ(n_back, n);
+		ckpt_counters want = k;
+		want.committed_slot = 0;
+		ASSERT_EQ(std::memcmp(&back, &want, sizeof(want)), 0) << line;
+		// One trailing newline is fine (dmsetup prints one).
+		std::string nl = std::string(line) + "\n";
+		ASSERT_EQ(ckpt_status_line_parse(nl.c_str(), uint32_t(nl.size()), &back, &n_back), 0);
+	}
+}
+
+TEST(CoreStatus, LineDoesNotOverrun)
+{
+	std::mt19937_64 rng(12);
+	uint32_t n;
+	const ckpt_counters k = random_counters(rng, &n);
+	char full[CKPT_STATUS_LINE_MAX];
+	const int len = ckpt_status_line(&k, n, full, sizeof(full));
+	ASSERT_GT(len, 0);
+	for (uint32_t size = 0; size <= uint32_t(len) + 1; size++) {
+		std::vector<char> buf(size + 8, '#');
+		const int r = ckpt_status_line(&k, n, buf.data(), size);
+		if (size > uint32_t(len)) {
+			EXPECT_EQ(r, len);
+			EXPECT_STREQ(buf.data(), full);
+		} else {
+			EXPECT_EQ(r, -CKPT_E_INVAL) << size;
+			if (size) {
+				EXPECT_EQ(buf[0], '\0');
+			}
+		}
+		for (size_t i = size; i < buf.size(); i++)
+			ASSERT_EQ(buf[i], '#') << "wrote past " << size;
+	}
+}
+
+TEST(CoreStatus, HostileLinesAreRefusedUnchanged)
+{
+	const std::string good = "idle 3 0 0/8 0 committed 0 0 3 0 0 0 4096 8192 0";
+	ckpt_counters k;
+	uint32_t n = 77;
+	ASSERT_EQ(ckpt_status_line_parse(good.c_str(), uint32_t(good.size()), &k, &n), 0);
+	EXPECT_EQ(n, 8u);
+	EXPECT_EQ(k.grad_bytes, 4096u);
+	const char *bad[] = {
+		"",
+		"\n",
+		" idle 3 0 0/8 0 committed 0 0 3 0 0 0 4096 8192 0",
+		"idle 3 0 0/8 0 committed 0 0 3 0 0 0 4096 8192 0 ",
+		"idle  3 0 0/8 0 committed 0 0 3 0 0 0 4096 8192 0",
+		"idle 3 0 0/8 0 committed 0 0 3 0 0 0 4096 8192",
+		"idle 3 0 0/8 0 committed 0 0 3 0 0 0 4096 8192 0 0",
+		"idle 3 0 0/8 0 committed 0 0 3 0 0 0 4096 8192 0\n\n",
+		"idle\t3 0 0/8 0 committed 0 0 3 0 0 0 4096 8192 0",
+		"IDLE 3 0 0/8 0 committed 0 0 3 0 0 0 4096 8192 0",
+		"idler 3 0 0/8 0 committed 0 0 3 0 0 0 4096 8192 0",
+		"unknown 3 0 0/8 0 committed 0 0 3 0 0 0 4096 8192 0",
+		"idle 3 0 0/8 0 commit 0 0 3 0 0 0 4096 8192 0",
+		"idle 3 0 0/8 0 committedx 0 0 3 0 0 0 4096 8192 0",
+		"idle -3 0 0/8 0 committed 0 0 3 0 0 0 4096 8192 0",
+		"idle +3 0 0/8 0 committed 0 0 3 0 0 0 4096 8192 0",
+		"idle 03 0 0/8 0 committed 0 0 3 0 0 0 4096 8192 0",
+		"idle 3x 0 0/8 0 committed 0 0 3 0 0 0 4096 8192 0",
+		"idle 0x3 0 0/8 0 committed 0 0 3 0 0 0 4096 8192 0",
+		"idle 18446744073709551616 0 0/8 0 committed 0 0 3 0 0 0 4096 8192 0",
+		"idle 3 0 0/8 4294967296 committed 0 0 3 0 0 0 4096 8192 0",
+		"idle 3 0 0/4294967296 0 committed 0 0 3 0 0 0 4096 8192 0",
+		"idle 3 0 9/8 0 committed 0 0 3 0 0 0 4096 8192 0",
+		"idle 3 0 0 0 committed 0 0 3 0 0 0 4096 8192 0",
+		"idle 3 0 0/ 0 committed 0 0 3 0 0 0 4096 8192 0",
+		"idle 3 0 /8 0 committed 0 0 3 0 0 0 4096 8192 0",
+		"idle 3 0 0//8 0 committed 0 0 3 0 0 0 4096 8192 0",
+		"idle 3 0 0/8/8 0 committed 0 0 3 0 0 0 4096 8192 0",
+		"idle 3 0 0/8 0 0 0 0 3 0 0 0 4096 8192 0",
+		"idle 3 0 0/8 0 committed 0 0 3 0 0 0 4096 8192 0\r",
+	};
+	for (const char *s : bad) {
+		ckpt_counters before;
+		std::memset(&before, 0x33, sizeof(before));
+		ckpt_counters got = before;
+		uint32_t n_got = 99;
+		EXPECT_EQ(ckpt_status_line_parse(s, uint32_t(std::strlen(s)), &got, &n_got), -CKPT_E_INVAL)
+			<< "'" << s << "'";
+		EXPECT_EQ(std::memcmp(&got, &before, sizeof(got)), 0) << s;
+		EXPECT_EQ(n_got, 99u) << s;
+	}
+	// len bounds the read: a line cut short is refused, bytes past len never read.
+	EXPECT_EQ(ckpt_status_line_parse(good.c_str(), uint32_t(good.size() - 2), &k, &n), -CKPT_E_INVAL);
+	std::string more = good + " 5";
+	EXPECT_EQ(ckpt_status_line_parse(more.c_str(), uint32_t(good.size()), &k, &n), 0);
+	EXPECT_EQ(ckpt_status_line_parse(nullptr, 10, &k, &n), -CKPT_E_INVAL);
+	// Random bytes never crash and are (nearly always) refused.
+	std::mt19937_64 rng(13);
+	for (int i = 0; i < 20000; i++) {
+		std::string s = good;
+		for (int j = 0, m = 1 + int(rng() % 4); j < m; j++)
+			s[rng() % s.size()] = char(rng());
+		ckpt_status_line_parse(s.data(), uint32_t(s.size()), &k, &n);
+	}
+}
+
+// ---------------------------------------------------------------- hparams
+
+TEST(CoreHparams, FieldOrderAndBytesAreTheList)
+{
+	// struct ckpt_hparams is the CKPT_HPARAMS list, 4 bytes apart.
+	const char *names[] = {
+#define NAME(f, range) #f,
+		CKPT_HPARAMS(NAME)
+#undef NAME
+	};
+	ASSERT_EQ(sizeof(names) / sizeof(names[0]), size_t(CKPT_HPARAMS_N));
+	EXPECT_EQ(CKPT_HPARAMS_N, 11);
+	EXPECT_EQ(offsetof(ckpt_hparams, lr), 0u);
+	EXPECT_EQ(offsetof(ckpt_hparams, flags), 40u);
+	EXPECT_EQ(offsetof(ckpt_hparams_disk, reserved), 44u);
+	// Each field alone out of range is reported by its name, in list order.
+	for (int i = 0; i < CKPT_HPARAMS_N; i++) {
+		ckpt_hparams h = test_hparams(0);
+		uint32_t *w = reinterpret_cast<uint32_t *>(&h);
+		w[i] = 0x7fc00000u;	// NaN: bad for every float field
+		if (i == CKPT_HPARAMS_N - 1)
+			w[i] = 0x80;	// unknown flag
+		const char *field = nullptr;
+		EXPECT_EQ(ckpt_hparams_check(&h, &field), -CKPT_E_HPARAM) << names[i];
+		EXPECT_STREQ(field, names[i]);
+		// With every later field bad too, the first one is named.
+		for (int j = i + 1; j < CKPT_HPARAMS_N; j++)
+			w[j] = 0xff800000u;
+		field = nullptr;
+		EXPECT_EQ(ckpt_hparams_check(&h, &field), -CKPT_E_HPARAM);
+		EXPECT_STREQ(field, names[i]);
+	}
+	ckpt_hparams ok = test_hparams(1);
+	const char *field = "untouched";
+	EXPECT_EQ(ckpt_hparams_check(&ok, &field), 0);
+	EXPECT_STREQ(field, "untouched");
+}
+
+TEST(CoreHparams, CommandCarriesFieldsInListOrder)
+{
+	ckpt_cmd cmd{};
+	cmd.opcode = CKPT_OP_BEGIN;
+	cmd.step = 1;
+	cmd.n_groups = 1;
+	cmd.grad_scale = f32(1.0f);
+	uint32_t *w = reinterpret_cast<uint32_t *>(&cmd.groups[0]);
+	for (int i = 0; i < CKPT_HPARAMS_N; i++)
+		w[i] = 0x01010101u * uint32_t(i + 1);
+	std::vector<uint8_t> buf(CKPT_BLOCK);
+	const int len = ckpt_cmd_encode(&cmd, buf.data());
+	ASSERT_EQ(len, int(sizeof(ckpt_cmd_disk) + sizeof(ckpt_hparams_disk)));
+	const uint8_t *hp = buf.data() + sizeof(ckpt_cmd_disk);
+	for (int i = 0; i < CKPT_HPARAMS_N; i++) {
+		uint32_t le = uint32_t(hp[4 * i]) | uint32_t(hp[4 * i + 1]) << 8 |
+			      uint32_t(hp[4 * i + 2]) << 16 | uint32_t(hp[4 * i + 3]) << 24;
+		EXPECT_EQ(le, w[i]) << i;
+	}
+	for (int i = 4 * CKPT_HPARAMS_N; i < int(sizeof(ckpt_hparams_disk)); i++)
+		EXPECT_EQ(hp[i], 0) << "reserved byte " << i;
+	auto back = std::make_unique<ckpt_cmd>();
+	ASSERT_EQ(ckpt_cmd_decode(buf.data(), uint32_t(len), back.get()), 0);
+	EXPECT_EQ(std::memcmp(&back->groups[0], &cmd.groups[0], sizeof(ckpt_hparams)), 0);
+}
+
+TEST(CoreHparams, FromWords)
+{
+	uint32_t words[CKPT_HPARAMS_N + 1];
+	for (int i = 0; i <= CKPT_HPARAMS_N; i++)
+		words[i] = uint32_t(100 + i);
+	ckpt_hparams h;
+	ASSERT_EQ(ckpt_hparams_from_words(&h, words, CKPT_HPARAMS_N), 0);
+	EXPECT_EQ(h.lr, 100u);
+	EXPECT_EQ(h.bc2_sqrt, 108u);
+	EXPECT_EQ(h.flags, 110u);
+	ASSERT_EQ(ckpt_hparams_from_words(&h, words, CKPT_HPARAMS_N - 1), 0);
+	EXPECT_EQ(h.decay, 109u);
+	EXPECT_EQ(h.flags, 0u);
+	const ckpt_hparams before = h;
+	EXPECT_EQ(ckpt_hparams_from_words(&h, words, CKPT_HPARAMS_N + 1), -CKPT_E_INVAL);
+	EXPECT_EQ(ckpt_hparams_from_words(&h, words, CKPT_HPARAMS_N - 2), -CKPT_E_INVAL);
+	EXPECT_EQ(ckpt_hparams_from_words(&h, words, 0), -CKPT_E_INVAL);
+	EXPECT_EQ(ckpt_hparams_from_words(&h, nullptr, CKPT_HPARAMS_N), -CKPT_E_INVAL);
+	EXPECT_EQ(std::memcmp(&h, &before, sizeof(h)), 0);
+}
+
+// ---------------------------------------------------------------- step protocol
+
+namespace {
+
+// A host that records what the core asks of it.
+struct FakeHost {
+	int locked = 0, max_locked = 0;
+	int drains = 0, flushes = 0;
+	int flush_ret = 0, write_ret = 0;
+	std::vector<std::pair<uint64_t, std::vector<uint8_t>>> sb_writes;
+	std::vector<std::pair<uint32_t, std::vector<uint8_t>>> dispatched;	// chunk, grads
+	int batches = 0;
+	bool op_under_lock = false;
+
+	void check_unlocked()
+	{
+		if (locked)
+			op_under_lock = true;
+	}
+};
+
+struct Src {
+	const uint8_t *p;
+};
+
+FakeHost &host_of(void *h) { return *static_cast<FakeHost *>(h); }
+
+const ckpt_step_ops fake_ops = {
+	.lock = [](void *h) { host_of(h).locked++; host_of(h).max_locked = std::max(host_of(h).max_locked, host_of(h).locked); },
+	.unlock = [](void *h) { host_of(h).locked--; },
+	.drain = [](void *h) { host_of(h).check_unlocked(); host_of(h).drains++; },
+	.flush = [](void *h) { host_of(h).check_unlocked(); host_of(h).flushes++; return host_of(h).flush_ret; },
+	.write_sb =
+		[](void *h, const void *block, uint64_t off) {
+			FakeHost &f = host_of(h);
+			f.check_unlocked();
+			if (f.write_ret)
+				return f.write_ret;
+			auto *b = static_cast<const uint8_t *>(block);
+			f.sb_writes.push_back({off, std::vector<uint8_t>(b, b + CKPT_BLOCK)});
+			return 0;
+		},
+	.copy =
+		[](void *h, void *src, void *dst, uint64_t n) {
+			host_of(h).check_unlocked();
+			auto *s = static_cast<Src *>(src);
+			std::memcpy(dst, s->p, n);
+			s->p += n;
+		},
+	.dispatch =
+		[](void *h, void *src, uint32_t chunk, const void *grad) {
+			FakeHost &f = host_of(h);
+			f.check_unlocked();
+			const uint64_t cb = 2u << CKPT_MIN_CHUNK_SHIFT;
+			auto *s = static_cast<Src *>(src);
+			const uint8_t *g = static_cast<const uint8_t *>(grad);
+			if (!g) {
+				g = s->p;
+				s->p += cb;
+			}
+			f.dispatched.push_back({chunk, std::vector<uint8_t>(g, g + cb)});
+			return 0;
+		},
+	.dispatched = [](void *h, void *) { host_of(h).check_unlocked(); host_of(h).batches++; return 0; },
+};
+
+// A step protocol over small_sb() with its memory, as a host would allocate it.
+struct Proto {
+	FakeHost host;
+	ckpt_sb sb = small_sb();
+	std::unique_ptr<ckpt_sb> spare = std::make_unique<ckpt_sb>();
+	std::unique_ptr<ckpt_cmd> cmd = std::make_unique<ckpt_cmd>();
+	std::vector<uint64_t> claimed, applied, cover;
+	std::vector<ckpt_stage_buf> stages;
+	std::vector<std::vector<uint8_t>> grads;
+	std::vector<uint32_t> stage_of;
+	std::vector<uint8_t> block = std::vector<uint8_t>(CKPT_BLOCK);
+	ckpt_step cs{};
+	uint64_t cb;
+
+	explicit Proto(uint64_t staging)
+	{
+		cb = sb.layout.plo_chunk_bytes;
+		const uint32_t n = sb.geo.n_chunks;
+		const uint32_t n_stages = ckpt_stage_count(staging, cb, n);
+		const uint64_t words = ckpt_bitmap_words(cb / CKPT_SECTOR);
+		claimed.assign(ckpt_bitmap_words(n), 0);
+		applied.assign(ckpt_bitmap_words(n), 0);
+		cover.assign(n_stages * words, 0);
+		stages.resize(n_stages);
+		grads.assign(n_stages, std::vector<uint8_t>(cb));
+		for (uint32_t i = 0; i < n_stages; i++) {
+			stages[i].cover = cover.data() + i * words;
+			stages[i].grad = grads[i].data();
+		}
+		stage_of.resize(n);
+		ckpt_step_mem mem{};
+		mem.claimed = claimed.data();
+		mem.applied = applied.data();
+		mem.stages = stages.data();
+		mem.n_stages = n_stages;
+		mem.stage_of = stage_of.data();
+		mem.spare = spare.get();
+		mem.block = block.data();
+		mem.cmd = cmd.get();
+		ckpt_step_init(&cs, &fake_ops, &host, &sb, &mem);
+	}
+
+	int command(uint32_t op, uint64_t step, const char *blob = "")
+	{
+		ckpt_cmd c{};
+		c.opcode = op;
+		c.step = step;
+		if (op == CKPT_OP_BEGIN) {
+			c.n_groups = 2;
+			c.grad_scale = f32(1.0f);
+			c.groups[0] = test_hparams(0);
+			c.groups[1] = test_hparams(1);
+		}
+		if (op == CKPT_OP_COMMIT) {
+			c.blob_len = uint32_t(std::strlen(blob));
+			std::memcpy(c.blob, blob, c.blob_len);
+		}
+		std::vector<uint8_t> buf(CKPT_BLOCK);
+		const int len = ckpt_cmd_encode(&c, buf.data());
+		EXPECT_GT(len, 0);
+		return ckpt_step_command(&cs, buf.data(), uint32_t(len));
+	}
+
+	int grad(uint64_t off, const std::vector<uint8_t> &g)
+	{
+		Src src{g.data()};
+		return ckpt_step_grad_write(&cs, off, g.size(), &src);
+	}
+
+	// Everything a refused call must leave as it was.
+	std::vector<uint8_t> snapshot() const
+	{
+		std::vector<uint8_t> s;
+		auto add = [&](const void *p, size_t n) {
+			auto *b = static_cast<const uint8_t *>(p);
+			s.insert(s.end(), b, b + n);
+		};
+		ckpt_step_sm sm = cs.sm;
+		sm.last_error = 0;	// the refusal is recorded, nothing else
+		sm.last_result = 0;
+		sm.commands_rejected = 0;
+		add(&sm, sizeof(sm));
+		add(&cs.grad_bytes, sizeof(cs.grad_bytes));
+		add(&cs.free_stages, sizeof(cs.free_stages));
+		add(claimed.data(), claimed.size() * 8);
+		add(applied.data(), applied.size() * 8);
+		add(cover.data(), cover.size() * 8);
+		for (const auto &g : grads)
+			add(g.data(), g.size());
+		for (const auto &st : stages)
+			add(&st.chunk, sizeof(st.chunk));
+		add(stage_of.data(), stage_of.size() * 4);
+		add(&sb, sizeof(sb));
+		return s;
+	}
+
+	// Complete every dispatched chunk, as the host's updates would.
+	void apply_all()
+	{
+		for (auto &d : host.dispatched)
+			ckpt_sm_applied(&cs.sm, d.first, false, true);
+	}
+};
+
+std::vector<uint8_t> pattern(size_t n, uint8_t seed)
+{
+	std::vector<uint8_t> v(n);
+	for (size_t i = 0; i < n; i++)
+		v[i] = uint8_t(seed + i * 7);
+	return v;
+}
+
+} // namespace
+
+TEST(CoreProtocol, StageCountRule)
+{
+	EXPECT_EQ(ckpt_stage_count(CKPT_STAGING_DEFAULT, 4096, 100000), 16384u);
+	EXPECT_EQ(ckpt_stage_count(CKPT_STAGING_DEFAULT, 4096, 100), 100u);
+	EXPECT_EQ(ckpt_stage_count(0, 4096, 100), 2u);
+	EXPECT_EQ(ckpt_stage_count(1 << 20, 8 << 20, 100), 2u);
+	EXPECT_EQ(ckpt_stage_count(CKPT_STAGING_DEFAULT, 4096, 1), 2u);
+	EXPECT_EQ(ckpt_stage_count(~0ull, 4096, 1u << 24), 1u << 24);
+	EXPECT_EQ(CKPT_STAGING_DEFAULT, 64ull << 20);
+}
+
+TEST(CoreProtocol, WholeAndStagedChunksThenCommit)
+{
+	Proto p(CKPT_STAGING_DEFAULT);
+	const uint64_t cb = p.cb;
+	ASSERT_EQ(p.command(CKPT_OP_BEGIN, 1), 0);
+	EXPECT_EQ(p.host.drains, 1);
+	// Chunk 0 whole plus the first half of chunk 1: one dispatch, one stage.
+	auto g1 = pattern(cb + cb / 2, 1);
+	ASSERT_EQ(p.grad(0, g1), 0);
+	ASSERT_EQ(p.host.dispatched.size(), 1u);
+	EXPECT_EQ(p.host.dispatched[0].first, 0u);
+	EXPECT_EQ(std::vector<uint8_t>(g1.begin(), g1.begin() + cb), p.host.dispatched[0].second);
+	EXPECT_EQ(ckpt_step_stages_used(&p.cs), 1u);
+	// The rest of chunk 1 and all of chunks 2..7.
+	auto g2 = pattern(cb / 2 + 6 * cb, 2);
+	ASSERT_EQ(p.grad(cb + cb / 2, g2), 0);
+	ASSERT_EQ(p.host.dispatched.size(), 8u);
+	EXPECT_EQ(p.host.dispatched[1].first, 1u);
+	std::vector<uint8_t> chunk1(g1.begin() + cb, g1.end());
+	chunk1.insert(chunk1.end(), g2.begin(), g2.begin() + cb / 2);
+	EXPECT_EQ(p.host.dispatched[1].second, chunk1);
+	EXPECT_EQ(ckpt_step_stages_used(&p.cs), 0u) << "a complete stage is released";
+	EXPECT_EQ(p.host.batches, 2);
+	EXPECT_FALSE(p.host.op_under_lock);
+	EXPECT_EQ(p.host.locked, 0);
+	EXPECT_EQ(p.cs.grad_bytes, g1.size() + g2.size());
+	// COMMIT before the updates completed: refused, the step stays open.
+	EXPECT_EQ(p.command(CKPT_OP_COMMIT, 1), -CKPT_E_INCOMPLETE);
+	p.apply_all();
+	const ckpt_sb before = p.sb;
+	ASSERT_EQ(p.command(CKPT_OP_COMMIT, 1, "blob"), CKPT_RESULT_COMMITTED);
+	EXPECT_EQ(p.host.flushes, 1);
+	ASSERT_EQ(p.host.sb_writes.size(), 1u);
+	EXPECT_EQ(p.host.sb_writes[0].first, ckpt_sb_next_offset(&before));
+	ckpt_sb want;
+	ASSERT_EQ(ckpt_sb_next(&before, 1, 1, "blob", 4, &want), 0);
+	std::vector<uint8_t> enc(CKPT_BLOCK);
+	ASSERT_EQ(ckpt_sb_encode(&want, enc.data()), 0);
+	EXPECT_EQ(p.host.sb_writes[0].second, enc);
+	EXPECT_EQ(std::memcmp(&p.sb, &want, sizeof(want)), 0) << "the host's superblock is the new one";
+	EXPECT_EQ(p.cs.sm.committed_step, 1u);
+	EXPECT_EQ(p.cs.sm.committed_slot, 1u);
+	EXPECT_EQ(p.cs.sm.state, uint32_t(CKPT_STATE_IDLE));
+	EXPECT_EQ(p.cs.sm.last_result, uint32_t(CKPT_RESULT_COMMITTED));
+	EXPECT_FALSE(p.host.op_under_lock);
+}
+
+TEST(CoreProtocol, RefusedWritesChangeNothing)
+{
+	Proto p(0);	// 2 stages
+	const uint64_t cb = p.cb;
+	auto half = pattern(cb / 2, 3);
+	// No open step.
+	auto before = p.snapshot();
+	EXPECT_EQ(p.grad(0, half), -CKPT_E_STATE);
+	EXPECT_EQ(p.snapshot(), before);
+	EXPECT_EQ(p.cs.sm.last_error, uint32_t(CKPT_E_STATE));
+	EXPECT_EQ(p.cs.sm.last_result, uint32_t(CKPT_RESULT_REJECTED));
+	ASSERT_EQ(p.command(CKPT_OP_BEGIN, 1), 0);
+	ASSERT_EQ(p.grad(0, pattern(cb, 4)), 0);		// chunk 0 whole
+	ASSERT_EQ(p.grad(cb, half), 0);			// chunk 1 staged
+	ASSERT_EQ(p.grad(2 * cb + cb / 2, half), 0);	// chunk 2 staged: both stages used
+	const uint64_t rejected = p.cs.sm.commands_rejected;
+	struct Case {
+		uint64_t off, len;
+		int err;
+	} cases[] = {
+		{0, cb, -CKPT_E_TWICE},				// claimed chunk
+		{cb / 2 + cb / 2 + 0, cb, -CKPT_E_TWICE},	// whole chunk 1 over its stage
+		{cb, CKPT_SECTOR, -CKPT_E_TWICE},		// a staged sector again
+		{cb + cb / 2 - CKPT_SECTOR, 2 * CKPT_SECTOR, -CKPT_E_TWICE},	// overlaps by one sector
+		{3 * cb, cb / 2, -CKPT_E_NOSPC},		// no free stage
+		// valid pieces first, the bad one last: still nothing changes
+		{cb + cb / 2, cb / 2 + cb + cb / 2 + CKPT_SECTOR, -CKPT_E_TWICE},
+		{4 * cb, 2 * cb + cb / 2, -CKPT_E_NOSPC},
+		{7 * cb, 2 * cb, -CKPT_E_RANGE},
+		{CKPT_SECTOR / 2, CKPT_SECTOR, -CKPT_E_RANGE},
+	};
+	for (const Case &c : cases) {
+		before = p.snapshot();
+		const size_t dispatched = p.host.dispatched.size();
+		auto g = pattern(c.len, 9);
+		EXPECT_EQ(p.grad(c.off, g), c.err) << c.off << "+" << c.len;
+		EXPECT_EQ(p.snapshot(), before) << c.off << "+" << c.len;
+		EXPECT_EQ(p.host.dispatched.size(), dispatched);
+		EXPECT_EQ(p.cs.sm.last_error, uint32_t(-c.err));
+	}
+	EXPECT_EQ(p.cs.sm.commands_rejected, rejected + std::size(cases));
+	// The device failed: E_FAILED, unchanged.
+	ckpt_sm_fail(&p.cs.sm, -28);
+	before = p.snapshot();
+	EXPECT_EQ(p.grad(5 * cb, pattern(cb, 5)), -CKPT_E_FAILED);
+	EXPECT_EQ(p.snapshot(), before);
+	EXPECT_EQ(p.host.locked, 0);
+}
+
+TEST(CoreProtocol, AbortAndOverflowReleaseStages)
+{
+	Proto p(CKPT_STAGING_DEFAULT);
+	const uint64_t cb = p.cb;
+	ASSERT_EQ(p.command(CKPT_OP_BEGIN, 1), 0);
+	ASSERT_EQ(p.grad(cb, pattern(cb / 2, 1)), 0);
+	EXPECT_EQ(ckpt_step_stages_used(&p.cs), 1u);
+	ASSERT_EQ(p.command(CKPT_OP_ABORT, 0), 0);
+	EXPECT_EQ(ckpt_step_stages_used(&p.cs), 0u);
+	EXPECT_EQ(p.stage_of[1], CKPT_STAGE_FREE);
+	// The same sectors can be written in the next step.
+	ASSERT_EQ(p.command(CKPT_OP_BEGIN, 1), 0);
+	ASSERT_EQ(p.grad(cb, pattern(cb / 2, 1)), 0);
+	ASSERT_EQ(p.grad(0, pattern(cb, 1)), 0);
+	for (auto &d : p.host.dispatched)
+		ckpt_sm_applied(&p.cs.sm, d.first, d.first == 0, false);
+	p.host.dispatched.clear();
+	ASSERT_EQ(p.grad(2 * cb, pattern(6 * cb, 1)), 0);
+	ASSERT_EQ(p.grad(cb + cb / 2, pattern(cb / 2, 1)), 0);
+	p.apply_all();
+	EXPECT_EQ(p.command(CKPT_OP_COMMIT, 1), CKPT_RESULT_OVERFLOW);
+	EXPECT_EQ(p.host.sb_writes.size(), 0u);
+	EXPECT_EQ(p.cs.sm.committed_step, 0u);
+	EXPECT_EQ(ckpt_step_stages_used(&p.cs), 0u);
+	// Unknown opcodes and garbage are refused and recorded.
+	std::vector<uint8_t> junk(100, 0x42);
+	EXPECT_EQ(ckpt_step_command(&p.cs, junk.data(), 100), -CKPT_E_MAGIC);
+	EXPECT_EQ(p.cs.sm.last_error, uint32_t(CKPT_E_MAGIC));
+	EXPECT_EQ(p.host.locked, 0);
+}
+
+TEST(CoreProtocol, SuperblockWriteFailureKeepsTheErrno)
+{
+	for (int which : {0, 1}) {
+		Proto p(CKPT_STAGING_DEFAULT);
+		ASSERT_EQ(p.command(CKPT_OP_BEGIN, 1), 0);
+		ASSERT_EQ(p.grad(0, pattern(8 * p.cb, 1)), 0);
+		p.apply_all();
+		if (which)
+			p.host.write_ret = -28;	// ENOSPC
+		else
+			p.host.flush_ret = -28;
+		const ckpt_sb before = p.sb;
+		auto cmd = std::make_unique<ckpt_cmd>();
+		cmd->opcode = CKPT_OP_COMMIT;
+		cmd->step = 1;
+		int io = 0;
+		EXPECT_EQ(ckpt_step_exec(&p.cs, cmd.get(), &io), -CKPT_E_IO);
+		EXPECT_EQ(io, -28);
+		EXPECT_EQ(p.cs.sm.state, uint32_t(CKPT_STATE_FAILED));
+		EXPECT_EQ(p.cs.sm.first_io_error, 28u);
+		EXPECT_EQ(p.cs.sm.committed_step, 0u);
+		EXPECT_EQ(p.cs.sm.commands_rejected, 0u) << "an I/O failure is not a refusal";
+		EXPECT_EQ(std::memcmp(&p.sb, &before, sizeof(before)), 0) << "the old commit stands";
+		EXPECT_EQ(p.command(CKPT_OP_BEGIN, 1), -CKPT_E_FAILED);
+	}
+}
