@@ -272,6 +272,8 @@ const struct ckpt_step_ops Engine::ops_ = {
 	.copy = EngineOps::copy,
 	.dispatch = EngineOps::dispatch,
 	.dispatched = EngineOps::dispatched,
+	.quiesce = nullptr,	// reads hold call_mu_: none is in flight during a command
+	.failed = nullptr,	// control_write throws the io message instead
 };
 
 // ---------------------------------------------------------------- commands
