@@ -83,15 +83,15 @@ static void dmckpt_rejected(struct dm_ckpt *c, int err)
 }
 
 /*
- * Failed mode entered (entered) or confirmed with err: keep the first error
- * (sticky), log it once, and tell userspace about the mode change with a
- * table event (never under a spinlock).
+ * The backing device failed with err: log the first error (first: it became
+ * the sticky c->error), and on entering failed mode (entered) tell
+ * userspace with a table event (never under a spinlock).
  */
-static void dmckpt_failed_mode(struct dm_ckpt *c, int err, bool entered)
+static void dmckpt_failed_mode(struct dm_ckpt *c, int err, bool first, bool entered)
 {
 	u64 committed;
 
-	if (!cmpxchg(&c->error, 0, err)) {
+	if (first) {
 		spin_lock(&c->sm_lock);
 		committed = c->step.sm.committed_step;
 		spin_unlock(&c->sm_lock);
@@ -104,18 +104,18 @@ static void dmckpt_failed_mode(struct dm_ckpt *c, int err, bool entered)
 
 void dm_ckpt_error(struct dm_ckpt *c, int err)
 {
-	bool entered;
+	bool first, entered;
 
 	/* A caller bug must neither clear the sticky error nor pass for success. */
 	if (err >= 0)
 		err = -EIO;
-	cmpxchg(&c->error, 0, err);
+	first = !cmpxchg(&c->error, 0, err);
 
 	spin_lock(&c->sm_lock);
 	entered = c->step.sm.state != CKPT_STATE_FAILED;
 	ckpt_sm_fail(&c->step.sm, READ_ONCE(c->error));
 	spin_unlock(&c->sm_lock);
-	dmckpt_failed_mode(c, err, entered);
+	dmckpt_failed_mode(c, err, first, entered);
 }
 
 /* ---------------------------------------------------------------- core host */
@@ -199,7 +199,7 @@ static void dmckpt_commit_failed(void *host, int err)
 	struct dm_ckpt *c = host;
 
 	DMERR("%s: committing a step failed: %d", dm_ckpt_name(c), err);
-	dmckpt_failed_mode(c, err, true);
+	dmckpt_failed_mode(c, err, !cmpxchg(&c->error, 0, err), true);
 }
 
 static const struct ckpt_step_ops dmckpt_step_ops = {
