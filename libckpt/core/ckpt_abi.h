@@ -128,6 +128,7 @@
 #define CKPT_ABI_ENUM_DTYPE(name, code, s, st)	CKPT_DTYPE_##name = code,
 #define CKPT_ABI_ENUM_STATE(name, s)		CKPT_STATE_##name,
 #define CKPT_ABI_ENUM_RESULT(name, s)		CKPT_RESULT_##name,
+#define CKPT_ABI_ENUM_STATUS(f, kind)		CKPT_SF_##f,
 #define CKPT_ABI_ERR_NAME(name, msg, e)		#name,
 #define CKPT_ABI_ERR_MSG(name, msg, e)		msg,
 #define CKPT_ABI_ERR_ERRNO(name, msg, e)	e,
@@ -145,6 +146,8 @@ enum ckpt_err { CKPT_ERRORS(CKPT_ABI_ENUM_ERR) CKPT_E_MAX };
 enum ckpt_dtype { CKPT_DTYPES(CKPT_ABI_ENUM_DTYPE) };
 enum ckpt_state { CKPT_STATES(CKPT_ABI_ENUM_STATE) CKPT_STATE_MAX };
 enum ckpt_result { CKPT_RESULTS(CKPT_ABI_ENUM_RESULT) CKPT_RESULT_MAX };
+/* Index of each status line field (CKPT_SF_state...), and their number. */
+enum ckpt_status_field { CKPT_STATUS_FIELDS(CKPT_ABI_ENUM_STATUS) CKPT_STATUS_N };
 /* Index of each hyperparameter (CKPT_HPI_lr...), and their number. */
 enum ckpt_hparam_index { CKPT_HPARAMS(CKPT_ABI_ENUM_HP) CKPT_HPARAMS_N };
 

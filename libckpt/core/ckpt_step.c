@@ -461,8 +461,14 @@ static bool ckpt_get_name(const char *s, u32 end, u32 *pos, const char *(*name)(
 
 int ckpt_status_line_parse(const char *s, u32 len, struct ckpt_counters *out, u32 *n_chunks)
 {
+	return ckpt_status_line_parse_at(s, len, out, n_chunks, NULL);
+}
+
+int ckpt_status_line_parse_at(const char *s, u32 len, struct ckpt_counters *out, u32 *n_chunks,
+			      u32 *field)
+{
 	struct ckpt_counters k;
-	u32 i, end = 0, pos = 0;
+	u32 i, end = 0, pos = 0, bad = CKPT_STATUS_N;
 	u64 v = 0, n = 0;
 	bool ok = true;
 
@@ -477,6 +483,7 @@ int ckpt_status_line_parse(const char *s, u32 len, struct ckpt_counters *out, u3
 		const struct ckpt_ctr_field *f = &ckpt_ctr_fields[i];
 		u64 max = f->size == sizeof(u32) ? CKPT_U32_MAX : ~0ULL;
 
+		bad = i;
 		if (i && (pos >= end || s[pos++] != ' ')) {
 			ok = false;
 			break;
@@ -503,8 +510,11 @@ int ckpt_status_line_parse(const char *s, u32 len, struct ckpt_counters *out, u3
 		if (ok)
 			ckpt_ctr_set(&k, f, v);
 	}
-	if (!ok || pos != end)
+	if (!ok || pos != end) {
+		if (field)
+			*field = ok ? CKPT_STATUS_N : bad;
 		return -CKPT_E_INVAL;
+	}
 	*out = k;	/* committed_slot is not in the line: 0 */
 	*n_chunks = (u32)n;
 	return 0;
@@ -769,26 +779,33 @@ int ckpt_step_grad_write(struct ckpt_step *cs, u64 off, u64 len, void *src)
 	return err;
 }
 
+int ckpt_sb_commit(const struct ckpt_step_ops *ops, void *host, struct ckpt_sb *sb,
+		   struct ckpt_sb *spare, void *block, u64 step, u32 slot, const void *blob,
+		   u32 blob_len)
+{
+	int ret;
+
+	if (ckpt_sb_next(sb, step, slot, blob, blob_len, spare))
+		return -CKPT_EIO_ERRNO;
+	/* Every write the superblock commits is complete; make them durable first. */
+	ret = ops->flush(host);
+	if (ret)
+		return ret;
+	memset(block, 0, CKPT_BLOCK);
+	if (ckpt_sb_encode(spare, block))
+		return -CKPT_EIO_ERRNO;
+	ret = ops->write_sb(host, block, ckpt_sb_next_offset(sb));
+	if (ret)
+		return ret;
+	*sb = *spare;
+	return 0;
+}
+
 int ckpt_step_write_sb(struct ckpt_step *cs, u64 step, u32 slot, const void *blob,
 		       u32 blob_len)
 {
-	struct ckpt_sb *next = cs->mem.spare;
-	int ret;
-
-	if (ckpt_sb_next(cs->sb, step, slot, blob, blob_len, next))
-		return -CKPT_EIO_ERRNO;
-	/* Every chunk write of the step is complete; make them durable first. */
-	ret = cs->ops->flush(cs->host);
-	if (ret)
-		return ret;
-	memset(cs->mem.block, 0, CKPT_BLOCK);
-	if (ckpt_sb_encode(next, cs->mem.block))
-		return -CKPT_EIO_ERRNO;
-	ret = cs->ops->write_sb(cs->host, cs->mem.block, ckpt_sb_next_offset(cs->sb));
-	if (ret)
-		return ret;
-	*cs->sb = *next;
-	return 0;
+	return ckpt_sb_commit(cs->ops, cs->host, cs->sb, cs->mem.spare, cs->mem.block, step,
+			      slot, blob, blob_len);
 }
 
 /*

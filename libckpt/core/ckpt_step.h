@@ -170,6 +170,13 @@ int ckpt_status_line(const struct ckpt_counters *k, u32 n_chunks, char *buf, u32
  * -CKPT_E_INVAL with k and n_chunks untouched.
  */
 int ckpt_status_line_parse(const char *s, u32 len, struct ckpt_counters *k, u32 *n_chunks);
+/*
+ * The same, and on -CKPT_E_INVAL *field (if not NULL) says where the line
+ * went wrong: the index in CKPT_STATUS_FIELDS of the field that is missing
+ * or invalid, or CKPT_STATUS_N when text follows the last field.
+ */
+int ckpt_status_line_parse_at(const char *s, u32 len, struct ckpt_counters *k, u32 *n_chunks,
+			      u32 *field);
 
 /*
  * Sector coverage of a partially written chunk (staging). bits holds
@@ -341,6 +348,20 @@ int ckpt_step_write_sb(struct ckpt_step *cs, u64 step, u32 slot, const void *blo
  * No update may be in flight. Caller holds the command lock.
  */
 void ckpt_step_restart(struct ckpt_step *cs);
+
+/*
+ * The commit of a superblock, the one path every commit takes (a step's
+ * COMMIT and a load of state through ckpt_step_write_sb, verify's rollback):
+ * the successor of *sb committing step in slot with blob (ckpt_sb_next) is
+ * built in spare, ops->flush makes the writes before it durable, then it is
+ * encoded into block (CKPT_BLOCK bytes) and written with ops->write_sb at
+ * its copy; on success *sb is it. Uses only ops->flush and ops->write_sb.
+ * Returns 0, the -errno of an op, or -EIO when it cannot be built or
+ * encoded (nothing written).
+ */
+int ckpt_sb_commit(const struct ckpt_step_ops *ops, void *host, struct ckpt_sb *sb,
+		   struct ckpt_sb *spare, void *block, u64 step, u32 slot, const void *blob,
+		   u32 blob_len);
 
 /* Release every stage (ABORT, a new commit). Caller holds the command lock. */
 void ckpt_step_release_stages(struct ckpt_step *cs);

@@ -418,6 +418,41 @@ TEST(CoreStatus, HostileLinesAreRefusedUnchanged)
 	}
 }
 
+// The parser says which field went wrong, so a caller's message can name it.
+TEST(CoreStatus, LineParseNamesTheBadField)
+{
+	struct Case {
+		const char *line;
+		uint32_t field;
+	} cases[] = {
+		{"", 0},
+		{"opened 3 4 2/8 1 overflow 16 5 3 1 2 7 4096 8192 9", 0},
+		{"open", 1},
+		{"open -3 4 2/8 1 overflow 16 5 3 1 2 7 4096 8192 9", 1},
+		{"open 3 4 9/8 1 overflow 16 5 3 1 2 7 4096 8192 9", 3},
+		{"open 3 4 2/8 4294967296 overflow 16 5 3 1 2 7 4096 8192 9", 4},
+		{"open 3 4 2/8 1 committedx 16 5 3 1 2 7 4096 8192 9", 5},
+		{"open 3 4 2/8 1 overflow 16 5 3 1 2 7 4096 x 9", 13},
+		{"open 3 4 2/8 1 overflow 16 5 3 1 2 7 4096 8192", 14},
+		{"open 3 4 2/8 1 overflow 16 5 3 1 2 7 4096 8192 9x", 14},
+		{"open 3 4 2/8 1 overflow 16 5 3 1 2 7 4096 8192 9 10", CKPT_STATUS_N},
+	};
+	EXPECT_EQ(CKPT_STATUS_N, 15u);
+	for (const auto &c : cases) {
+		ckpt_counters k;
+		uint32_t n = 0, field = 1000;
+		EXPECT_EQ(ckpt_status_line_parse_at(c.line, uint32_t(std::strlen(c.line)), &k, &n, &field),
+			  -CKPT_E_INVAL) << c.line;
+		EXPECT_EQ(field, c.field) << c.line;
+	}
+	ckpt_counters k;
+	uint32_t n = 0, field = 1000;
+	const char *good = "open 3 4 2/8 1 overflow 16 5 3 1 2 7 4096 8192 9";
+	EXPECT_EQ(ckpt_status_line_parse_at(good, uint32_t(std::strlen(good)), &k, &n, &field), 0);
+	EXPECT_EQ(field, 1000u) << "untouched on success";
+	EXPECT_EQ(ckpt_status_line_parse_at(good, uint32_t(std::strlen(good)), &k, &n, nullptr), 0);
+}
+
 // ---------------------------------------------------------------- hparams
 
 TEST(CoreHparams, FieldOrderAndBytesAreTheList)
