@@ -218,24 +218,12 @@ struct EngineOps {
 	static int flush(void *host)
 	{
 		Engine &e = of(host);
-		try {
-			e.img_.file.flush();
-		} catch (const Error &err) {
-			e.io_message_ = err.what();
-			return -EIO;
-		}
-		return 0;
+		return e.img_.file.commit_flush(e.io_message_);
 	}
 	static int write_sb(void *host, const void *block, uint64_t off)
 	{
 		Engine &e = of(host);
-		try {
-			e.img_.file.pwrite_durable(block, CKPT_BLOCK, off);
-		} catch (const Error &err) {
-			e.io_message_ = err.what();
-			return -EIO;
-		}
-		return 0;
+		return e.img_.file.commit_write_sb(block, off, e.io_message_);
 	}
 	static void copy(void *, void *src, void *dst, uint64_t n)
 	{

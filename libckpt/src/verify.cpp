@@ -276,27 +276,11 @@ void rollback(Image &img, const RollbackCheck &rb)
 		.lock = nullptr,
 		.unlock = nullptr,
 		.drain = nullptr,
-		.flush =
-			[](void *h) {
-				Host &o = *static_cast<Host *>(h);
-				try {
-					o.img.file.flush();
-				} catch (const Error &e) {
-					o.message = e.what();
-					return -EIO;
-				}
-				return 0;
-			},
+		.flush = [](void *h) { auto &o = *static_cast<Host *>(h); return o.img.file.commit_flush(o.message); },
 		.write_sb =
 			[](void *h, const void *block, uint64_t off) {
-				Host &o = *static_cast<Host *>(h);
-				try {
-					o.img.file.pwrite_durable(block, CKPT_BLOCK, off);
-				} catch (const Error &e) {
-					o.message = e.what();
-					return -EIO;
-				}
-				return 0;
+				auto &o = *static_cast<Host *>(h);
+				return o.img.file.commit_write_sb(block, off, o.message);
 			},
 		.copy = nullptr,
 		.dispatch = nullptr,
