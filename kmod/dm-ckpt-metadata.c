@@ -273,21 +273,14 @@ out:
 	return ret;
 }
 
-/* Flush, then the next superblock copy with FUA (never over the current one). */
-int dm_ckpt_md_write_sb(struct dm_ckpt_metadata *md, const struct ckpt_sb *cur,
-			const struct ckpt_sb *next, u8 *page)
+int dm_ckpt_md_flush(struct dm_ckpt_metadata *md)
 {
-	int ret;
+	return blkdev_issue_flush(md->dev->bdev);
+}
 
-	ret = ckpt_sb_encode(next, page);
-	if (ret) {
-		DMERR("%s: cannot encode the superblock: %s", md_name(md), ckpt_strerror(ret));
-		return -EINVAL;
-	}
-	/* The flush's errno is the device's; dm-io's write reports -EIO for any failure. */
-	ret = blkdev_issue_flush(md->dev->bdev);
-	if (ret)
-		return ret;
-	return dm_ckpt_md_io(md, REQ_OP_WRITE | REQ_SYNC | REQ_FUA, page,
-			     ckpt_sb_next_offset(cur), CKPT_BLOCK);
+int dm_ckpt_md_write_sb(struct dm_ckpt_metadata *md, const void *block, u64 off)
+{
+	/* dm-io takes a non-const buffer for both directions; a write only reads it. */
+	return dm_ckpt_md_io(md, REQ_OP_WRITE | REQ_SYNC | REQ_FUA, (void *)block, off,
+			     CKPT_BLOCK);
 }

@@ -90,14 +90,14 @@ int dm_ckpt_md_read_sb(struct dm_ckpt_metadata *md, struct ckpt_sb *sb,
 		       struct ckpt_sb *scratch, u8 **groups, char **error);
 
 /*
- * Commit: encode next (the successor of cur) into page (CKPT_BLOCK bytes of
- * scratch), flush the backing device, then write page with FUA into the copy
- * cur is not in. Called with the target's command lock held (it owns cur,
- * next and page); process context; blocks on both I/Os. Returns 0, -EINVAL
- * when next does not encode (nothing is written), the flush's -errno, or -EIO
- * when the write fails (dm-io's synchronous path knows no other errno).
+ * The two I/Os of a commit, which the core orders (ckpt_step_write_sb):
+ * dm_ckpt_md_flush makes every write so far durable; dm_ckpt_md_write_sb
+ * writes one encoded CKPT_BLOCK superblock block at byte offset off with
+ * FUA. Called with the target's command lock held (it owns block); process
+ * context; block on the I/O. Return 0 or -errno: the flush's own errno, -EIO
+ * for any write failure (dm-io's synchronous path knows no other errno).
  */
-int dm_ckpt_md_write_sb(struct dm_ckpt_metadata *md, const struct ckpt_sb *cur,
-			const struct ckpt_sb *next, u8 *page);
+int dm_ckpt_md_flush(struct dm_ckpt_metadata *md);
+int dm_ckpt_md_write_sb(struct dm_ckpt_metadata *md, const void *block, u64 off);
 
 #endif /* DM_CKPT_METADATA_H */

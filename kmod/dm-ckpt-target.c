@@ -54,16 +54,8 @@
 
 #define CKPT_DEFAULT_QUEUE_DEPTH	8u
 #define CKPT_MAX_QUEUE_DEPTH		128u
-#define CKPT_DEFAULT_STAGING_KB		65536u	/* as the userspace engine */
+#define CKPT_DEFAULT_STAGING_KB		((u32)(CKPT_STAGING_DEFAULT >> 10))
 #define CKPT_MAX_STAGING_KB		(4u << 20)
-#define CKPT_NO_STAGE			U32_MAX
-
-/* A partially written chunk of gradients (staging_kb bounds them). */
-struct dm_ckpt_stage {
-	u32 chunk;		/* or CKPT_NO_STAGE when free */
-	u64 *cover;		/* sectors written so far */
-	u8 *grad;		/* plo_chunk_bytes */
-};
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -80,343 +72,163 @@ static void dmckpt_bio_copy_to(struct bio *bio, const void *src)
 }
 
 /*
- * The errno a message returns for a command the core refused or the device
- * failed (err is -CKPT_E_*): the one place the core's codes become errnos.
- * Bios refused by the core end with BLK_STS_IOERR instead (the status page
- * says why), as they always have.
- */
-static int dmckpt_errno(int err)
-{
-	switch (err < 0 ? -err : err) {
-	case CKPT_E_IO:
-	case CKPT_E_FAILED:
-		return -EIO;
-	case CKPT_E_NOMEM:
-		return -ENOMEM;
-	case CKPT_E_NOSPC:
-		return -ENOSPC;
-	case CKPT_E_READONLY:
-		return -EROFS;
-	default:
-		return -EINVAL;
-	}
-}
-
-/*
- * A command or write the protocol refuses (err is -CKPT_E_*, never an errno):
+ * A write the protocol refuses in map (err is -CKPT_E_*, never an errno):
  * the status page tells why.
  */
 static void dmckpt_rejected(struct dm_ckpt *c, int err)
 {
 	spin_lock(&c->sm_lock);
-	ckpt_sm_rejected(&c->sm, err);
+	ckpt_sm_rejected(&c->step.sm, err);
 	spin_unlock(&c->sm_lock);
 }
 
-static u32 dmckpt_state(struct dm_ckpt *c)
+/*
+ * The backing device failed with err: log the first error (first: it became
+ * the sticky c->error), and on entering failed mode (entered) tell
+ * userspace with a table event (never under a spinlock).
+ */
+static void dmckpt_failed_mode(struct dm_ckpt *c, int err, bool first, bool entered)
 {
-	u32 state;
+	u64 committed;
 
-	spin_lock(&c->sm_lock);
-	state = c->sm.state;
-	spin_unlock(&c->sm_lock);
-	return state;
+	if (first) {
+		spin_lock(&c->sm_lock);
+		committed = c->step.sm.committed_step;
+		spin_unlock(&c->sm_lock);
+		DMERR("%s: backing device error %d: failed mode, step %llu stays committed; reload the table to go on",
+		      dm_ckpt_name(c), err, committed);
+	}
+	if (entered)
+		dm_table_event(c->ti->table);
 }
 
-void dm_ckpt_error(struct dm_ckpt *c, int err, bool commit)
+void dm_ckpt_error(struct dm_ckpt *c, int err)
 {
 	bool first, entered;
-	u64 committed;
 
 	/* A caller bug must neither clear the sticky error nor pass for success. */
 	if (err >= 0)
 		err = -EIO;
 	first = !cmpxchg(&c->error, 0, err);
-	err = READ_ONCE(c->error);
 
 	spin_lock(&c->sm_lock);
-	entered = c->sm.state != CKPT_STATE_FAILED;
-	if (commit)
-		ckpt_sm_commit_failed(&c->sm, err);
-	else
-		ckpt_sm_fail(&c->sm, err);
-	committed = c->sm.committed_step;
+	entered = c->step.sm.state != CKPT_STATE_FAILED;
+	ckpt_sm_fail(&c->step.sm, READ_ONCE(c->error));
 	spin_unlock(&c->sm_lock);
-
-	if (first)
-		DMERR("%s: backing device error %d: failed mode, step %llu stays committed; reload the table to go on",
-		      dm_ckpt_name(c), err, committed);
-	/* The mode changed: wake dmsetup wait and dmeventd. Never under a spinlock. */
-	if (entered)
-		dm_table_event(c->ti->table);
+	dmckpt_failed_mode(c, err, first, entered);
 }
 
-/* ---------------------------------------------------------------- staging */
-
-static void dmckpt_release_stage(struct dm_ckpt *c, struct dm_ckpt_stage *s)
-{
-	u32 words = ckpt_bitmap_words(c->layout.plo_chunk_bytes >> SECTOR_SHIFT);
-
-	c->stage_of[s->chunk] = CKPT_NO_STAGE;
-	s->chunk = CKPT_NO_STAGE;
-	memset(s->cover, 0, words * sizeof(u64));
-	c->free_stages++;
-}
-
-static void dmckpt_release_stages(struct dm_ckpt *c)
-{
-	u32 i;
-
-	for (i = 0; i < c->n_stages; i++)
-		if (c->stages[i].chunk != CKPT_NO_STAGE)
-			dmckpt_release_stage(c, &c->stages[i]);
-}
-
-static struct dm_ckpt_stage *dmckpt_new_stage(struct dm_ckpt *c, u32 chunk)
-{
-	u32 i;
-
-	for (i = 0; i < c->n_stages; i++) {
-		if (c->stages[i].chunk == CKPT_NO_STAGE) {
-			c->stages[i].chunk = chunk;
-			c->stage_of[chunk] = i;
-			c->free_stages--;
-			return &c->stages[i];
-		}
-	}
-	return NULL;
-}
-
-static bool dmckpt_cover_any(const u64 *bits, u32 first, u32 count)
-{
-	u32 s;
-
-	for (s = first; s < first + count; s++)
-		if ((bits[s >> 6] >> (s & 63)) & 1)
-			return true;
-	return false;
-}
-
-static bool dmckpt_claimed(struct dm_ckpt *c, u32 chunk)
-{
-	bool r;
-
-	spin_lock(&c->sm_lock);
-	r = (c->sm.claimed[chunk >> 6] >> (chunk & 63)) & 1;
-	spin_unlock(&c->sm_lock);
-	return r;
-}
+/* ---------------------------------------------------------------- core host */
 
 /*
- * Check every piece of a gradient write before changing anything, so that a
- * refused write leaves the step exactly as it was. Returns 0 or -CKPT_E_*.
+ * The ops of the core's step protocol (ckpt_step.h): the kernel does the
+ * I/O, the locking and the memory, the core every protocol decision. The
+ * command lock is cmd_lock, the sm lock sm_lock.
  */
-static int dmckpt_grad_check(struct dm_ckpt *c, u64 off, u64 len)
+
+/* A gradient write's source: the bio and how far the walk has read it. */
+struct dmckpt_src {
+	struct bio *bio;
+	struct bvec_iter it;
+};
+
+static void dmckpt_lock(void *host)
 {
-	const u64 cb = c->layout.plo_chunk_bytes;
-	u32 free = c->free_stages;
-	u32 state = dmckpt_state(c);
+	struct dm_ckpt *c = host;
 
-	if (state == CKPT_STATE_FAILED)
-		return -CKPT_E_FAILED;
-	if (state != CKPT_STATE_OPEN)
-		return -CKPT_E_STATE;
-	while (len) {
-		u32 chunk = off >> c->cb_shift;
-		u64 in = off & (cb - 1);
-		u64 n = min(len, cb - in);
-		u32 si = c->stage_of[chunk];
+	spin_lock(&c->sm_lock);
+}
 
-		if (dmckpt_claimed(c, chunk))
-			return -CKPT_E_TWICE;
-		if (n == cb) {
-			/* A whole chunk over sectors already staged: written twice. */
-			if (si != CKPT_NO_STAGE)
-				return -CKPT_E_TWICE;
-		} else if (si == CKPT_NO_STAGE) {
-			if (!free)
-				return -CKPT_E_NOSPC;
-			free--;
-		} else if (dmckpt_cover_any(c->stages[si].cover, in >> SECTOR_SHIFT,
-					  n >> SECTOR_SHIFT)) {
-			return -CKPT_E_TWICE;
-		}
-		off += n;
-		len -= n;
-	}
+static void dmckpt_unlock(void *host)
+{
+	struct dm_ckpt *c = host;
+
+	spin_unlock(&c->sm_lock);
+}
+
+static void dmckpt_drain(void *host)
+{
+	dm_ckpt_upd_drain(host);
+}
+
+static int dmckpt_flush(void *host)
+{
+	struct dm_ckpt *c = host;
+
+	return dm_ckpt_md_flush(&c->md);
+}
+
+static int dmckpt_write_sb(void *host, const void *block, u64 off)
+{
+	struct dm_ckpt *c = host;
+
+	return dm_ckpt_md_write_sb(&c->md, block, off);
+}
+
+static void dmckpt_copy(void *host, void *src, void *dst, u64 n)
+{
+	struct dmckpt_src *s = src;
+
+	dm_ckpt_bio_copy_from(s->bio, &s->it, dst, n);
+}
+
+static int dmckpt_dispatch(void *host, void *src, u32 chunk, const void *grad)
+{
+	struct dmckpt_src *s = src;
+
+	dm_ckpt_upd_dispatch(host, s->bio, chunk, grad ? NULL : &s->it, grad);
 	return 0;
 }
 
+/*
+ * Once the step is open, the slot it writes must have no PARAM read in
+ * flight: a read mapped before BEGIN reads the previous state there, and
+ * the step's first update would overwrite it under the read. New reads of
+ * that slot start only for chunks already updated.
+ */
+static void dmckpt_quiesce(void *host, u32 slot)
+{
+	struct dm_ckpt *c = host;
+
+	wait_event(c->readers_wait, !atomic_read(&c->readers[slot]));
+}
+
+/* The commit's superblock write failed: the core has failed the machine. */
+static void dmckpt_commit_failed(void *host, int err)
+{
+	struct dm_ckpt *c = host;
+
+	DMERR("%s: committing a step failed: %d", dm_ckpt_name(c), err);
+	dmckpt_failed_mode(c, err, !cmpxchg(&c->error, 0, err), true);
+}
+
+static const struct ckpt_step_ops dmckpt_step_ops = {
+	.lock = dmckpt_lock,
+	.unlock = dmckpt_unlock,
+	.drain = dmckpt_drain,
+	.flush = dmckpt_flush,
+	.write_sb = dmckpt_write_sb,
+	.copy = dmckpt_copy,
+	.dispatch = dmckpt_dispatch,
+	.quiesce = dmckpt_quiesce,
+	.failed = dmckpt_commit_failed,
+};
+
+/* ---------------------------------------------------------------- deferred bios */
+
 static void dmckpt_grad_write(struct dm_ckpt *c, struct bio *bio)
 {
-	const u64 cb = c->layout.plo_chunk_bytes;
-	const u32 sectors = cb >> SECTOR_SHIFT;
+	struct dmckpt_src src = { .bio = bio, .it = bio->bi_iter };
 	u64 off = (dm_target_offset(c->ti, bio->bi_iter.bi_sector) << SECTOR_SHIFT) -
 		  c->layout.grad_off;
 	u64 len = bio->bi_iter.bi_size;
-	struct bvec_iter it = bio->bi_iter;
 	int ret;
 
-	ret = dmckpt_grad_check(c, off, len);
-	if (ret) {
+	ret = ckpt_step_grad_write(&c->step, off, len, &src);
+	if (ret)
 		DMDEBUG_LIMIT("%s: gradient write of %llu bytes at %llu refused: %s",
 			      dm_ckpt_name(c), len, off, ckpt_strerror(ret));
-		dmckpt_rejected(c, ret);
-		dm_ckpt_bio_put(bio, BLK_STS_IOERR);
-		return;
-	}
-	atomic64_add(len, &c->grad_bytes);
-
-	while (len) {
-		u32 chunk = off >> c->cb_shift;
-		u64 in = off & (cb - 1);
-		u64 n = min(len, cb - in);
-		struct dm_ckpt_stage *s;
-
-		if (n == cb) {
-			dm_ckpt_upd_dispatch(c, bio, chunk, &it, NULL);
-		} else {
-			u32 si = c->stage_of[chunk];
-
-			s = si == CKPT_NO_STAGE ? dmckpt_new_stage(c, chunk) : &c->stages[si];
-			dm_ckpt_bio_copy_from(bio, &it, s->grad + in, n);
-			ckpt_cover_add(s->cover, sectors, in >> SECTOR_SHIFT, n >> SECTOR_SHIFT);
-			if (ckpt_cover_full(s->cover, sectors)) {
-				dm_ckpt_upd_dispatch(c, bio, chunk, NULL, s->grad);
-				dmckpt_release_stage(c, s);
-			}
-		}
-		off += n;
-		len -= n;
-	}
-	dm_ckpt_bio_put(bio, BLK_STS_OK);
-}
-
-/* ---------------------------------------------------------------- commands */
-
-static int dmckpt_commit(struct dm_ckpt *c, const struct ckpt_cmd *cmd)
-{
-	struct ckpt_sb *next = c->sb_next;
-	int ret;
-
-	*next = *c->sb;
-	next->sequence++;
-	spin_lock(&c->sm_lock);
-	next->committed_step = c->sm.open_step;
-	next->committed_slot = ckpt_sm_dst_slot(&c->sm);
-	spin_unlock(&c->sm_lock);
-	next->blob_len = cmd->blob_len;
-	memset(next->blob, 0, sizeof(next->blob));
-	memcpy(next->blob, cmd->blob, cmd->blob_len);
-
-	ret = dm_ckpt_md_write_sb(&c->md, c->sb, next, c->page);
-	if (ret) {
-		DMERR("%s: committing step %llu failed: %d; step %llu stays committed",
-		      dm_ckpt_name(c), next->committed_step, ret, c->sb->committed_step);
-		dm_ckpt_error(c, ret, true);
-		return -CKPT_E_IO;
-	}
-	spin_lock(&c->sm_lock);
-	ckpt_sm_committed(&c->sm);
-	spin_unlock(&c->sm_lock);
-	c->sb_next = c->sb;
-	c->sb = next;
-	dmckpt_release_stages(c);
-	return CKPT_RESULT_COMMITTED;
-}
-
-/*
- * The step's per-chunk bitmaps (claimed, applied: 2 MiB each with 2^24
- * chunks) are cleared here, with no spinlock held, and the core runs with
- * them hidden so that it does not clear them again under sm_lock. Only
- * outside the OPEN state: then nothing reads them (map asks for the applied
- * bit only in an open step, and no update is in flight once drained under
- * cmd_lock). Called with cmd_lock held and sm_lock not held.
- */
-static void dmckpt_clear_bitmaps(struct dm_ckpt *c)
-{
-	const size_t bytes = ckpt_bitmap_words(c->sb->geo.n_chunks) * sizeof(u64);
-
-	memset(c->claimed, 0, bytes);
-	memset(c->applied, 0, bytes);
-}
-
-static void __dmckpt_hide_bitmaps(struct dm_ckpt *c)
-{
-	c->sm.claimed = NULL;
-	c->sm.applied = NULL;
-}
-
-static void __dmckpt_show_bitmaps(struct dm_ckpt *c)
-{
-	c->sm.claimed = c->claimed;
-	c->sm.applied = c->applied;
-}
-
-/*
- * BEGIN. Once the step is open, the slot it writes must have no PARAM read
- * in flight: a read mapped before BEGIN reads the previous state there, and
- * the step's first update would overwrite it under the read. New reads of
- * that slot start only for chunks already updated. Called with cmd_lock
- * held; may wait for reads.
- */
-static int dmckpt_begin(struct dm_ckpt *c, const struct ckpt_cmd *cmd)
-{
-	u32 dst;
-	int ret;
-
-	if (dmckpt_state(c) != CKPT_STATE_OPEN)
-		dmckpt_clear_bitmaps(c);
-	spin_lock(&c->sm_lock);
-	__dmckpt_hide_bitmaps(c);
-	ret = ckpt_sm_begin(&c->sm, cmd);
-	__dmckpt_show_bitmaps(c);
-	dst = ckpt_sm_dst_slot(&c->sm);
-	spin_unlock(&c->sm_lock);
-	if (!ret)
-		wait_event(c->readers_wait, !atomic_read(&c->readers[dst]));
-	return ret;
-}
-
-/*
- * Run a decoded command, exactly as Engine::control_write does. Returns >= 0
- * (a CKPT_RESULT_* for COMMIT), -CKPT_E_IO when the backing device failed, or
- * another -CKPT_E_* when the command was refused (recorded for the status
- * page). Called with cmd_lock held.
- */
-static int dmckpt_exec(struct dm_ckpt *c, const struct ckpt_cmd *cmd)
-{
-	int ret;
-
-	/* Everything dispatched before the command is on the device first. */
-	dm_ckpt_upd_drain(c);
-	switch (cmd->opcode) {
-	case CKPT_OP_BEGIN:
-		ret = dmckpt_begin(c, cmd);
-		break;
-	case CKPT_OP_ABORT:
-		spin_lock(&c->sm_lock);
-		ret = ckpt_sm_abort(&c->sm, cmd);
-		spin_unlock(&c->sm_lock);
-		if (ret >= 0)
-			dmckpt_release_stages(c);
-		break;
-	case CKPT_OP_COMMIT:
-		spin_lock(&c->sm_lock);
-		ret = ckpt_sm_commit(&c->sm, cmd);
-		spin_unlock(&c->sm_lock);
-		if (ret == CKPT_RESULT_OVERFLOW)
-			dmckpt_release_stages(c);
-		else if (ret == CKPT_RESULT_COMMITTED)
-			return dmckpt_commit(c, cmd);
-		break;
-	default:
-		ret = -CKPT_E_OPCODE;
-		break;
-	}
-	if (ret < 0)
-		dmckpt_rejected(c, ret);
-	return ret;
+	dm_ckpt_bio_put(bio, ret ? BLK_STS_IOERR : BLK_STS_OK);
 }
 
 static void dmckpt_control_write(struct dm_ckpt *c, struct bio *bio)
@@ -427,30 +239,21 @@ static void dmckpt_control_write(struct dm_ckpt *c, struct bio *bio)
 
 	memset(c->page, 0, CKPT_BLOCK);
 	dm_ckpt_bio_copy_from(bio, &it, c->page, len);
-	ret = ckpt_cmd_decode(c->page, len, c->cmd);
-	if (ret < 0)
-		dmckpt_rejected(c, ret);
-	else
-		ret = dmckpt_exec(c, c->cmd);
+	ret = ckpt_step_command(&c->step, c->page, len);
 	if (ret < 0)
 		DMDEBUG_LIMIT("%s: command refused: %s", dm_ckpt_name(c), ckpt_strerror(ret));
 	dm_ckpt_bio_put(bio, ret < 0 ? BLK_STS_IOERR : BLK_STS_OK);
-}
-
-static void dmckpt_fill_status(struct dm_ckpt *c)
-{
-	spin_lock(&c->sm_lock);
-	ckpt_sm_status(&c->sm, c->sb, c->st);
-	spin_unlock(&c->sm_lock);
-	c->st->grad_bytes = atomic64_read(&c->grad_bytes);
-	c->st->param_bytes = atomic64_read(&c->param_bytes);
 }
 
 static void dmckpt_control_read(struct dm_ckpt *c, struct bio *bio)
 {
 	u64 off = dm_target_offset(c->ti, bio->bi_iter.bi_sector) << SECTOR_SHIFT;
 
-	dmckpt_fill_status(c);
+	spin_lock(&c->sm_lock);
+	ckpt_sm_status(&c->step.sm, c->sb, c->st);
+	c->st->grad_bytes = c->step.grad_bytes;
+	spin_unlock(&c->sm_lock);
+	c->st->param_bytes = atomic64_read(&c->param_bytes);
 	ckpt_status_encode(c->st, c->page);
 	dmckpt_bio_copy_to(bio, c->page + off);
 	dm_ckpt_bio_put(bio, BLK_STS_OK);
@@ -567,7 +370,7 @@ static int dmckpt_map(struct dm_target *ti, struct bio *bio)
 		len = cb - in;
 	}
 	spin_lock(&c->sm_lock);
-	slot = ckpt_sm_read_slot(&c->sm, chunk);
+	slot = ckpt_sm_read_slot(&c->step.sm, chunk);
 	atomic_inc(&c->readers[slot]);
 	spin_unlock(&c->sm_lock);
 	dm_ckpt_io_of(bio)->slot = slot;
@@ -594,22 +397,22 @@ static void dmckpt_free(struct dm_ckpt *c)
 	dm_ckpt_upd_destroy(c);
 	if (c->ctl_wq)
 		destroy_workqueue(c->ctl_wq);
-	if (c->stages) {
+	if (c->mem.stages) {
 		u32 i;
 
-		for (i = 0; i < c->n_stages; i++)
-			kvfree(c->stages[i].grad);
+		for (i = 0; i < c->mem.n_stages; i++)
+			kvfree(c->mem.stages[i].grad);
 	}
 	kvfree(c->cover_mem);
-	kvfree(c->stages);
-	kvfree(c->stage_of);
-	kvfree(c->claimed);
-	kvfree(c->applied);
+	kvfree(c->mem.stages);
+	kvfree(c->mem.stage_of);
+	kvfree(c->mem.claimed);
+	kvfree(c->mem.applied);
+	kfree(c->mem.spare);
+	kfree(c->mem.cmd);
 	kvfree(c->groups);
 	kfree(c->page);
 	kfree(c->st);
-	kfree(c->cmd);
-	kfree(c->sb_next);
 	kfree(c->sb);
 	dm_ckpt_md_close(&c->md);
 	kfree(c);
@@ -701,7 +504,7 @@ static int dmckpt_parse_opts(struct dm_ckpt *c, struct dm_arg_set *as, char **er
 static int dmckpt_check_memory(struct dm_ckpt *c, u64 n_stages, char **error)
 {
 	const u64 cb = c->layout.plo_chunk_bytes;
-	const u64 stage_bytes = cb + sizeof(struct dm_ckpt_stage) +
+	const u64 stage_bytes = cb + sizeof(struct ckpt_stage_buf) +
 		ckpt_bitmap_words(cb >> SECTOR_SHIFT) * sizeof(u64);
 	const u64 staging = n_stages * stage_bytes;
 	const u64 jobs = dm_ckpt_upd_bytes(&c->layout, c->queue_depth);
@@ -731,51 +534,55 @@ static int dmckpt_check_memory(struct dm_ckpt *c, u64 n_stages, char **error)
 	return 0;
 }
 
+/* The memory the core's step protocol runs in (struct ckpt_step_mem). */
 static int dmckpt_alloc(struct dm_ckpt *c, char **error)
 {
+	struct ckpt_step_mem *mem = &c->mem;
 	const u32 n_chunks = c->sb->geo.n_chunks;
 	const u64 cb = c->layout.plo_chunk_bytes;
 	const u32 cover_words = ckpt_bitmap_words(cb >> SECTOR_SHIFT);
-	u64 n_stages;
+	u32 n_stages;
 	unsigned int i;
 	int ret;
 
-	/* As the engine: staging / chunk bytes, at least 2, at most max(2, n_chunks). */
-	n_stages = ((u64)c->staging_kb << 10) >> c->cb_shift;
-	n_stages = clamp_t(u64, n_stages, 2, max(2u, n_chunks));
+	n_stages = ckpt_stage_count((u64)c->staging_kb << 10, cb, n_chunks);
 	ret = dmckpt_check_memory(c, n_stages, error);
 	if (ret)
 		return ret;
 
-	c->claimed = kvcalloc(ckpt_bitmap_words(n_chunks), sizeof(u64), DM_CKPT_GFP_BIG);
-	c->applied = kvcalloc(ckpt_bitmap_words(n_chunks), sizeof(u64), DM_CKPT_GFP_BIG);
-	c->stage_of = kvmalloc_array(n_chunks, sizeof(u32), DM_CKPT_GFP_BIG);
-	if (!c->claimed || !c->applied || !c->stage_of) {
+	mem->claimed = kvcalloc(ckpt_bitmap_words(n_chunks), sizeof(u64), DM_CKPT_GFP_BIG);
+	mem->applied = kvcalloc(ckpt_bitmap_words(n_chunks), sizeof(u64), DM_CKPT_GFP_BIG);
+	mem->stage_of = kvmalloc_array(n_chunks, sizeof(u32), DM_CKPT_GFP_BIG);
+	if (!mem->claimed || !mem->applied || !mem->stage_of) {
 		*error = "Cannot allocate the per-chunk bitmaps";
 		return -ENOMEM;
 	}
-	memset(c->stage_of, 0xff, n_chunks * sizeof(u32));
+	mem->cmd = kzalloc(sizeof(*mem->cmd), GFP_KERNEL);
+	if (!mem->cmd) {
+		*error = "Cannot allocate memory";
+		return -ENOMEM;
+	}
+	/* The superblock is encoded in the scratch page, under cmd_lock. */
+	mem->block = c->page;
 
 	/* One buffer per stage: no single allocation grows with staging_kb. */
-	c->stages = kvcalloc(n_stages, sizeof(*c->stages), DM_CKPT_GFP_BIG);
-	c->cover_mem = kvcalloc(n_stages * cover_words, sizeof(u64), DM_CKPT_GFP_BIG);
-	if (!c->stages || !c->cover_mem) {
+	mem->stages = kvcalloc(n_stages, sizeof(*mem->stages), DM_CKPT_GFP_BIG);
+	c->cover_mem = kvcalloc((size_t)n_stages * cover_words, sizeof(u64), DM_CKPT_GFP_BIG);
+	if (!mem->stages || !c->cover_mem) {
 		*error = "Cannot allocate staging memory: reduce staging_kb";
 		return -ENOMEM;
 	}
-	c->n_stages = n_stages;
+	mem->n_stages = n_stages;
 	for (i = 0; i < n_stages; i++) {
-		c->stages[i].chunk = CKPT_NO_STAGE;
-		c->stages[i].cover = c->cover_mem + i * cover_words;
-		c->stages[i].grad = kvmalloc(cb, DM_CKPT_GFP_BIG);
-		if (!c->stages[i].grad) {
+		mem->stages[i].cover = c->cover_mem + (size_t)i * cover_words;
+		mem->stages[i].grad = kvmalloc(cb, DM_CKPT_GFP_BIG);
+		if (!mem->stages[i].grad) {
 			*error = "Cannot allocate staging memory: reduce staging_kb";
 			return -ENOMEM;
 		}
 		if (!(i & 1023))
 			cond_resched();
 	}
-	c->free_stages = n_stages;
 	return dm_ckpt_upd_create(c, c->queue_depth, error);
 }
 
@@ -811,7 +618,6 @@ static int dmckpt_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 #else
 	c->read_only = !(dm_table_get_mode(ti->table) & FMODE_WRITE);
 #endif
-	atomic64_set(&c->grad_bytes, 0);
 	atomic64_set(&c->param_bytes, 0);
 
 	as.argc = argc - 1;
@@ -825,17 +631,17 @@ static int dmckpt_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 		goto bad;
 
 	c->sb = kzalloc(sizeof(*c->sb), GFP_KERNEL);
-	c->sb_next = kzalloc(sizeof(*c->sb_next), GFP_KERNEL);
-	c->cmd = kzalloc(sizeof(*c->cmd), GFP_KERNEL);
+	c->mem.spare = kzalloc(sizeof(*c->mem.spare), GFP_KERNEL);
 	c->st = kzalloc(sizeof(*c->st), GFP_KERNEL);
 	c->page = kzalloc(CKPT_BLOCK, GFP_KERNEL);
-	if (!c->sb || !c->sb_next || !c->cmd || !c->st || !c->page) {
+	if (!c->sb || !c->mem.spare || !c->st || !c->page) {
 		ti->error = "Cannot allocate memory";
 		ret = -ENOMEM;
 		goto bad;
 	}
 
-	ret = dm_ckpt_md_read_sb(&c->md, c->sb, c->sb_next, &c->groups, &ti->error);
+	/* The core's spare superblock is the scratch of the checks (no commit yet). */
+	ret = dm_ckpt_md_read_sb(&c->md, c->sb, c->mem.spare, &c->groups, &ti->error);
 	if (ret)
 		goto bad;
 	ret = dm_ckpt_md_claim(&c->md, c->sb->uuid, &ti->error);
@@ -867,7 +673,7 @@ static int dmckpt_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 		goto bad;
 	}
 
-	ckpt_sm_init(&c->sm, c->sb, c->claimed, c->applied);
+	ckpt_step_init(&c->step, &dmckpt_step_ops, c, c->sb, &c->mem);
 
 	ti->num_flush_bios = 1;
 	ti->num_discard_bios = 0;
@@ -911,7 +717,8 @@ static void dmckpt_postsuspend(struct dm_target *ti)
 static int dmckpt_preresume(struct dm_target *ti)
 {
 	struct dm_ckpt *c = ti->private;
-	struct ckpt_sb *now = c->sb_next;
+	/* The core's spare superblock: it uses it only inside a commit (cmd_lock). */
+	struct ckpt_sb *now = c->mem.spare;
 	char *error = NULL;
 	int ret;
 
@@ -935,13 +742,8 @@ static int dmckpt_preresume(struct dm_target *ti)
 			ret = -EINVAL;
 			goto out;
 		}
-		swap(c->sb, c->sb_next);
-		dmckpt_clear_bitmaps(c);
-		spin_lock(&c->sm_lock);
-		ckpt_sm_init(&c->sm, c->sb, NULL, NULL);
-		__dmckpt_show_bitmaps(c);
-		spin_unlock(&c->sm_lock);
-		dmckpt_release_stages(c);
+		*c->sb = *now;
+		ckpt_step_restart(&c->step);
 	}
 	c->started = true;
 out:
@@ -951,34 +753,10 @@ out:
 
 /* ---------------------------------------------------------------- status */
 
-struct dmckpt_counts {
-	u32 state, last_result, last_error, first_io_error, overflow;
-	u64 committed_step, open_step, chunks_done;
-	u64 steps_committed, steps_skipped, steps_aborted, commands_rejected, io_errors;
-	u32 committed_slot;
-};
-
-static void dmckpt_counts(struct dm_ckpt *c, struct dmckpt_counts *k)
+static void dmckpt_counters(struct dm_ckpt *c, struct ckpt_counters *k)
 {
-	const struct ckpt_step_sm *sm = &c->sm;
-	bool open;
-
 	spin_lock(&c->sm_lock);
-	open = sm->state == CKPT_STATE_OPEN;
-	k->state = sm->state;
-	k->last_result = sm->last_result;
-	k->last_error = sm->last_error;
-	k->first_io_error = sm->first_io_error;
-	k->overflow = open ? sm->overflow : 0;
-	k->committed_step = sm->committed_step;
-	k->committed_slot = sm->committed_slot;
-	k->open_step = open ? sm->open_step : 0;
-	k->chunks_done = open ? sm->chunks_applied : 0;
-	k->steps_committed = sm->steps_committed;
-	k->steps_skipped = sm->steps_skipped;
-	k->steps_aborted = sm->steps_aborted;
-	k->commands_rejected = sm->commands_rejected;
-	k->io_errors = sm->io_errors;
+	ckpt_sm_counters(&c->step.sm, c->step.grad_bytes, atomic64_read(&c->param_bytes), k);
 	spin_unlock(&c->sm_lock);
 }
 
@@ -995,7 +773,8 @@ static void dmckpt_counts(struct dm_ckpt *c, struct dmckpt_counts *k)
  * or rejected, and last_error the enum ckpt_err of the last refusal (0 if
  * none); first_io_error is the errno of the backing device error that put
  * the target in failed mode (0 if none); the rest are counters since the
- * table was loaded. The order is CKPT_STATUS_FIELDS (ckpt_abi.h).
+ * table was loaded. The order is CKPT_STATUS_FIELDS (ckpt_abi.h), and the
+ * core prints the line (ckpt_status_line), as the engine's status does.
  *
  * The table status echoes the table line: <backing_dev> [<#opt_args> <opt>...].
  * The IMA status (dmsetup measure) is key=value pairs: target_name,
@@ -1007,18 +786,15 @@ static void dmckpt_status(struct dm_target *ti, status_type_t type, unsigned int
 {
 	struct dm_ckpt *c = ti->private;
 	unsigned int sz = 0;
-	struct dmckpt_counts k;
+	struct ckpt_counters k;
+	char line[CKPT_STATUS_LINE_MAX];
 
 	switch (type) {
 	case STATUSTYPE_INFO:
-		dmckpt_counts(c, &k);
-		DMEMIT("%s %llu %llu %llu/%u %u %s %u %u %llu %llu %llu %llu %llu %llu %llu",
-		       ckpt_state_name(k.state), k.committed_step, k.open_step,
-		       k.chunks_done, c->sm.n_chunks, k.overflow,
-		       ckpt_result_name(k.last_result), k.last_error, k.first_io_error,
-		       k.steps_committed, k.steps_skipped, k.steps_aborted,
-		       k.commands_rejected, (u64)atomic64_read(&c->grad_bytes),
-		       (u64)atomic64_read(&c->param_bytes), k.io_errors);
+		dmckpt_counters(c, &k);
+		/* Always fits; DMEMIT truncates so that dm core sees a full buffer. */
+		ckpt_status_line(&k, c->step.sm.n_chunks, line, sizeof(line));
+		DMEMIT("%s", line);
 		break;
 	case STATUSTYPE_TABLE:
 		DMEMIT("%s", c->md.dev->name);
@@ -1032,7 +808,7 @@ static void dmckpt_status(struct dm_target *ti, status_type_t type, unsigned int
 		}
 		break;
 	case STATUSTYPE_IMA:
-		dmckpt_counts(c, &k);
+		dmckpt_counters(c, &k);
 		DMEMIT_TARGET_NAME_VERSION(ti->type);
 		DMEMIT(",dev_name=%s,queue_depth=%u,staging_kb=%u,uuid=%pUb,state=%s,first_io_error=%u;",
 		       c->md.dev->name, c->queue_depth, c->staging_kb, c->uuid,
@@ -1046,69 +822,53 @@ static void dmckpt_status(struct dm_target *ti, status_type_t type, unsigned int
 static int dmckpt_stats(struct dm_ckpt *c, char *result, unsigned int maxlen)
 {
 	unsigned int sz = 0;
-	struct dmckpt_counts k;
+	struct ckpt_counters k;
 	u32 used, n_stages, busy;
 
-	dmckpt_counts(c, &k);
+	dmckpt_counters(c, &k);
 	mutex_lock(&c->cmd_lock);
-	used = c->n_stages - c->free_stages;
-	n_stages = c->n_stages;
+	used = ckpt_step_stages_used(&c->step);
+	n_stages = c->step.mem.n_stages;
 	busy = dm_ckpt_upd_busy(c);
 	DMEMIT("state %s\ncommitted_step %llu\ncommitted_slot %u\nsequence %llu\n",
 	       ckpt_state_name(k.state), k.committed_step, k.committed_slot,
 	       c->sb->sequence);
 	DMEMIT("open_step %llu\nchunks_done %llu\nn_chunks %u\nchunk_params %llu\n",
-	       k.open_step, k.chunks_done, c->sm.n_chunks, c->layout.chunk_params);
+	       k.open_step, k.chunks_done, c->step.sm.n_chunks, c->layout.chunk_params);
 	DMEMIT("n_groups %u\ndtype %s\noverflow %u\nlast_result %s\n",
-	       c->sm.n_groups, c->dtype == CKPT_DTYPE_BF16 ? "bf16" : "fp16",
+	       c->step.sm.n_groups, c->dtype == CKPT_DTYPE_BF16 ? "bf16" : "fp16",
 	       k.overflow, ckpt_result_name(k.last_result));
 	DMEMIT("last_error %u %s\nfirst_io_error %u\n", k.last_error,
 	       k.last_error ? ckpt_strerror(k.last_error) : "-", k.first_io_error);
 	DMEMIT("steps_committed %llu\nsteps_skipped %llu\nsteps_aborted %llu\n",
 	       k.steps_committed, k.steps_skipped, k.steps_aborted);
 	DMEMIT("commands_rejected %llu\nio_errors %llu\ngrad_bytes %llu\nparam_bytes %llu\n",
-	       k.commands_rejected, k.io_errors, (u64)atomic64_read(&c->grad_bytes),
-	       (u64)atomic64_read(&c->param_bytes));
+	       k.commands_rejected, k.io_errors, k.grad_bytes, k.param_bytes);
 	DMEMIT("blob_len %u\nstaging %u/%u\nqueue %u/%u\nfpu %s\n", c->sb->blob_len,
 	       used, n_stages, busy, c->upd.queue_depth, dm_ckpt_upd_fpu_name());
 	mutex_unlock(&c->cmd_lock);
 	return 1;
 }
 
-/* hparam fields of a group token, in this order, as fp32 hex bit patterns */
-#define CKPT_HP_FIELDS 11
-
+/* A group token: CKPT_HPARAMS_N comma-separated fp32 hex words (flags optional). */
 static int dmckpt_parse_group(char *tok, struct ckpt_hparams *hp)
 {
-	u32 v[CKPT_HP_FIELDS] = { 0 };
+	u32 v[CKPT_HPARAMS_N];
 	unsigned int n = 0;
 	char *f;
 
 	while ((f = strsep(&tok, ",")) != NULL) {
-		if (n == CKPT_HP_FIELDS || kstrtou32(f, 16, &v[n]))
+		if (n == CKPT_HPARAMS_N || kstrtou32(f, 16, &v[n]))
 			return -EINVAL;
 		n++;
 	}
-	if (n < CKPT_HP_FIELDS - 1)
-		return -EINVAL;
-	hp->lr = v[0];
-	hp->beta1 = v[1];
-	hp->beta2 = v[2];
-	hp->eps = v[3];
-	hp->weight_decay = v[4];
-	hp->one_minus_beta1 = v[5];
-	hp->one_minus_beta2 = v[6];
-	hp->step_size = v[7];
-	hp->bc2_sqrt = v[8];
-	hp->decay = v[9];
-	hp->flags = v[10];
-	return 0;
+	return ckpt_hparams_from_words(hp, v, n) ? -EINVAL : 0;
 }
 
-/* Fill c->cmd from a message; -EINVAL with a usage line on a syntax error. */
+/* Fill the core's command from a message; -EINVAL with a usage line on a syntax error. */
 static int dmckpt_parse_message(struct dm_ckpt *c, unsigned int argc, char **argv)
 {
-	struct ckpt_cmd *cmd = c->cmd;
+	struct ckpt_cmd *cmd = c->step.mem.cmd;
 	unsigned int i;
 
 	memset(cmd, 0, sizeof(*cmd));
@@ -1164,7 +924,7 @@ static int dmckpt_message(struct dm_target *ti, unsigned int argc, char **argv,
 	unsigned int sz = 0;
 	u32 opcode = 0;
 	u64 step = 0;
-	int ret;
+	int ret, io = 0;
 
 	if (!argc)
 		return -EINVAL;
@@ -1183,14 +943,15 @@ static int dmckpt_message(struct dm_target *ti, unsigned int argc, char **argv,
 		mutex_unlock(&c->cmd_lock);
 		return -EINVAL;
 	}
-	opcode = c->cmd->opcode;
-	step = c->cmd->step;
-	ret = dmckpt_exec(c, c->cmd);
+	opcode = c->step.mem.cmd->opcode;
+	step = c->step.mem.cmd->step;
+	ret = ckpt_step_exec(&c->step, c->step.mem.cmd, &io);
 	mutex_unlock(&c->cmd_lock);
 	if (ret < 0) {
 		DMWARN_LIMIT("%s: message %s refused: %s", dm_ckpt_name(c), argv[0],
 			     ckpt_strerror(ret));
-		return dmckpt_errno(ret);
+		/* A failed commit answers the device's errno, the rest CKPT_ERRORS's. */
+		return ret == -CKPT_E_IO && io < 0 ? io : -ckpt_err_errno(ret);
 	}
 	if (opcode == CKPT_OP_COMMIT) {
 		DMEMIT("%s %llu", ret == CKPT_RESULT_OVERFLOW ? "overflow" : "committed", step);

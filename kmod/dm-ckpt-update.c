@@ -40,11 +40,10 @@ struct dm_ckpt_job {
 	struct work_struct work;
 	struct list_head list;
 	struct bio *bio;
-	u32 chunk, src, dst;
+	u32 chunk;
 	u32 grad_scale;
-	u64 step;		/* the open step: the new record's step */
-	u64 src_step;		/* the committed step: the source record's */
-	u64 src_sequence;	/* the current superblock's sequence */
+	struct ckpt_rec src;	/* the record it reads: the committed one */
+	struct ckpt_rec dst;	/* the record it writes: the open step's */
 	u32 incompat;		/* the image's incompat feature bits */
 	struct ckpt_hparams hp;
 	u8 *rec;		/* record_bytes: 4 KiB header, fp32 p, m, v */
@@ -144,28 +143,21 @@ static u32 run_update(struct dm_ckpt_job *j, u32 *p, u32 *m, u32 *v, u64 n)
  */
 static int check_record(struct dm_ckpt *c, struct dm_ckpt_job *j)
 {
-	struct ckpt_rec want = {
-		.chunk = j->chunk,
-		.slot = j->src,
-		.chunk_shift = c->chunk_shift,
-		.step = j->src_step,
-		.sequence = j->src_sequence,
-	};
 	struct ckpt_rec got;
 	enum ckpt_rec_fault f = ckpt_rec_check(j->rec, j->rec + CKPT_BLOCK, NULL,
-						&want, 0, &got);
+						&j->src, 0, &got);
 
 	if (f == CKPT_REC_OK)
 		return 0;
 	if (f == CKPT_REC_HEADER)
 		DMERR_LIMIT("%s: state record of chunk %u slot %u: %s (%s)", dm_ckpt_name(c),
-			    j->chunk, j->src, ckpt_rec_fault_str(f),
+			    j->chunk, j->src.slot, ckpt_rec_fault_str(f),
 			    ckpt_strerror(ckpt_rec_decode(j->rec, &got)));
 	else
 		DMERR_LIMIT("%s: state record of chunk %u slot %u: %s (holds chunk %u slot %u step %llu seq %llu, want step %llu seq %llu)",
-			    dm_ckpt_name(c), j->chunk, j->src, ckpt_rec_fault_str(f),
+			    dm_ckpt_name(c), j->chunk, j->src.slot, ckpt_rec_fault_str(f),
 			    got.chunk, got.slot, got.step, got.sequence,
-			    j->src_step, j->src_sequence);
+			    j->src.step, j->src.sequence);
 	return -EILSEQ;
 }
 
@@ -196,7 +188,7 @@ static int write_state(struct dm_ckpt *c, struct dm_ckpt_job *j)
 	reinit_completion(&j->done);
 
 	dm_ckpt_md_io_prep(&c->md, &req, &where, REQ_OP_WRITE, j->rec,
-			   ckpt_record_offset(l, j->dst, j->chunk), l->record_bytes);
+			   ckpt_record_offset(l, j->dst.slot, j->chunk), l->record_bytes);
 	req.notify.fn = write_done;
 	req.notify.context = j;
 	ret = dm_ckpt_md_submit(&req, &where, NULL);
@@ -204,7 +196,7 @@ static int write_state(struct dm_ckpt *c, struct dm_ckpt_job *j)
 		write_done(1, j);
 
 	dm_ckpt_md_io_prep(&c->md, &req, &where, REQ_OP_WRITE, j->plo,
-			   ckpt_plo_offset(l, j->dst, j->chunk), l->plo_chunk_bytes);
+			   ckpt_plo_offset(l, j->dst.slot, j->chunk), l->plo_chunk_bytes);
 	req.notify.fn = write_done;
 	req.notify.context = j;
 	ret = dm_ckpt_md_submit(&req, &where, NULL);
@@ -223,13 +215,12 @@ static void job_work(struct work_struct *work)
 	const u64 cp = l->chunk_params;
 	u32 *p = (u32 *)(j->rec + CKPT_BLOCK);
 	blk_status_t status = BLK_STS_OK;
-	struct ckpt_rec rec;
 	u32 nonfinite;
 	int ret;
 
 	/* dm-io's synchronous path reports -EIO for every failure. */
 	ret = dm_ckpt_md_io(&c->md, REQ_OP_READ, j->rec,
-			    ckpt_record_offset(l, j->src, j->chunk), l->record_bytes);
+			    ckpt_record_offset(l, j->src.slot, j->chunk), l->record_bytes);
 	if (ret) {
 		DMERR_LIMIT("%s: reading the state of chunk %u failed: %d", dm_ckpt_name(c),
 			    j->chunk, ret);
@@ -243,21 +234,12 @@ static void job_work(struct work_struct *work)
 	if (nonfinite) {
 		/* The step will be skipped: this chunk is not written. */
 		spin_lock(&c->sm_lock);
-		ckpt_sm_applied(&c->sm, j->chunk, true, false);
+		ckpt_sm_applied(&c->step.sm, j->chunk, true, false);
 		spin_unlock(&c->sm_lock);
 		goto out;
 	}
 
-	memset(&rec, 0, sizeof(rec));
-	rec.chunk = j->chunk;
-	rec.slot = j->dst;
-	rec.chunk_shift = c->chunk_shift;
-	rec.step = j->step;
-	rec.sequence = j->src_sequence + 1;
-	rec.data_crc = ckpt_crc32c(p, 12 * cp);
-	if (j->incompat & CKPT_FEATURE_INCOMPAT_PLO_CRC)
-		rec.plo_crc = ckpt_plo_crc(j->plo, c->chunk_shift);
-	ckpt_rec_encode(&rec, j->rec);
+	ckpt_rec_seal(j->rec, p, j->plo, &j->dst, j->incompat);
 	ret = write_state(c, j);
 	if (ret) {
 		DMERR_LIMIT("%s: writing the state of chunk %u failed: %d", dm_ckpt_name(c),
@@ -265,11 +247,11 @@ static void job_work(struct work_struct *work)
 		goto fail;
 	}
 	spin_lock(&c->sm_lock);
-	ckpt_sm_applied(&c->sm, j->chunk, false, true);
+	ckpt_sm_applied(&c->step.sm, j->chunk, false, true);
 	spin_unlock(&c->sm_lock);
 	goto out;
 fail:
-	dm_ckpt_error(c, ret, false);
+	dm_ckpt_error(c, ret);
 	status = BLK_STS_IOERR;
 out:
 	dm_ckpt_bio_put(j->bio, status);
@@ -280,7 +262,6 @@ void dm_ckpt_upd_dispatch(struct dm_ckpt *c, struct bio *bio, u32 chunk,
 			  struct bvec_iter *it, const u8 *stage_grad)
 {
 	struct dm_ckpt_job *j = get_job(&c->upd);
-	int ret;
 
 	if (it)
 		dm_ckpt_bio_copy_from(bio, it, j->grad, c->layout.plo_chunk_bytes);
@@ -289,25 +270,13 @@ void dm_ckpt_upd_dispatch(struct dm_ckpt *c, struct bio *bio, u32 chunk,
 
 	j->bio = bio;
 	j->chunk = chunk;
-	j->src_step = c->sb->committed_step;
-	j->src_sequence = c->sb->sequence;
 	j->incompat = c->sb->feature_incompat;
 	spin_lock(&c->sm_lock);
-	ret = ckpt_sm_claim(&c->sm, chunk);
-	j->src = ckpt_sm_src_slot(&c->sm);
-	j->dst = ckpt_sm_dst_slot(&c->sm);
-	j->step = c->sm.open_step;
-	j->grad_scale = c->sm.grad_scale;
-	j->hp = c->sm.groups[c->groups[chunk]];
+	ckpt_rec_committed(c->sb, chunk, &j->src);
+	ckpt_rec_next(c->sb, chunk, c->step.sm.open_step, &j->dst);
+	j->grad_scale = c->step.sm.grad_scale;
+	j->hp = c->step.sm.groups[c->groups[chunk]];
 	spin_unlock(&c->sm_lock);
-	if (ret) {
-		/* Cannot happen: checked under cmd_lock. Fail the write, not the box. */
-		DMERR_LIMIT("%s: chunk %u: claim failed: %s", dm_ckpt_name(c), chunk,
-			    ckpt_strerror(ret));
-		put_job(&c->upd, j);
-		WRITE_ONCE(dm_ckpt_io_of(bio)->status, BLK_STS_IOERR);
-		return;
-	}
 	atomic_inc(&dm_ckpt_io_of(bio)->pending);
 	queue_work(c->upd.wq, &j->work);
 }

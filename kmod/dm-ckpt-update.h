@@ -57,11 +57,13 @@ int dm_ckpt_upd_create(struct dm_ckpt *c, unsigned int queue_depth, char **error
 void dm_ckpt_upd_destroy(struct dm_ckpt *c);
 
 /*
- * Hand one whole chunk of gradients to an update and take a reference on bio
- * (dropped when the update completes). The gradient comes from bio at *it
- * (advanced) or, when it is NULL, from stage_grad. Claims the chunk in the
- * state machine: the caller checked that it can. Called with cmd_lock held,
- * in process context; blocks while all queue_depth buffers are busy.
+ * Hand one whole chunk of gradients, which the core has claimed, to an
+ * update and take a reference on bio (dropped when the update completes).
+ * The gradient comes from bio at *it (advanced) or, when it is NULL, from
+ * stage_grad. The update reads the record the current superblock commits
+ * and writes the one the open step makes (ckpt_rec_committed/_next).
+ * Called with cmd_lock held, in process context (the core's dispatch op);
+ * blocks while all queue_depth buffers are busy.
  */
 void dm_ckpt_upd_dispatch(struct dm_ckpt *c, struct bio *bio, u32 chunk,
 			  struct bvec_iter *it, const u8 *stage_grad);

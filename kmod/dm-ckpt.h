@@ -34,8 +34,6 @@ struct dm_ckpt_io {
 	int slot;		/* a PARAM read: the p_lo slot it reads; else -1 */
 };
 
-struct dm_ckpt_stage;
-
 struct dm_ckpt {
 	struct dm_target *ti;
 	struct dm_ckpt_metadata md;
@@ -52,28 +50,27 @@ struct dm_ckpt {
 	struct work_struct bio_work;
 
 	/*
-	 * cmd_lock: commands, the superblock, staging, the scratch buffers and
-	 * gradient dispatch. Held by the bio work item and by messages.
+	 * cmd_lock: the core's command lock (ckpt_step.h): commands, gradient
+	 * writes, the superblock, staging and the scratch page. Held by the
+	 * bio work item, messages and preresume.
 	 */
 	struct mutex cmd_lock;
-	struct ckpt_sb *sb;		/* the committed superblock */
-	struct ckpt_sb *sb_next;
+	struct ckpt_sb *sb;		/* the committed superblock (the core updates it) */
 	u8 *groups;			/* chunk -> group */
-	struct ckpt_cmd *cmd;
 	struct ckpt_status *st;
 	u8 *page;			/* 4 KiB scratch: commands, status, superblock */
-	struct dm_ckpt_stage *stages;
-	u32 n_stages;
-	u32 free_stages;
-	u32 *stage_of;			/* chunk -> stage index */
-	u64 *cover_mem;
 	bool started;
 
-	/* sm_lock: the state machine, from map, updates and commands */
-	spinlock_t sm_lock;
-	struct ckpt_step_sm sm;
-	u64 *claimed;
-	u64 *applied;
+	/*
+	 * The step protocol, run by the core with this target as its host:
+	 * step.sm and step.grad_bytes are under sm_lock (the core's sm lock),
+	 * the rest under cmd_lock. mem is what the constructor allocated for
+	 * it (kept here to be freed).
+	 */
+	struct ckpt_step step;
+	struct ckpt_step_mem mem;
+	u64 *cover_mem;
+	spinlock_t sm_lock;		/* the core's sm lock: step.sm, step.grad_bytes */
 
 	/*
 	 * The first backing device error (-errno), sticky: set once with
@@ -86,14 +83,14 @@ struct dm_ckpt {
 	/*
 	 * PARAM reads in flight per p_lo slot, counted in map (under sm_lock,
 	 * with the slot choice) and end_io: BEGIN waits for the slot it is
-	 * about to rewrite, so that no read returns a mix of two steps.
+	 * about to rewrite (the core's quiesce op), so that no read returns a
+	 * mix of two steps.
 	 */
 	atomic_t readers[2];
 	wait_queue_head_t readers_wait;
 
 	bool read_only;			/* the table was loaded read-only */
 
-	atomic64_t grad_bytes;
 	atomic64_t param_bytes;
 
 	/* the table line's optional arguments, in the order given */
@@ -145,13 +142,14 @@ static inline void dm_ckpt_bio_copy_from(struct bio *bio, struct bvec_iter *it, 
 }
 
 /*
- * The backing device failed with err (a -errno, never a -CKPT_E_*): the first
- * such error is kept (c->error, reported as first_io_error), the state
- * machine enters FAILED (ckpt_sm_commit_failed when commit is true, the
- * superblock write having failed, else ckpt_sm_fail), and on entering failed
- * mode a table event tells userspace (dmsetup wait, dmeventd). Process
- * context, no spinlock held: takes sm_lock, and dm_table_event() a mutex.
+ * A chunk update failed on the backing device with err (a -errno, never a
+ * -CKPT_E_*): the first such error is kept (c->error, reported as
+ * first_io_error), the state machine enters FAILED (ckpt_sm_fail), and on
+ * entering failed mode a table event tells userspace (dmsetup wait,
+ * dmeventd). A failed commit takes the same way through the core's failed
+ * op. Process context, no spinlock held: takes sm_lock, and
+ * dm_table_event() a mutex.
  */
-void dm_ckpt_error(struct dm_ckpt *c, int err, bool commit);
+void dm_ckpt_error(struct dm_ckpt *c, int err);
 
 #endif /* DM_CKPT_H */

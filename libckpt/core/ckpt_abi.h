@@ -17,41 +17,43 @@
 #define CKPT_ABI_H
 
 /*
- * X(NAME, message): enum ckpt_err, numbered from 0 in this order, returned
- * negated by the core and by libckpt. The message is ckpt_strerror()'s.
+ * X(NAME, message, errno): enum ckpt_err, numbered from 0 in this order,
+ * returned negated by the core and by libckpt. The message is
+ * ckpt_strerror()'s; errno is what a host that speaks errno (the kernel
+ * target's messages and bios) answers for it, ckpt_err_errno().
  */
 #define CKPT_ERRORS(X)							\
-	X(OK,		"success")					\
-	X(E_INVAL,	"invalid argument")				\
-	X(E_MAGIC,	"bad magic number")				\
-	X(E_CRC,	"checksum mismatch")				\
-	X(E_VERSION,	"unsupported version")				\
-	X(E_FEATURE,	"unsupported feature bits")			\
-	X(E_GEOMETRY,	"geometry out of range")			\
-	X(E_LAYOUT,	"offsets or sizes disagree with the geometry")	\
-	X(E_TOO_SMALL,	"device smaller than the layout")		\
-	X(E_NO_SB,	"no valid superblock copy")			\
-	X(E_OPCODE,	"unknown command")				\
-	X(E_LENGTH,	"command length wrong")				\
-	X(E_STEP,	"step number is not the expected one")		\
-	X(E_STATE,	"not allowed in the current state")		\
-	X(E_GROUPS,	"group count differs from the device's")	\
-	X(E_HPARAM,	"hyperparameter not finite or out of range")	\
-	X(E_TWICE,	"gradient written twice in one step")		\
-	X(E_INCOMPLETE,	"commit with chunks not written")		\
-	X(E_ALIGN,	"offset or length not sector aligned")		\
-	X(E_RANGE,	"offset or length out of range")		\
-	X(E_READONLY,	"region is read-only")				\
-	X(E_IO,		"backing device I/O error")			\
-	X(E_NOSPC,	"staging memory exhausted")			\
-	X(E_FAILED,	"device failed earlier; no new steps")		\
-	X(E_NAME,	"unknown tensor name")				\
-	X(E_DTYPE,	"wrong dtype")					\
-	X(E_SIZE,	"wrong number of elements")			\
-	X(E_MANIFEST,	"corrupt or invalid tensor manifest")		\
-	X(E_RECORD,	"corrupt state record")				\
-	X(E_NOMEM,	"out of memory")				\
-	X(E_BLOB,	"trainer blob too large")
+	X(OK,		"success", 0)					\
+	X(E_INVAL,	"invalid argument", EINVAL)			\
+	X(E_MAGIC,	"bad magic number", EINVAL)			\
+	X(E_CRC,	"checksum mismatch", EINVAL)			\
+	X(E_VERSION,	"unsupported version", EINVAL)			\
+	X(E_FEATURE,	"unsupported feature bits", EINVAL)		\
+	X(E_GEOMETRY,	"geometry out of range", EINVAL)		\
+	X(E_LAYOUT,	"offsets or sizes disagree with the geometry", EINVAL)	\
+	X(E_TOO_SMALL,	"device smaller than the layout", EINVAL)	\
+	X(E_NO_SB,	"no valid superblock copy", EINVAL)		\
+	X(E_OPCODE,	"unknown command", EINVAL)			\
+	X(E_LENGTH,	"command length wrong", EINVAL)			\
+	X(E_STEP,	"step number is not the expected one", EINVAL)	\
+	X(E_STATE,	"not allowed in the current state", EINVAL)	\
+	X(E_GROUPS,	"group count differs from the device's", EINVAL)	\
+	X(E_HPARAM,	"hyperparameter not finite or out of range", EINVAL)	\
+	X(E_TWICE,	"gradient written twice in one step", EINVAL)	\
+	X(E_INCOMPLETE,	"commit with chunks not written", EINVAL)	\
+	X(E_ALIGN,	"offset or length not sector aligned", EINVAL)	\
+	X(E_RANGE,	"offset or length out of range", EINVAL)	\
+	X(E_READONLY,	"region is read-only", EROFS)			\
+	X(E_IO,		"backing device I/O error", EIO)		\
+	X(E_NOSPC,	"staging memory exhausted", ENOSPC)		\
+	X(E_FAILED,	"device failed earlier; no new steps", EIO)	\
+	X(E_NAME,	"unknown tensor name", EINVAL)			\
+	X(E_DTYPE,	"wrong dtype", EINVAL)				\
+	X(E_SIZE,	"wrong number of elements", EINVAL)		\
+	X(E_MANIFEST,	"corrupt or invalid tensor manifest", EINVAL)	\
+	X(E_RECORD,	"corrupt state record", EINVAL)			\
+	X(E_NOMEM,	"out of memory", ENOMEM)			\
+	X(E_BLOB,	"trainer blob too large", EINVAL)
 
 /* X(NAME, code, name, safetensors dtype): enum ckpt_dtype (CKPT_DTYPE_*). */
 #define CKPT_DTYPES(X)				\
@@ -122,11 +124,14 @@
 	X(flags,		FLAGS)
 
 /* Expanders: enums, and rows of the name tables (positional, from 0). */
-#define CKPT_ABI_ENUM_ERR(name, msg)		CKPT_##name,
+#define CKPT_ABI_ENUM_ERR(name, msg, e)		CKPT_##name,
 #define CKPT_ABI_ENUM_DTYPE(name, code, s, st)	CKPT_DTYPE_##name = code,
 #define CKPT_ABI_ENUM_STATE(name, s)		CKPT_STATE_##name,
 #define CKPT_ABI_ENUM_RESULT(name, s)		CKPT_RESULT_##name,
-#define CKPT_ABI_ERR_NAME(name, msg)		#name,
+#define CKPT_ABI_ENUM_STATUS(f, kind)		CKPT_SF_##f,
+#define CKPT_ABI_ERR_NAME(name, msg, e)		#name,
+#define CKPT_ABI_ERR_MSG(name, msg, e)		msg,
+#define CKPT_ABI_ERR_ERRNO(name, msg, e)	e,
 #define CKPT_ABI_SECOND(name, s)		s,
 #define CKPT_ABI_DTYPE_ROW(name, code, s, st)	{ code, s, st },
 
@@ -141,6 +146,8 @@ enum ckpt_err { CKPT_ERRORS(CKPT_ABI_ENUM_ERR) CKPT_E_MAX };
 enum ckpt_dtype { CKPT_DTYPES(CKPT_ABI_ENUM_DTYPE) };
 enum ckpt_state { CKPT_STATES(CKPT_ABI_ENUM_STATE) CKPT_STATE_MAX };
 enum ckpt_result { CKPT_RESULTS(CKPT_ABI_ENUM_RESULT) CKPT_RESULT_MAX };
+/* Index of each status line field (CKPT_SF_state...), and their number. */
+enum ckpt_status_field { CKPT_STATUS_FIELDS(CKPT_ABI_ENUM_STATUS) CKPT_STATUS_N };
 /* Index of each hyperparameter (CKPT_HPI_lr...), and their number. */
 enum ckpt_hparam_index { CKPT_HPARAMS(CKPT_ABI_ENUM_HP) CKPT_HPARAMS_N };
 

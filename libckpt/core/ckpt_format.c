@@ -15,7 +15,7 @@
 
 /* ---------------- error messages ---------------- */
 
-static const char *const ckpt_err_msg[CKPT_E_MAX] = { CKPT_ERRORS(CKPT_ABI_SECOND) };
+static const char *const ckpt_err_msg[CKPT_E_MAX] = { CKPT_ERRORS(CKPT_ABI_ERR_MSG) };
 
 /* Accepts err either sign: ckpt_strerror(-CKPT_E_CRC) == ckpt_strerror(CKPT_E_CRC). */
 const char *ckpt_strerror(int err)
@@ -31,6 +31,15 @@ const char *ckpt_strerror(int err)
 	if (e >= CKPT_E_MAX || !ckpt_err_msg[e])
 		return "unknown error";
 	return ckpt_err_msg[e];
+}
+
+static const unsigned char ckpt_err_errnos[CKPT_E_MAX] = { CKPT_ERRORS(CKPT_ABI_ERR_ERRNO) };
+
+int ckpt_err_errno(int err)
+{
+	unsigned int e = err < 0 ? 0u - (unsigned int)err : (unsigned int)err;
+
+	return e < CKPT_E_MAX ? ckpt_err_errnos[e] : EINVAL;
 }
 
 /* Error names ("E_TWICE"): the enum's name without its prefix. */

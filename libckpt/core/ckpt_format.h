@@ -90,6 +90,8 @@ enum ckpt_optimizer {
 const char *ckpt_strerror(int err);
 /* Names of the ckpt_abi.h lists; "unknown" for a value not in its list. */
 const char *ckpt_err_name(int err);		/* either sign */
+/* The errno (positive) of CKPT_ERRORS for err, either sign; EINVAL if unknown. */
+int ckpt_err_errno(int err);
 const char *ckpt_state_name(u32 state);
 const char *ckpt_result_name(u32 result);
 const char *ckpt_dtype_name(u32 dtype);

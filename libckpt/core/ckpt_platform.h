@@ -13,6 +13,7 @@
 #include <linux/types.h>
 #include <linux/string.h>
 #include <linux/crc32c.h>
+#include <linux/errno.h>
 #include <asm/byteorder.h>
 
 /*
@@ -41,6 +42,7 @@ static inline u32 ckpt_crc32c_raw(u32 seed, const void *p, size_t len)
 #include <string.h> /* memcpy/memset only: the compiler inlines them */
 
 #include <linux/types.h>	/* __le16, __le32, __le64 */
+#include <linux/errno.h>	/* the errno column of CKPT_ERRORS */
 
 /* The kernel's names; x86_64 Linux only, where these are uint8_t... int64_t. */
 typedef unsigned char u8;

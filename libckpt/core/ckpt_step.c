@@ -52,7 +52,7 @@ void ckpt_sm_init(struct ckpt_step_sm *sm, const struct ckpt_sb *sb,
 	sm->last_result = CKPT_RESULT_NONE;
 }
 
-int ckpt_sm_begin(struct ckpt_step_sm *sm, const struct ckpt_cmd *cmd)
+int ckpt_sm_begin_check(const struct ckpt_step_sm *sm, const struct ckpt_cmd *cmd)
 {
 	u32 i, gs = cmd->grad_scale;
 	int ret;
@@ -75,13 +75,23 @@ int ckpt_sm_begin(struct ckpt_step_sm *sm, const struct ckpt_cmd *cmd)
 		if (ret)
 			return ret;
 	}
+	return 0;
+}
 
-	ckpt_bits_clear(sm->claimed, sm->n_chunks);
-	ckpt_bits_clear(sm->applied, sm->n_chunks);
+void ckpt_sm_clear_bitmaps(struct ckpt_step_sm *sm, u64 *claimed, u64 *applied)
+{
+	ckpt_bits_clear(claimed, sm->n_chunks);
+	ckpt_bits_clear(applied, sm->n_chunks);
+}
+
+void ckpt_sm_begin_open(struct ckpt_step_sm *sm, const struct ckpt_cmd *cmd)
+{
+	u32 i;
+
 	sm->chunks_claimed = 0;
 	sm->chunks_applied = 0;
 	sm->overflow = 0;
-	sm->grad_scale = gs;
+	sm->grad_scale = cmd->grad_scale;
 	memset(sm->groups, 0, sizeof(sm->groups));
 	for (i = 0; i < cmd->n_groups; i++)
 		sm->groups[i] = cmd->groups[i];
@@ -89,6 +99,16 @@ int ckpt_sm_begin(struct ckpt_step_sm *sm, const struct ckpt_cmd *cmd)
 	sm->state = CKPT_STATE_OPEN;
 	sm->last_result = CKPT_RESULT_NONE;
 	sm->last_error = CKPT_OK;
+}
+
+int ckpt_sm_begin(struct ckpt_step_sm *sm, const struct ckpt_cmd *cmd)
+{
+	int ret = ckpt_sm_begin_check(sm, cmd);
+
+	if (ret)
+		return ret;
+	ckpt_sm_clear_bitmaps(sm, sm->claimed, sm->applied);
+	ckpt_sm_begin_open(sm, cmd);
 	return 0;
 }
 
@@ -441,8 +461,14 @@ static bool ckpt_get_name(const char *s, u32 end, u32 *pos, const char *(*name)(
 
 int ckpt_status_line_parse(const char *s, u32 len, struct ckpt_counters *out, u32 *n_chunks)
 {
+	return ckpt_status_line_parse_at(s, len, out, n_chunks, NULL);
+}
+
+int ckpt_status_line_parse_at(const char *s, u32 len, struct ckpt_counters *out, u32 *n_chunks,
+			      u32 *field)
+{
 	struct ckpt_counters k;
-	u32 i, end = 0, pos = 0;
+	u32 i, end = 0, pos = 0, bad = CKPT_STATUS_N;
 	u64 v = 0, n = 0;
 	bool ok = true;
 
@@ -457,6 +483,7 @@ int ckpt_status_line_parse(const char *s, u32 len, struct ckpt_counters *out, u3
 		const struct ckpt_ctr_field *f = &ckpt_ctr_fields[i];
 		u64 max = f->size == sizeof(u32) ? CKPT_U32_MAX : ~0ULL;
 
+		bad = i;
 		if (i && (pos >= end || s[pos++] != ' ')) {
 			ok = false;
 			break;
@@ -483,8 +510,11 @@ int ckpt_status_line_parse(const char *s, u32 len, struct ckpt_counters *out, u3
 		if (ok)
 			ckpt_ctr_set(&k, f, v);
 	}
-	if (!ok || pos != end)
+	if (!ok || pos != end) {
+		if (field)
+			*field = ok ? CKPT_STATUS_N : bad;
 		return -CKPT_E_INVAL;
+	}
 	*out = k;	/* committed_slot is not in the line: 0 */
 	*n_chunks = (u32)n;
 	return 0;
@@ -593,6 +623,17 @@ void ckpt_step_init(struct ckpt_step *cs, const struct ckpt_step_ops *ops, void 
 	for (i = 0; i < mem->n_stages; i++)
 		mem->stages[i].chunk = CKPT_STAGE_FREE;
 	ckpt_step_release_stages(cs);
+}
+
+void ckpt_step_restart(struct ckpt_step *cs)
+{
+	ckpt_step_release_stages(cs);
+	ckpt_sm_clear_bitmaps(&cs->sm, cs->mem.claimed, cs->mem.applied);
+	cs->ops->lock(cs->host);
+	ckpt_sm_init(&cs->sm, cs->sb, NULL, NULL);
+	cs->sm.claimed = cs->mem.claimed;
+	cs->sm.applied = cs->mem.applied;
+	cs->ops->unlock(cs->host);
 }
 
 static bool ckpt_cover_any(const u64 *bits, u32 first, u32 count)
@@ -738,25 +779,68 @@ int ckpt_step_grad_write(struct ckpt_step *cs, u64 off, u64 len, void *src)
 	return err;
 }
 
+int ckpt_sb_commit(const struct ckpt_step_ops *ops, void *host, struct ckpt_sb *sb,
+		   struct ckpt_sb *spare, void *block, u64 step, u32 slot, const void *blob,
+		   u32 blob_len)
+{
+	int ret;
+
+	if (ckpt_sb_next(sb, step, slot, blob, blob_len, spare))
+		return -CKPT_EIO_ERRNO;
+	/* Every write the superblock commits is complete; make them durable first. */
+	ret = ops->flush(host);
+	if (ret)
+		return ret;
+	memset(block, 0, CKPT_BLOCK);
+	if (ckpt_sb_encode(spare, block))
+		return -CKPT_EIO_ERRNO;
+	ret = ops->write_sb(host, block, ckpt_sb_next_offset(sb));
+	if (ret)
+		return ret;
+	*sb = *spare;
+	return 0;
+}
+
 int ckpt_step_write_sb(struct ckpt_step *cs, u64 step, u32 slot, const void *blob,
 		       u32 blob_len)
 {
-	struct ckpt_sb *next = cs->mem.spare;
+	return ckpt_sb_commit(cs->ops, cs->host, cs->sb, cs->mem.spare, cs->mem.block, step,
+			      slot, blob, blob_len);
+}
+
+/*
+ * BEGIN: check under the sm lock, clear the bitmaps without it (nothing reads
+ * them outside an open step, and the command lock keeps other commands and
+ * claims out), then check again and open the step under it.
+ */
+static int ckpt_step_begin(struct ckpt_step *cs, const struct ckpt_cmd *cmd)
+{
+	const struct ckpt_step_ops *ops = cs->ops;
+	u32 dst;
 	int ret;
 
-	if (ckpt_sb_next(cs->sb, step, slot, blob, blob_len, next))
-		return -CKPT_EIO_ERRNO;
-	/* Every chunk write of the step is complete; make them durable first. */
-	ret = cs->ops->flush(cs->host);
+	ops->lock(cs->host);
+	ret = ckpt_sm_begin_check(&cs->sm, cmd);
+	if (ret)
+		ckpt_sm_rejected(&cs->sm, ret);
+	ops->unlock(cs->host);
 	if (ret)
 		return ret;
-	memset(cs->mem.block, 0, CKPT_BLOCK);
-	if (ckpt_sb_encode(next, cs->mem.block))
-		return -CKPT_EIO_ERRNO;
-	ret = cs->ops->write_sb(cs->host, cs->mem.block, ckpt_sb_next_offset(cs->sb));
+
+	ckpt_sm_clear_bitmaps(&cs->sm, cs->mem.claimed, cs->mem.applied);
+
+	ops->lock(cs->host);
+	ret = ckpt_sm_begin_check(&cs->sm, cmd);
+	if (ret)
+		ckpt_sm_rejected(&cs->sm, ret);
+	else
+		ckpt_sm_begin_open(&cs->sm, cmd);
+	dst = ckpt_sm_dst_slot(&cs->sm);
+	ops->unlock(cs->host);
 	if (ret)
 		return ret;
-	*cs->sb = *next;
+	if (ops->quiesce)
+		ops->quiesce(cs->host, dst);
 	return 0;
 }
 
@@ -770,11 +854,10 @@ int ckpt_step_exec(struct ckpt_step *cs, const struct ckpt_cmd *cmd, int *io_err
 	/* Everything dispatched before the command is on the device first. */
 	if (ops->drain)
 		ops->drain(cs->host);
+	if (cmd->opcode == CKPT_OP_BEGIN)
+		return ckpt_step_begin(cs, cmd);
 	ops->lock(cs->host);
 	switch (cmd->opcode) {
-	case CKPT_OP_BEGIN:
-		ret = ckpt_sm_begin(&cs->sm, cmd);
-		break;
 	case CKPT_OP_ABORT:
 		ret = ckpt_sm_abort(&cs->sm, cmd);
 		break;
@@ -804,6 +887,8 @@ int ckpt_step_exec(struct ckpt_step *cs, const struct ckpt_cmd *cmd, int *io_err
 			ckpt_sm_committed(&cs->sm);
 		ops->unlock(cs->host);
 		if (io) {
+			if (ops->failed)
+				ops->failed(cs->host, io);
 			if (io_errno)
 				*io_errno = io;
 			return -CKPT_E_IO;

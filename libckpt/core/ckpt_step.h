@@ -66,6 +66,18 @@ void ckpt_sm_init(struct ckpt_step_sm *sm, const struct ckpt_sb *sb,
 
 /* BEGIN: state IDLE, step == committed + 1, n_groups matches, hparams valid. */
 int ckpt_sm_begin(struct ckpt_step_sm *sm, const struct ckpt_cmd *cmd);
+/*
+ * BEGIN in two parts, so that a host need not clear the bitmaps (2 MiB each
+ * with 2^24 chunks) under its sm lock: ckpt_sm_begin_check refuses what
+ * ckpt_sm_begin refuses and changes nothing; ckpt_sm_begin_open opens the
+ * checked step and expects claimed and applied clear (outside an open step
+ * nothing reads them, so the host clears them unlocked in between and checks
+ * again under the lock: an update may have failed the machine meanwhile).
+ */
+int ckpt_sm_begin_check(const struct ckpt_step_sm *sm, const struct ckpt_cmd *cmd);
+void ckpt_sm_begin_open(struct ckpt_step_sm *sm, const struct ckpt_cmd *cmd);
+/* Clear claimed and applied: not under the sm lock, never in an open step. */
+void ckpt_sm_clear_bitmaps(struct ckpt_step_sm *sm, u64 *claimed, u64 *applied);
 /* Before a chunk's update is dispatched: OPEN, in range, not yet claimed. */
 int ckpt_sm_claim(struct ckpt_step_sm *sm, u32 chunk);
 /* After the chunk's new state is on the backing device (or skipped on overflow). */
@@ -158,6 +170,13 @@ int ckpt_status_line(const struct ckpt_counters *k, u32 n_chunks, char *buf, u32
  * -CKPT_E_INVAL with k and n_chunks untouched.
  */
 int ckpt_status_line_parse(const char *s, u32 len, struct ckpt_counters *k, u32 *n_chunks);
+/*
+ * The same, and on -CKPT_E_INVAL *field (if not NULL) says where the line
+ * went wrong: the index in CKPT_STATUS_FIELDS of the field that is missing
+ * or invalid, or CKPT_STATUS_N when text follows the last field.
+ */
+int ckpt_status_line_parse_at(const char *s, u32 len, struct ckpt_counters *k, u32 *n_chunks,
+			      u32 *field);
 
 /*
  * Sector coverage of a partially written chunk (staging). bits holds
@@ -207,6 +226,18 @@ struct ckpt_step_ops {
 	int (*dispatch)(void *host, void *src, u32 chunk, const void *grad);
 	/* Optional: every chunk of the write is dispatched; 0 or a negative error. */
 	int (*dispatched)(void *host, void *src);
+	/*
+	 * Optional: a step is now open that writes slot; return once no read
+	 * of that slot's p_lo that started before BEGIN is still in flight
+	 * (the step's updates will overwrite it).
+	 */
+	void (*quiesce)(void *host, u32 slot);
+	/*
+	 * Optional: the commit's superblock write failed with io_errno and the
+	 * step machine has just entered FAILED (the host's failed mode: its
+	 * sticky error, an event for userspace).
+	 */
+	void (*failed)(void *host, int io_errno);
 };
 
 #define CKPT_STAGE_FREE		0xffffffffu
@@ -286,11 +317,15 @@ int ckpt_step_command(struct ckpt_step *cs, const void *buf, u32 len);
 
 /*
  * Run a decoded command: drain the updates, then BEGIN, ABORT or COMMIT.
- * ABORT and a discarded (overflowed) COMMIT release the stages; a COMMIT of a
+ * BEGIN clears the step's bitmaps with the sm lock released (see
+ * ckpt_sm_begin_check), then calls ops->quiesce for the slot the step
+ * writes. ABORT and a discarded (overflowed) COMMIT release the stages; a
+ * COMMIT of a
  * complete step writes the next superblock (ckpt_step_write_sb), then the
  * step is committed and the stages released. Returns >= 0 (CKPT_RESULT_* for
  * COMMIT), -CKPT_E_IO when the superblock write failed (the device fails,
- * the old commit stands; *io_errno, if not NULL, gets the host's errno), or
+ * the old commit stands, ops->failed is called; *io_errno, if not NULL,
+ * gets the host's errno), or
  * another -CKPT_E_* for a refused command, recorded. cmd may be cs->mem.cmd.
  * Caller holds the command lock.
  */
@@ -305,6 +340,28 @@ int ckpt_step_exec(struct ckpt_step *cs, const struct ckpt_cmd *cmd, int *io_err
  */
 int ckpt_step_write_sb(struct ckpt_step *cs, u64 step, u32 slot, const void *blob,
 		       u32 blob_len);
+
+/*
+ * Start again from *cs->sb, which the host has replaced (a reloaded table
+ * found a newer image): the stages are released and the step machine is
+ * re-initialized (counters too), its bitmaps cleared outside the sm lock.
+ * No update may be in flight. Caller holds the command lock.
+ */
+void ckpt_step_restart(struct ckpt_step *cs);
+
+/*
+ * The commit of a superblock, the one path every commit takes (a step's
+ * COMMIT and a load of state through ckpt_step_write_sb, verify's rollback):
+ * the successor of *sb committing step in slot with blob (ckpt_sb_next) is
+ * built in spare, ops->flush makes the writes before it durable, then it is
+ * encoded into block (CKPT_BLOCK bytes) and written with ops->write_sb at
+ * its copy; on success *sb is it. Uses only ops->flush and ops->write_sb.
+ * Returns 0, the -errno of an op, or -EIO when it cannot be built or
+ * encoded (nothing written).
+ */
+int ckpt_sb_commit(const struct ckpt_step_ops *ops, void *host, struct ckpt_sb *sb,
+		   struct ckpt_sb *spare, void *block, u64 step, u32 slot, const void *blob,
+		   u32 blob_len);
 
 /* Release every stage (ABORT, a new commit). Caller holds the command lock. */
 void ckpt_step_release_stages(struct ckpt_step *cs);

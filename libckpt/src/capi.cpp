@@ -23,6 +23,7 @@
 #include "tools.hpp"
 
 extern "C" {
+#include "ckpt_step.h"
 #include "ckpt_update.h"
 }
 
@@ -162,35 +163,34 @@ constexpr StatusField status_fields[] = {
 	CKPT_STATUS_FIELDS(CKPT_CAPI_FIELD)
 	CKPT_STATUS_GEOMETRY(CKPT_CAPI_GEO)
 };
-#define CKPT_CAPI_ONE(...) +1
-constexpr uint32_t n_line_fields = 0 CKPT_STATUS_FIELDS(CKPT_CAPI_ONE);
+constexpr uint32_t n_line_fields = CKPT_STATUS_N;
 static_assert(sizeof(ckpt_device_status) == sizeof(status_fields) / sizeof(status_fields[0]) * sizeof(uint64_t),
 	      "struct ckpt_device_status is all uint64_t, one per field");
 
 #define CKPT_CAPI_DTYPE_CODE(name, code, s, st) code,
 constexpr uint32_t dtype_codes[] = {CKPT_DTYPES(CKPT_CAPI_DTYPE_CODE)};
 
-// A decimal number of a status field, all of it, at most max.
-uint64_t parse_number(const std::string &w, const char *field, uint64_t max)
+// What a field of each kind must be, for the message naming a bad one.
+const char *field_expects(Kind kind)
 {
-	if (w.empty() || w.size() > 20 || w.find_first_not_of("0123456789") != std::string::npos)
-		ckpt::fail(CKPT_E_INVAL, "status field {} ('{}') is not a number", field, w);
-	errno = 0;
-	const unsigned long long v = std::strtoull(w.c_str(), nullptr, 10);
-	if (errno == ERANGE || v > max)
-		ckpt::fail(CKPT_E_INVAL, "status field {} ({}) is out of range", field, w);
-	return v;
+	switch (kind) {
+	case Kind::STATE:
+		return "a device state name";
+	case Kind::RESULT:
+		return "a step result name";
+	case Kind::FRACTION:
+		return "DONE/TOTAL, decimal, DONE <= TOTAL < 2^32";
+	case Kind::U32:
+		return "a decimal number below 2^32";
+	default:
+		return "a decimal number below 2^64";
+	}
 }
 
-// The index of name in the list of names(i) for i < n.
-uint32_t parse_name(const std::string &w, const char *field, const char *(*names)(uint32_t), uint32_t n)
-{
-	for (uint32_t i = 0; i < n; i++)
-		if (w == names(i))
-			return i;
-	ckpt::fail(CKPT_E_INVAL, "status field {} ('{}') is not a known name", field, w);
-}
-
+// The kernel target's status line, parsed by the core (ckpt_status_line_parse_at),
+// which prints it. The kernel separates the fields by single spaces; a line
+// copied from dmsetup or by hand may carry other blanks, so they are folded
+// first; the message of a refused line names the field.
 struct ckpt_device_status parse_status_line(const char *line)
 {
 	std::vector<std::string> w;
@@ -203,37 +203,27 @@ struct ckpt_device_status parse_status_line(const char *line)
 		if (p != b)
 			w.emplace_back(b, p);
 	}
-	if (w.size() != n_line_fields)
-		ckpt::fail(CKPT_E_INVAL, "{} fields, expected {}", w.size(), n_line_fields);
-	struct ckpt_device_status st = {};
-	for (uint32_t i = 0; i < n_line_fields; i++) {
-		const StatusField &f = status_fields[i];
-		uint64_t &v = st.*f.member;
-		switch (f.kind) {
-		case Kind::STATE:
-			v = parse_name(w[i], f.name, ckpt_state_name, CKPT_STATE_MAX);
-			break;
-		case Kind::RESULT:
-			v = parse_name(w[i], f.name, ckpt_result_name, CKPT_RESULT_MAX);
-			break;
-		case Kind::FRACTION: {
-			const size_t slash = w[i].find('/');
-			if (slash == std::string::npos)
-				ckpt::fail(CKPT_E_INVAL, "status field {} ('{}') is not DONE/TOTAL", f.name, w[i]);
-			v = parse_number(w[i].substr(0, slash), f.name, UINT32_MAX);
-			st.n_chunks = parse_number(w[i].substr(slash + 1), f.name, UINT32_MAX);
-			if (v > st.n_chunks)
-				ckpt::fail(CKPT_E_INVAL, "status field {} ('{}'): more done than there are", f.name, w[i]);
-			break;
-		}
-		case Kind::U32:
-			v = parse_number(w[i], f.name, UINT32_MAX);
-			break;
-		default:
-			v = parse_number(w[i], f.name, UINT64_MAX);
-			break;
-		}
+	std::string folded;
+	for (const auto &word : w)
+		folded += (folded.empty() ? "" : " ") + word;
+	if (folded.size() > CKPT_STATUS_LINE_MAX)
+		ckpt::fail(CKPT_E_INVAL, "status line of {} bytes, longer than any the target prints",
+			   folded.size());
+	struct ckpt_counters k;
+	uint32_t n_chunks = 0, field = CKPT_STATUS_N;
+	if (ckpt_status_line_parse_at(folded.c_str(), static_cast<uint32_t>(folded.size()), &k,
+				      &n_chunks, &field) < 0) {
+		if (field >= w.size() || field >= n_line_fields)
+			ckpt::fail(CKPT_E_INVAL, "{} fields, expected {}", w.size(), n_line_fields);
+		const StatusField &f = status_fields[field];
+		ckpt::fail(CKPT_E_INVAL, "status field {} ('{}') is not {}", f.name, w[field],
+			   field_expects(f.kind));
 	}
+	struct ckpt_device_status st = {};
+#define CKPT_CAPI_COPY(field, kind) st.field = k.field;
+	CKPT_STATUS_FIELDS(CKPT_CAPI_COPY)
+#undef CKPT_CAPI_COPY
+	st.n_chunks = n_chunks;
 	return st;
 }
 

@@ -218,24 +218,12 @@ struct EngineOps {
 	static int flush(void *host)
 	{
 		Engine &e = of(host);
-		try {
-			e.img_.file.flush();
-		} catch (const Error &err) {
-			e.io_message_ = err.what();
-			return -EIO;
-		}
-		return 0;
+		return e.img_.file.commit_flush(e.io_message_);
 	}
 	static int write_sb(void *host, const void *block, uint64_t off)
 	{
 		Engine &e = of(host);
-		try {
-			e.img_.file.pwrite_durable(block, CKPT_BLOCK, off);
-		} catch (const Error &err) {
-			e.io_message_ = err.what();
-			return -EIO;
-		}
-		return 0;
+		return e.img_.file.commit_write_sb(block, off, e.io_message_);
 	}
 	static void copy(void *, void *src, void *dst, uint64_t n)
 	{
@@ -272,6 +260,8 @@ const struct ckpt_step_ops Engine::ops_ = {
 	.copy = EngineOps::copy,
 	.dispatch = EngineOps::dispatch,
 	.dispatched = EngineOps::dispatched,
+	.quiesce = nullptr,	// reads hold call_mu_: none is in flight during a command
+	.failed = nullptr,	// control_write throws the io message instead
 };
 
 // ---------------------------------------------------------------- commands

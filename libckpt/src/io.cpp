@@ -282,6 +282,28 @@ void BackingFile::flush() const
 		fail(CKPT_E_IO, "flush of {} failed: {}", path, strerror(errno));
 }
 
+int BackingFile::commit_flush(std::string &message) const noexcept
+{
+	try {
+		flush();
+	} catch (const std::exception &e) {
+		message = e.what();
+		return -EIO;
+	}
+	return 0;
+}
+
+int BackingFile::commit_write_sb(const void *block, uint64_t off, std::string &message) const noexcept
+{
+	try {
+		pwrite_durable(block, CKPT_BLOCK, off);
+	} catch (const std::exception &e) {
+		message = e.what();
+		return -EIO;
+	}
+	return 0;
+}
+
 Ring::Ring(unsigned entries)
 {
 	int ret = io_uring_queue_init(entries, &ring_, 0);

@@ -108,6 +108,13 @@ struct BackingFile {
 	// Forced to stable media on return (FUA where O_DIRECT, else write + fdatasync).
 	void pwrite_durable(const void *buf, size_t len, uint64_t off) const;
 	void flush() const;
+
+	// The two I/Os of the core's commit (ckpt_step_ops flush and write_sb,
+	// the block CKPT_BLOCK bytes): they never throw through the C core, an
+	// I/O error is -EIO with its message kept in message for the throw that
+	// follows.
+	int commit_flush(std::string &message) const noexcept;
+	int commit_write_sb(const void *block, uint64_t off, std::string &message) const noexcept;
 };
 
 // One io_uring instance; not shared between threads.

@@ -2,12 +2,14 @@
 #include "verify.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <functional>
 
 #include "error.hpp"
 
 extern "C" {
+#include "ckpt_step.h"
 #include "ckpt_update.h"
 }
 
@@ -264,10 +266,33 @@ void rollback(Image &img, const RollbackCheck &rb)
 		ckpt_rec_seal(hdr.as(), nullptr, nullptr, &id, img.sb.feature_incompat);
 		img.file.pwrite_all(hdr.as(), CKPT_BLOCK, off);
 	}
-	img.file.flush();
-	std::memset(hdr.as(), 0, CKPT_BLOCK);
-	check_core(ckpt_sb_encode(&next, hdr.as()), "encode superblock");
-	img.file.pwrite_durable(hdr.as(), CKPT_BLOCK, ckpt_sb_next_offset(&img.sb));
+	// The commit every target makes (flush, then the next copy durable), as
+	// the core does it; the ops keep the I/O error's message for the throw.
+	struct Host {
+		Image &img;
+		std::string message;
+	} host{img, {}};
+	static const struct ckpt_step_ops ops = {
+		.lock = nullptr,
+		.unlock = nullptr,
+		.drain = nullptr,
+		.flush = [](void *h) { auto &o = *static_cast<Host *>(h); return o.img.file.commit_flush(o.message); },
+		.write_sb =
+			[](void *h, const void *block, uint64_t off) {
+				auto &o = *static_cast<Host *>(h);
+				return o.img.file.commit_write_sb(block, off, o.message);
+			},
+		.copy = nullptr,
+		.dispatch = nullptr,
+		.dispatched = nullptr,
+		.quiesce = nullptr,
+		.failed = nullptr,
+	};
+	struct ckpt_sb spare;
+	if (ckpt_sb_commit(&ops, &host, &img.sb, &spare, hdr.as(), rb.step, rb.slot, rb.prev.blob,
+			   rb.prev.blob_len) < 0)
+		fail(CKPT_E_IO, "{}: rollback commit: {}", img.file.path,
+		     host.message.empty() ? "the superblock does not encode" : host.message);
 	img.reload_superblock();
 	if (img.sb.sequence != next.sequence || img.sb.committed_step != rb.step)
 		fail(CKPT_E_IO, "{}: the rollback superblock did not read back", img.file.path);

@@ -4,6 +4,7 @@
 // fields, the gradient-write plan and command execution.
 #include <gtest/gtest.h>
 
+#include <cerrno>
 #include <cstddef>
 #include <cstdio>
 #include <algorithm>
@@ -417,6 +418,41 @@ TEST(CoreStatus, HostileLinesAreRefusedUnchanged)
 	}
 }
 
+// The parser says which field went wrong, so a caller's message can name it.
+TEST(CoreStatus, LineParseNamesTheBadField)
+{
+	struct Case {
+		const char *line;
+		uint32_t field;
+	} cases[] = {
+		{"", 0},
+		{"opened 3 4 2/8 1 overflow 16 5 3 1 2 7 4096 8192 9", 0},
+		{"open", 1},
+		{"open -3 4 2/8 1 overflow 16 5 3 1 2 7 4096 8192 9", 1},
+		{"open 3 4 9/8 1 overflow 16 5 3 1 2 7 4096 8192 9", 3},
+		{"open 3 4 2/8 4294967296 overflow 16 5 3 1 2 7 4096 8192 9", 4},
+		{"open 3 4 2/8 1 committedx 16 5 3 1 2 7 4096 8192 9", 5},
+		{"open 3 4 2/8 1 overflow 16 5 3 1 2 7 4096 x 9", 13},
+		{"open 3 4 2/8 1 overflow 16 5 3 1 2 7 4096 8192", 14},
+		{"open 3 4 2/8 1 overflow 16 5 3 1 2 7 4096 8192 9x", 14},
+		{"open 3 4 2/8 1 overflow 16 5 3 1 2 7 4096 8192 9 10", CKPT_STATUS_N},
+	};
+	EXPECT_EQ(CKPT_STATUS_N, 15u);
+	for (const auto &c : cases) {
+		ckpt_counters k;
+		uint32_t n = 0, field = 1000;
+		EXPECT_EQ(ckpt_status_line_parse_at(c.line, uint32_t(std::strlen(c.line)), &k, &n, &field),
+			  -CKPT_E_INVAL) << c.line;
+		EXPECT_EQ(field, c.field) << c.line;
+	}
+	ckpt_counters k;
+	uint32_t n = 0, field = 1000;
+	const char *good = "open 3 4 2/8 1 overflow 16 5 3 1 2 7 4096 8192 9";
+	EXPECT_EQ(ckpt_status_line_parse_at(good, uint32_t(std::strlen(good)), &k, &n, &field), 0);
+	EXPECT_EQ(field, 1000u) << "untouched on success";
+	EXPECT_EQ(ckpt_status_line_parse_at(good, uint32_t(std::strlen(good)), &k, &n, nullptr), 0);
+}
+
 // ---------------------------------------------------------------- hparams
 
 TEST(CoreHparams, FieldOrderAndBytesAreTheList)
@@ -515,7 +551,22 @@ struct FakeHost {
 	std::vector<std::pair<uint32_t, std::vector<uint8_t>>> dispatched;	// chunk, grads
 	int batches = 0;
 	bool op_under_lock = false;
+	// quiesce(slot) and failed(errno) calls, in order
+	std::vector<uint32_t> quiesced;
+	std::vector<int> failed;
+	// A bitmap the lock ops watch: was any set bit cleared while locked?
+	const uint64_t *watch = nullptr;
+	size_t watch_words = 0;
+	uint64_t watch_bits = 0;
+	bool cleared_under_lock = false;
 
+	uint64_t watched() const
+	{
+		uint64_t n = 0;
+		for (size_t i = 0; i < watch_words; i++)
+			n += uint64_t(__builtin_popcountll(watch[i]));
+		return n;
+	}
 	void check_unlocked()
 	{
 		if (locked)
@@ -530,8 +581,20 @@ struct Src {
 FakeHost &host_of(void *h) { return *static_cast<FakeHost *>(h); }
 
 const ckpt_step_ops fake_ops = {
-	.lock = [](void *h) { host_of(h).locked++; host_of(h).max_locked = std::max(host_of(h).max_locked, host_of(h).locked); },
-	.unlock = [](void *h) { host_of(h).locked--; },
+	.lock =
+		[](void *h) {
+			FakeHost &f = host_of(h);
+			f.locked++;
+			f.max_locked = std::max(f.max_locked, f.locked);
+			f.watch_bits = f.watched();
+		},
+	.unlock =
+		[](void *h) {
+			FakeHost &f = host_of(h);
+			if (f.watch_bits && !f.watched())
+				f.cleared_under_lock = true;
+			f.locked--;
+		},
 	.drain = [](void *h) { host_of(h).check_unlocked(); host_of(h).drains++; },
 	.flush = [](void *h) { host_of(h).check_unlocked(); host_of(h).flushes++; return host_of(h).flush_ret; },
 	.write_sb =
@@ -566,6 +629,8 @@ const ckpt_step_ops fake_ops = {
 			return 0;
 		},
 	.dispatched = [](void *h, void *) { host_of(h).check_unlocked(); host_of(h).batches++; return 0; },
+	.quiesce = [](void *h, uint32_t slot) { host_of(h).check_unlocked(); host_of(h).quiesced.push_back(slot); },
+	.failed = [](void *h, int err) { host_of(h).check_unlocked(); host_of(h).failed.push_back(err); },
 };
 
 // A step protocol over small_sb() with its memory, as a host would allocate it.
@@ -738,6 +803,68 @@ TEST(CoreProtocol, WholeAndStagedChunksThenCommit)
 	EXPECT_EQ(p.cs.sm.state, uint32_t(CKPT_STATE_IDLE));
 	EXPECT_EQ(p.cs.sm.last_result, uint32_t(CKPT_RESULT_COMMITTED));
 	EXPECT_FALSE(p.host.op_under_lock);
+}
+
+// BEGIN clears the per-chunk bitmaps (2 MiB each with 2^24 chunks) with the
+// sm lock released, then waits for the PARAM reads of the slot it rewrites.
+TEST(CoreProtocol, BeginClearsBitmapsUnlockedThenQuiesces)
+{
+	Proto p(CKPT_STAGING_DEFAULT);
+	ASSERT_EQ(p.command(CKPT_OP_BEGIN, 1), 0);
+	ASSERT_EQ(p.host.quiesced, std::vector<uint32_t>{1u}) << "the slot step 1 writes";
+	ASSERT_EQ(p.grad(0, pattern(3 * p.cb, 5)), 0);
+	p.apply_all();
+	ASSERT_EQ(p.command(CKPT_OP_ABORT, 1), 0);
+	p.host.watch = p.claimed.data();
+	p.host.watch_words = p.claimed.size();
+	ASSERT_EQ(p.host.watched(), 3u);
+	ASSERT_EQ(p.command(CKPT_OP_BEGIN, 1), 0);
+	EXPECT_EQ(p.host.watched(), 0u) << "a new step starts with no chunk claimed";
+	EXPECT_FALSE(p.host.cleared_under_lock) << "the bitmaps are cleared outside the sm lock";
+	EXPECT_EQ(p.host.locked, 0);
+	EXPECT_FALSE(p.host.op_under_lock);
+	EXPECT_EQ(p.host.quiesced, (std::vector<uint32_t>{1u, 1u}));
+	// A refused BEGIN neither clears nor quiesces.
+	ASSERT_EQ(p.grad(0, pattern(p.cb, 6)), 0);
+	const auto before = p.snapshot();
+	EXPECT_EQ(p.command(CKPT_OP_BEGIN, 2), -CKPT_E_STATE);
+	EXPECT_EQ(p.snapshot(), before);
+	EXPECT_EQ(p.host.quiesced.size(), 2u);
+}
+
+// A failed superblock write: the host's failed hook gets the errno, unlocked.
+TEST(CoreProtocol, CommitWriteFailureCallsFailedHook)
+{
+	Proto p(CKPT_STAGING_DEFAULT);
+	ASSERT_EQ(p.command(CKPT_OP_BEGIN, 1), 0);
+	ASSERT_EQ(p.grad(0, pattern(p.sb.geo.n_chunks * p.cb, 7)), 0);
+	p.apply_all();
+	p.host.write_ret = -EROFS;
+	ckpt_cmd c{};
+	c.opcode = CKPT_OP_COMMIT;
+	c.step = 1;
+	int io = 0;
+	EXPECT_EQ(ckpt_step_exec(&p.cs, &c, &io), -CKPT_E_IO);
+	EXPECT_EQ(io, -EROFS);
+	EXPECT_EQ(p.host.failed, std::vector<int>{-EROFS});
+	EXPECT_FALSE(p.host.op_under_lock);
+	EXPECT_EQ(p.cs.sm.state, uint32_t(CKPT_STATE_FAILED));
+	EXPECT_EQ(p.cs.sm.first_io_error, uint32_t(EROFS));
+}
+
+// The errno a host returns for each core error: one column of CKPT_ERRORS.
+TEST(CoreErrors, Errno)
+{
+	EXPECT_EQ(ckpt_err_errno(-CKPT_E_IO), EIO);
+	EXPECT_EQ(ckpt_err_errno(CKPT_E_FAILED), EIO);
+	EXPECT_EQ(ckpt_err_errno(-CKPT_E_NOMEM), ENOMEM);
+	EXPECT_EQ(ckpt_err_errno(-CKPT_E_NOSPC), ENOSPC);
+	EXPECT_EQ(ckpt_err_errno(-CKPT_E_READONLY), EROFS);
+	EXPECT_EQ(ckpt_err_errno(-CKPT_E_STEP), EINVAL);
+	EXPECT_EQ(ckpt_err_errno(-CKPT_E_TWICE), EINVAL);
+	EXPECT_EQ(ckpt_err_errno(CKPT_OK), 0);
+	EXPECT_EQ(ckpt_err_errno(-1000), EINVAL) << "unknown codes are EINVAL";
+	EXPECT_EQ(ckpt_err_errno(CKPT_E_MAX), EINVAL);
 }
 
 TEST(CoreProtocol, RefusedWritesChangeNothing)
