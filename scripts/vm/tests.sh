@@ -13,7 +13,7 @@
 #
 #   scripts/vm/tests.sh [--matrix "6.1:max 6.1:qemu64 6.12:max"]
 #                       [--params N] [--steps N] [--seed N] [--presteps N]
-#                       [--only kmod|identity|scripts]
+#                       [--only harness|kmod|identity|scripts]
 # --presteps N: the host commits the first N steps (default 0) with the
 # userspace engine before the image is copied; both sides then continue from
 # step N+1 (so the kernel starts from a state the userspace engine wrote).
@@ -211,7 +211,36 @@ scripts_run() { # KERNEL CPU DIR
 	done
 }
 
+# The runner's boot-crash retry (scripts/vm/run): a guest that panics before
+# /init ran is booted again and reported, one that crashes after is not.
+harness_run() { # KERNEL DIR
+	local k=$1 d=$2 rc script=$2/harness-noop.sh
+	mkdir -p "$d"
+	printf '#!/bin/sh\necho harness\n' >"$script"
+	CKPT_VM_BOOT_RETRIES=1 "$RUN" --kernel "$k" --no-ckpt --quiet --timeout 120 --log "$d/boot.log" \
+		--append "init=/nonexistent rdinit=/nonexistent" "$script" 2>"$d/boot.runner"
+	rc=$?
+	if [ $rc = 123 ] && [ "$(grep -c 'RETRY 1/1' "$d/boot.runner")" = 1 ] && [ -f "$d/boot.log.boot-crash-1" ]; then
+		ok "$k harness: a guest that panics before /init is booted again once and reported"
+	else
+		not_ok "$k harness: boot-crash retry (status $rc, runner output $d/boot.runner)"
+	fi
+	printf '#!/bin/sh\necho c >/proc/sysrq-trigger\n' >"$script"
+	CKPT_VM_BOOT_RETRIES=1 "$RUN" --kernel "$k" --no-ckpt --quiet --timeout 120 --log "$d/late.log" \
+		"$script" 2>"$d/late.runner"
+	rc=$?
+	if [ $rc = 123 ] && ! grep -q RETRY "$d/late.runner" && [ ! -e "$d/late.log.boot-crash-1" ]; then
+		ok "$k harness: a crash after /init started is never retried"
+	else
+		not_ok "$k harness: a crash after /init was retried or not seen (status $rc, $d/late.runner)"
+	fi
+}
+
 want() { [ -z "$only" ] || [ "$only" = "$1" ]; }
+
+if [ $preflight_ok = 1 ] && want harness; then
+	harness_run "${matrix%%:*}" "$results/harness"
+fi
 
 if [ $preflight_ok = 1 ]; then
 	for combo in $matrix; do
@@ -240,6 +269,8 @@ if [ $preflight_ok = 1 ]; then
 fi
 
 echo "# ---- VM suite: matrix '$matrix', $((SECONDS - t0)) s, results in $results"
+retried=$(find "$results" -name '*.boot-crash-*' ! -path '*/harness/*' | wc -l)
+echo "# guest boots retried after a crash before /init: $retried$([ "$retried" = 0 ] || echo " (logs: $(find "$results" -name '*.boot-crash-*' ! -path '*/harness/*' | tr '\n' ' '))")"
 [ $skip -eq 0 ] || echo "# $skip tests were skipped (ok # SKIP), counted as failed"
 for f in "${failures[@]}"; do echo "# FAILED: $f"; done
 echo "$pass passed, $fail failed"
