@@ -6,7 +6,7 @@ PYTHON ?= /usr/bin/python3
 JOBS ?= $(shell nproc)
 export PYTHONPATH := $(CURDIR)/$(BUILD)/python
 
-.PHONY: all deps configure check demo bench clean check-unit check-asan kmod check-vm vm-shell bench-vm
+.PHONY: all deps configure check reliability demo bench clean check-unit check-asan kmod check-vm vm-shell bench-vm
 
 all: configure
 	cmake --build $(BUILD) -j$(JOBS)
@@ -24,7 +24,7 @@ $(BUILD)/CMakeCache.txt:
 # any failing fails check.
 check: deps
 	$(MAKE) all
-	$(MAKE) -k -j1 check-unit check-asan check-vm
+	$(MAKE) -k -j1 check-unit check-asan check-vm reliability
 
 check-unit:
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
@@ -37,6 +37,11 @@ check-asan:
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPT_SANITIZE=ON -DPython3_EXECUTABLE=$(PYTHON)
 	cmake --build $(ASAN_BUILD) -j$(JOBS)
 	scripts/check-asan.sh $(ASAN_BUILD) -j$(JOBS)
+
+# docs/reliability.md from the last results of every proof (each writes
+# $(BUILD)/reliability/NAME.json); fails if a proof of this run lost data
+reliability:
+	scripts/reliability.py update --build $(BUILD) --check
 
 demo: deps
 	$(MAKE) all

@@ -273,6 +273,13 @@ retried=$(find "$results" -name '*.boot-crash-*' ! -path '*/harness/*' | wc -l)
 echo "# guest boots retried after a crash before /init: $retried$([ "$retried" = 0 ] || echo " (logs: $(find "$results" -name '*.boot-crash-*' ! -path '*/harness/*' | tr '\n' ' '))")"
 [ $skip -eq 0 ] || echo "# $skip tests were skipped (ok # SKIP), counted as failed"
 for f in "${failures[@]}"; do echo "# FAILED: $f"; done
+# the whole suite's result goes to docs/reliability.md (scripts/reliability.py)
+if [ -z "$only" ]; then
+	"$ROOT/scripts/reliability.py" record --build "$BUILD_DIR" --name kernel-vm-suite \
+		--what "kernel target tests and kernel/engine byte identity in qemu ($matrix); $retried boot(s) retried" \
+		--count $((pass + fail)) --unit tests --lost $fail --target "make check-vm" ||
+		echo "# could not record the result for docs/reliability.md"
+fi
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
 exit
