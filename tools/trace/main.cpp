@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 // ckpt-trace: replays a seeded training trace through libckpt. The same seed
 // gives the same command stream on any target, so the backing images the
-// userspace engine and the kernel target leave behind must be identical.
+// userspace engine and the kernel target leave behind must be identical, and
+// a trace resumed from any committed step goes on as the uninterrupted one.
 //
 // The trace exercises what a trainer does and a little more: several groups
 // (AdamW and Adam-L2, changing lr), fp16 with a loss scale or bf16, tensors
@@ -153,7 +154,7 @@ int main(int argc, char **argv)
 		if (piece % bs || block % piece)
 			throw std::runtime_error(fmt::format("--piece-bytes {} must be a multiple of the block size {} "
 							     "and divide {}", piece, bs, block));
-		Rng r{seed};
+		Rng r{seed};	// the initial masters; each step draws from its own stream
 
 		// The initial masters belong to the format: a device formatted
 		// elsewhere (the kernel target's backing device) already has them.
@@ -176,7 +177,6 @@ int main(int argc, char **argv)
 
 		std::vector<uint16_t> grad, readback;
 		std::vector<float> gf;
-		uint32_t reads_crc = 0;
 		check(ckpt_info(d.get(), &info));
 		const uint64_t first = info.committed_step + 1;
 		uint64_t last_attempt = 0;
@@ -187,6 +187,11 @@ int main(int argc, char **argv)
 			const bool overflow_step = step % 23 == 7 && !retry;
 			const bool abort_step = step % 31 == 11 && !retry;
 			last_attempt = step;
+			// Each attempt at a step draws from a stream of its own, so a
+			// trace resumed from any committed step (after a crash) goes on
+			// exactly as the uninterrupted one.
+			r = Rng{Rng{seed ^ (step * 0xd1b54a32d192ed03ull)}.next()};
+			uint32_t reads_crc = 0;
 			const float scale = dt == CKPT_DTYPE_FP16 ? 1024.0f : 1.0f;
 			const double clip = 0.5 + 0.5 * r.uniform();
 			const auto hp = trace_hparams(info.n_groups, step);
