@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include <fcntl.h>
 #include <linux/fs.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
@@ -44,6 +45,11 @@ bool BlockTarget::read_status(struct ckpt_status &st)
 	       ckpt_status_decode(bounce_.as(), &st) == 0;
 }
 
+// A device-mapper device is a dm-ckpt device when offset 0 reads as its
+// status page (a control read: no side effect; O_DIRECT, so no stale page is
+// cached). Any other device-mapper device (an LVM volume, dm-linear, a
+// dm-log-writes stack) is a plain block device, which may itself hold a
+// backing image: its slave is not its content.
 std::optional<std::string> BlockTarget::backing_of(const std::string &path)
 {
 	struct stat st;
@@ -54,12 +60,18 @@ std::optional<std::string> BlockTarget::backing_of(const std::string &path)
 	std::error_code ec;
 	if (!fs::exists(sys / "dm", ec))
 		return std::nullopt;
+	const Fd fd(::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC));
+	const Buffer page(CKPT_BLOCK);
+	struct ckpt_status status;
+	if (!fd || ::pread(fd.get(), page.as(), CKPT_BLOCK, 0) != CKPT_BLOCK ||
+	    ckpt_status_decode(page.as(), &status) != 0)
+		return std::nullopt;
 	std::vector<std::string> slaves;
 	for (const auto &e : fs::directory_iterator(sys / "slaves", ec))
 		slaves.push_back(e.path().filename().string());
 	if (slaves.size() != 1)
-		fail(CKPT_E_INVAL, "{} is a device-mapper device with {} backing devices, not a dm-ckpt device",
-		     path, slaves.size());
+		fail(CKPT_E_INVAL, "{} answers as a dm-ckpt device but has {} backing devices", path,
+		     slaves.size());
 	return "/dev/" + slaves[0];
 }
 

@@ -90,6 +90,23 @@ fails_with "remove refuses a non-dm-ckpt device" any "not a dm-ckpt device" ckpt
 fails_with "status refuses a non-dm-ckpt device" any "not a dm-ckpt device" ckptctl status zero0
 ok "remove --force removes it" ckptctl remove --force zero0
 
+# ---- a backing image on a device-mapper volume (as on LVM): the volume is
+# the backing device, not the device under it
+sectors=$(blockdev --getsz $dev)
+dd if=/dev/zero of=$dev bs=4096 count=4 conv=fsync 2>/dev/null
+dmsetup create --noudevsync lv0 --table "0 $((sectors - 8192)) linear $dev 8192" && dmsetup mknodes lv0
+ok "format a dm-linear volume" ckptctl format /dev/mapper/lv0 -m /tmp/m.json
+ok "info reads the volume itself" has "dm-ckpt format" ckptctl info /dev/mapper/lv0
+fails_with "... not the device under it" any "superblock" ckptctl info $dev
+ok "ckpt-trace steps the volume with the userspace engine" has "committed step 2" \
+	ckpt-trace /dev/mapper/lv0 --steps 2 --seed 3
+ok "create a target on the volume" has "committed step 2" ckptctl create $name /dev/mapper/lv0
+ok "the target steps it" has "committed step 3" ckpt-trace /dev/mapper/$name --steps 1 --seed 3
+ok "info through the target reads the volume" has "committed step  3" ckptctl info /dev/mapper/$name
+ok "remove it" ckptctl remove $name
+ok "verify the volume" has "verify: ok" ckptctl verify /dev/mapper/lv0
+dmsetup remove --noudevsync lv0
+
 echo "1..$n"
 echo "$((n - failed)) passed, $failed failed"
 exit $((failed > 0))	# 0 or 1: 2 and up are the runner's own failures
