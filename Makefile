@@ -6,7 +6,7 @@ PYTHON ?= /usr/bin/python3
 JOBS ?= $(shell nproc)
 export PYTHONPATH := $(CURDIR)/$(BUILD)/python
 
-.PHONY: all deps configure check reliability demo bench clean check-unit check-asan kmod check-vm vm-shell bench-vm
+.PHONY: all deps configure check reliability demo bench clean check-unit check-asan kmod check-vm check-powercut vm-shell bench-vm
 
 all: configure
 	cmake --build $(BUILD) -j$(JOBS)
@@ -24,7 +24,7 @@ $(BUILD)/CMakeCache.txt:
 # any failing fails check.
 check: deps
 	$(MAKE) all
-	$(MAKE) -k -j1 check-unit check-asan check-vm reliability
+	$(MAKE) -k -j1 check-unit check-asan check-vm check-powercut reliability
 
 check-unit:
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
@@ -71,6 +71,15 @@ check-vm: deps
 	$(MAKE) all
 	$(MAKE) kmod
 	BUILD=$(BUILD) scripts/vm/tests.sh
+
+# qemu killed at random moments of steps under the kernel target; after each
+# cut the image holds exactly the reference state of a committed step
+# (scripts/vm/powercut.sh). POWERCUTS cuts (the campaign runs more).
+POWERCUTS ?= 20
+check-powercut: deps
+	$(MAKE) all
+	$(MAKE) kmod
+	BUILD=$(BUILD) scripts/vm/powercut.sh --cuts $(POWERCUTS) --params 65536 --steps 30
 
 # an interactive shell in the VM (dm-ckpt loaded if it builds); IMAGE=file to
 # back /dev/nvme0n1 with it. Ctrl-A X quits qemu.

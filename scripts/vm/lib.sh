@@ -127,3 +127,22 @@ find_ckpt_module() {
 	done
 	return 1
 }
+
+# trace_reference DIR PARAMS STEPS SEED: DIR/base.img, a backing image
+# formatted for the seeded ckpt-trace at step 0, and DIR/ref/S.st for S in
+# 0..STEPS: masters, moments, blob and step (ckptctl export --with-optimizer)
+# after the trace's step S on the userspace engine, never interrupted. The
+# crash tests compare every state they find with these.
+trace_reference() {
+	local dir=$1 params=$2 steps=$3 seed=$4 s
+	local trace=$BUILD_DIR/tools/ckpt-trace ctl=$BUILD_DIR/tools/ckptctl
+	mkdir -p "$dir/ref"
+	"$trace" "$dir/base.img" --format --params "$params" --steps 0 --seed "$seed" >/dev/null || return 1
+	cp "$dir/base.img" "$dir/ref.img"
+	"$ctl" export --with-optimizer "$dir/ref.img" --to "$dir/ref/0.st" >/dev/null || return 1
+	for ((s = 1; s <= steps; s++)); do
+		"$trace" "$dir/ref.img" --steps 1 --seed "$seed" >/dev/null &&
+			"$ctl" export --with-optimizer "$dir/ref.img" --to "$dir/ref/$s.st" >/dev/null || return 1
+	done
+	rm -f "$dir/ref.img"
+}
