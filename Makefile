@@ -6,7 +6,7 @@ PYTHON ?= /usr/bin/python3
 JOBS ?= $(shell nproc)
 export PYTHONPATH := $(CURDIR)/$(BUILD)/python
 
-.PHONY: all deps configure check reliability demo bench clean check-unit check-asan kmod check-vm check-powercut vm-shell bench-vm
+.PHONY: all deps configure check reliability demo bench clean check-unit check-asan kmod check-vm check-powercut check-logreplay vm-shell bench-vm
 
 all: configure
 	cmake --build $(BUILD) -j$(JOBS)
@@ -24,7 +24,7 @@ $(BUILD)/CMakeCache.txt:
 # any failing fails check.
 check: deps
 	$(MAKE) all
-	$(MAKE) -k -j1 check-unit check-asan check-vm check-powercut reliability
+	$(MAKE) -k -j1 check-unit check-asan check-vm check-powercut check-logreplay reliability
 
 check-unit:
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
@@ -80,6 +80,14 @@ check-powercut: deps
 	$(MAKE) all
 	$(MAKE) kmod
 	BUILD=$(BUILD) scripts/vm/powercut.sh --cuts $(POWERCUTS) --params 65536 --steps 30
+
+# the kernel target's writes logged by dm-log-writes and replayed up to every
+# flush and FUA: each state checked by the engine and the target
+# (scripts/vm/logreplay.sh)
+check-logreplay: deps
+	$(MAKE) all
+	$(MAKE) kmod
+	BUILD=$(BUILD) scripts/vm/logreplay.sh
 
 # an interactive shell in the VM (dm-ckpt loaded if it builds); IMAGE=file to
 # back /dev/nvme0n1 with it. Ctrl-A X quits qemu.
