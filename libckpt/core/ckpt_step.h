@@ -289,6 +289,8 @@ struct ckpt_step {
 	u32 sectors;		/* per chunk */
 	u32 free_stages;	/* under the command lock, as the stages */
 	u32 done_first;		/* stages completed by the current write */
+	/* the image's layout: constant (a restart keeps the geometry), read unlocked */
+	struct ckpt_layout layout;
 };
 
 /* Start from superblock sb (the host's, kept up to date by commits). */
@@ -371,6 +373,55 @@ static inline u32 ckpt_step_stages_used(const struct ckpt_step *cs)
 {
 	return cs->mem.n_stages - cs->free_stages;
 }
+
+/* ---------------- the virtual device: which window an access hits ---------------- */
+
+/* The windows of the virtual device (design section 3), in offset order. */
+enum ckpt_window {
+	CKPT_WIN_NONE,		/* an empty access, or one beyond the device */
+	CKPT_WIN_CTRL,		/* [0, grad_off): one command; reads give the status page */
+	CKPT_WIN_GRAD,		/* [grad_off, param_off): gradients; reads give zeros */
+	CKPT_WIN_PARAM,		/* [param_off, virt_bytes): the latest applied p_lo, read-only */
+};
+
+/* ckpt_route flags */
+#define CKPT_ROUTE_WRITE	(1u << 0)	/* a write (else a read) */
+#define CKPT_ROUTE_READ_ONLY	(1u << 1)	/* a read-only device (table): no write */
+
+/* Where an access goes, as ckpt_route decides. */
+struct ckpt_route {
+	u32 window;		/* enum ckpt_window of off (also on a refusal) */
+	u32 chunk;		/* PARAM: the chunk at off */
+	u64 off;		/* offset of the access in its window */
+	u64 in;			/* PARAM: offset in the chunk's p_lo */
+	u64 len;		/* bytes of the access that go to this window (the cut) */
+};
+
+/*
+ * Route len bytes at virtual device offset off, the one rule of what each
+ * window accepts. A write is accepted whole or refused: it must be sector
+ * aligned (-CKPT_E_ALIGN), within the device (-CKPT_E_RANGE), on a
+ * writable device (-CKPT_E_READONLY); a command is one write at offset 0 of
+ * at most CKPT_BLOCK bytes, a gradient write must not run into the PARAM
+ * window (-CKPT_E_RANGE), the PARAM window is read-only (-CKPT_E_READONLY).
+ * A read may start anywhere in the device (else -CKPT_E_RANGE) and is cut
+ * at the end of its window, a PARAM read at the end of its chunk: r->len
+ * bytes go to r->window, the host routes the rest again from off + r->len.
+ * An empty access is accepted as CKPT_WIN_NONE with r->len 0. r is always
+ * filled (window of off, or NONE beyond the device). l must be a computed
+ * layout (ckpt_layout_compute). Pure: no lock, any context, off + len may
+ * be anything up to 2^64 - 1 each.
+ */
+int ckpt_route(const struct ckpt_layout *l, u64 off, u64 len, u32 flags, struct ckpt_route *r);
+
+/*
+ * ckpt_route on cs's image, and the refusal counted as the protocol counts
+ * it: a refused write is a refused request (ckpt_sm_rejected under the sm
+ * lock, so the status page says why), a refused read changes nothing.
+ * Needs no command lock (the kernel routes in map); takes the sm lock only
+ * to record a refusal.
+ */
+int ckpt_step_route(struct ckpt_step *cs, u64 off, u64 len, u32 flags, struct ckpt_route *r);
 
 #ifdef __cplusplus
 }
