@@ -423,6 +423,32 @@ int ckpt_route(const struct ckpt_layout *l, u64 off, u64 len, u32 flags, struct 
  */
 int ckpt_step_route(struct ckpt_step *cs, u64 off, u64 len, u32 flags, struct ckpt_route *r);
 
+/* ---------------- loading state from outside (initial masters, an import) ---------------- */
+
+/*
+ * May state be loaded now, committing step with a blob_len-byte trainer
+ * blob? Only on an IDLE machine that has committed no step: -CKPT_E_FAILED
+ * (failed device), -CKPT_E_STATE (a step is open, or committed_step is not
+ * 0), -CKPT_E_STEP (step > CKPT_STEP_MAX: no next step would be left),
+ * -CKPT_E_BLOB (blob_len > CKPT_BLOB_MAX), else 0. Changes nothing, records
+ * nothing (a load is not a request of the virtual device). Takes the sm
+ * lock; caller holds the command lock.
+ */
+int ckpt_step_load_check(struct ckpt_step *cs, u64 step, u64 blob_len);
+
+/* A loaded span of n params at param offset offset: 0, or -CKPT_E_RANGE outside the image. */
+int ckpt_step_load_span(const struct ckpt_step *cs, u64 offset, u64 n);
+
+/*
+ * Commit a checked load whose chunks the host has written, every one, to
+ * ckpt_sm_dst_slot(): the superblock committing step in that slot with the
+ * blob (ckpt_step_write_sb), then the machine starts over from it
+ * (ckpt_step_restart: counters too). Returns 0 or the -errno of the commit
+ * (the machine and *cs->sb unchanged). No update in flight; caller holds
+ * the command lock, not the sm lock.
+ */
+int ckpt_step_load_commit(struct ckpt_step *cs, u64 step, const void *blob, u32 blob_len);
+
 #ifdef __cplusplus
 }
 #endif

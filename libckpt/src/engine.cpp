@@ -491,25 +491,30 @@ void Engine::read_state(uint64_t offset, uint64_t n, float *p, float *m, float *
 void Engine::load_state(const std::vector<StateSpan> &spans, uint64_t step, std::span<const uint8_t> blob)
 {
 	std::lock_guard call(call_mu_);
-	const struct ckpt_layout &l = img_.sb.layout;
-	if (step_.sm.state == CKPT_STATE_FAILED)
-		fail(CKPT_E_FAILED, "the device failed earlier; no changes accepted");
-	if (step_.sm.state != CKPT_STATE_IDLE)
-		fail(CKPT_E_STATE, "loading state while step {} is open", step_.sm.open_step);
-	if (img_.sb.committed_step != 0)
-		fail(CKPT_E_STATE, "state can be loaded only before the first step (committed step is {})",
-		     img_.sb.committed_step);
-	if (step > CKPT_STEP_MAX)
-		fail(CKPT_E_STEP, "step {} is beyond the largest step a device can continue from ({})", step,
+	switch (const int ret = ckpt_step_load_check(&step_, step, blob.size()); -ret) {
+	case 0:
+		break;
+	case CKPT_E_FAILED:
+		fail(-ret, "the device failed earlier; no changes accepted");
+	case CKPT_E_STATE:
+		if (step_.sm.state == CKPT_STATE_OPEN)
+			fail(-ret, "loading state while step {} is open", step_.sm.open_step);
+		fail(-ret, "state can be loaded only before the first step (committed step is {})",
+		     step_.sm.committed_step);
+	case CKPT_E_STEP:
+		fail(-ret, "step {} is beyond the largest step a device can continue from ({})", step,
 		     CKPT_STEP_MAX);
-	if (blob.size() > CKPT_BLOB_MAX)
-		fail(CKPT_E_BLOB, "trainer blob of {} bytes, at most {}", blob.size(), CKPT_BLOB_MAX);
+	case CKPT_E_BLOB:
+		fail(-ret, "trainer blob of {} bytes, at most {}", blob.size(), CKPT_BLOB_MAX);
+	default:
+		fail(-ret, "loading state refused: {}", ckpt_strerror(-ret));
+	}
 	for (const StateSpan &s : spans)
-		if (s.offset >= l.n_params || s.n > l.n_params - s.offset || !s.p)
+		if (ckpt_step_load_span(&step_, s.offset, s.n) || !s.p)
 			fail(CKPT_E_RANGE, "state load of {} params at {}: out of range", s.n, s.offset);
 
-	// Every chunk goes to the other slot, loaded or copied, so the flip of
-	// committed_slot below moves the whole state at once.
+	// Every chunk goes to the other slot, loaded or copied, so the commit
+	// below moves the whole state at once.
 	load_step_ = step;
 	batch_.jobs.clear();
 	for (uint32_t c = 0; c < img_.sb.geo.n_chunks; c++)
@@ -518,12 +523,8 @@ void Engine::load_state(const std::vector<StateSpan> &spans, uint64_t step, std:
 	if (batch_.error)
 		throw Error(batch_.error, batch_.message);
 	io_message_.clear();
-	if (ckpt_step_write_sb(&step_, step, img_.sb.committed_slot ^ 1, blob.data(),
-			       static_cast<uint32_t>(blob.size())) < 0)
+	if (ckpt_step_load_commit(&step_, step, blob.data(), static_cast<uint32_t>(blob.size())) < 0)
 		throw Error(CKPT_E_IO, io_message_.empty() ? "loading state: commit failed" : io_message_);
-	// The step machine starts over from the new commit.
-	std::lock_guard lk(mu_);
-	ckpt_sm_init(&step_.sm, &img_.sb, claimed_.data(), applied_.data());
 }
 
 } // namespace ckpt

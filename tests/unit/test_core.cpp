@@ -1173,3 +1173,84 @@ TEST(CoreRoute, StepRouteRecordsRefusedWritesOnly)
 	EXPECT_EQ(p.host.locked, 0);
 	EXPECT_EQ(p.host.max_locked, 1);
 }
+
+// ---------------------------------------------------------------- loading state
+
+TEST(CoreLoad, Preconditions)
+{
+	Proto p(CKPT_STAGING_DEFAULT);
+	const auto fresh = p.snapshot();
+	EXPECT_EQ(ckpt_step_load_check(&p.cs, 0, 0), 0);
+	EXPECT_EQ(ckpt_step_load_check(&p.cs, CKPT_STEP_MAX, CKPT_BLOB_MAX), 0);
+	EXPECT_EQ(ckpt_step_load_check(&p.cs, CKPT_STEP_MAX + 1, 0), -CKPT_E_STEP);
+	EXPECT_EQ(ckpt_step_load_check(&p.cs, ~0ull, 0), -CKPT_E_STEP);
+	EXPECT_EQ(ckpt_step_load_check(&p.cs, 1, CKPT_BLOB_MAX + 1), -CKPT_E_BLOB);
+	EXPECT_EQ(ckpt_step_load_check(&p.cs, 1, 1ull << 32), -CKPT_E_BLOB) << "not cut to 32 bits";
+	EXPECT_EQ(p.snapshot(), fresh);
+	EXPECT_EQ(p.cs.sm.commands_rejected, 0u) << "a refused load is not a refused request";
+	EXPECT_EQ(p.host.locked, 0);
+
+	// An open step: E_STATE before the step and blob checks.
+	ASSERT_EQ(p.command(CKPT_OP_BEGIN, 1), 0);
+	EXPECT_EQ(ckpt_step_load_check(&p.cs, 0, 0), -CKPT_E_STATE);
+	EXPECT_EQ(ckpt_step_load_check(&p.cs, ~0ull, ~0ull), -CKPT_E_STATE);
+	// A committed step: only before the first step.
+	ASSERT_EQ(p.grad(0, pattern(8 * p.cb, 1)), 0);
+	p.apply_all();
+	ASSERT_EQ(p.command(CKPT_OP_COMMIT, 1), CKPT_RESULT_COMMITTED);
+	EXPECT_EQ(ckpt_step_load_check(&p.cs, 0, 0), -CKPT_E_STATE);
+	// A failed device says so first.
+	ckpt_sm_fail(&p.cs.sm, -5);
+	EXPECT_EQ(ckpt_step_load_check(&p.cs, ~0ull, ~0ull), -CKPT_E_FAILED);
+
+	// Spans: inside the image's params.
+	const uint64_t n = p.sb.layout.n_params;
+	EXPECT_EQ(ckpt_step_load_span(&p.cs, 0, n), 0);
+	EXPECT_EQ(ckpt_step_load_span(&p.cs, n - 1, 1), 0);
+	EXPECT_EQ(ckpt_step_load_span(&p.cs, 5, 0), 0);
+	EXPECT_EQ(ckpt_step_load_span(&p.cs, 1, n), -CKPT_E_RANGE);
+	EXPECT_EQ(ckpt_step_load_span(&p.cs, n, 0), -CKPT_E_RANGE);
+	EXPECT_EQ(ckpt_step_load_span(&p.cs, 1, ~0ull), -CKPT_E_RANGE) << "offset + n wraps";
+	EXPECT_EQ(ckpt_step_load_span(&p.cs, ~0ull, 1), -CKPT_E_RANGE);
+}
+
+// A load commits like a step (the other slot, flush, then the superblock)
+// and the machine starts over from it, counters too.
+TEST(CoreLoad, CommitThenRestart)
+{
+	Proto p(CKPT_STAGING_DEFAULT);
+	ASSERT_EQ(p.command(CKPT_OP_BEGIN, 1), 0);
+	ASSERT_EQ(p.grad(0, pattern(p.cb / 2, 1)), 0);
+	ASSERT_EQ(p.command(CKPT_OP_ABORT, 1), 0);
+	ASSERT_EQ(p.command(CKPT_OP_ABORT, 1), -CKPT_E_STATE);
+	ASSERT_EQ(p.cs.sm.steps_aborted, 1u);
+	ASSERT_EQ(ckpt_step_load_check(&p.cs, 42, 3), 0);
+
+	// A failed commit changes nothing.
+	p.host.write_ret = -28;
+	const auto before = p.snapshot();
+	EXPECT_EQ(ckpt_step_load_commit(&p.cs, 42, "abc", 3), -28);
+	EXPECT_EQ(p.snapshot(), before);
+	EXPECT_EQ(p.cs.sm.state, uint32_t(CKPT_STATE_IDLE));
+	p.host.write_ret = 0;
+
+	const ckpt_sb old = p.sb;
+	ASSERT_EQ(ckpt_step_load_commit(&p.cs, 42, "abc", 3), 0);
+	ckpt_sb want;
+	ASSERT_EQ(ckpt_sb_next(&old, 42, old.committed_slot ^ 1, "abc", 3, &want), 0);
+	EXPECT_EQ(std::memcmp(&p.sb, &want, sizeof(want)), 0);
+	ASSERT_EQ(p.host.sb_writes.size(), 1u);
+	EXPECT_EQ(p.host.sb_writes[0].first, ckpt_sb_next_offset(&old));
+	EXPECT_EQ(p.host.flushes, 2) << "flushed before each superblock write";
+	EXPECT_EQ(p.cs.sm.committed_step, 42u);
+	EXPECT_EQ(p.cs.sm.committed_slot, old.committed_slot ^ 1);
+	EXPECT_EQ(p.cs.sm.state, uint32_t(CKPT_STATE_IDLE));
+	EXPECT_EQ(p.cs.sm.steps_aborted, 0u) << "the machine starts over";
+	EXPECT_EQ(p.cs.sm.commands_rejected, 0u);
+	EXPECT_EQ(ckpt_step_stages_used(&p.cs), 0u);
+	EXPECT_FALSE(p.host.op_under_lock);
+	EXPECT_EQ(p.host.locked, 0);
+	// The next step is 43.
+	EXPECT_EQ(p.command(CKPT_OP_BEGIN, 1), -CKPT_E_STEP);
+	EXPECT_EQ(p.command(CKPT_OP_BEGIN, 43), 0);
+}
