@@ -21,6 +21,11 @@
  * superblock and group table and commits; dm-ckpt-update.c owns the chunk
  * buffers and runs the chunk updates. dm-ckpt.h is the instance they share.
  *
+ * Names tell the layer, as in dm-clone: dmckpt_* are the target's ops and
+ * helpers, __dmckpt_* run with cmd_lock held (the core's ops among them),
+ * dm_ckpt_md_* and dm_ckpt_upd_* are the metadata and update APIs, ckpt_*
+ * the core.
+ *
  * Threads:
  *  - map() does what the core's routing (ckpt_step_route) says: remaps PARAM
  *    reads (no copy), zero-fills GRAD reads, kills refused writes and defers
@@ -136,33 +141,38 @@ static void dmckpt_unlock(void *host)
 	spin_unlock(&c->sm_lock);
 }
 
-static void dmckpt_drain(void *host)
+/* Core op: cmd_lock held. */
+static void __dmckpt_drain(void *host)
 {
 	dm_ckpt_upd_drain(host);
 }
 
-static int dmckpt_flush(void *host)
+/* Core op: cmd_lock held. */
+static int __dmckpt_flush(void *host)
 {
 	struct dm_ckpt *c = host;
 
 	return dm_ckpt_md_flush(&c->md);
 }
 
-static int dmckpt_write_sb(void *host, const void *block, u64 off)
+/* Core op: cmd_lock held. */
+static int __dmckpt_write_sb(void *host, const void *block, u64 off)
 {
 	struct dm_ckpt *c = host;
 
 	return dm_ckpt_md_write_sb(&c->md, block, off);
 }
 
-static void dmckpt_copy(void *host, void *src, void *dst, u64 n)
+/* Core op: cmd_lock held. */
+static void __dmckpt_copy(void *host, void *src, void *dst, u64 n)
 {
 	struct dmckpt_src *s = src;
 
 	dm_ckpt_bio_copy_from(s->bio, &s->it, dst, n);
 }
 
-static int dmckpt_dispatch(void *host, void *src, u32 chunk, const void *grad)
+/* Core op: cmd_lock held (dm_ckpt_upd_dispatch needs it). */
+static int __dmckpt_dispatch(void *host, void *src, u32 chunk, const void *grad)
 {
 	struct dmckpt_src *s = src;
 
@@ -174,17 +184,17 @@ static int dmckpt_dispatch(void *host, void *src, u32 chunk, const void *grad)
  * Once the step is open, the slot it writes must have no PARAM read in
  * flight: a read mapped before BEGIN reads the previous state there, and
  * the step's first update would overwrite it under the read. New reads of
- * that slot start only for chunks already updated.
+ * that slot start only for chunks already updated. Core op: cmd_lock held.
  */
-static void dmckpt_quiesce(void *host, u32 slot)
+static void __dmckpt_quiesce(void *host, u32 slot)
 {
 	struct dm_ckpt *c = host;
 
 	wait_event(c->readers_wait, !atomic_read(&c->readers[slot]));
 }
 
-/* The commit's superblock write failed: the core has failed the machine. */
-static void dmckpt_commit_failed(void *host, int err)
+/* Core op, cmd_lock held: the commit's superblock write failed, the machine has failed. */
+static void __dmckpt_commit_failed(void *host, int err)
 {
 	struct dm_ckpt *c = host;
 
@@ -195,13 +205,13 @@ static void dmckpt_commit_failed(void *host, int err)
 static const struct ckpt_step_ops dmckpt_step_ops = {
 	.lock = dmckpt_lock,
 	.unlock = dmckpt_unlock,
-	.drain = dmckpt_drain,
-	.flush = dmckpt_flush,
-	.write_sb = dmckpt_write_sb,
-	.copy = dmckpt_copy,
-	.dispatch = dmckpt_dispatch,
-	.quiesce = dmckpt_quiesce,
-	.failed = dmckpt_commit_failed,
+	.drain = __dmckpt_drain,
+	.flush = __dmckpt_flush,
+	.write_sb = __dmckpt_write_sb,
+	.copy = __dmckpt_copy,
+	.dispatch = __dmckpt_dispatch,
+	.quiesce = __dmckpt_quiesce,
+	.failed = __dmckpt_commit_failed,
 };
 
 /* ---------------------------------------------------------------- deferred bios */
@@ -839,8 +849,11 @@ static int dmckpt_parse_group(char *tok, struct ckpt_hparams *hp)
 	return ckpt_hparams_from_words(hp, v, n) ? -EINVAL : 0;
 }
 
-/* Fill the core's command from a message; -EINVAL with a usage line on a syntax error. */
-static int dmckpt_parse_message(struct dm_ckpt *c, unsigned int argc, char **argv)
+/*
+ * Caller holds cmd_lock (the core's command buffer). Fill the core's command
+ * from a message; -EINVAL with a usage line on a syntax error.
+ */
+static int __dmckpt_parse_message(struct dm_ckpt *c, unsigned int argc, char **argv)
 {
 	struct ckpt_cmd *cmd = c->step.mem.cmd;
 	unsigned int i;
@@ -913,7 +926,7 @@ static int dmckpt_message(struct dm_target *ti, unsigned int argc, char **argv,
 		return -EROFS;
 	}
 	mutex_lock(&c->cmd_lock);
-	if (dmckpt_parse_message(c, argc, argv)) {
+	if (__dmckpt_parse_message(c, argc, argv)) {
 		mutex_unlock(&c->cmd_lock);
 		return -EINVAL;
 	}
