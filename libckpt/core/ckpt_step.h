@@ -409,8 +409,8 @@ struct ckpt_route {
  * bytes go to r->window, the host routes the rest again from off + r->len.
  * An empty access is accepted as CKPT_WIN_NONE with r->len 0. r is always
  * filled (window of off, or NONE beyond the device). l must be a computed
- * layout (ckpt_layout_compute). Pure: no lock, any context, off + len may
- * be anything up to 2^64 - 1 each.
+ * layout (ckpt_layout_compute). off and len may be any u64: an off + len
+ * that wraps is beyond the device. Pure: no lock, any context.
  */
 int ckpt_route(const struct ckpt_layout *l, u64 off, u64 len, u32 flags, struct ckpt_route *r);
 
