@@ -21,9 +21,15 @@
  * superblock and group table and commits; dm-ckpt-update.c owns the chunk
  * buffers and runs the chunk updates. dm-ckpt.h is the instance they share.
  *
+ * Names tell the layer, as in dm-clone: dmckpt_* are the target's ops and
+ * helpers, __dmckpt_* run with cmd_lock held (the core's ops among them),
+ * dm_ckpt_md_* and dm_ckpt_upd_* are the metadata and update APIs, ckpt_*
+ * the core.
+ *
  * Threads:
- *  - map() remaps PARAM reads (no copy), zero-fills GRAD reads, kills what is
- *    never allowed and defers control-block I/O and GRAD writes;
+ *  - map() does what the core's routing (ckpt_step_route) says: remaps PARAM
+ *    reads (no copy), zero-fills GRAD reads, kills refused writes and defers
+ *    control-block I/O and GRAD writes;
  *  - one ordered work item per target processes deferred bios in order under
  *    cmd_lock: commands, status reads, and gradient writes (check, stage,
  *    claim, dispatch);
@@ -69,17 +75,6 @@ static void dmckpt_bio_copy_to(struct bio *bio, const void *src)
 		memcpy_to_bvec(&bv, s);
 		s += bv.bv_len;
 	}
-}
-
-/*
- * A write the protocol refuses in map (err is -CKPT_E_*, never an errno):
- * the status page tells why.
- */
-static void dmckpt_rejected(struct dm_ckpt *c, int err)
-{
-	spin_lock(&c->sm_lock);
-	ckpt_sm_rejected(&c->step.sm, err);
-	spin_unlock(&c->sm_lock);
 }
 
 /*
@@ -146,33 +141,38 @@ static void dmckpt_unlock(void *host)
 	spin_unlock(&c->sm_lock);
 }
 
-static void dmckpt_drain(void *host)
+/* Core op: cmd_lock held. */
+static void __dmckpt_drain(void *host)
 {
 	dm_ckpt_upd_drain(host);
 }
 
-static int dmckpt_flush(void *host)
+/* Core op: cmd_lock held. */
+static int __dmckpt_flush(void *host)
 {
 	struct dm_ckpt *c = host;
 
 	return dm_ckpt_md_flush(&c->md);
 }
 
-static int dmckpt_write_sb(void *host, const void *block, u64 off)
+/* Core op: cmd_lock held. */
+static int __dmckpt_write_sb(void *host, const void *block, u64 off)
 {
 	struct dm_ckpt *c = host;
 
 	return dm_ckpt_md_write_sb(&c->md, block, off);
 }
 
-static void dmckpt_copy(void *host, void *src, void *dst, u64 n)
+/* Core op: cmd_lock held. */
+static void __dmckpt_copy(void *host, void *src, void *dst, u64 n)
 {
 	struct dmckpt_src *s = src;
 
 	dm_ckpt_bio_copy_from(s->bio, &s->it, dst, n);
 }
 
-static int dmckpt_dispatch(void *host, void *src, u32 chunk, const void *grad)
+/* Core op: cmd_lock held (dm_ckpt_upd_dispatch needs it). */
+static int __dmckpt_dispatch(void *host, void *src, u32 chunk, const void *grad)
 {
 	struct dmckpt_src *s = src;
 
@@ -184,17 +184,17 @@ static int dmckpt_dispatch(void *host, void *src, u32 chunk, const void *grad)
  * Once the step is open, the slot it writes must have no PARAM read in
  * flight: a read mapped before BEGIN reads the previous state there, and
  * the step's first update would overwrite it under the read. New reads of
- * that slot start only for chunks already updated.
+ * that slot start only for chunks already updated. Core op: cmd_lock held.
  */
-static void dmckpt_quiesce(void *host, u32 slot)
+static void __dmckpt_quiesce(void *host, u32 slot)
 {
 	struct dm_ckpt *c = host;
 
 	wait_event(c->readers_wait, !atomic_read(&c->readers[slot]));
 }
 
-/* The commit's superblock write failed: the core has failed the machine. */
-static void dmckpt_commit_failed(void *host, int err)
+/* Core op, cmd_lock held: the commit's superblock write failed, the machine has failed. */
+static void __dmckpt_commit_failed(void *host, int err)
 {
 	struct dm_ckpt *c = host;
 
@@ -205,23 +205,23 @@ static void dmckpt_commit_failed(void *host, int err)
 static const struct ckpt_step_ops dmckpt_step_ops = {
 	.lock = dmckpt_lock,
 	.unlock = dmckpt_unlock,
-	.drain = dmckpt_drain,
-	.flush = dmckpt_flush,
-	.write_sb = dmckpt_write_sb,
-	.copy = dmckpt_copy,
-	.dispatch = dmckpt_dispatch,
-	.quiesce = dmckpt_quiesce,
-	.failed = dmckpt_commit_failed,
+	.drain = __dmckpt_drain,
+	.flush = __dmckpt_flush,
+	.write_sb = __dmckpt_write_sb,
+	.copy = __dmckpt_copy,
+	.dispatch = __dmckpt_dispatch,
+	.quiesce = __dmckpt_quiesce,
+	.failed = __dmckpt_commit_failed,
 };
 
 /* ---------------------------------------------------------------- deferred bios */
 
-static void dmckpt_grad_write(struct dm_ckpt *c, struct bio *bio)
+/* Caller holds cmd_lock. */
+static void __dmckpt_grad_write(struct dm_ckpt *c, struct bio *bio, const struct ckpt_route *r)
 {
 	struct dmckpt_src src = { .bio = bio, .it = bio->bi_iter };
-	u64 off = (dm_target_offset(c->ti, bio->bi_iter.bi_sector) << SECTOR_SHIFT) -
-		  c->layout.grad_off;
-	u64 len = bio->bi_iter.bi_size;
+	u64 off = r->off;
+	u64 len = r->len;
 	int ret;
 
 	ret = ckpt_step_grad_write(&c->step, off, len, &src);
@@ -231,7 +231,8 @@ static void dmckpt_grad_write(struct dm_ckpt *c, struct bio *bio)
 	dm_ckpt_bio_put(bio, ret ? BLK_STS_IOERR : BLK_STS_OK);
 }
 
-static void dmckpt_control_write(struct dm_ckpt *c, struct bio *bio)
+/* Caller holds cmd_lock. */
+static void __dmckpt_control_write(struct dm_ckpt *c, struct bio *bio)
 {
 	struct bvec_iter it = bio->bi_iter;
 	u32 len = bio->bi_iter.bi_size;
@@ -245,17 +246,16 @@ static void dmckpt_control_write(struct dm_ckpt *c, struct bio *bio)
 	dm_ckpt_bio_put(bio, ret < 0 ? BLK_STS_IOERR : BLK_STS_OK);
 }
 
-static void dmckpt_control_read(struct dm_ckpt *c, struct bio *bio)
+/* Caller holds cmd_lock. */
+static void __dmckpt_control_read(struct dm_ckpt *c, struct bio *bio, const struct ckpt_route *r)
 {
-	u64 off = dm_target_offset(c->ti, bio->bi_iter.bi_sector) << SECTOR_SHIFT;
-
 	spin_lock(&c->sm_lock);
 	ckpt_sm_status(&c->step.sm, c->sb, c->st);
 	c->st->grad_bytes = c->step.grad_bytes;
 	spin_unlock(&c->sm_lock);
 	c->st->param_bytes = atomic64_read(&c->param_bytes);
 	ckpt_status_encode(c->st, c->page);
-	dmckpt_bio_copy_to(bio, c->page + off);
+	dmckpt_bio_copy_to(bio, c->page + r->off);
 	dm_ckpt_bio_put(bio, BLK_STS_OK);
 }
 
@@ -272,15 +272,15 @@ static void dmckpt_bio_work(struct work_struct *work)
 	spin_unlock_irqrestore(&c->bio_lock, flags);
 
 	while ((bio = bio_list_pop(&bios))) {
-		u64 off = dm_target_offset(c->ti, bio->bi_iter.bi_sector) << SECTOR_SHIFT;
+		const struct ckpt_route *r = &dm_ckpt_io_of(bio)->route;
 
 		mutex_lock(&c->cmd_lock);
-		if (off >= c->layout.grad_off)
-			dmckpt_grad_write(c, bio);
+		if (r->window == CKPT_WIN_GRAD)
+			__dmckpt_grad_write(c, bio, r);
 		else if (bio_data_dir(bio) == WRITE)
-			dmckpt_control_write(c, bio);
+			__dmckpt_control_write(c, bio);
 		else
-			dmckpt_control_read(c, bio);
+			__dmckpt_control_read(c, bio, r);
 		mutex_unlock(&c->cmd_lock);
 		cond_resched();
 	}
@@ -301,22 +301,22 @@ static void dmckpt_defer(struct dm_ckpt *c, struct bio *bio)
 	queue_work(c->ctl_wq, &c->bio_work);
 }
 
-/* Refuse a bio in map (err is -CKPT_E_*): dm core ends it with BLK_STS_IOERR. */
-static int dmckpt_kill(struct dm_ckpt *c, int err)
-{
-	dmckpt_rejected(c, err);
-	return DM_MAPIO_KILL;
-}
-
+/*
+ * The core routes every bio (ckpt_step_route: which window, allowed or not,
+ * where it is cut, and a refused write counted on the status page); map
+ * only does what the route says: kill, accept part of the bio, zero-fill,
+ * remap or defer.
+ */
 static int dmckpt_map(struct dm_target *ti, struct bio *bio)
 {
 	struct dm_ckpt *c = ti->private;
-	const struct ckpt_layout *l = &c->layout;
-	const u64 cb = l->plo_chunk_bytes;
-	u64 off, len, in;
-	u32 chunk, slot;
+	struct dm_ckpt_io *io = dm_ckpt_io_of(bio);
+	struct ckpt_route *r = &io->route;
+	u32 flags = 0;
+	u64 off, len;
+	u32 slot;
 
-	dm_ckpt_io_of(bio)->slot = -1;
+	io->slot = -1;
 	if (bio->bi_opf & REQ_PREFLUSH) {
 		/* Empty flush (dm core splits flush+data): pass to the backing device. */
 		bio_set_dev(bio, c->md.dev->bdev);
@@ -327,57 +327,43 @@ static int dmckpt_map(struct dm_target *ti, struct bio *bio)
 
 	off = dm_target_offset(ti, bio->bi_iter.bi_sector) << SECTOR_SHIFT;
 	len = bio->bi_iter.bi_size;
-
+	if (bio_data_dir(bio) == WRITE)
+		flags |= CKPT_ROUTE_WRITE;
 	/* A read-only table never writes the backing device. */
-	if (c->read_only && bio_data_dir(bio) == WRITE)
-		return dmckpt_kill(c, -CKPT_E_READONLY);
+	if (c->read_only)
+		flags |= CKPT_ROUTE_READ_ONLY;
+	if (ckpt_step_route(&c->step, off, len, flags, r))
+		return DM_MAPIO_KILL;
+	if (r->len < len)
+		dm_accept_partial_bio(bio, r->len >> SECTOR_SHIFT);
 
-	if (off < l->grad_off) {
-		if (bio_data_dir(bio) == WRITE) {
-			/* A command is one write at offset 0 of at most 4 KiB. */
-			if (off || len > CKPT_BLOCK)
-				return dmckpt_kill(c, -CKPT_E_RANGE);
-		} else if (off + len > l->grad_off) {
-			dm_accept_partial_bio(bio, (l->grad_off - off) >> SECTOR_SHIFT);
-		}
+	switch (r->window) {
+	case CKPT_WIN_CTRL:
 		dmckpt_defer(c, bio);
 		return DM_MAPIO_SUBMITTED;
-	}
-
-	if (off < l->param_off) {
-		if (bio_data_dir(bio) == WRITE) {
-			if (off + len > l->param_off)
-				return dmckpt_kill(c, -CKPT_E_RANGE);
+	case CKPT_WIN_GRAD:
+		if (flags & CKPT_ROUTE_WRITE) {
 			dmckpt_defer(c, bio);
 			return DM_MAPIO_SUBMITTED;
 		}
-		if (off + len > l->param_off)
-			dm_accept_partial_bio(bio, (l->param_off - off) >> SECTOR_SHIFT);
 		zero_fill_bio(bio);
-		bio_endio(bio);
-		return DM_MAPIO_SUBMITTED;
+		break;
+	case CKPT_WIN_PARAM:
+		/* One chunk per bio, remapped to the slot with its latest values. */
+		spin_lock(&c->sm_lock);
+		slot = ckpt_sm_read_slot(&c->step.sm, r->chunk);
+		atomic_inc(&c->readers[slot]);
+		spin_unlock(&c->sm_lock);
+		io->slot = slot;
+		atomic64_add(r->len, &c->param_bytes);
+		bio_set_dev(bio, c->md.dev->bdev);
+		bio->bi_iter.bi_sector = (ckpt_plo_offset(&c->layout, slot, r->chunk) + r->in) >>
+					 SECTOR_SHIFT;
+		return DM_MAPIO_REMAPPED;
 	}
-
-	if (bio_data_dir(bio) == WRITE)
-		return dmckpt_kill(c, -CKPT_E_READONLY);
-
-	/* PARAM read: one chunk per bio, remapped to the slot with its latest values. */
-	off -= l->param_off;
-	chunk = off >> c->cb_shift;
-	in = off & (cb - 1);
-	if (in + len > cb) {
-		dm_accept_partial_bio(bio, (cb - in) >> SECTOR_SHIFT);
-		len = cb - in;
-	}
-	spin_lock(&c->sm_lock);
-	slot = ckpt_sm_read_slot(&c->step.sm, chunk);
-	atomic_inc(&c->readers[slot]);
-	spin_unlock(&c->sm_lock);
-	dm_ckpt_io_of(bio)->slot = slot;
-	atomic64_add(len, &c->param_bytes);
-	bio_set_dev(bio, c->md.dev->bdev);
-	bio->bi_iter.bi_sector = (ckpt_plo_offset(l, slot, chunk) + in) >> SECTOR_SHIFT;
-	return DM_MAPIO_REMAPPED;
+	/* Nothing to do (an empty bio), or the zero-filled GRAD read. */
+	bio_endio(bio);
+	return DM_MAPIO_SUBMITTED;
 }
 
 static int dmckpt_end_io(struct dm_target *ti, struct bio *bio, blk_status_t *error)
@@ -649,8 +635,6 @@ static int dmckpt_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 		goto bad;
 	c->layout = c->sb->layout;
 	memcpy(c->uuid, c->sb->uuid, sizeof(c->uuid));
-	c->chunk_shift = c->sb->geo.chunk_shift;
-	c->cb_shift = c->chunk_shift + 1;
 	c->dtype = c->sb->geo.dtype;
 
 	if (ti->len != c->layout.virt_bytes >> SECTOR_SHIFT) {
@@ -865,8 +849,11 @@ static int dmckpt_parse_group(char *tok, struct ckpt_hparams *hp)
 	return ckpt_hparams_from_words(hp, v, n) ? -EINVAL : 0;
 }
 
-/* Fill the core's command from a message; -EINVAL with a usage line on a syntax error. */
-static int dmckpt_parse_message(struct dm_ckpt *c, unsigned int argc, char **argv)
+/*
+ * Caller holds cmd_lock (the core's command buffer). Fill the core's command
+ * from a message; -EINVAL with a usage line on a syntax error.
+ */
+static int __dmckpt_parse_message(struct dm_ckpt *c, unsigned int argc, char **argv)
 {
 	struct ckpt_cmd *cmd = c->step.mem.cmd;
 	unsigned int i;
@@ -939,7 +926,7 @@ static int dmckpt_message(struct dm_target *ti, unsigned int argc, char **argv,
 		return -EROFS;
 	}
 	mutex_lock(&c->cmd_lock);
-	if (dmckpt_parse_message(c, argc, argv)) {
+	if (__dmckpt_parse_message(c, argc, argv)) {
 		mutex_unlock(&c->cmd_lock);
 		return -EINVAL;
 	}

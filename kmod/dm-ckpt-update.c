@@ -76,7 +76,8 @@ static bool job_available(struct dm_ckpt_update *u)
 	return r;
 }
 
-static struct dm_ckpt_job *get_job(struct dm_ckpt_update *u)
+/* Caller holds cmd_lock: only dispatch takes jobs, so a free one stays free. */
+static struct dm_ckpt_job *__get_job(struct dm_ckpt_update *u)
 {
 	struct dm_ckpt_job *j;
 
@@ -261,7 +262,7 @@ out:
 void dm_ckpt_upd_dispatch(struct dm_ckpt *c, struct bio *bio, u32 chunk,
 			  struct bvec_iter *it, const u8 *stage_grad)
 {
-	struct dm_ckpt_job *j = get_job(&c->upd);
+	struct dm_ckpt_job *j = __get_job(&c->upd);
 
 	if (it)
 		dm_ckpt_bio_copy_from(bio, it, j->grad, c->layout.plo_chunk_bytes);

@@ -32,6 +32,7 @@ struct dm_ckpt_io {
 	atomic_t pending;
 	blk_status_t status;
 	int slot;		/* a PARAM read: the p_lo slot it reads; else -1 */
+	struct ckpt_route route;	/* where map routed it (ckpt_step_route) */
 };
 
 struct dm_ckpt {
@@ -40,8 +41,6 @@ struct dm_ckpt {
 	struct dm_ckpt_update upd;
 	struct workqueue_struct *ctl_wq;
 	struct ckpt_layout layout;	/* constant for the target's life */
-	u32 chunk_shift;
-	u32 cb_shift;			/* log2(plo_chunk_bytes) */
 	u32 dtype;
 
 	/* deferred bios, in arrival order */

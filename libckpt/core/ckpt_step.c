@@ -617,6 +617,7 @@ void ckpt_step_init(struct ckpt_step *cs, const struct ckpt_step_ops *ops, void 
 	cs->chunk_bytes = sb->layout.plo_chunk_bytes;
 	cs->cb_shift = sb->geo.chunk_shift + 1;	/* 2 bytes per param */
 	cs->sectors = (u32)(cs->chunk_bytes >> 9);
+	cs->layout = sb->layout;
 	ckpt_sm_init(&cs->sm, sb, mem->claimed, mem->applied);
 	for (i = 0; i < sb->geo.n_chunks; i++)
 		mem->stage_of[i] = CKPT_STAGE_FREE;
@@ -909,4 +910,121 @@ int ckpt_step_command(struct ckpt_step *cs, const void *buf, u32 len)
 		return ret;
 	}
 	return ckpt_step_exec(cs, cs->mem.cmd, NULL);
+}
+
+/* ---------------- the virtual device's windows ---------------- */
+
+int ckpt_route(const struct ckpt_layout *l, u64 off, u64 len, u32 flags, struct ckpt_route *r)
+{
+	const bool write = flags & CKPT_ROUTE_WRITE;
+	u64 end = 0;
+
+	memset(r, 0, sizeof(*r));
+	if (!len)
+		return 0;
+	if (off < l->virt_bytes) {
+		if (off < l->grad_off) {
+			r->window = CKPT_WIN_CTRL;
+			r->off = off;
+			end = l->grad_off;
+		} else if (off < l->param_off) {
+			r->window = CKPT_WIN_GRAD;
+			r->off = off - l->grad_off;
+			end = l->param_off;
+		} else {
+			/* p_lo chunks are a power of two: a shift, no 64-bit division */
+			r->window = CKPT_WIN_PARAM;
+			r->off = off - l->param_off;
+			r->chunk = (u32)(r->off >> __builtin_ctzll(l->plo_chunk_bytes));
+			r->in = r->off & (l->plo_chunk_bytes - 1);
+			end = off - r->in + l->plo_chunk_bytes;
+		}
+	}
+	if (write && ((off | len) & (CKPT_SECTOR - 1)))
+		return -CKPT_E_ALIGN;
+	/* Written so that off + len cannot wrap. */
+	if (off >= l->virt_bytes || len > l->virt_bytes - off) {
+		r->window = CKPT_WIN_NONE;
+		r->off = 0;
+		r->chunk = 0;
+		r->in = 0;
+		return -CKPT_E_RANGE;
+	}
+	if (!write) {
+		r->len = len < end - off ? len : end - off;
+		return 0;
+	}
+	if (flags & CKPT_ROUTE_READ_ONLY)
+		return -CKPT_E_READONLY;
+	switch (r->window) {
+	case CKPT_WIN_CTRL:
+		if (off || len > CKPT_BLOCK)
+			return -CKPT_E_RANGE;
+		break;
+	case CKPT_WIN_GRAD:
+		if (len > l->param_off - off)
+			return -CKPT_E_RANGE;
+		break;
+	default:
+		return -CKPT_E_READONLY;
+	}
+	r->len = len;
+	return 0;
+}
+
+int ckpt_step_route(struct ckpt_step *cs, u64 off, u64 len, u32 flags, struct ckpt_route *r)
+{
+	int ret = ckpt_route(&cs->layout, off, len, flags, r);
+
+	if (ret && (flags & CKPT_ROUTE_WRITE)) {
+		cs->ops->lock(cs->host);
+		ckpt_sm_rejected(&cs->sm, ret);
+		cs->ops->unlock(cs->host);
+	}
+	return ret;
+}
+
+/* ---------------- loading state ---------------- */
+
+int ckpt_step_load_check(struct ckpt_step *cs, u64 step, u64 blob_len)
+{
+	int ret = 0;
+
+	cs->ops->lock(cs->host);
+	if (cs->sm.state == CKPT_STATE_FAILED)
+		ret = -CKPT_E_FAILED;
+	else if (cs->sm.state != CKPT_STATE_IDLE || cs->sm.committed_step)
+		ret = -CKPT_E_STATE;
+	cs->ops->unlock(cs->host);
+	if (ret)
+		return ret;
+	if (step > CKPT_STEP_MAX)
+		return -CKPT_E_STEP;
+	if (blob_len > CKPT_BLOB_MAX)
+		return -CKPT_E_BLOB;
+	return 0;
+}
+
+int ckpt_step_load_span(const struct ckpt_step *cs, u64 offset, u64 n)
+{
+	const u64 n_params = cs->layout.n_params;
+
+	if (offset >= n_params || n > n_params - offset)
+		return -CKPT_E_RANGE;
+	return 0;
+}
+
+int ckpt_step_load_commit(struct ckpt_step *cs, u64 step, const void *blob, u32 blob_len)
+{
+	u32 slot;
+	int ret;
+
+	cs->ops->lock(cs->host);
+	slot = ckpt_sm_dst_slot(&cs->sm);
+	cs->ops->unlock(cs->host);
+	ret = ckpt_step_write_sb(cs, step, slot, blob, blob_len);
+	if (ret)
+		return ret;
+	ckpt_step_restart(cs);
+	return 0;
 }

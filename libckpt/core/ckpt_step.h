@@ -289,6 +289,8 @@ struct ckpt_step {
 	u32 sectors;		/* per chunk */
 	u32 free_stages;	/* under the command lock, as the stages */
 	u32 done_first;		/* stages completed by the current write */
+	/* the image's layout: constant (a restart keeps the geometry), read unlocked */
+	struct ckpt_layout layout;
 };
 
 /* Start from superblock sb (the host's, kept up to date by commits). */
@@ -371,6 +373,81 @@ static inline u32 ckpt_step_stages_used(const struct ckpt_step *cs)
 {
 	return cs->mem.n_stages - cs->free_stages;
 }
+
+/* ---------------- the virtual device: which window an access hits ---------------- */
+
+/* The windows of the virtual device (design section 3), in offset order. */
+enum ckpt_window {
+	CKPT_WIN_NONE,		/* an empty access, or one beyond the device */
+	CKPT_WIN_CTRL,		/* [0, grad_off): one command; reads give the status page */
+	CKPT_WIN_GRAD,		/* [grad_off, param_off): gradients; reads give zeros */
+	CKPT_WIN_PARAM,		/* [param_off, virt_bytes): the latest applied p_lo, read-only */
+};
+
+/* ckpt_route flags */
+#define CKPT_ROUTE_WRITE	(1u << 0)	/* a write (else a read) */
+#define CKPT_ROUTE_READ_ONLY	(1u << 1)	/* a read-only device (table): no write */
+
+/* Where an access goes, as ckpt_route decides. */
+struct ckpt_route {
+	u32 window;		/* enum ckpt_window of off (also on a refusal) */
+	u32 chunk;		/* PARAM: the chunk at off */
+	u64 off;		/* offset of the access in its window */
+	u64 in;			/* PARAM: offset in the chunk's p_lo */
+	u64 len;		/* bytes of the access that go to this window (the cut) */
+};
+
+/*
+ * Route len bytes at virtual device offset off, the one rule of what each
+ * window accepts. A write is accepted whole or refused: it must be sector
+ * aligned (-CKPT_E_ALIGN), within the device (-CKPT_E_RANGE), on a
+ * writable device (-CKPT_E_READONLY); a command is one write at offset 0 of
+ * at most CKPT_BLOCK bytes, a gradient write must not run into the PARAM
+ * window (-CKPT_E_RANGE), the PARAM window is read-only (-CKPT_E_READONLY).
+ * A read may start anywhere in the device (else -CKPT_E_RANGE) and is cut
+ * at the end of its window, a PARAM read at the end of its chunk: r->len
+ * bytes go to r->window, the host routes the rest again from off + r->len.
+ * An empty access is accepted as CKPT_WIN_NONE with r->len 0. r is always
+ * filled (window of off, or NONE beyond the device). l must be a computed
+ * layout (ckpt_layout_compute). off and len may be any u64: an off + len
+ * that wraps is beyond the device. Pure: no lock, any context.
+ */
+int ckpt_route(const struct ckpt_layout *l, u64 off, u64 len, u32 flags, struct ckpt_route *r);
+
+/*
+ * ckpt_route on cs's image, and the refusal counted as the protocol counts
+ * it: a refused write is a refused request (ckpt_sm_rejected under the sm
+ * lock, so the status page says why), a refused read changes nothing.
+ * Needs no command lock (the kernel routes in map); takes the sm lock only
+ * to record a refusal.
+ */
+int ckpt_step_route(struct ckpt_step *cs, u64 off, u64 len, u32 flags, struct ckpt_route *r);
+
+/* ---------------- loading state from outside (initial masters, an import) ---------------- */
+
+/*
+ * May state be loaded now, committing step with a blob_len-byte trainer
+ * blob? Only on an IDLE machine that has committed no step: -CKPT_E_FAILED
+ * (failed device), -CKPT_E_STATE (a step is open, or committed_step is not
+ * 0), -CKPT_E_STEP (step > CKPT_STEP_MAX: no next step would be left),
+ * -CKPT_E_BLOB (blob_len > CKPT_BLOB_MAX), else 0. Changes nothing, records
+ * nothing (a load is not a request of the virtual device). Takes the sm
+ * lock; caller holds the command lock.
+ */
+int ckpt_step_load_check(struct ckpt_step *cs, u64 step, u64 blob_len);
+
+/* A loaded span of n params at param offset offset: 0, or -CKPT_E_RANGE outside the image. */
+int ckpt_step_load_span(const struct ckpt_step *cs, u64 offset, u64 n);
+
+/*
+ * Commit a checked load whose chunks the host has written, every one, to
+ * ckpt_sm_dst_slot(): the superblock committing step in that slot with the
+ * blob (ckpt_step_write_sb), then the machine starts over from it
+ * (ckpt_step_restart: counters too). Returns 0 or the -errno of the commit
+ * (the machine and *cs->sb unchanged). No update in flight; caller holds
+ * the command lock, not the sm lock.
+ */
+int ckpt_step_load_commit(struct ckpt_step *cs, u64 step, const void *blob, u32 blob_len);
 
 #ifdef __cplusplus
 }

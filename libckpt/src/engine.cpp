@@ -115,61 +115,45 @@ Engine::~Engine()
 // ---------------------------------------------------------------- virtual device
 
 // A refused write changes nothing but the status page, which tells why: the
-// same answer the kernel target gives a client that sees only -EIO.
+// same answer the kernel target gives a client that sees only -EIO. The core
+// routes (ckpt_step_route) and records the refusal; the engine words it.
 void Engine::write(uint64_t off, const void *buf, uint64_t len)
 {
 	std::lock_guard call(call_mu_);
-	dispatch_write(off, buf, len);
-}
-
-// A write the routing refuses, recorded on the status page as the core
-// records the refusals of commands and gradient writes.
-void Engine::refuse(int code, std::string message)
-{
-	{
-		std::lock_guard lk(mu_);
-		ckpt_sm_rejected(&step_.sm, code);
+	struct ckpt_route r;
+	const int ret = ckpt_step_route(&step_, off, len, CKPT_ROUTE_WRITE, &r);
+	if (ret) {
+		const struct ckpt_layout &l = img_.sb.layout;
+		switch (-ret) {
+		case CKPT_E_ALIGN:
+			fail(-ret, "write of {} bytes at {}: not {}-byte aligned", len, off, CKPT_SECTOR);
+		case CKPT_E_READONLY:
+			fail(-ret, "the PARAM window is read-only (write at {})", off);
+		}
+		if (r.window == CKPT_WIN_CTRL)
+			fail(-ret, "a command is one write at offset 0 of at most {} bytes", CKPT_BLOCK);
+		if (r.window == CKPT_WIN_GRAD)
+			fail(-ret, "gradient write of {} bytes at {} runs into the PARAM window", len, off);
+		fail(-ret, "write of {} bytes at {}: beyond the device ({} bytes)", len, off, l.virt_bytes);
 	}
-	throw Error(code, std::move(message));
-}
-
-void Engine::dispatch_write(uint64_t off, const void *buf, uint64_t len)
-{
-	const struct ckpt_layout &l = img_.sb.layout;
-	if (len == 0)
-		return;
-	if (off % CKPT_SECTOR || len % CKPT_SECTOR)
-		refuse(CKPT_E_ALIGN, fmt::format("write of {} bytes at {}: not {}-byte aligned", len, off, CKPT_SECTOR));
-	if (off >= l.virt_bytes || len > l.virt_bytes - off)
-		refuse(CKPT_E_RANGE, fmt::format("write of {} bytes at {}: beyond the device ({} bytes)", len,
-					       off, l.virt_bytes));
-	if (off < l.grad_off) {
-		if (off != 0 || len > CKPT_BLOCK)
-			refuse(CKPT_E_RANGE, fmt::format("a command is one write at offset 0 of at most {} bytes",
-						       CKPT_BLOCK));
+	if (r.window == CKPT_WIN_CTRL)
 		control_write(buf, len);
-	} else if (off < l.param_off) {
-		if (len > l.param_off - off)
-			refuse(CKPT_E_RANGE, fmt::format("gradient write of {} bytes at {} runs into the PARAM "
-						       "window", len, off));
-		grad_write(off - l.grad_off, static_cast<const uint8_t *>(buf), len);
-	} else {
-		refuse(CKPT_E_READONLY, fmt::format("the PARAM window is read-only (write at {})", off));
-	}
+	else if (r.window == CKPT_WIN_GRAD)
+		grad_write(r.off, static_cast<const uint8_t *>(buf), len);
 }
 
+// A read goes window by window, and chunk by chunk in the PARAM window, as
+// the core cuts it (the kernel target's dm_accept_partial_bio).
 void Engine::read(uint64_t off, void *buf, uint64_t len)
 {
 	std::lock_guard call(call_mu_);
-	const struct ckpt_layout &l = img_.sb.layout;
-	if (off >= l.virt_bytes || len > l.virt_bytes - off)
-		fail(CKPT_E_RANGE, "read of {} bytes at {}: beyond the device ({} bytes)", len, off,
-		     l.virt_bytes);
 	auto *out = static_cast<uint8_t *>(buf);
 	while (len) {
-		uint64_t n;
-		if (off < l.grad_off) {
-			n = std::min(len, l.grad_off - off);
+		struct ckpt_route r;
+		if (ckpt_step_route(&step_, off, len, 0, &r))
+			fail(CKPT_E_RANGE, "read of {} bytes at {}: beyond the device ({} bytes)", len, off,
+			     img_.sb.layout.virt_bytes);
+		if (r.window == CKPT_WIN_CTRL) {
 			struct ckpt_status st;
 			{
 				std::lock_guard lk(mu_);
@@ -178,17 +162,15 @@ void Engine::read(uint64_t off, void *buf, uint64_t len)
 			}
 			st.param_bytes = param_bytes_;
 			ckpt_status_encode(&st, block_.as());
-			std::memcpy(out, block_.as() + off, n);
-		} else if (off < l.param_off) {
-			n = std::min(len, l.param_off - off);
-			std::memset(out, 0, n);
+			std::memcpy(out, block_.as() + r.off, r.len);
+		} else if (r.window == CKPT_WIN_GRAD) {
+			std::memset(out, 0, r.len);
 		} else {
-			n = len;
-			param_read(off - l.param_off, out, n);
+			param_read(r, out);
 		}
-		out += n;
-		off += n;
-		len -= n;
+		out += r.len;
+		off += r.len;
+		len -= r.len;
 	}
 }
 
@@ -466,17 +448,19 @@ void Engine::worker_main(Worker &w)
 
 // ---------------------------------------------------------------- reads
 
-void Engine::param_read(uint64_t off, uint8_t *buf, uint64_t len)
+// One chunk's piece of a PARAM read, from the slot with its latest values.
+void Engine::param_read(const struct ckpt_route &r, uint8_t *buf)
 {
 	const struct ckpt_layout &l = img_.sb.layout;
-	for_each_piece(off, len, l.plo_chunk_bytes, [&](uint32_t c, uint64_t in, uint64_t n) {
-		uint32_t slot = ckpt_sm_read_slot(&step_.sm, c);
-		uint64_t lo = align_down(in, CKPT_BLOCK), hi = align_up(in + n, CKPT_BLOCK);
-		img_.file.pread_all(bounce_.as(), hi - lo, ckpt_plo_offset(&l, slot, c) + lo);
-		std::memcpy(buf, bounce_.as() + (in - lo), n);
-		buf += n;
-	});
-	param_bytes_ += len;
+	uint32_t slot;
+	{
+		std::lock_guard lk(mu_);
+		slot = ckpt_sm_read_slot(&step_.sm, r.chunk);
+	}
+	const uint64_t lo = align_down(r.in, CKPT_BLOCK), hi = align_up(r.in + r.len, CKPT_BLOCK);
+	img_.file.pread_all(bounce_.as(), hi - lo, ckpt_plo_offset(&l, slot, r.chunk) + lo);
+	std::memcpy(buf, bounce_.as() + (r.in - lo), r.len);
+	param_bytes_ += r.len;
 }
 
 void Engine::read_state(uint64_t offset, uint64_t n, float *p, float *m, float *v)
@@ -507,25 +491,30 @@ void Engine::read_state(uint64_t offset, uint64_t n, float *p, float *m, float *
 void Engine::load_state(const std::vector<StateSpan> &spans, uint64_t step, std::span<const uint8_t> blob)
 {
 	std::lock_guard call(call_mu_);
-	const struct ckpt_layout &l = img_.sb.layout;
-	if (step_.sm.state == CKPT_STATE_FAILED)
-		fail(CKPT_E_FAILED, "the device failed earlier; no changes accepted");
-	if (step_.sm.state != CKPT_STATE_IDLE)
-		fail(CKPT_E_STATE, "loading state while step {} is open", step_.sm.open_step);
-	if (img_.sb.committed_step != 0)
-		fail(CKPT_E_STATE, "state can be loaded only before the first step (committed step is {})",
-		     img_.sb.committed_step);
-	if (step > CKPT_STEP_MAX)
-		fail(CKPT_E_STEP, "step {} is beyond the largest step a device can continue from ({})", step,
+	switch (const int ret = ckpt_step_load_check(&step_, step, blob.size()); -ret) {
+	case 0:
+		break;
+	case CKPT_E_FAILED:
+		fail(-ret, "the device failed earlier; no changes accepted");
+	case CKPT_E_STATE:
+		if (step_.sm.state == CKPT_STATE_OPEN)
+			fail(-ret, "loading state while step {} is open", step_.sm.open_step);
+		fail(-ret, "state can be loaded only before the first step (committed step is {})",
+		     step_.sm.committed_step);
+	case CKPT_E_STEP:
+		fail(-ret, "step {} is beyond the largest step a device can continue from ({})", step,
 		     CKPT_STEP_MAX);
-	if (blob.size() > CKPT_BLOB_MAX)
-		fail(CKPT_E_BLOB, "trainer blob of {} bytes, at most {}", blob.size(), CKPT_BLOB_MAX);
+	case CKPT_E_BLOB:
+		fail(-ret, "trainer blob of {} bytes, at most {}", blob.size(), CKPT_BLOB_MAX);
+	default:
+		fail(-ret, "loading state refused: {}", ckpt_strerror(-ret));
+	}
 	for (const StateSpan &s : spans)
-		if (s.offset >= l.n_params || s.n > l.n_params - s.offset || !s.p)
+		if (ckpt_step_load_span(&step_, s.offset, s.n) || !s.p)
 			fail(CKPT_E_RANGE, "state load of {} params at {}: out of range", s.n, s.offset);
 
-	// Every chunk goes to the other slot, loaded or copied, so the flip of
-	// committed_slot below moves the whole state at once.
+	// Every chunk goes to the other slot, loaded or copied, so the commit
+	// below moves the whole state at once.
 	load_step_ = step;
 	batch_.jobs.clear();
 	for (uint32_t c = 0; c < img_.sb.geo.n_chunks; c++)
@@ -534,12 +523,8 @@ void Engine::load_state(const std::vector<StateSpan> &spans, uint64_t step, std:
 	if (batch_.error)
 		throw Error(batch_.error, batch_.message);
 	io_message_.clear();
-	if (ckpt_step_write_sb(&step_, step, img_.sb.committed_slot ^ 1, blob.data(),
-			       static_cast<uint32_t>(blob.size())) < 0)
+	if (ckpt_step_load_commit(&step_, step, blob.data(), static_cast<uint32_t>(blob.size())) < 0)
 		throw Error(CKPT_E_IO, io_message_.empty() ? "loading state: commit failed" : io_message_);
-	// The step machine starts over from the new commit.
-	std::lock_guard lk(mu_);
-	ckpt_sm_init(&step_.sm, &img_.sb, claimed_.data(), applied_.data());
 }
 
 } // namespace ckpt

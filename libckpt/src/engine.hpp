@@ -95,11 +95,9 @@ private:
 	void worker_main(Worker &w);
 	void batch_failed(const Error &e, int io_errno);
 
-	void dispatch_write(uint64_t off, const void *buf, uint64_t len);
 	void control_write(const void *buf, uint64_t len);
 	void grad_write(uint64_t off, const uint8_t *buf, uint64_t len);
-	void param_read(uint64_t off, uint8_t *buf, uint64_t len);
-	[[noreturn]] void refuse(int code, std::string message);
+	void param_read(const struct ckpt_route &r, uint8_t *buf);
 	static const struct ckpt_step_ops ops_;
 
 	EngineOptions opts_;

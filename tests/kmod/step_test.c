@@ -438,6 +438,65 @@ TEST_F(step, bad_commands_change_nothing)
 #undef EXPECT_REFUSED
 }
 
+/*
+ * Per-bio atomicity: one gradient write (one O_DIRECT pwrite, one bio) with
+ * chunk 2 whole and the first 1 KiB of chunk 3, whose second sector is
+ * already staged, is refused as a whole. Nothing of it stays: chunk 2 is
+ * not updated (its PARAM read still shows the committed values, and it can
+ * then be written alone), and the new first sector of chunk 3 was not
+ * staged (it can be written again). The refused bio carries other
+ * gradients than the reference's, so any of it kept would show in the
+ * committed image.
+ */
+TEST_F(step, refused_bio_changes_nothing)
+{
+	const uint64_t cb = self->cb;
+	const uint32_t src = self->m.sb.committed_slot;
+	uint16_t *bogus = ck_alloc(cb + 1024), *rd = ck_alloc(cb);
+	struct ckpt_status st0, st;
+	size_t i;
+
+	ASSERT_NE(NULL, bogus);
+	ASSERT_NE(NULL, rd);
+	for (i = 0; i < (cb + 1024) / 2; i++)
+		bogus[i] = variant->dtype == CKPT_DTYPE_FP16 ? 0x3c00 : 0x3f80;	/* 1.0 */
+	make_grads(self);
+	ASSERT_EQ(0, begin(self, 1));
+	ck_model_step(&self->m, 1, self->hp, self->gs, self->grad, NULL);
+	ASSERT_EQ(0, ck_grad(self->fd, &self->m, self->grad, 3 * cb + 512, 512));
+	ASSERT_EQ(0, ck_status(self->fd, &st0));
+
+	EXPECT_EQ(-EIO, ck_pwrite(self->fd, bogus, cb + 1024, self->m.l.grad_off + 2 * cb));
+	ASSERT_EQ(0, ck_status(self->fd, &st));
+	EXPECT_EQ(CKPT_STATE_OPEN, st.state);
+	EXPECT_EQ(CKPT_RESULT_REJECTED, st.last_result);
+	EXPECT_EQ(CKPT_E_TWICE, st.last_error);
+	EXPECT_EQ(st0.commands_rejected + 1, st.commands_rejected);
+	EXPECT_EQ(0, st.chunks_done);
+	EXPECT_EQ(st0.grad_bytes, st.grad_bytes);
+	EXPECT_EQ(0, st.io_errors);
+	ASSERT_EQ(0, ck_params(self->fd, &self->m, rd, 2 * cb, cb));
+	EXPECT_EQ(0, memcmp(rd, self->m.plo[src] + 2 * self->m.cp, cb));
+
+	/* chunk 2 alone, the sectors of chunk 3 the refused bio had, the rest */
+	ASSERT_EQ(0, ck_grad(self->fd, &self->m, self->grad, 2 * cb, cb));
+	ASSERT_EQ(0, ck_grad(self->fd, &self->m, self->grad, 3 * cb, 512));
+	ASSERT_EQ(0, ck_grad(self->fd, &self->m, self->grad, 3 * cb + 1024, cb - 1024));
+	ASSERT_EQ(0, ck_grad(self->fd, &self->m, self->grad, 0, 2 * cb));
+	ASSERT_EQ(0, ck_grad(self->fd, &self->m, self->grad, 4 * cb, self->window - 4 * cb));
+	ASSERT_EQ(0, ck_commit(self->fd, 1, NULL, 0));
+	ck_model_commit(&self->m, 1, NULL, 0);
+	ASSERT_EQ(0, ck_status(self->fd, &st));
+	EXPECT_EQ(CKPT_RESULT_COMMITTED, st.last_result);
+	EXPECT_EQ(1, st.committed_step);
+	EXPECT_EQ(self->window, st.grad_bytes);
+	ASSERT_EQ(0, ck_params(self->fd, &self->m, rd, 2 * cb, cb));
+	EXPECT_EQ(0, memcmp(rd, self->m.plo[src ^ 1] + 2 * self->m.cp, cb));
+	EXPECT_EQ(0, verify(_metadata, self));
+	free(bogus);
+	free(rd);
+}
+
 /* A gradient that is not finite after scaling: the step is skipped, but every
  * finite chunk was written to the other slot (as the engine does). */
 TEST_F(step, overflow_skips_the_step)

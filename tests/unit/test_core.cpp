@@ -973,3 +973,284 @@ TEST(CoreProtocol, SuperblockWriteFailureKeepsTheErrno)
 		EXPECT_EQ(p.command(CKPT_OP_BEGIN, 1), -CKPT_E_FAILED);
 	}
 }
+
+// ---------------------------------------------------------------- routing
+
+namespace {
+
+struct Routed {
+	int ret;
+	struct ckpt_route r;
+};
+
+Routed route(const ckpt_layout &l, uint64_t off, uint64_t len, uint32_t flags = 0)
+{
+	Routed x{};
+	std::memset(&x.r, 0xaa, sizeof(x.r));	// every field is written
+	x.ret = ckpt_route(&l, off, len, flags, &x.r);
+	return x;
+}
+
+constexpr uint32_t W = CKPT_ROUTE_WRITE;
+
+#define EXPECT_ROUTE(x, want_ret, want_window, want_off, want_len)		\
+	do {								\
+		const Routed &x_ = (x);					\
+		EXPECT_EQ(x_.ret, (want_ret));				\
+		EXPECT_EQ(x_.r.window, uint32_t(want_window));		\
+		EXPECT_EQ(x_.r.off, uint64_t(want_off));		\
+		EXPECT_EQ(x_.r.len, uint64_t(want_len));		\
+	} while (0)
+
+} // namespace
+
+TEST(CoreRoute, ReadsAreCutAtWindowsAndChunks)
+{
+	const ckpt_layout l = small_sb().layout;
+	const uint64_t cb = l.plo_chunk_bytes, win = l.window_bytes;
+	ASSERT_EQ(l.grad_off, uint64_t(CKPT_BLOCK));
+	ASSERT_EQ(l.param_off, l.grad_off + win);
+	ASSERT_EQ(l.virt_bytes, l.param_off + win);
+
+	EXPECT_ROUTE(route(l, 0, 512), 0, CKPT_WIN_CTRL, 0, 512);
+	EXPECT_ROUTE(route(l, 0, 3 * CKPT_BLOCK), 0, CKPT_WIN_CTRL, 0, CKPT_BLOCK);
+	EXPECT_ROUTE(route(l, 100, 10), 0, CKPT_WIN_CTRL, 100, 10);	// reads need no alignment
+	EXPECT_ROUTE(route(l, CKPT_BLOCK - 1, 2), 0, CKPT_WIN_CTRL, CKPT_BLOCK - 1, 1);
+	EXPECT_ROUTE(route(l, l.grad_off, l.virt_bytes - l.grad_off), 0, CKPT_WIN_GRAD, 0, win);
+	EXPECT_ROUTE(route(l, l.grad_off + 512, 1024), 0, CKPT_WIN_GRAD, 512, 1024);
+	EXPECT_ROUTE(route(l, l.param_off - 1, 2), 0, CKPT_WIN_GRAD, win - 1, 1);
+
+	Routed x = route(l, l.param_off + 3 * cb + 1000, 2 * cb);
+	EXPECT_ROUTE(x, 0, CKPT_WIN_PARAM, 3 * cb + 1000, cb - 1000);
+	EXPECT_EQ(x.r.chunk, 3u);
+	EXPECT_EQ(x.r.in, 1000u);
+	x = route(l, l.param_off + cb - 512, 1024);
+	EXPECT_ROUTE(x, 0, CKPT_WIN_PARAM, cb - 512, 512);	// cut at the chunk boundary
+	EXPECT_EQ(x.r.chunk, 0u);
+	x = route(l, l.param_off + cb, 512);
+	EXPECT_EQ(x.r.chunk, 1u);
+	EXPECT_EQ(x.r.in, 0u);
+	x = route(l, l.virt_bytes - 1, 1);
+	EXPECT_ROUTE(x, 0, CKPT_WIN_PARAM, win - 1, 1);
+	EXPECT_EQ(x.r.chunk, l.n_params / l.chunk_params - 1);
+	EXPECT_EQ(x.r.in, cb - 1);
+
+	// A read of the whole device in the host's loop: the status page, the
+	// GRAD window, then each chunk, contiguous.
+	std::vector<std::pair<uint32_t, uint64_t>> pieces;
+	for (uint64_t off = 0, len = l.virt_bytes; len;) {
+		x = route(l, off, len);
+		ASSERT_EQ(x.ret, 0);
+		ASSERT_GT(x.r.len, 0u);
+		pieces.push_back({x.r.window, x.r.len});
+		off += x.r.len;
+		len -= x.r.len;
+	}
+	ASSERT_EQ(pieces.size(), 2 + l.n_params / l.chunk_params);
+	EXPECT_EQ(pieces[0], std::make_pair(uint32_t(CKPT_WIN_CTRL), uint64_t(CKPT_BLOCK)));
+	EXPECT_EQ(pieces[1], std::make_pair(uint32_t(CKPT_WIN_GRAD), win));
+	for (size_t i = 2; i < pieces.size(); i++)
+		EXPECT_EQ(pieces[i], std::make_pair(uint32_t(CKPT_WIN_PARAM), cb));
+}
+
+TEST(CoreRoute, WritesAreWholeOrRefused)
+{
+	const ckpt_layout l = small_sb().layout;
+	const uint64_t win = l.window_bytes;
+
+	// The control block: one command at offset 0, at most a block.
+	EXPECT_ROUTE(route(l, 0, 512, W), 0, CKPT_WIN_CTRL, 0, 512);
+	EXPECT_ROUTE(route(l, 0, CKPT_BLOCK, W), 0, CKPT_WIN_CTRL, 0, CKPT_BLOCK);
+	EXPECT_ROUTE(route(l, 0, CKPT_BLOCK + 512, W), -CKPT_E_RANGE, CKPT_WIN_CTRL, 0, 0);
+	EXPECT_ROUTE(route(l, 512, 512, W), -CKPT_E_RANGE, CKPT_WIN_CTRL, 512, 0);
+	EXPECT_ROUTE(route(l, CKPT_BLOCK - 512, 1024, W), -CKPT_E_RANGE, CKPT_WIN_CTRL,
+		     CKPT_BLOCK - 512, 0);
+
+	// The GRAD window: anything inside it, nothing into the PARAM window.
+	EXPECT_ROUTE(route(l, l.grad_off, win, W), 0, CKPT_WIN_GRAD, 0, win);
+	EXPECT_ROUTE(route(l, l.grad_off + 512, 1024, W), 0, CKPT_WIN_GRAD, 512, 1024);
+	EXPECT_ROUTE(route(l, l.param_off - 512, 512, W), 0, CKPT_WIN_GRAD, win - 512, 512);
+	EXPECT_ROUTE(route(l, l.param_off - 512, 1024, W), -CKPT_E_RANGE, CKPT_WIN_GRAD,
+		     win - 512, 0);
+	EXPECT_ROUTE(route(l, l.grad_off, win + 512, W), -CKPT_E_RANGE, CKPT_WIN_GRAD, 0, 0);
+
+	// The PARAM window is read-only.
+	EXPECT_ROUTE(route(l, l.param_off, 512, W), -CKPT_E_READONLY, CKPT_WIN_PARAM, 0, 0);
+	EXPECT_ROUTE(route(l, l.virt_bytes - 512, 512, W), -CKPT_E_READONLY, CKPT_WIN_PARAM,
+		     win - 512, 0);
+
+	// A read-only device refuses every write, reads as before.
+	const uint32_t ro = W | CKPT_ROUTE_READ_ONLY;
+	EXPECT_EQ(route(l, 0, 512, ro).ret, -CKPT_E_READONLY);
+	EXPECT_EQ(route(l, l.grad_off, 512, ro).ret, -CKPT_E_READONLY);
+	EXPECT_EQ(route(l, l.param_off, 512, ro).ret, -CKPT_E_READONLY);
+	EXPECT_ROUTE(route(l, 0, 512, CKPT_ROUTE_READ_ONLY), 0, CKPT_WIN_CTRL, 0, 512);
+	EXPECT_ROUTE(route(l, l.grad_off, 512, CKPT_ROUTE_READ_ONLY), 0, CKPT_WIN_GRAD, 0, 512);
+}
+
+TEST(CoreRoute, UnalignedBeyondAndOverflow)
+{
+	const ckpt_layout l = small_sb().layout;
+	const uint64_t end = l.virt_bytes, max = ~0ull;
+
+	// Writes are sector aligned; alignment is checked first, as the engine did.
+	EXPECT_ROUTE(route(l, l.grad_off + 1, 512, W), -CKPT_E_ALIGN, CKPT_WIN_GRAD, 1, 0);
+	EXPECT_ROUTE(route(l, l.grad_off, 100, W), -CKPT_E_ALIGN, CKPT_WIN_GRAD, 0, 0);
+	EXPECT_EQ(route(l, 1, 512, W).ret, -CKPT_E_ALIGN);
+	EXPECT_EQ(route(l, end + 1, 512, W).ret, -CKPT_E_ALIGN);
+	EXPECT_EQ(route(l, l.grad_off + 1, 100).ret, 0) << "a read may be unaligned";
+
+	// Beyond the end: refused with no window, reads and writes alike.
+	for (uint32_t f : {0u, W}) {
+		EXPECT_ROUTE(route(l, end, 512, f), -CKPT_E_RANGE, CKPT_WIN_NONE, 0, 0);
+		EXPECT_ROUTE(route(l, end - 512, 1024, f), -CKPT_E_RANGE, CKPT_WIN_NONE, 0, 0);
+		EXPECT_ROUTE(route(l, l.grad_off, end, f), -CKPT_E_RANGE, CKPT_WIN_NONE, 0, 0);
+		EXPECT_ROUTE(route(l, end + 4096, 512, f), -CKPT_E_RANGE, CKPT_WIN_NONE, 0, 0);
+		// off + len wraps past 2^64: must not look small.
+		EXPECT_EQ(route(l, l.grad_off, 0 - l.grad_off + 512, f).ret, -CKPT_E_RANGE) << "wraps to 512";
+		EXPECT_EQ(route(l, 4096, 0 - 4096ull, f).ret, -CKPT_E_RANGE) << "off + len == 2^64";
+		EXPECT_EQ(route(l, 0 - 512ull, 512, f).ret, -CKPT_E_RANGE);
+		EXPECT_EQ(route(l, 0 - 512ull, 1024, f).ret, -CKPT_E_RANGE) << "wraps to 512";
+		EXPECT_EQ(route(l, 512, max - 511, f).ret, -CKPT_E_RANGE) << "wraps to 0";
+	}
+	EXPECT_EQ(route(l, end - 1, max).ret, -CKPT_E_RANGE);
+	EXPECT_EQ(route(l, 1, max).ret, -CKPT_E_RANGE);
+	EXPECT_EQ(route(l, max, 1).ret, -CKPT_E_RANGE);
+
+	// An empty access does nothing, wherever it is.
+	for (uint32_t f : {0u, W})
+		for (uint64_t off : {uint64_t(0), uint64_t(3), l.param_off, end, max})
+			EXPECT_ROUTE(route(l, off, 0, f), 0, CKPT_WIN_NONE, 0, 0);
+}
+
+TEST(CoreRoute, LargestGeometry)
+{
+	// 2^24 chunks of 2^22 params: 2^47-byte windows, chunk numbers near 2^24.
+	ckpt_geometry g{};
+	g.n_chunks = 1u << 24;
+	g.chunk_shift = CKPT_MAX_CHUNK_SHIFT;
+	g.n_groups = 1;
+	g.dtype = CKPT_DTYPE_FP16;
+	g.optimizer = CKPT_OPT_ADAM;
+	g.manifest_bytes = CKPT_BLOCK;
+	ckpt_layout l{};
+	ASSERT_EQ(ckpt_layout_compute_features(&g, CKPT_FEATURE_INCOMPAT_DEFAULT, &l), 0);
+	const uint64_t cb = l.plo_chunk_bytes;
+	Routed x = route(l, l.virt_bytes - cb + 4096, 3 * cb);
+	EXPECT_EQ(x.ret, -CKPT_E_RANGE);
+	x = route(l, l.virt_bytes - cb + 4096, cb - 4096);
+	EXPECT_ROUTE(x, 0, CKPT_WIN_PARAM, l.window_bytes - cb + 4096, cb - 4096);
+	EXPECT_EQ(x.r.chunk, (1u << 24) - 1);
+	EXPECT_EQ(x.r.in, 4096u);
+	x = route(l, l.param_off - cb, 2 * cb, W);
+	EXPECT_EQ(x.ret, -CKPT_E_RANGE);
+	EXPECT_EQ(x.r.window, uint32_t(CKPT_WIN_GRAD));
+	EXPECT_ROUTE(route(l, l.param_off - cb, cb, W), 0, CKPT_WIN_GRAD, l.window_bytes - cb, cb);
+}
+
+// The host's routing counts a refused write as a refused request, with
+// why; a refused read changes nothing; an accepted access nothing either.
+TEST(CoreRoute, StepRouteRecordsRefusedWritesOnly)
+{
+	Proto p(CKPT_STAGING_DEFAULT);
+	const ckpt_layout &l = p.sb.layout;
+	struct ckpt_route r;
+	EXPECT_EQ(ckpt_step_route(&p.cs, 0, 512, W, &r), 0);
+	EXPECT_EQ(ckpt_step_route(&p.cs, l.virt_bytes, 512, 0, &r), -CKPT_E_RANGE);
+	EXPECT_EQ(ckpt_step_route(&p.cs, l.param_off, 512, 0, &r), 0);
+	EXPECT_EQ(p.cs.sm.commands_rejected, 0u);
+	EXPECT_EQ(p.cs.sm.last_result, uint32_t(CKPT_RESULT_NONE));
+
+	const auto before = p.snapshot();
+	EXPECT_EQ(ckpt_step_route(&p.cs, l.param_off, 512, W, &r), -CKPT_E_READONLY);
+	EXPECT_EQ(p.cs.sm.commands_rejected, 1u);
+	EXPECT_EQ(p.cs.sm.last_error, uint32_t(CKPT_E_READONLY));
+	EXPECT_EQ(p.cs.sm.last_result, uint32_t(CKPT_RESULT_REJECTED));
+	EXPECT_EQ(ckpt_step_route(&p.cs, l.grad_off + 1, 512, W, &r), -CKPT_E_ALIGN);
+	EXPECT_EQ(ckpt_step_route(&p.cs, 0, 512, W | CKPT_ROUTE_READ_ONLY, &r), -CKPT_E_READONLY);
+	EXPECT_EQ(p.cs.sm.commands_rejected, 3u);
+	EXPECT_EQ(p.snapshot(), before) << "nothing but the refusal is recorded";
+	EXPECT_EQ(p.host.locked, 0);
+	EXPECT_EQ(p.host.max_locked, 1);
+}
+
+// ---------------------------------------------------------------- loading state
+
+TEST(CoreLoad, Preconditions)
+{
+	Proto p(CKPT_STAGING_DEFAULT);
+	const auto fresh = p.snapshot();
+	EXPECT_EQ(ckpt_step_load_check(&p.cs, 0, 0), 0);
+	EXPECT_EQ(ckpt_step_load_check(&p.cs, CKPT_STEP_MAX, CKPT_BLOB_MAX), 0);
+	EXPECT_EQ(ckpt_step_load_check(&p.cs, CKPT_STEP_MAX + 1, 0), -CKPT_E_STEP);
+	EXPECT_EQ(ckpt_step_load_check(&p.cs, ~0ull, 0), -CKPT_E_STEP);
+	EXPECT_EQ(ckpt_step_load_check(&p.cs, 1, CKPT_BLOB_MAX + 1), -CKPT_E_BLOB);
+	EXPECT_EQ(ckpt_step_load_check(&p.cs, 1, 1ull << 32), -CKPT_E_BLOB) << "not cut to 32 bits";
+	EXPECT_EQ(p.snapshot(), fresh);
+	EXPECT_EQ(p.cs.sm.commands_rejected, 0u) << "a refused load is not a refused request";
+	EXPECT_EQ(p.host.locked, 0);
+
+	// An open step: E_STATE before the step and blob checks.
+	ASSERT_EQ(p.command(CKPT_OP_BEGIN, 1), 0);
+	EXPECT_EQ(ckpt_step_load_check(&p.cs, 0, 0), -CKPT_E_STATE);
+	EXPECT_EQ(ckpt_step_load_check(&p.cs, ~0ull, ~0ull), -CKPT_E_STATE);
+	// A committed step: only before the first step.
+	ASSERT_EQ(p.grad(0, pattern(8 * p.cb, 1)), 0);
+	p.apply_all();
+	ASSERT_EQ(p.command(CKPT_OP_COMMIT, 1), CKPT_RESULT_COMMITTED);
+	EXPECT_EQ(ckpt_step_load_check(&p.cs, 0, 0), -CKPT_E_STATE);
+	// A failed device says so first.
+	ckpt_sm_fail(&p.cs.sm, -5);
+	EXPECT_EQ(ckpt_step_load_check(&p.cs, ~0ull, ~0ull), -CKPT_E_FAILED);
+
+	// Spans: inside the image's params.
+	const uint64_t n = p.sb.layout.n_params;
+	EXPECT_EQ(ckpt_step_load_span(&p.cs, 0, n), 0);
+	EXPECT_EQ(ckpt_step_load_span(&p.cs, n - 1, 1), 0);
+	EXPECT_EQ(ckpt_step_load_span(&p.cs, 5, 0), 0);
+	EXPECT_EQ(ckpt_step_load_span(&p.cs, 1, n), -CKPT_E_RANGE);
+	EXPECT_EQ(ckpt_step_load_span(&p.cs, n, 0), -CKPT_E_RANGE);
+	EXPECT_EQ(ckpt_step_load_span(&p.cs, 1, ~0ull), -CKPT_E_RANGE) << "offset + n wraps";
+	EXPECT_EQ(ckpt_step_load_span(&p.cs, ~0ull, 1), -CKPT_E_RANGE);
+}
+
+// A load commits like a step (the other slot, flush, then the superblock)
+// and the machine starts over from it, counters too.
+TEST(CoreLoad, CommitThenRestart)
+{
+	Proto p(CKPT_STAGING_DEFAULT);
+	ASSERT_EQ(p.command(CKPT_OP_BEGIN, 1), 0);
+	ASSERT_EQ(p.grad(0, pattern(p.cb / 2, 1)), 0);
+	ASSERT_EQ(p.command(CKPT_OP_ABORT, 1), 0);
+	ASSERT_EQ(p.command(CKPT_OP_ABORT, 1), -CKPT_E_STATE);
+	ASSERT_EQ(p.cs.sm.steps_aborted, 1u);
+	ASSERT_EQ(ckpt_step_load_check(&p.cs, 42, 3), 0);
+
+	// A failed commit changes nothing.
+	p.host.write_ret = -28;
+	const auto before = p.snapshot();
+	EXPECT_EQ(ckpt_step_load_commit(&p.cs, 42, "abc", 3), -28);
+	EXPECT_EQ(p.snapshot(), before);
+	EXPECT_EQ(p.cs.sm.state, uint32_t(CKPT_STATE_IDLE));
+	p.host.write_ret = 0;
+
+	const ckpt_sb old = p.sb;
+	ASSERT_EQ(ckpt_step_load_commit(&p.cs, 42, "abc", 3), 0);
+	ckpt_sb want;
+	ASSERT_EQ(ckpt_sb_next(&old, 42, old.committed_slot ^ 1, "abc", 3, &want), 0);
+	EXPECT_EQ(std::memcmp(&p.sb, &want, sizeof(want)), 0);
+	ASSERT_EQ(p.host.sb_writes.size(), 1u);
+	EXPECT_EQ(p.host.sb_writes[0].first, ckpt_sb_next_offset(&old));
+	EXPECT_EQ(p.host.flushes, 2) << "flushed before each superblock write";
+	EXPECT_EQ(p.cs.sm.committed_step, 42u);
+	EXPECT_EQ(p.cs.sm.committed_slot, old.committed_slot ^ 1);
+	EXPECT_EQ(p.cs.sm.state, uint32_t(CKPT_STATE_IDLE));
+	EXPECT_EQ(p.cs.sm.steps_aborted, 0u) << "the machine starts over";
+	EXPECT_EQ(p.cs.sm.commands_rejected, 0u);
+	EXPECT_EQ(ckpt_step_stages_used(&p.cs), 0u);
+	EXPECT_FALSE(p.host.op_under_lock);
+	EXPECT_EQ(p.host.locked, 0);
+	// The next step is 43.
+	EXPECT_EQ(p.command(CKPT_OP_BEGIN, 1), -CKPT_E_STEP);
+	EXPECT_EQ(p.command(CKPT_OP_BEGIN, 43), 0);
+}
