@@ -165,6 +165,13 @@ static int dmckpt_write_sb(void *host, const void *block, u64 off)
 	return dm_ckpt_md_write_sb(&c->md, block, off);
 }
 
+static int dmckpt_read_sb(void *host, void *block, u64 off)
+{
+	struct dm_ckpt *c = host;
+
+	return dm_ckpt_md_io(&c->md, REQ_OP_READ | REQ_SYNC, block, off, CKPT_BLOCK);
+}
+
 static void dmckpt_copy(void *host, void *src, void *dst, u64 n)
 {
 	struct dmckpt_src *s = src;
@@ -212,6 +219,7 @@ static const struct ckpt_step_ops dmckpt_step_ops = {
 	.dispatch = dmckpt_dispatch,
 	.quiesce = dmckpt_quiesce,
 	.failed = dmckpt_commit_failed,
+	.read_sb = dmckpt_read_sb,
 };
 
 /* ---------------------------------------------------------------- deferred bios */
