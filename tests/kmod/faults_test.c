@@ -53,6 +53,32 @@ static void teardown_thin(void)
 	ck_remove(T_DATA);
 }
 
+/*
+ * ck_format leaves the tensor manifest empty, which ckptctl verify reports
+ * as damage: write one tensor over the whole device (group 0) and name it
+ * in the superblock (copy 1, sequence 1).
+ */
+static int add_manifest(struct ck_model *m)
+{
+	const unsigned long long n = m->l.n_params;
+	uint8_t *blk = ck_alloc(CKPT_BLOCK);
+	int len, r;
+
+	if (!blk)
+		return -ENOMEM;
+	len = snprintf((char *)blk, CKPT_BLOCK,
+		       "{\"format\":\"dm-ckpt-manifest\",\"version\":1,\"dtype\":\"%s\",\"chunk_params\":%u,\"tensors\":[{\"name\":\"w\",\"shape\":[%llu],\"group\":0,\"offset\":0,\"numel\":%llu}]}",
+		       ckpt_dtype_name(m->sb.geo.dtype), m->cp, n, n);
+	m->sb.manifest_len = (uint32_t)len;
+	m->sb.manifest_crc = ckpt_crc32c(blk, (size_t)len);
+	r = ck_write_dev(m->dev, blk, CKPT_BLOCK, m->l.manifest_off);
+	memset(blk, 0, CKPT_BLOCK);
+	if (!r)
+		r = ckpt_sb_encode(&m->sb, blk) ? -EINVAL : ck_write_sb_block(m->dev, blk, 1);
+	free(blk);
+	return r;
+}
+
 FIXTURE_SETUP(faults)
 {
 	struct ckpt_geometry g = ck_geo(N_CHUNKS, SHIFT, 1, CKPT_DTYPE_BF16);
@@ -67,6 +93,7 @@ FIXTURE_SETUP(faults)
 	teardown_thin();
 	self->rng.s = 11;
 	ASSERT_EQ(0, ck_format(&self->m, ck_dev(), &g, 7));
+	ASSERT_EQ(0, add_manifest(&self->m));
 	self->sectors = ck_dev_bytes(ck_dev()) / 512;
 	snprintf(table, sizeof(table), "0 %llu linear %s 0",
 		 (unsigned long long)self->sectors, ck_dev());
@@ -337,22 +364,30 @@ TEST_F(faults, dm_error_at_commit)
 }
 
 /*
- * drop_writes: step 2's records and superblock are lost without an error, so
- * its COMMIT succeeds and the target believes step 2 committed; that is all
- * it can know without reading back. Step 3 reads the records it builds on:
- * the slot holds step 0's, which the record's step and sequence give away,
- * so step 3 fails (EILSEQ) instead of committing on top of them. The device
- * still says step 1, intact.
+ * drop_writes over the records (not the superblocks): step 2's records are
+ * lost without an error, its superblock lands and reads back, so COMMIT
+ * succeeds and the device names a step whose state it never stored. No
+ * target can see that when it happens (it would have to read every record
+ * back before the commit). Step 3 reads the records it builds on: the slot
+ * holds step 0's, which the record's step and sequence give away, so step 3
+ * fails (EILSEQ) instead of building on them, and writes nothing. ckptctl
+ * verify finds the damage and restore --rollback returns to step 1, which
+ * is intact: training goes on from there.
  */
 TEST_F(faults, flakey_drop_writes_is_caught_by_the_next_step)
 {
 	struct ckpt_status st;
-	char drop[256], fix[256];
+	char drop[512], fix[256], out[4096];
+	uint8_t *blk = ck_alloc(2 * CKPT_BLOCK);
+	uint16_t *p = calloc(self->m.l.n_params, 2);
 	long e0;
+	int dfd;
 
+	ASSERT_NE(NULL, blk);
+	ASSERT_NE(NULL, p);
 	linear_table(self, fix, sizeof(fix));
-	snprintf(drop, sizeof(drop), "0 %llu flakey %s 0 0 1 1 drop_writes",
-		 (unsigned long long)self->sectors, ck_dev());
+	snprintf(drop, sizeof(drop), "0 16 linear %s 0\n16 %llu flakey %s 16 0 1 1 drop_writes\n",
+		 ck_dev(), (unsigned long long)self->sectors - 16, ck_dev());
 	ASSERT_EQ(0, full_step(_metadata, self, 1, "step one"));
 	make_grads(self);
 	ASSERT_EQ(0, begin(self, 2));
@@ -362,17 +397,76 @@ TEST_F(faults, flakey_drop_writes_is_caught_by_the_next_step)
 	ASSERT_EQ(0, ck_status(self->fd, &st));
 	EXPECT_EQ(2, st.committed_step);
 	ASSERT_EQ(0, swap(self, BK, fix));
-	forget_open_slot(&self->m);
-	expect_committed_on_disk(_metadata, self);
 
-	/* step 3 must not write slot 1, which the device still has committed */
 	e0 = ck_dm_events(CK_NAME);
 	make_grads(self);
 	ASSERT_EQ(0, begin(self, 3));
 	EXPECT_EQ(-EIO, grads(self, 0, 1));
 	EXPECT_EQ(1, ck_kmsg_has("chunk 0 slot 0"));
 	expect_failed(_metadata, self, e0, EILSEQ, 3, 2);
-	recover(_metadata, self, BK, NULL);
+
+	/* nothing of step 3 was written: slot 1 still holds step 1 */
+	close(self->fd);
+	self->fd = -1;
+	ck_remove(CK_NAME);
+	EXPECT_EQ(2, ck_sh(out, sizeof(out), "ckptctl verify %s 2>&1", ck_dev()))
+		TH_LOG("%s", out);
+	/* the layer, not the namespace: that one is held by the layer */
+	EXPECT_EQ(0, ck_sh(out, sizeof(out), "ckptctl restore --rollback %s 2>&1", self->backing))
+		TH_LOG("%s", out);
+	EXPECT_EQ(0, ck_sh(out, sizeof(out), "ckptctl verify %s 2>&1", ck_dev()))
+		TH_LOG("%s", out);
+	/* the rollback wrote a superblock and restamped slot 1's record headers */
+	dfd = open(ck_dev(), O_RDONLY | O_DIRECT);
+	ASSERT_LE(0, dfd);
+	ASSERT_EQ(0, ck_pread(dfd, blk, 2 * CKPT_BLOCK, 0));
+	close(dfd);
+	ASSERT_LE(0, ckpt_sb_pick(blk, blk + CKPT_BLOCK, ck_dev_bytes(ck_dev()), &self->m.sb));
+	EXPECT_EQ(1, self->m.sb.committed_step);
+	EXPECT_EQ(1, self->m.sb.committed_slot);
+	EXPECT_EQ(0, memcmp(self->m.sb.blob, "step one", 8));
+	memset(self->m.valid, 0, sizeof(self->m.valid));
+
+	ASSERT_EQ(0, ck_create_ckpt(&self->m, CK_NAME, self->backing, NULL));
+	self->fd = ck_open_dm(CK_NAME);
+	ASSERT_LE(0, self->fd);
+	ASSERT_EQ(0, ck_status(self->fd, &st));
+	EXPECT_EQ(CKPT_STATE_IDLE, st.state);
+	EXPECT_EQ(1, st.committed_step);
+	ASSERT_EQ(0, ck_params(self->fd, &self->m, p, 0, self->m.l.n_params * 2));
+	EXPECT_EQ(0, memcmp(p, self->m.plo[1], self->m.l.n_params * 2));
+	/* step 2 again, built on step 1's params and moments */
+	EXPECT_EQ(0, full_step(_metadata, self, 2, "two again"));
+	free(p);
+	free(blk);
+}
+
+/*
+ * drop_writes over the superblocks only: the records of step 2 land, its
+ * superblock does not. A target that believed that commit would build step
+ * 3 into slot 1, which the device still names as committed, and a crash
+ * then leaves neither step intact. The commit reads the superblock back
+ * and fails instead: COMMIT returns EIO, the device keeps step 1.
+ */
+TEST_F(faults, flakey_drop_writes_of_the_superblock_fails_the_commit)
+{
+	char drop[512], fix[256];
+	long e0;
+
+	linear_table(self, fix, sizeof(fix));
+	snprintf(drop, sizeof(drop), "0 16 flakey %s 0 0 1 1 drop_writes\n16 %llu linear %s 16\n",
+		 ck_dev(), (unsigned long long)self->sectors - 16, ck_dev());
+	ASSERT_EQ(0, full_step(_metadata, self, 1, "step one"));
+	make_grads(self);
+	ASSERT_EQ(0, begin(self, 2));
+	ASSERT_EQ(0, grads(self, 0, N_CHUNKS));
+	e0 = ck_dm_events(CK_NAME);
+	ASSERT_EQ(0, swap(self, BK, drop));
+	EXPECT_EQ(-EIO, ck_commit(self->fd, 2, "two", 3));
+	EXPECT_EQ(1, ck_kmsg_has("committing a step failed"));
+	forget_open_slot(&self->m);
+	expect_failed(_metadata, self, e0, EIO, 2, 1);
+	recover(_metadata, self, BK, fix);
 }
 
 /* Bad blocks: an error segment over [lo, hi) sectors, linear elsewhere. */
@@ -509,6 +603,7 @@ TEST_F(faults, thin_pool_out_of_space)
 
 	ck_model_free(&self->m);
 	ASSERT_EQ(0, ck_format(&self->m, "/dev/mapper/" T_VOL, &g, 9));
+	ASSERT_EQ(0, add_manifest(&self->m));
 	snprintf(self->backing, sizeof(self->backing), "/dev/mapper/%s", T_VOL);
 	ASSERT_EQ(0, ck_create_ckpt(&self->m, CK_NAME, self->backing, NULL));
 	self->fd = ck_open_dm(CK_NAME);
@@ -523,6 +618,8 @@ TEST_F(faults, thin_pool_out_of_space)
 	fd = open("/dev/mapper/" T_VOL, O_RDWR);
 	ASSERT_LE(0, fd);
 	EXPECT_EQ(0, ioctl(fd, BLKDISCARD, range)) TH_LOG("discard: %s", strerror(errno));
+	/* a flush commits the pool's metadata: the freed blocks become free */
+	EXPECT_EQ(0, fsync(fd));
 	close(fd);
 	fd = open("/dev/mapper/" T_FILL, O_RDWR | O_DIRECT);
 	ASSERT_LE(0, fd);
