@@ -16,9 +16,12 @@
  * p_lo), the PARAM window shows it, ckptctl verify passes, and training goes
  * on.
  *
- * drop_writes loses writes without an error: the target cannot see it when
- * it happens (its COMMIT succeeds), but a later step reads the records it
- * builds on and refuses the stale ones (step and sequence in the record).
+ * drop_writes loses writes without an error. A lost superblock write is
+ * caught when the commit reads it back (COMMIT fails). Lost record writes
+ * cannot be seen when they happen (COMMIT succeeds), but the next step
+ * reads the records it builds on and refuses the stale ones (step and
+ * sequence in the record), and ckptctl verify and restore --rollback
+ * return the device to the previous step.
  */
 #include "ckpt_kmod.h"
 #include "kselftest_harness.h"
