@@ -164,6 +164,14 @@ static int __dmckpt_write_sb(void *host, const void *block, u64 off)
 }
 
 /* Core op: cmd_lock held. */
+static int __dmckpt_read_sb(void *host, void *block, u64 off)
+{
+	struct dm_ckpt *c = host;
+
+	return dm_ckpt_md_io(&c->md, REQ_OP_READ | REQ_SYNC, block, off, CKPT_BLOCK);
+}
+
+/* Core op: cmd_lock held. */
 static void __dmckpt_copy(void *host, void *src, void *dst, u64 n)
 {
 	struct dmckpt_src *s = src;
@@ -212,6 +220,7 @@ static const struct ckpt_step_ops dmckpt_step_ops = {
 	.dispatch = __dmckpt_dispatch,
 	.quiesce = __dmckpt_quiesce,
 	.failed = __dmckpt_commit_failed,
+	.read_sb = __dmckpt_read_sb,
 };
 
 /* ---------------------------------------------------------------- deferred bios */

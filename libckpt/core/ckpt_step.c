@@ -798,6 +798,15 @@ int ckpt_sb_commit(const struct ckpt_step_ops *ops, void *host, struct ckpt_sb *
 	ret = ops->write_sb(host, block, ckpt_sb_next_offset(sb));
 	if (ret)
 		return ret;
+	if (ops->read_sb) {
+		const u32 crc = ckpt_crc32c(block, CKPT_BLOCK);
+
+		ret = ops->read_sb(host, block, ckpt_sb_next_offset(sb));
+		if (ret)
+			return ret;
+		if (ckpt_crc32c(block, CKPT_BLOCK) != crc)
+			return -CKPT_EIO_ERRNO;
+	}
 	*sb = *spare;
 	return 0;
 }

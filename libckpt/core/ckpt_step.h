@@ -238,6 +238,14 @@ struct ckpt_step_ops {
 	 * sticky error, an event for userspace).
 	 */
 	void (*failed)(void *host, int io_errno);
+	/*
+	 * Optional: read the CKPT_BLOCK at off from the device into block (0 or
+	 * -errno). The commit reads its superblock back: a device that
+	 * acknowledged the write but lost it (dm-flakey drop_writes, a lying
+	 * cache) fails the commit, instead of the next step overwriting the
+	 * slot the device still names as committed.
+	 */
+	int (*read_sb)(void *host, void *block, u64 off);
 };
 
 #define CKPT_STAGE_FREE		0xffffffffu

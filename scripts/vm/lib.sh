@@ -13,7 +13,7 @@ VM_CACHE=$BUILD_DIR/vm
 # The first group is required; the rest are for fault tests and only warned
 # about if they fail to load.
 VM_REQUIRED_MODULES="nvme dm-mod"
-VM_OPTIONAL_MODULES="dm-flakey dm-log-writes dm-delay"
+VM_OPTIONAL_MODULES="dm-flakey dm-log-writes dm-delay dm-thin-pool"
 # The output disk (--out) is virtio-blk, /dev/vda: a second NVMe namespace or
 # controller would race the first for the name nvme0n1 (6.12 scans async).
 VM_OUT_MODULES="virtio_pci virtio_blk"

@@ -31,6 +31,8 @@
 #include <sys/wait.h>
 #include <linux/fs.h>
 #include <sys/ioctl.h>
+#include <signal.h>
+#include <linux/dm-ioctl.h>
 
 #include "ckpt_format.h"
 #include "ckpt_step.h"
@@ -724,6 +726,81 @@ static CK_UNUSED int ck_params(int fd, const struct ck_model *m, void *out, uint
 			       uint64_t len)
 {
 	return ck_read_at(fd, out, len, m->l.param_off + off);
+}
+
+/* ---------------------------------------------------------------- dm events and faults */
+
+/* The event number of a dm device (dmsetup info), or -1. */
+static CK_UNUSED long ck_dm_events(const char *name)
+{
+	char out[2048], *p;
+
+	if (ck_sh(out, sizeof(out), "dmsetup info %s 2>&1", name))
+		return -1;
+	p = strstr(out, "Event number:");
+	return p ? strtol(p + strlen("Event number:"), NULL, 10) : -1;
+}
+
+/*
+ * Wait, as dmeventd does (DM_DEV_WAIT), until the event number of dm device
+ * name is no longer event_nr. 0 when it changed, -ETIMEDOUT after timeout_s
+ * seconds (the ioctl runs in a child that SIGALRM ends), -errno otherwise.
+ */
+static CK_UNUSED int ck_dm_wait(const char *name, uint32_t event_nr, unsigned int timeout_s)
+{
+	pid_t pid = fork();
+	int st;
+
+	if (pid < 0)
+		return -errno;
+	if (!pid) {
+		struct dm_ioctl io;
+		int fd = open("/dev/mapper/control", O_RDWR);
+
+		memset(&io, 0, sizeof(io));
+		io.version[0] = DM_VERSION_MAJOR;
+		io.data_size = sizeof(io);
+		io.data_start = sizeof(io);
+		io.event_nr = event_nr;
+		snprintf(io.name, sizeof(io.name), "%s", name);
+		alarm(timeout_s);
+		_exit(fd >= 0 && !ioctl(fd, DM_DEV_WAIT, &io) ? 0 : 1);
+	}
+	if (waitpid(pid, &st, 0) < 0)
+		return -errno;
+	if (WIFSIGNALED(st) && WTERMSIG(st) == SIGALRM)
+		return -ETIMEDOUT;
+	return WIFEXITED(st) && !WEXITSTATUS(st) ? 0 : -EIO;
+}
+
+/*
+ * Replace the table of a live dm device (suspend, load, resume): how a fault
+ * layer under the target is switched on and off. 0 or -1 (out says why).
+ */
+static CK_UNUSED int ck_dm_swap(const char *name, const char *table, char *out, size_t n)
+{
+	/* a file, so that a table may have several lines */
+	FILE *f = fopen("/tmp/ck_table", "w");
+
+	if (!f || fputs(table, f) < 0 || fclose(f))
+		return -1;
+	if (ck_sh(out, n, "dmsetup suspend --noudevsync %s 2>&1", name) ||
+	    ck_sh(out, n, "dmsetup load --noudevsync %s /tmp/ck_table 2>&1", name) ||
+	    ck_sh(out, n, "dmsetup resume --noudevsync %s 2>&1", name))
+		return -1;
+	return 0;
+}
+
+/* 1 if the kernel has dm target type (dmsetup targets). */
+static CK_UNUSED int ck_dm_has_target(const char *type)
+{
+	char out[4096], want[64];
+
+	snprintf(want, sizeof(want), "\n%s ", type);
+	if (ck_sh(out + 1, sizeof(out) - 1, "dmsetup targets 2>&1"))
+		return 0;
+	out[0] = '\n';
+	return strstr(out, want) != NULL;
 }
 
 #endif /* CKPT_KMOD_H */

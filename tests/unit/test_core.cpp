@@ -547,6 +547,7 @@ struct FakeHost {
 	int locked = 0, max_locked = 0;
 	int drains = 0, flushes = 0;
 	int flush_ret = 0, write_ret = 0;
+	bool lose_sb = false;	// superblock writes succeed but do not read back
 	std::vector<std::pair<uint64_t, std::vector<uint8_t>>> sb_writes;
 	std::vector<std::pair<uint32_t, std::vector<uint8_t>>> dispatched;	// chunk, grads
 	int batches = 0;
@@ -631,6 +632,15 @@ const ckpt_step_ops fake_ops = {
 	.dispatched = [](void *h, void *) { host_of(h).check_unlocked(); host_of(h).batches++; return 0; },
 	.quiesce = [](void *h, uint32_t slot) { host_of(h).check_unlocked(); host_of(h).quiesced.push_back(slot); },
 	.failed = [](void *h, int err) { host_of(h).check_unlocked(); host_of(h).failed.push_back(err); },
+	.read_sb =
+		[](void *h, void *block, uint64_t off) {
+			FakeHost &f = host_of(h);
+			f.check_unlocked();
+			std::memset(block, 0, CKPT_BLOCK);
+			if (!f.lose_sb && !f.sb_writes.empty() && f.sb_writes.back().first == off)
+				std::memcpy(block, f.sb_writes.back().second.data(), CKPT_BLOCK);
+			return 0;
+		},
 };
 
 // A step protocol over small_sb() with its memory, as a host would allocate it.
@@ -850,6 +860,31 @@ TEST(CoreProtocol, CommitWriteFailureCallsFailedHook)
 	EXPECT_FALSE(p.host.op_under_lock);
 	EXPECT_EQ(p.cs.sm.state, uint32_t(CKPT_STATE_FAILED));
 	EXPECT_EQ(p.cs.sm.first_io_error, uint32_t(EROFS));
+}
+
+// A superblock write the device acknowledged but lost (it reads back as
+// something else): the commit fails as if the write had, nothing commits.
+TEST(CoreProtocol, CommitFailsWhenTheSuperblockDoesNotReadBack)
+{
+	Proto p(CKPT_STAGING_DEFAULT);
+	ASSERT_EQ(p.command(CKPT_OP_BEGIN, 1), 0);
+	ASSERT_EQ(p.grad(0, pattern(p.sb.geo.n_chunks * p.cb, 7)), 0);
+	p.apply_all();
+	p.host.lose_sb = true;
+	const ckpt_sb before = p.sb;
+	ckpt_cmd c{};
+	c.opcode = CKPT_OP_COMMIT;
+	c.step = 1;
+	int io = 0;
+	EXPECT_EQ(ckpt_step_exec(&p.cs, &c, &io), -CKPT_E_IO);
+	EXPECT_EQ(io, -EIO);
+	EXPECT_EQ(p.host.failed, std::vector<int>{-EIO});
+	EXPECT_EQ(p.host.sb_writes.size(), 1u);
+	EXPECT_EQ(p.sb.sequence, before.sequence);
+	EXPECT_EQ(p.sb.committed_step, before.committed_step);
+	EXPECT_EQ(p.cs.sm.state, uint32_t(CKPT_STATE_FAILED));
+	EXPECT_EQ(p.cs.sm.committed_step, before.committed_step);
+	EXPECT_EQ(p.command(CKPT_OP_BEGIN, 1), -CKPT_E_FAILED);
 }
 
 // The errno a host returns for each core error: one column of CKPT_ERRORS.
