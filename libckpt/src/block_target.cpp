@@ -12,7 +12,7 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
-#include "error.hpp"
+#include "ckpt_error.hpp"
 
 namespace ckpt {
 

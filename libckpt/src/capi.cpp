@@ -16,7 +16,7 @@
 
 #include "block_target.hpp"
 #include "device.hpp"
-#include "error.hpp"
+#include "ckpt_error.hpp"
 #include "export.hpp"
 #include "format.hpp"
 #include "image.hpp"

@@ -7,7 +7,7 @@
 
 #include <xmmintrin.h>
 
-#include "error.hpp"
+#include "ckpt_error.hpp"
 
 extern "C" {
 #include "ckpt_update.h"
