@@ -720,22 +720,12 @@ TEST_F(step, backing_error_fails_the_target)
 TEST_F(step, flipped_data_bit_fails_the_step)
 {
 	const uint32_t slot = 1;	/* committed after step 1 */
-	uint64_t off;
-	uint8_t *blk = ck_alloc(CKPT_BLOCK);
 	struct ckpt_status st;
-	int dfd;
 
 	ASSERT_EQ(0, full_step(_metadata, self, 1, "one"));
 	ASSERT_EQ(slot, self->m.sb.committed_slot);
 	/* an exponent bit of p[0] of chunk 0, on the device and in the model */
-	off = ckpt_record_offset(&self->m.l, slot, 0) + CKPT_BLOCK;
-	dfd = open(ck_dev(), O_RDWR | O_DIRECT);
-	ASSERT_LE(0, dfd);
-	ASSERT_EQ(0, ck_pread(dfd, blk, CKPT_BLOCK, off));
-	blk[2] ^= 0x40;
-	ASSERT_EQ(0, ck_pwrite(dfd, blk, CKPT_BLOCK, off));
-	ASSERT_EQ(0, fsync(dfd));
-	close(dfd);
+	ASSERT_EQ(0, ck_flip_record_data(&self->m, slot, 0, 2, 0x40));
 	((uint8_t *)self->m.state[slot])[2] ^= 0x40;
 
 	ck_kmsg_clear();
@@ -751,7 +741,6 @@ TEST_F(step, flipped_data_bit_fails_the_step)
 	EXPECT_EQ(CKPT_E_FAILED, st.last_error);
 	/* nothing written: the model (with the flipped bit) is what is on disk */
 	EXPECT_EQ(0, verify(_metadata, self));
-	free(blk);
 }
 
 /*
