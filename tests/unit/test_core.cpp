@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core_test_util.hpp"
+#include "status_test_util.hpp"
 
 extern "C" {
 #include "ckpt_step.h"
@@ -275,16 +276,12 @@ TEST(CoreStatus, CountersFromTheStepMachine)
 	ckpt_sm_rejected(&sm, CKPT_E_TWICE);
 	ckpt_counters k;
 	ckpt_sm_counters(&sm, 111, 222, &k);
-	EXPECT_EQ(k.state, uint32_t(CKPT_STATE_OPEN));
-	EXPECT_EQ(k.committed_step, 6u);
-	EXPECT_EQ(k.open_step, 7u);
-	EXPECT_EQ(k.chunks_done, 1u);
-	EXPECT_EQ(k.overflow, 1u);
-	EXPECT_EQ(k.last_result, uint32_t(CKPT_RESULT_REJECTED));
-	EXPECT_EQ(k.last_error, uint32_t(CKPT_E_TWICE));
-	EXPECT_EQ(k.commands_rejected, 1u);
-	EXPECT_EQ(k.grad_bytes, 111u);
-	EXPECT_EQ(k.param_bytes, 222u);
+	const ckpt_counters want = {.state = CKPT_STATE_OPEN, .committed_step = 6, .open_step = 7,
+		.chunks_done = 1, .overflow = 1, .last_result = CKPT_RESULT_REJECTED,
+		.last_error = CKPT_E_TWICE, .first_io_error = 0, .steps_committed = 0,
+		.steps_skipped = 0, .steps_aborted = 0, .commands_rejected = 1, .grad_bytes = 111,
+		.param_bytes = 222, .io_errors = 0, .committed_slot = 1};
+	expect_counters(k, want);
 	EXPECT_EQ(k.committed_slot, 1u);
 	char line[CKPT_STATUS_LINE_MAX];
 	ASSERT_GT(ckpt_status_line(&k, 8, line, sizeof(line)), 0);
