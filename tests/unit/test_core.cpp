@@ -648,15 +648,11 @@ struct Proto {
 			stages[i].grad = grads[i].data();
 		}
 		stage_of.resize(n);
-		ckpt_step_mem mem{};
-		mem.claimed = claimed.data();
-		mem.applied = applied.data();
-		mem.stages = stages.data();
-		mem.n_stages = n_stages;
-		mem.stage_of = stage_of.data();
-		mem.spare = spare.get();
-		mem.block = block.data();
-		mem.cmd = cmd.get();
+		const ckpt_step_mem mem = {
+			.claimed = claimed.data(), .applied = applied.data(), .stages = stages.data(),
+			.n_stages = n_stages, .stage_of = stage_of.data(), .spare = spare.get(),
+			.block = block.data(), .cmd = cmd.get(),
+		};
 		ckpt_step_init(&cs, &fake_ops, &host, &sb, &mem);
 	}
 
