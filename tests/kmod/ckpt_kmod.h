@@ -641,6 +641,16 @@ static CK_UNUSED int ck_create(const char *name, const char *table)
 	return ck_sh(NULL, 0, "dmsetup mknodes %s 2>&1", name) ? -1 : 0;
 }
 
+/* Replace a device's table: suspend, load, resume. 0, or -1 if a step failed. */
+static CK_UNUSED int ck_reload(const char *name, const char *table)
+{
+	if (ck_sh(NULL, 0, "dmsetup suspend --noudevsync %s 2>&1", name) ||
+	    ck_sh(NULL, 0, "dmsetup load --noudevsync %s --table '%s' 2>&1", name, table) ||
+	    ck_sh(NULL, 0, "dmsetup resume --noudevsync %s 2>&1", name))
+		return -1;
+	return 0;
+}
+
 static CK_UNUSED void ck_remove(const char *name)
 {
 	ck_sh(NULL, 0, "dmsetup remove --noudevsync %s 2>&1", name);

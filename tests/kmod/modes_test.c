@@ -70,18 +70,14 @@ static long events(const char *name)
 /* Replace the backing view's table: "error" kills it, "linear" restores it. */
 static int swap_backing(FIXTURE_DATA(modes) *self, const char *target)
 {
-	char table[256], out[512];
+	char table[256];
 
 	if (!strcmp(target, "error"))
 		snprintf(table, sizeof(table), "0 %llu error", (unsigned long long)self->sectors);
 	else
 		snprintf(table, sizeof(table), "0 %llu linear %s 0",
 			 (unsigned long long)self->sectors, ck_dev());
-	if (ck_sh(out, sizeof(out), "dmsetup suspend --noudevsync %s 2>&1", BK) ||
-	    ck_sh(out, sizeof(out), "dmsetup load --noudevsync %s --table '%s' 2>&1", BK, table) ||
-	    ck_sh(out, sizeof(out), "dmsetup resume --noudevsync %s 2>&1", BK))
-		return -1;
-	return 0;
+	return ck_reload(BK, table);
 }
 
 /* Lines of the kernel log since the last clear that contain s. */
