@@ -25,12 +25,9 @@
 #include "ckpt_update.h"
 #include "ckpt_update_variants.h"
 
-#ifdef CKPT_BENCH_EXTRA
-/* optional extra builds of the body linked in by hand (e.g. kernel-like flags) */
-u32 ckpt_update_chunk_kl_sse2(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
-			      const u16 *grad, u32 *p, u32 *m, u32 *v, u16 *plo, u64 n);
-u32 ckpt_update_chunk_kl_avx2(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
-			      const u16 *grad, u32 *p, u32 *m, u32 *v, u16 *plo, u64 n);
+#ifdef CKPT_BENCH_KMOD_FPU
+/* the kernel module's float units, built with its float flags (bench/CMakeLists.txt) */
+#include "dm-ckpt-fpu.h"
 #endif
 
 #define CHUNK 65536u
@@ -151,11 +148,10 @@ int main(int argc, char **argv)
 		 1e30},
 		{"update[dispatched]", 1, NULL, ckpt_update_chunk, CKPT_DTYPE_FP16, 1, 1e30},
 		{"update[dispatched,bf16]", 1, NULL, ckpt_update_chunk, CKPT_DTYPE_BF16, 1, 1e30},
-#ifdef CKPT_BENCH_EXTRA
-		{"update[kernel-like sse2 -O2]", 1, NULL, ckpt_update_chunk_kl_sse2,
-		 CKPT_DTYPE_FP16, 1, 1e30},
-		{"update[kernel-like avx2+f16c -O2]", 1, NULL, ckpt_update_chunk_kl_avx2,
-		 CKPT_DTYPE_FP16, has_avx2, 1e30},
+#ifdef CKPT_BENCH_KMOD_FPU
+		{"update[kmod sse2]", 1, NULL, dm_ckpt_update_sse2, CKPT_DTYPE_FP16, 1, 1e30},
+		{"update[kmod avx2+f16c]", 1, NULL, dm_ckpt_update_avx2, CKPT_DTYPE_FP16, has_avx2,
+		 1e30},
 #endif
 	};
 	const int nm = (int)(sizeof(ms) / sizeof(ms[0]));

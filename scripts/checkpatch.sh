@@ -31,9 +31,12 @@ out=$(perl "$dir/scripts/checkpatch.pl" --no-tree --strict --show-types --ignore
 	libckpt/core/ckpt_step.h libckpt/core/ckpt_update.h libckpt/core/ckpt_update_impl.h) || true
 # ckpt_abi.h is X-macro lists: each list and each expander is a bare
 # sequence by design, which COMPLEX_MACRO cannot tell from a badly wrapped
-# expression, so that check alone is off for this file.
+# expression, and the expanders that declare or copy a struct's members end
+# in ';' (one member or assignment per list entry, as bcachefs's x() do), so
+# those checks alone are off for this file.
 out="$out
-$(perl "$dir/scripts/checkpatch.pl" --no-tree --strict --show-types --ignore CAMELCASE,COMPLEX_MACRO \
+$(perl "$dir/scripts/checkpatch.pl" --no-tree --strict --show-types \
+	--ignore CAMELCASE,COMPLEX_MACRO,TRAILING_SEMICOLON,MULTISTATEMENT_MACRO_USE_DO_WHILE \
 	-f libckpt/core/ckpt_abi.h)" || true
 echo "$out"
 bad=$(echo "$out" | grep -cE '^(ERROR|WARNING):' || true)

@@ -123,6 +123,21 @@
 	X(decay,		FINITE)		\
 	X(flags,		FLAGS)
 
+/*
+ * Expanders of CKPT_STATUS_FIELDS for the C structs that hold the counters
+ * (the core's struct ckpt_counters and ckpt_status): the type of each kind
+ * there (u32/u64 of the core's platform header; STATE and RESULT hold the
+ * enum value, FRACTION its numerator, chunks_done), a member of that type,
+ * and the copy of field f from *src to *dst, pointers the caller names so.
+ */
+#define CKPT_ABI_KIND_STATE		u32
+#define CKPT_ABI_KIND_RESULT		u32
+#define CKPT_ABI_KIND_FRACTION		u64
+#define CKPT_ABI_KIND_U32		u32
+#define CKPT_ABI_KIND_U64		u64
+#define CKPT_ABI_MEMBER(f, kind)	CKPT_ABI_KIND_##kind f;
+#define CKPT_ABI_COPY(f, kind)		(dst)->f = (src)->f;
+
 /* Expanders: enums, and rows of the name tables (positional, from 0). */
 #define CKPT_ABI_ENUM_ERR(name, msg, e)		CKPT_##name,
 #define CKPT_ABI_ENUM_DTYPE(name, code, s, st)	CKPT_DTYPE_##name = code,

@@ -266,6 +266,13 @@ void ckpt_sm_counters(const struct ckpt_step_sm *sm, u64 grad_bytes, u64 param_b
 	k->committed_slot = sm->committed_slot;
 }
 
+/* The status page's counters are k's, field by field of the list. */
+static void ckpt_counters_to_status(const struct ckpt_counters *src, struct ckpt_status *dst)
+{
+	CKPT_STATUS_FIELDS(CKPT_ABI_COPY)
+	dst->committed_slot = src->committed_slot;
+}
+
 void ckpt_sm_status(const struct ckpt_step_sm *sm, const struct ckpt_sb *sb,
 		    struct ckpt_status *st)
 {
@@ -273,21 +280,8 @@ void ckpt_sm_status(const struct ckpt_step_sm *sm, const struct ckpt_sb *sb,
 
 	ckpt_sm_counters(sm, 0, 0, &k);
 	memset(st, 0, sizeof(*st));
-	st->state = k.state;
-	st->committed_step = k.committed_step;
-	st->open_step = k.open_step;
-	st->chunks_done = k.chunks_done;
-	st->overflow = k.overflow;
-	st->last_result = k.last_result;
-	st->last_error = k.last_error;
-	st->first_io_error = k.first_io_error;
-	st->steps_committed = k.steps_committed;
-	st->steps_skipped = k.steps_skipped;
-	st->steps_aborted = k.steps_aborted;
-	st->commands_rejected = k.commands_rejected;
-	st->io_errors = k.io_errors;
-	st->committed_slot = k.committed_slot;
-	/* grad_bytes and param_bytes are the host's counters: it fills them. */
+	/* grad_bytes and param_bytes are the host's counters (0 here): it fills them. */
+	ckpt_counters_to_status(&k, st);
 	if (sb) {
 		st->geo = sb->geo;
 		st->blob_len = sb->blob_len <= CKPT_BLOB_MAX ? sb->blob_len : 0;
@@ -315,6 +309,7 @@ static const struct ckpt_ctr_field {
 	u8 off;
 	u8 size;
 } ckpt_ctr_fields[] = { CKPT_STATUS_FIELDS(CKPT_CTR_ROW) };
+_Static_assert(sizeof(struct ckpt_counters) <= 0xff, "counter offsets fit a u8");
 
 static u64 ckpt_ctr_get(const struct ckpt_counters *k, const struct ckpt_ctr_field *f)
 {

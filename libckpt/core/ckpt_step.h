@@ -111,28 +111,13 @@ static inline u32 ckpt_sm_dst_slot(const struct ckpt_step_sm *sm)
 }
 
 /*
- * The status counters: the fields of CKPT_STATUS_FIELDS (kind STATE and
- * RESULT: the enum value; FRACTION: chunks_done, over n_chunks), plus the
- * committed slot the stats message reports. The status line's field table is
- * generated from the list with offsetof(), so a field missing here does not
- * compile.
+ * The status counters: the fields of CKPT_STATUS_FIELDS, in its order, each
+ * of its kind's type (CKPT_ABI_MEMBER), plus the committed slot the stats
+ * message reports. Generated from the list, as the status line's field table
+ * and struct ckpt_device_status are, so a field cannot be missing here.
  */
 struct ckpt_counters {
-	u32 state;
-	u64 committed_step;
-	u64 open_step;
-	u64 chunks_done;
-	u32 overflow;
-	u32 last_result;
-	u32 last_error;
-	u32 first_io_error;
-	u64 steps_committed;
-	u64 steps_skipped;
-	u64 steps_aborted;
-	u64 commands_rejected;
-	u64 grad_bytes;
-	u64 param_bytes;
-	u64 io_errors;
+	CKPT_STATUS_FIELDS(CKPT_ABI_MEMBER)
 	u32 committed_slot;
 };
 

@@ -13,7 +13,7 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
-#include "error.hpp"
+#include "ckpt_error.hpp"
 
 namespace ckpt {
 

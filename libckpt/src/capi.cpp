@@ -16,7 +16,7 @@
 
 #include "block_target.hpp"
 #include "device.hpp"
-#include "error.hpp"
+#include "ckpt_error.hpp"
 #include "export.hpp"
 #include "format.hpp"
 #include "image.hpp"
@@ -166,6 +166,13 @@ constexpr StatusField status_fields[] = {
 constexpr uint32_t n_line_fields = CKPT_STATUS_N;
 static_assert(sizeof(ckpt_device_status) == sizeof(status_fields) / sizeof(status_fields[0]) * sizeof(uint64_t),
 	      "struct ckpt_device_status is all uint64_t, one per field");
+// Its layout is ABI (the Python package mirrors it, checking its size through
+// ckpt_abi_sizeof): 15 counters then 5 geometry members, each list in order.
+static_assert(sizeof(ckpt_device_status) == 20 * sizeof(uint64_t) && CKPT_STATUS_N == 15,
+	      "struct ckpt_device_status changed size: append only, and mirror it in Python");
+#define CKPT_CAPI_AT(field, kind) offsetof(ckpt_device_status, field) == CKPT_SF_##field * sizeof(uint64_t) &&
+static_assert(CKPT_STATUS_FIELDS(CKPT_CAPI_AT) true, "struct ckpt_device_status out of list order");
+#undef CKPT_CAPI_AT
 
 #define CKPT_CAPI_DTYPE_CODE(name, code, s, st) code,
 constexpr uint32_t dtype_codes[] = {CKPT_DTYPES(CKPT_CAPI_DTYPE_CODE)};
@@ -220,9 +227,11 @@ struct ckpt_device_status parse_status_line(const char *line)
 			   field_expects(f.kind));
 	}
 	struct ckpt_device_status st = {};
-#define CKPT_CAPI_COPY(field, kind) st.field = k.field;
-	CKPT_STATUS_FIELDS(CKPT_CAPI_COPY)
-#undef CKPT_CAPI_COPY
+	{
+		struct ckpt_device_status *dst = &st;
+		const struct ckpt_counters *src = &k;
+		CKPT_STATUS_FIELDS(CKPT_ABI_COPY)
+	}
 	st.n_chunks = n_chunks;
 	return st;
 }

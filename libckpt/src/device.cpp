@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "block_target.hpp"
-#include "error.hpp"
+#include "ckpt_error.hpp"
 
 extern "C" {
 #include "ckpt_step.h"

@@ -7,7 +7,7 @@
 
 #include <xmmintrin.h>
 
-#include "error.hpp"
+#include "ckpt_error.hpp"
 
 extern "C" {
 #include "ckpt_update.h"
@@ -80,15 +80,11 @@ void Engine::start(const std::string &path)
 		stages_[i].cover = stage_cover_.data() + i * cover_words;
 	}
 	stage_of_.assign(n_chunks, CKPT_STAGE_FREE);
-	struct ckpt_step_mem mem = {};
-	mem.claimed = claimed_.data();
-	mem.applied = applied_.data();
-	mem.stages = stages_.data();
-	mem.n_stages = n_stages;
-	mem.stage_of = stage_of_.data();
-	mem.spare = spare_.get();
-	mem.block = block_.as();
-	mem.cmd = cmd_.get();
+	const struct ckpt_step_mem mem = {
+		.claimed = claimed_.data(), .applied = applied_.data(), .stages = stages_.data(),
+		.n_stages = n_stages, .stage_of = stage_of_.data(), .spare = spare_.get(),
+		.block = block_.as(), .cmd = cmd_.get(),
+	};
 	ckpt_step_init(&step_, &ops_, this, &img_.sb, &mem);
 	bounce_ = Buffer(std::max<uint64_t>(l.record_bytes, l.plo_chunk_bytes + CKPT_BLOCK));
 	batch_.jobs.reserve(img_.sb.geo.n_chunks);

@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "error.hpp"
+#include "ckpt_error.hpp"
 #include "image.hpp"
 
 extern "C" {

@@ -11,7 +11,7 @@
 
 #include "ckpt.h"
 #include "device.hpp"
-#include "error.hpp"
+#include "ckpt_error.hpp"
 #include "image.hpp"
 #include "safetensors.hpp"
 

@@ -13,7 +13,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
-#include "error.hpp"
+#include "ckpt_error.hpp"
 #include "io.hpp"
 
 namespace ckpt {

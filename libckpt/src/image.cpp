@@ -4,7 +4,7 @@
 #include <cstring>
 #include <optional>
 
-#include "error.hpp"
+#include "ckpt_error.hpp"
 
 namespace ckpt {
 

@@ -17,7 +17,8 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "error.hpp"
+#include "ckpt_error.hpp"
+#include "ckpt_format.h"
 
 namespace ckpt {
 

@@ -3,7 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "error.hpp"
+#include "ckpt_error.hpp"
 
 namespace ckpt {
 

@@ -22,7 +22,7 @@
 #include "block_target.hpp"
 #include "ckpt.h"
 #include "device.hpp"
-#include "error.hpp"
+#include "ckpt_error.hpp"
 #include "export.hpp"
 #include "format.hpp"
 #include "image.hpp"

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <functional>
 
-#include "error.hpp"
+#include "ckpt_error.hpp"
 
 extern "C" {
 #include "ckpt_step.h"

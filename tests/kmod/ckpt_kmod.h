@@ -340,6 +340,36 @@ static CK_UNUSED void ck_record_block(const struct ck_model *m, int slot, uint32
 }
 
 /*
+ * Bit rot behind the target's back: flip the bits mask of byte i (below
+ * CKPT_BLOCK) of the fp32 state of chunk c's record in slot, on the test
+ * device itself (O_DIRECT, then fsync). Returns 0 or -errno.
+ */
+static CK_UNUSED int ck_flip_record_data(const struct ck_model *m, uint32_t slot, uint32_t c,
+					 size_t i, uint8_t mask)
+{
+	uint64_t off = ckpt_record_offset(&m->l, slot, c) + CKPT_BLOCK;
+	uint8_t *blk = ck_alloc(CKPT_BLOCK);
+	int fd, r;
+
+	if (!blk)
+		return -ENOMEM;
+	fd = open(ck_dev(), O_RDWR | O_DIRECT);
+	if (fd < 0) {
+		free(blk);
+		return -errno;
+	}
+	r = ck_pread(fd, blk, CKPT_BLOCK, off);
+	blk[i] ^= mask;
+	if (!r)
+		r = ck_pwrite(fd, blk, CKPT_BLOCK, off);
+	if (!r && fsync(fd))
+		r = -errno;
+	close(fd);
+	free(blk);
+	return r;
+}
+
+/*
  * Format the device: zero superblocks, group table (chunk % n_groups), step 0
  * in slot 0 with random p (m = v = 0), slot 1 zeroed, superblock copy 1
  * (sequence 1), with incompat feature bits incompat. Returns 0 or -errno.
@@ -611,6 +641,16 @@ static CK_UNUSED int ck_create(const char *name, const char *table)
 	if (ck_sh(NULL, 0, "dmsetup create %s --noudevsync --table '%s' 2>&1", name, table))
 		return -1;
 	return ck_sh(NULL, 0, "dmsetup mknodes %s 2>&1", name) ? -1 : 0;
+}
+
+/* Replace a device's table: suspend, load, resume. 0, or -1 if a step failed. */
+static CK_UNUSED int ck_reload(const char *name, const char *table)
+{
+	if (ck_sh(NULL, 0, "dmsetup suspend --noudevsync %s 2>&1", name) ||
+	    ck_sh(NULL, 0, "dmsetup load --noudevsync %s --table '%s' 2>&1", name, table) ||
+	    ck_sh(NULL, 0, "dmsetup resume --noudevsync %s 2>&1", name))
+		return -1;
+	return 0;
 }
 
 static CK_UNUSED void ck_remove(const char *name)

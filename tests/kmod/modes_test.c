@@ -70,18 +70,14 @@ static long events(const char *name)
 /* Replace the backing view's table: "error" kills it, "linear" restores it. */
 static int swap_backing(FIXTURE_DATA(modes) *self, const char *target)
 {
-	char table[256], out[512];
+	char table[256];
 
 	if (!strcmp(target, "error"))
 		snprintf(table, sizeof(table), "0 %llu error", (unsigned long long)self->sectors);
 	else
 		snprintf(table, sizeof(table), "0 %llu linear %s 0",
 			 (unsigned long long)self->sectors, ck_dev());
-	if (ck_sh(out, sizeof(out), "dmsetup suspend --noudevsync %s 2>&1", BK) ||
-	    ck_sh(out, sizeof(out), "dmsetup load --noudevsync %s --table '%s' 2>&1", BK, table) ||
-	    ck_sh(out, sizeof(out), "dmsetup resume --noudevsync %s 2>&1", BK))
-		return -1;
-	return 0;
+	return ck_reload(BK, table);
 }
 
 /* Lines of the kernel log since the last clear that contain s. */
@@ -137,23 +133,12 @@ TEST_F(modes, backing_error_raises_an_event_and_keeps_the_errno)
 TEST_F(modes, damaged_record_reports_eilseq)
 {
 	const uint32_t slot = self->m.sb.committed_slot;
-	uint8_t *blk = ck_alloc(CKPT_BLOCK);
 	struct ckpt_status st;
-	char out[1024];
-	uint64_t off;
+	char out[1024], want[64];
 	long e0;
-	int dfd;
 
-	ASSERT_NE(NULL, blk);
 	/* a bit of p[0] of chunk 1 in the committed slot */
-	off = ckpt_record_offset(&self->m.l, slot, 1) + CKPT_BLOCK;
-	dfd = open(ck_dev(), O_RDWR | O_DIRECT);
-	ASSERT_LE(0, dfd);
-	ASSERT_EQ(0, ck_pread(dfd, blk, CKPT_BLOCK, off));
-	blk[1] ^= 0x10;
-	ASSERT_EQ(0, ck_pwrite(dfd, blk, CKPT_BLOCK, off));
-	ASSERT_EQ(0, fsync(dfd));
-	close(dfd);
+	ASSERT_EQ(0, ck_flip_record_data(&self->m, slot, 1, 1, 0x10));
 
 	e0 = events(CK_NAME);
 	ASSERT_EQ(0, ck_begin(self->fd, 1, ck_f32(1.0), &self->hp, 1));
@@ -165,9 +150,8 @@ TEST_F(modes, damaged_record_reports_eilseq)
 	EXPECT_LT(e0, events(CK_NAME));
 	EXPECT_EQ(1, ck_kmsg_has("chunk 1 slot 0: data checksum mismatch"));
 	ASSERT_EQ(0, ck_sh(out, sizeof(out), "dmsetup status %s", CK_NAME));
-	snprintf((char *)blk, CKPT_BLOCK, " %d 0 0 0 0 ", EILSEQ);
-	EXPECT_NE(NULL, strstr(out, (char *)blk));
-	free(blk);
+	snprintf(want, sizeof(want), " %d 0 0 0 0 ", EILSEQ);
+	EXPECT_NE(NULL, strstr(out, want));
 }
 
 /* dmsetup measure (STATUSTYPE_IMA): the table's parameters and the state. */

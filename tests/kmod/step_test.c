@@ -709,6 +709,25 @@ TEST_F(step, staging_is_bounded)
 	EXPECT_EQ(0, verify(_metadata, self));
 }
 
+/*
+ * The target over ckpt_kt_bk, a linear view of the test device that is
+ * created (exists 0) or, from an error table, restored. 0, or -1.
+ */
+static int on_linear_view(FIXTURE_DATA(step) *self, uint64_t sectors, int exists)
+{
+	char table[256];
+	int ret;
+
+	snprintf(table, sizeof(table), "0 %llu linear %s 0", (unsigned long long)sectors, ck_dev());
+	ret = exists ? ck_reload("ckpt_kt_bk", table) : ck_create("ckpt_kt_bk", table);
+	if (!ret)
+		ret = ck_create_ckpt(&self->m, CK_NAME, "/dev/mapper/ckpt_kt_bk", NULL);
+	if (ret)
+		return -1;
+	self->fd = ck_open_dm(CK_NAME);
+	return self->fd < 0 ? -1 : 0;
+}
+
 /* A backing I/O error fails the target; the committed state is untouched. */
 TEST_F(step, backing_error_fails_the_target)
 {
@@ -719,12 +738,7 @@ TEST_F(step, backing_error_fails_the_target)
 
 	close(self->fd);
 	ck_remove(CK_NAME);
-	snprintf(table, sizeof(table), "0 %llu linear %s 0", (unsigned long long)dev_sectors,
-		 ck_dev());
-	ASSERT_EQ(0, ck_create("ckpt_kt_bk", table));
-	ASSERT_EQ(0, ck_create_ckpt(&self->m, CK_NAME, "/dev/mapper/ckpt_kt_bk", NULL));
-	self->fd = ck_open_dm(CK_NAME);
-	ASSERT_LE(0, self->fd);
+	ASSERT_EQ(0, on_linear_view(self, dev_sectors, 0));
 	ASSERT_EQ(0, full_step(_metadata, self, 1, "one"));
 
 	make_grads(self);
@@ -734,9 +748,7 @@ TEST_F(step, backing_error_fails_the_target)
 	ck_model_step(&self->m, 2, self->hp, self->gs, self->grad, which);
 	/* the backing device dies */
 	snprintf(table, sizeof(table), "0 %llu error", (unsigned long long)dev_sectors);
-	ASSERT_EQ(0, ck_sh(out, sizeof(out), "dmsetup suspend --noudevsync ckpt_kt_bk 2>&1"));
-	ASSERT_EQ(0, ck_sh(out, sizeof(out), "dmsetup load --noudevsync ckpt_kt_bk --table '%s' 2>&1", table));
-	ASSERT_EQ(0, ck_sh(out, sizeof(out), "dmsetup resume --noudevsync ckpt_kt_bk 2>&1"));
+	ASSERT_EQ(0, ck_reload("ckpt_kt_bk", table));
 	EXPECT_EQ(-EIO, ck_grad(self->fd, &self->m, self->grad, self->cb, self->cb));
 	ASSERT_EQ(0, ck_status(self->fd, &st));
 	EXPECT_EQ(CKPT_STATE_FAILED, st.state);
@@ -755,14 +767,7 @@ TEST_F(step, backing_error_fails_the_target)
 	close(self->fd);
 	self->fd = -1;
 	ck_remove(CK_NAME);
-	snprintf(table, sizeof(table), "0 %llu linear %s 0", (unsigned long long)dev_sectors,
-		 ck_dev());
-	ASSERT_EQ(0, ck_sh(out, sizeof(out), "dmsetup suspend --noudevsync ckpt_kt_bk 2>&1"));
-	ASSERT_EQ(0, ck_sh(out, sizeof(out), "dmsetup load --noudevsync ckpt_kt_bk --table '%s' 2>&1", table));
-	ASSERT_EQ(0, ck_sh(out, sizeof(out), "dmsetup resume --noudevsync ckpt_kt_bk 2>&1"));
-	ASSERT_EQ(0, ck_create_ckpt(&self->m, CK_NAME, "/dev/mapper/ckpt_kt_bk", NULL));
-	self->fd = ck_open_dm(CK_NAME);
-	ASSERT_LE(0, self->fd);
+	ASSERT_EQ(0, on_linear_view(self, dev_sectors, 1));
 	ASSERT_EQ(0, ck_status(self->fd, &st));
 	EXPECT_EQ(CKPT_STATE_IDLE, st.state);
 	EXPECT_EQ(1, st.committed_step);
@@ -779,22 +784,12 @@ TEST_F(step, backing_error_fails_the_target)
 TEST_F(step, flipped_data_bit_fails_the_step)
 {
 	const uint32_t slot = 1;	/* committed after step 1 */
-	uint64_t off;
-	uint8_t *blk = ck_alloc(CKPT_BLOCK);
 	struct ckpt_status st;
-	int dfd;
 
 	ASSERT_EQ(0, full_step(_metadata, self, 1, "one"));
 	ASSERT_EQ(slot, self->m.sb.committed_slot);
 	/* an exponent bit of p[0] of chunk 0, on the device and in the model */
-	off = ckpt_record_offset(&self->m.l, slot, 0) + CKPT_BLOCK;
-	dfd = open(ck_dev(), O_RDWR | O_DIRECT);
-	ASSERT_LE(0, dfd);
-	ASSERT_EQ(0, ck_pread(dfd, blk, CKPT_BLOCK, off));
-	blk[2] ^= 0x40;
-	ASSERT_EQ(0, ck_pwrite(dfd, blk, CKPT_BLOCK, off));
-	ASSERT_EQ(0, fsync(dfd));
-	close(dfd);
+	ASSERT_EQ(0, ck_flip_record_data(&self->m, slot, 0, 2, 0x40));
 	((uint8_t *)self->m.state[slot])[2] ^= 0x40;
 
 	ck_kmsg_clear();
@@ -810,7 +805,6 @@ TEST_F(step, flipped_data_bit_fails_the_step)
 	EXPECT_EQ(CKPT_E_FAILED, st.last_error);
 	/* nothing written: the model (with the flipped bit) is what is on disk */
 	EXPECT_EQ(0, verify(_metadata, self));
-	free(blk);
 }
 
 /*

@@ -16,6 +16,7 @@
 
 #include "ckpt.h"
 #include "ckpt_format.h"
+#include "status_test_util.hpp"
 
 namespace {
 
@@ -236,22 +237,13 @@ TEST(CapiDmStatus, ParsesEveryField)
 	struct ckpt_device_status st;
 	std::memset(&st, 0xff, sizeof(st));
 	ASSERT_EQ(ckpt_dm_status_parse(good_line, &st), 0) << ckpt_last_error();
-	EXPECT_EQ(st.state, CKPT_STATE_OPEN);
-	EXPECT_EQ(st.committed_step, 3u);
-	EXPECT_EQ(st.open_step, 4u);
-	EXPECT_EQ(st.chunks_done, 2u);
+	const ckpt_device_status want = {.state = CKPT_STATE_OPEN, .committed_step = 3, .open_step = 4,
+		.chunks_done = 2, .overflow = 1, .last_result = CKPT_RESULT_OVERFLOW, .last_error = 16,
+		.first_io_error = 5, .steps_committed = 3, .steps_skipped = 1, .steps_aborted = 2,
+		.commands_rejected = 7, .grad_bytes = 4096, .param_bytes = 8192, .io_errors = 9,
+		.n_chunks = 8, .chunk_params = 0, .n_params = 0, .n_groups = 0, .dtype = 0};
+	expect_counters(st, want);
 	EXPECT_EQ(st.n_chunks, 8u);
-	EXPECT_EQ(st.overflow, 1u);
-	EXPECT_EQ(st.last_result, CKPT_RESULT_OVERFLOW);
-	EXPECT_EQ(st.last_error, 16u);
-	EXPECT_EQ(st.first_io_error, 5u);
-	EXPECT_EQ(st.steps_committed, 3u);
-	EXPECT_EQ(st.steps_skipped, 1u);
-	EXPECT_EQ(st.steps_aborted, 2u);
-	EXPECT_EQ(st.commands_rejected, 7u);
-	EXPECT_EQ(st.grad_bytes, 4096u);
-	EXPECT_EQ(st.param_bytes, 8192u);
-	EXPECT_EQ(st.io_errors, 9u);
 	EXPECT_EQ(st.chunk_params, 0u);	// not on the line
 	// blanks of any kind and number between fields, the kernel's newline
 	EXPECT_EQ(ckpt_dm_status_parse("  idle\t0 0 0/1 0 none 0 0 0 0 0 0 0 0 18446744073709551615\n", &st), 0)

@@ -13,10 +13,12 @@
 #include <utility>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <random>
 #include <vector>
 
 #include "core_test_util.hpp"
+#include "status_test_util.hpp"
 
 extern "C" {
 #include "ckpt_step.h"
@@ -27,18 +29,22 @@ namespace {
 // A valid superblock of a small image (8 chunks of 2048 params, 2 groups).
 ckpt_sb small_sb(uint32_t incompat = CKPT_FEATURE_INCOMPAT_DEFAULT)
 {
-	ckpt_geometry g{};
-	g.n_chunks = 8;
-	g.chunk_shift = CKPT_MIN_CHUNK_SHIFT;
-	g.n_groups = 2;
-	g.dtype = CKPT_DTYPE_BF16;
-	g.optimizer = CKPT_OPT_ADAM;
-	g.manifest_bytes = CKPT_BLOCK;
+	ckpt_geometry g = test_geometry(8, CKPT_MIN_CHUNK_SHIFT, 2, CKPT_DTYPE_BF16, CKPT_BLOCK);
 	ckpt_layout l{};
 	EXPECT_EQ(ckpt_layout_compute_features(&g, incompat, &l), 0);
 	const uint8_t uuid[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
 	ckpt_sb sb;
 	ckpt_sb_first(&sb, uuid, &g, &l, incompat, 10, 0x1234, 0x5678);
+	return sb;
+}
+
+// small_sb() as the sequence-th superblock, after step t was committed into slot.
+ckpt_sb committed_sb(uint64_t sequence, uint64_t t, uint32_t slot)
+{
+	ckpt_sb sb = small_sb();
+	sb.sequence = sequence;
+	sb.committed_step = t;
+	sb.committed_slot = slot;
 	return sb;
 }
 
@@ -48,10 +54,7 @@ ckpt_sb small_sb(uint32_t incompat = CKPT_FEATURE_INCOMPAT_DEFAULT)
 
 TEST(CoreRecord, IdentityOfCommittedAndNext)
 {
-	ckpt_sb sb = small_sb();
-	sb.sequence = 41;
-	sb.committed_step = 17;
-	sb.committed_slot = 1;
+	ckpt_sb sb = committed_sb(41, 17, 1);
 	ckpt_rec id;
 	std::memset(&id, 0xaa, sizeof(id));
 	ckpt_rec_committed(&sb, 5, &id);
@@ -155,10 +158,7 @@ TEST(CoreSuperblock, FirstIsCopyOneAtStepZero)
 
 TEST(CoreSuperblock, NextOfAKnownSuperblock)
 {
-	ckpt_sb cur = small_sb();
-	cur.sequence = 9;
-	cur.committed_step = 4;
-	cur.committed_slot = 1;
+	ckpt_sb cur = committed_sb(9, 4, 1);
 	cur.blob_len = 5;
 	std::memcpy(cur.blob, "hello", 5);
 	std::memset(cur.blob + 5, 0x77, 20);	// garbage past blob_len must not survive
@@ -232,23 +232,21 @@ ckpt_counters random_counters(std::mt19937_64 &rng, uint32_t *n_chunks)
 		default: return rng();
 		}
 	};
-	ckpt_counters k{};
-	k.state = uint32_t(rng() % CKPT_STATE_MAX);
-	k.committed_step = pick();
-	k.open_step = pick();
+	// Each field by its kind: a valid name, a fraction of n_chunks, any number.
 	*n_chunks = uint32_t(pick()) | 1;
-	k.chunks_done = pick() % (uint64_t(*n_chunks) + 1);
-	k.overflow = uint32_t(pick());
-	k.last_result = uint32_t(rng() % CKPT_RESULT_MAX);
-	k.last_error = uint32_t(pick());
-	k.first_io_error = uint32_t(pick());
-	k.steps_committed = pick();
-	k.steps_skipped = pick();
-	k.steps_aborted = pick();
-	k.commands_rejected = pick();
-	k.grad_bytes = pick();
-	k.param_bytes = pick();
-	k.io_errors = pick();
+	auto value = [&](std::string_view kind) -> uint64_t {
+		if (kind == "STATE")
+			return rng() % CKPT_STATE_MAX;
+		if (kind == "RESULT")
+			return rng() % CKPT_RESULT_MAX;
+		if (kind == "FRACTION")
+			return pick() % (uint64_t(*n_chunks) + 1);
+		return pick();
+	};
+	ckpt_counters k{};
+#define CKPT_TEST_RANDOM(f, kind) k.f = decltype(k.f)(value(#kind));
+	CKPT_STATUS_FIELDS(CKPT_TEST_RANDOM)
+#undef CKPT_TEST_RANDOM
 	return k;
 }
 
@@ -256,35 +254,22 @@ ckpt_counters random_counters(std::mt19937_64 &rng, uint32_t *n_chunks)
 
 TEST(CoreStatus, CountersFromTheStepMachine)
 {
-	ckpt_sb sb = small_sb();
-	sb.committed_step = 6;
-	sb.committed_slot = 1;
+	ckpt_sb sb = committed_sb(1, 6, 1);
 	std::vector<uint64_t> claimed(1), applied(1);
 	ckpt_step_sm sm;
 	ckpt_sm_init(&sm, &sb, claimed.data(), applied.data());
-	ckpt_cmd begin{};
-	begin.opcode = CKPT_OP_BEGIN;
-	begin.step = 7;
-	begin.n_groups = 2;
-	begin.grad_scale = f32(1.0f);
-	begin.groups[0] = test_hparams(0);
-	begin.groups[1] = test_hparams(1);
-	ASSERT_EQ(ckpt_sm_begin(&sm, &begin), 0);
+	ASSERT_EQ(ckpt_sm_begin(&sm, test_cmd(CKPT_OP_BEGIN, 7, 2).get()), 0);
 	ASSERT_EQ(ckpt_sm_claim(&sm, 2), 0);
 	ckpt_sm_applied(&sm, 2, true, false);
 	ckpt_sm_rejected(&sm, CKPT_E_TWICE);
 	ckpt_counters k;
 	ckpt_sm_counters(&sm, 111, 222, &k);
-	EXPECT_EQ(k.state, uint32_t(CKPT_STATE_OPEN));
-	EXPECT_EQ(k.committed_step, 6u);
-	EXPECT_EQ(k.open_step, 7u);
-	EXPECT_EQ(k.chunks_done, 1u);
-	EXPECT_EQ(k.overflow, 1u);
-	EXPECT_EQ(k.last_result, uint32_t(CKPT_RESULT_REJECTED));
-	EXPECT_EQ(k.last_error, uint32_t(CKPT_E_TWICE));
-	EXPECT_EQ(k.commands_rejected, 1u);
-	EXPECT_EQ(k.grad_bytes, 111u);
-	EXPECT_EQ(k.param_bytes, 222u);
+	const ckpt_counters want = {.state = CKPT_STATE_OPEN, .committed_step = 6, .open_step = 7,
+		.chunks_done = 1, .overflow = 1, .last_result = CKPT_RESULT_REJECTED,
+		.last_error = CKPT_E_TWICE, .first_io_error = 0, .steps_committed = 0,
+		.steps_skipped = 0, .steps_aborted = 0, .commands_rejected = 1, .grad_bytes = 111,
+		.param_bytes = 222, .io_errors = 0, .committed_slot = 1};
+	expect_counters(k, want);
 	EXPECT_EQ(k.committed_slot, 1u);
 	char line[CKPT_STATUS_LINE_MAX];
 	ASSERT_GT(ckpt_status_line(&k, 8, line, sizeof(line)), 0);
@@ -673,35 +658,23 @@ struct Proto {
 			stages[i].grad = grads[i].data();
 		}
 		stage_of.resize(n);
-		ckpt_step_mem mem{};
-		mem.claimed = claimed.data();
-		mem.applied = applied.data();
-		mem.stages = stages.data();
-		mem.n_stages = n_stages;
-		mem.stage_of = stage_of.data();
-		mem.spare = spare.get();
-		mem.block = block.data();
-		mem.cmd = cmd.get();
+		const ckpt_step_mem mem = {
+			.claimed = claimed.data(), .applied = applied.data(), .stages = stages.data(),
+			.n_stages = n_stages, .stage_of = stage_of.data(), .spare = spare.get(),
+			.block = block.data(), .cmd = cmd.get(),
+		};
 		ckpt_step_init(&cs, &fake_ops, &host, &sb, &mem);
 	}
 
 	int command(uint32_t op, uint64_t step, const char *blob = "")
 	{
-		ckpt_cmd c{};
-		c.opcode = op;
-		c.step = step;
-		if (op == CKPT_OP_BEGIN) {
-			c.n_groups = 2;
-			c.grad_scale = f32(1.0f);
-			c.groups[0] = test_hparams(0);
-			c.groups[1] = test_hparams(1);
-		}
+		const auto c = test_cmd(op, step, 2);
 		if (op == CKPT_OP_COMMIT) {
-			c.blob_len = uint32_t(std::strlen(blob));
-			std::memcpy(c.blob, blob, c.blob_len);
+			c->blob_len = uint32_t(std::strlen(blob));
+			std::memcpy(c->blob, blob, c->blob_len);
 		}
 		std::vector<uint8_t> buf(CKPT_BLOCK);
-		const int len = ckpt_cmd_encode(&c, buf.data());
+		const int len = ckpt_cmd_encode(c.get(), buf.data());
 		EXPECT_GT(len, 0);
 		return ckpt_step_command(&cs, buf.data(), uint32_t(len));
 	}

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <span>
 #include <vector>
 
 #include <csignal>
@@ -57,6 +58,21 @@ protected:
 	}
 
 	static std::vector<ckpt::GroupHparams> groups() { return std::vector<ckpt::GroupHparams>(2); }
+
+	// A step of g over the whole window that overflows: open with the
+	// overflow seen, skipped at commit, committed_step still `committed`.
+	static struct ckpt_status skipped_step(ckpt::Device &d, std::span<const ckpt::GroupHparams> gs,
+					       double grad_scale, const std::vector<uint16_t> &g,
+					       uint64_t committed)
+	{
+		d.begin(gs, grad_scale);
+		d.write_grad_window(0, g.data(), d.layout().window_bytes);
+		EXPECT_EQ(d.status().overflow, 1u);
+		EXPECT_EQ(d.commit({}), ckpt::CommitResult::overflow);
+		const struct ckpt_status st = d.status();
+		EXPECT_EQ(st.committed_step, committed);
+		return st;
+	}
 
 	// XOR mask into the byte at off of the closed image.
 	void flip(uint64_t off, uint8_t mask = 0x01)
@@ -206,12 +222,7 @@ TEST_F(EngineTest, OverflowSkipsTheStep)
 	d->read_params("a", before.data(), before.size());
 
 	g[4097] = 0x7f80;	// +Inf in bf16, in chunk 1
-	d->begin(groups(), 1.0);
-	d->write_grad_window(0, g.data(), l.window_bytes);
-	EXPECT_EQ(d->status().overflow, 1u);
-	EXPECT_EQ(d->commit({}), ckpt::CommitResult::overflow);
-	struct ckpt_status st = d->status();
-	EXPECT_EQ(st.committed_step, 1u);
+	struct ckpt_status st = skipped_step(*d, groups(), 1.0, g, 1);
 	EXPECT_EQ(st.steps_skipped, 1u);
 	EXPECT_EQ(st.state, CKPT_STATE_IDLE);
 	d->read_params("a", after.data(), after.size());
@@ -393,12 +404,7 @@ TEST_F(EngineTest, EpsZeroWithZeroGradientIsSkipped)
 	std::vector<uint16_t> g(l.n_params, 0x3f80);
 	const ckpt::Tensor &c = d->manifest().find("c");
 	std::fill(g.begin() + static_cast<long>(c.offset), g.end(), 0);
-	d->begin(gs, 1.0);
-	d->write_grad_window(0, g.data(), l.window_bytes);
-	EXPECT_EQ(d->status().overflow, 1u);
-	EXPECT_EQ(d->commit({}), ckpt::CommitResult::overflow);
-	struct ckpt_status st = d->status();
-	EXPECT_EQ(st.committed_step, 0u);
+	const struct ckpt_status st = skipped_step(*d, gs, 1.0, g, 0);
 	EXPECT_EQ(st.steps_skipped, 1u);
 	std::vector<float> p(1000, 1.0f), m(1000, 1.0f), v(1000, 1.0f);
 	d->read_state("c", p.data(), m.data(), v.data(), 1000);

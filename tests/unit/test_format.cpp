@@ -61,6 +61,21 @@ void recrc_cmd(Block &b)
 	put32(b, 8, ckpt_crc32c(b.data(), len));
 }
 
+// good with the 32-bit (64-bit) word at off set to v, and its crc redone.
+Block patched32(Block b, size_t off, uint32_t v)
+{
+	put32(b, off, v);
+	recrc_block(b);
+	return b;
+}
+
+Block patched64(Block b, size_t off, uint64_t v)
+{
+	put64(b, off, v);
+	recrc_block(b);
+	return b;
+}
+
 void recrc_rec(Block &b)
 {
 	put32(b, offsetof(ckpt_rec_disk, crc32c), 0);
@@ -69,14 +84,7 @@ void recrc_rec(Block &b)
 
 ckpt_geometry test_geo()
 {
-	ckpt_geometry g{};
-	g.n_chunks = 10;
-	g.chunk_shift = 11;
-	g.n_groups = 2;
-	g.dtype = CKPT_DTYPE_FP16;
-	g.optimizer = CKPT_OPT_ADAM;
-	g.manifest_bytes = 8192;
-	return g;
+	return test_geometry(10, 11, 2, CKPT_DTYPE_FP16, 8192);
 }
 
 std::unique_ptr<ckpt_sb> test_sb(uint64_t sequence = 4, uint32_t blob_len = 100)
@@ -114,21 +122,12 @@ uint64_t dev_of(const ckpt_sb &sb) { return sb.layout.dev_bytes; }
 
 std::unique_ptr<ckpt_cmd> begin_cmd(uint64_t step, uint32_t n_groups)
 {
-	auto c = std::make_unique<ckpt_cmd>();
-	c->opcode = CKPT_OP_BEGIN;
-	c->step = step;
-	c->grad_scale = f32(1.0f / 1024);
-	c->n_groups = n_groups;
-	for (uint32_t i = 0; i < n_groups && i < CKPT_MAX_GROUPS; i++)
-		c->groups[i] = test_hparams(int(i));
-	return c;
+	return test_cmd(CKPT_OP_BEGIN, step, n_groups, f32(1.0f / 1024));
 }
 
 std::unique_ptr<ckpt_cmd> commit_cmd(uint64_t step, uint32_t blob_len)
 {
-	auto c = std::make_unique<ckpt_cmd>();
-	c->opcode = CKPT_OP_COMMIT;
-	c->step = step;
+	auto c = test_cmd(CKPT_OP_COMMIT, step);
 	c->blob_len = blob_len;
 	for (uint32_t i = 0; i < blob_len && i < CKPT_BLOB_MAX; i++)
 		c->blob[i] = uint8_t(255 - i);
@@ -137,10 +136,7 @@ std::unique_ptr<ckpt_cmd> commit_cmd(uint64_t step, uint32_t blob_len)
 
 std::unique_ptr<ckpt_cmd> abort_cmd(uint64_t step)
 {
-	auto c = std::make_unique<ckpt_cmd>();
-	c->opcode = CKPT_OP_ABORT;
-	c->step = step;
-	return c;
+	return test_cmd(CKPT_OP_ABORT, step);
 }
 
 Block encode_cmd(const ckpt_cmd &c, int *len_out = nullptr)
@@ -538,21 +534,16 @@ TEST(Superblock, GeometryCorruptions)
 		{offsetof(ckpt_sb_disk, manifest_bytes), 8192 + 512},
 		{offsetof(ckpt_sb_disk, manifest_bytes), CKPT_MANIFEST_MAX + 4096},
 	};
-	for (const auto &c : cases) {
-		Block b = good;
-		put32(b, c.off, c.val);
-		recrc_block(b);
-		EXPECT_EQ(decode_sb(b, dev), -CKPT_E_GEOMETRY) << c.off << "=" << c.val;
-	}
+	for (const auto &c : cases)
+		EXPECT_EQ(decode_sb(patched32(good, c.off, c.val), dev), -CKPT_E_GEOMETRY)
+			<< c.off << "=" << c.val;
 	// A valid but different geometry no longer matches the stored offsets.
 	for (const auto &c : std::vector<Case>{{offsetof(ckpt_sb_disk, n_chunks), 11},
 					       {offsetof(ckpt_sb_disk, n_chunks), 9},
 					       {offsetof(ckpt_sb_disk, chunk_shift), 12},
 					       {offsetof(ckpt_sb_disk, manifest_bytes), 4096}}) {
-		Block b = good;
-		put32(b, c.off, c.val);
-		recrc_block(b);
-		EXPECT_EQ(decode_sb(b, dev), -CKPT_E_LAYOUT) << c.off << "=" << c.val;
+		EXPECT_EQ(decode_sb(patched32(good, c.off, c.val), dev), -CKPT_E_LAYOUT)
+			<< c.off << "=" << c.val;
 	}
 	// Geometry values that do not move anything are accepted.
 	{
@@ -579,10 +570,7 @@ TEST(Superblock, EveryStoredOffsetAndSize)
 		const uint64_t v = get64(good, off);
 		for (uint64_t nv : std::vector<uint64_t>{v + 4096, v - 4096, v + 1, v - 1,
 						     v ^ (1ull << 63), 0, ~0ull}) {
-			Block b = good;
-			put64(b, off, nv);
-			recrc_block(b);
-			EXPECT_EQ(decode_sb(b, dev), -CKPT_E_LAYOUT) << off << " = " << nv;
+			EXPECT_EQ(decode_sb(patched64(good, off, nv), dev), -CKPT_E_LAYOUT) << off << " = " << nv;
 		}
 	}
 }
@@ -639,12 +627,9 @@ TEST(Superblock, CommitRecordFields)
 		{offsetof(ckpt_sb_disk, manifest_len), 8192, 0},
 		{offsetof(ckpt_sb_disk, manifest_len), 0, 0},
 	};
-	for (const auto &c : cases) {
-		Block b = good;
-		put32(b, c.off, c.val);
-		recrc_block(b);
-		EXPECT_EQ(decode_sb(b, dev), c.err) << c.off << "=" << c.val;
-	}
+	for (const auto &c : cases)
+		EXPECT_EQ(decode_sb(patched32(good, c.off, c.val), dev), c.err)
+			<< c.off << "=" << c.val;
 }
 
 TEST(Superblock, RandomMutationsNeverAcceptNonsense)
@@ -1341,28 +1326,20 @@ TEST(Status, RoundTripAndCorruptions)
 		b[byte] ^= 0x80;
 		EXPECT_EQ(ckpt_status_decode(b.data(), o.get()), -CKPT_E_CRC) << byte;
 	}
-	b = good;
-	put32(b, offsetof(ckpt_status_disk, version), 2);
-	recrc_block(b);
-	EXPECT_EQ(ckpt_status_decode(b.data(), o.get()), -CKPT_E_VERSION);
-	b = good;
-	put32(b, offsetof(ckpt_status_disk, blob_len), CKPT_BLOB_MAX + 1);
-	recrc_block(b);
-	EXPECT_EQ(ckpt_status_decode(b.data(), o.get()), -CKPT_E_BLOB);
-	b = good;
-	put32(b, offsetof(ckpt_status_disk, state), 3);
-	recrc_block(b);
-	EXPECT_EQ(ckpt_status_decode(b.data(), o.get()), -CKPT_E_INVAL);
-	b = good;
-	put32(b, offsetof(ckpt_status_disk, last_result), 5);
-	recrc_block(b);
-	EXPECT_EQ(ckpt_status_decode(b.data(), o.get()), -CKPT_E_INVAL);
-	b = good;
-	put32(b, offsetof(ckpt_status_disk, committed_slot), 2);
-	recrc_block(b);
-	EXPECT_EQ(ckpt_status_decode(b.data(), o.get()), -CKPT_E_INVAL);
-	b = good;
-	put64(b, offsetof(ckpt_status_disk, reserved), ~0ull);
-	recrc_block(b);
+	// Fields out of range under a correct crc are refused; the reserved words are ignored.
+	const struct {
+		size_t off;
+		uint32_t val;
+		int err;
+	} fields[] = {
+		{offsetof(ckpt_status_disk, version), 2, -CKPT_E_VERSION},
+		{offsetof(ckpt_status_disk, blob_len), CKPT_BLOB_MAX + 1, -CKPT_E_BLOB},
+		{offsetof(ckpt_status_disk, state), 3, -CKPT_E_INVAL},
+		{offsetof(ckpt_status_disk, last_result), 5, -CKPT_E_INVAL},
+		{offsetof(ckpt_status_disk, committed_slot), 2, -CKPT_E_INVAL},
+	};
+	for (const auto &c : fields)
+		EXPECT_EQ(ckpt_status_decode(patched32(good, c.off, c.val).data(), o.get()), c.err) << c.off;
+	b = patched64(good, offsetof(ckpt_status_disk, reserved), ~0ull);
 	EXPECT_EQ(ckpt_status_decode(b.data(), o.get()), 0);
 }

@@ -9,7 +9,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include "error.hpp"
+#include "ckpt_error.hpp"
 #include "safetensors.hpp"
 
 extern "C" {

@@ -48,12 +48,7 @@ protected:
 
 	void init(uint64_t committed_step, uint32_t slot)
 	{
-		sb->geo.n_chunks = kChunks;
-		sb->geo.chunk_shift = 11;
-		sb->geo.n_groups = kGroups;
-		sb->geo.dtype = CKPT_DTYPE_BF16;
-		sb->geo.optimizer = CKPT_OPT_ADAM;
-		sb->geo.manifest_bytes = 4096;
+		sb->geo = test_geometry(kChunks, 11, kGroups, CKPT_DTYPE_BF16, 4096);
 		ASSERT_EQ(ckpt_layout_compute(&sb->geo, &sb->layout), 0);
 		sb->committed_step = committed_step;
 		sb->committed_slot = slot;
@@ -67,35 +62,15 @@ protected:
 		ckpt_sm_init(&sm, sb.get(), claimed.data(), applied.data());
 	}
 
+	// Group 1 is Adam-L2 with lr 2e-3 (test_hparams(1)).
 	std::unique_ptr<ckpt_cmd> begin(uint64_t step)
 	{
-		auto c = std::make_unique<ckpt_cmd>();
-		c->opcode = CKPT_OP_BEGIN;
-		c->step = step;
-		c->grad_scale = f32(1.0f / 65536);
-		c->n_groups = kGroups;
-		for (uint32_t i = 0; i < kGroups; i++)
-			c->groups[i] = test_hparams(0);
-		c->groups[1].lr = f32(2e-3f);
-		c->groups[1].flags = CKPT_GROUP_ADAM_L2;
-		return c;
+		return test_cmd(CKPT_OP_BEGIN, step, kGroups, f32(1.0f / 65536));
 	}
 
-	std::unique_ptr<ckpt_cmd> commit(uint64_t step)
-	{
-		auto c = std::make_unique<ckpt_cmd>();
-		c->opcode = CKPT_OP_COMMIT;
-		c->step = step;
-		return c;
-	}
+	std::unique_ptr<ckpt_cmd> commit(uint64_t step) { return test_cmd(CKPT_OP_COMMIT, step); }
 
-	std::unique_ptr<ckpt_cmd> abort_(uint64_t step)
-	{
-		auto c = std::make_unique<ckpt_cmd>();
-		c->opcode = CKPT_OP_ABORT;
-		c->step = step;
-		return c;
-	}
+	std::unique_ptr<ckpt_cmd> abort_(uint64_t step) { return test_cmd(CKPT_OP_ABORT, step); }
 
 	// All chunks claimed and applied (written), none overflowed.
 	void apply_all(bool written = true)

@@ -1,42 +1,20 @@
 // SPDX-License-Identifier: MIT
-// ckptctl's errors: a libckpt error code (enum ckpt_err) and a message, from
-// ckptctl itself or from a failed libckpt call (ckpt_last_error()).
+// ckptctl's errors: libckpt's own (ckpt_error.hpp, a public header), thrown by
+// ckptctl itself or for a failed libckpt call (ckpt::check).
 #pragma once
 
 #include <memory>
-#include <stdexcept>
-#include <string>
 
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "ckpt.h"
+#include "ckpt_error.hpp"
 
 namespace ckptctl {
 
-class Error : public std::runtime_error {
-public:
-	Error(int code, const std::string &what) : std::runtime_error(what), code_(code) {}
-	int code() const { return code_; }
-
-private:
-	int code_;
-};
-
-template <typename... Args>
-[[noreturn]] void fail(int code, fmt::format_string<Args...> f, Args &&...args)
-{
-	throw Error(code, fmt::format(f, std::forward<Args>(args)...));
-}
-
-// ret of a libckpt call: returned when not negative, else thrown with the
-// library's message.
-inline int check(int ret)
-{
-	if (ret < 0)
-		throw Error(-ret, ckpt_last_error());
-	return ret;
-}
+using ckpt::check;
+using ckpt::Error;
+using ckpt::fail;
 
 // A report a libckpt call returned as malloc'ed JSON text: f(char **).
 template <typename F> nlohmann::json report(F &&f)
