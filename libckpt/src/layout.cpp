@@ -195,4 +195,27 @@ Manifest Manifest::decode(std::string_view text, const struct ckpt_layout &layou
 	}
 }
 
+LayoutFile parse_layout_json(std::string_view text, const std::string &what)
+{
+	nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+	if (j.is_discarded() || !j.is_object())
+		fail(CKPT_E_MANIFEST, "{}: not a JSON object", what);
+	LayoutFile m;
+	try {
+		if (j.contains("dtype"))
+			m.dtype = j["dtype"].get<std::string>();
+		if (j.contains("chunk_params"))
+			m.chunk_params = j["chunk_params"].get<uint32_t>();
+		const nlohmann::json &ts = j.at("tensors");
+		if (!ts.is_array() || ts.empty())
+			fail(CKPT_E_MANIFEST, "{}: \"tensors\" must be a non-empty array", what);
+		for (const nlohmann::json &t : ts)
+			m.layout.add(t.at("name").get<std::string>(), t.at("shape").get<std::vector<uint64_t>>(),
+				     t.value("group", 0u));
+	} catch (const nlohmann::json::exception &e) {
+		fail(CKPT_E_MANIFEST, "{}: {}", what, e.what());
+	}
+	return m;
+}
+
 } // namespace ckpt
