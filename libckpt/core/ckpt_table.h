@@ -31,7 +31,7 @@ enum ckpt_table_opt {
 #define CKPT_MAX_STAGING_KB		(4u << 20)
 
 struct ckpt_table_args {
-	const char *dev;		/* argv[0], not looked up */
+	const char *dev;		/* argv[0]: valid only while argv is */
 	u32 queue_depth;		/* the defaults where not given */
 	u32 staging_kb;
 	u32 n_opts;			/* pairs given */
