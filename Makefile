@@ -6,7 +6,8 @@ PYTHON ?= /usr/bin/python3
 JOBS ?= $(shell nproc)
 export PYTHONPATH := $(CURDIR)/$(BUILD)/python
 
-.PHONY: all deps configure check reliability demo bench clean check-unit check-asan kmod check-vm check-powercut check-logreplay vm-shell bench-vm
+.PHONY: all deps configure check reliability demo bench clean check-unit check-asan kmod check-vm \
+	check-powercut check-logreplay vm-shell bench-vm fuzz-build check-fuzz fuzz fuzz-corpus check-tsan
 
 all: configure
 	cmake --build $(BUILD) -j$(JOBS)
@@ -19,12 +20,14 @@ configure: $(BUILD)/CMakeCache.txt
 $(BUILD)/CMakeCache.txt:
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython3_EXECUTABLE=$(PYTHON)
 
-# The userspace tests (ctest), the same without Python under ASan+UBSan, then
-# the kernel target's VM suite; -k: each runs even if one before failed, and
-# any failing fails check.
+# The userspace tests (ctest), the same under ASan+UBSan, a bounded run of
+# every fuzz target, the engine's threads under TSan, then the kernel
+# target's VM suite, power cuts and crash-state replay, and last the table of
+# docs/reliability.md; -k: each runs even if one before failed, and any
+# failing fails check.
 check: deps
 	$(MAKE) all
-	$(MAKE) -k -j1 check-unit check-asan check-vm check-powercut check-logreplay reliability
+	$(MAKE) -k -j1 check-unit check-asan check-fuzz check-tsan check-vm check-powercut check-logreplay reliability
 
 check-unit:
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
@@ -43,6 +46,39 @@ check-asan:
 reliability:
 	scripts/reliability.py update --build $(BUILD) --check
 
+# libFuzzer targets (tests/fuzz/README.md), built with clang in
+# $(FUZZ_BUILD): check-fuzz runs each for FUZZ_CHECK_SECONDS from its seed
+# corpus (every crash kept there is replayed), fuzz for FUZZ_SECONDS,
+# keeping what it found in $(FUZZ_BUILD)/fuzz-corpus; fuzz-corpus rewrites
+# the seeds with the project's encoders.
+FUZZ_BUILD ?= $(BUILD)-fuzz
+FUZZ_SECONDS ?= 300
+FUZZ_CHECK_SECONDS ?= 10
+
+fuzz-build:
+	cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPT_FUZZ=ON \
+		-DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DPython3_EXECUTABLE=$(PYTHON)
+	cmake --build $(FUZZ_BUILD) --target fuzz_all -j$(JOBS)
+
+check-fuzz: fuzz-build
+	scripts/check-fuzz.sh $(FUZZ_BUILD) $(FUZZ_CHECK_SECONDS)
+
+fuzz: fuzz-build
+	scripts/check-fuzz.sh --keep $(FUZZ_BUILD) $(FUZZ_SECONDS)
+
+fuzz-corpus: fuzz-build
+	$(FUZZ_BUILD)/tests/fuzz/fuzz_seeds tests/fuzz/corpus
+
+# The engine's worker threads, the C ABI's handle table and the tools'
+# concurrency runs under ThreadSanitizer, in $(TSAN_BUILD)
+# (scripts/check-tsan.sh): any report fails.
+TSAN_BUILD ?= $(BUILD)-tsan
+
+check-tsan:
+	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPT_TSAN=ON -DPython3_EXECUTABLE=$(PYTHON)
+	cmake --build $(TSAN_BUILD) --target engine_tests capi_tests ckptctl ckpt-trace -j$(JOBS)
+	scripts/check-tsan.sh $(TSAN_BUILD)
+
 demo: deps
 	$(MAKE) all
 	$(PYTHON) demo/train.py
@@ -53,7 +89,7 @@ bench: deps
 
 # kmod's clean also removes the core objects Kbuild leaves in libckpt/core.
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) $(TSAN_BUILD)
 	-$(MAKE) -C kmod clean
 
 # --- the kernel target in Debian's kernels under qemu (scripts/vm/README.md) ---

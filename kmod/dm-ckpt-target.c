@@ -58,11 +58,6 @@
 #include "ckpt_config.h"
 #include "dm-ckpt.h"
 
-#define CKPT_DEFAULT_QUEUE_DEPTH	8u
-#define CKPT_MAX_QUEUE_DEPTH		128u
-#define CKPT_DEFAULT_STAGING_KB		((u32)(CKPT_STAGING_DEFAULT >> 10))
-#define CKPT_MAX_STAGING_KB		(4u << 20)
-
 /* ---------------------------------------------------------------- helpers */
 
 static void dmckpt_bio_copy_to(struct bio *bio, const void *src)
@@ -413,82 +408,6 @@ static void dmckpt_free(struct dm_ckpt *c)
 	kfree(c);
 }
 
-/* The optional table arguments: "<name> <value>" pairs, each at most once. */
-static const struct dmckpt_opt_arg {
-	const char *name;
-	unsigned int min, max;
-	const char *err_dup, *err_missing, *err_nan, *err_range;
-} dmckpt_opt_args[] = {
-	{ "queue_depth", 1, CKPT_MAX_QUEUE_DEPTH,
-	  "Duplicate queue_depth argument", "queue_depth needs a value",
-	  "Invalid queue_depth (not a number)", "queue_depth out of range (1..128)" },
-	{ "staging_kb", 1, CKPT_MAX_STAGING_KB,
-	  "Duplicate staging_kb argument", "staging_kb needs a value",
-	  "Invalid staging_kb (not a number)", "staging_kb out of range (1..4194304)" },
-};
-
-static unsigned int *dmckpt_opt_value(struct dm_ckpt *c, unsigned int i)
-{
-	return i == 0 ? &c->queue_depth : &c->staging_kb;
-}
-
-static int dmckpt_parse_opts(struct dm_ckpt *c, struct dm_arg_set *as, char **error)
-{
-	static const struct dm_arg arg_count = {
-		0, 4, "Invalid number of optional arguments (0, 2 or 4)"
-	};
-	bool seen[ARRAY_SIZE(dmckpt_opt_args)] = { };
-	const struct dmckpt_opt_arg *o;
-	unsigned int n, v, i;
-	const char *name;
-	int ret;
-
-	c->queue_depth = CKPT_DEFAULT_QUEUE_DEPTH;
-	c->staging_kb = CKPT_DEFAULT_STAGING_KB;
-	if (!as->argc)
-		return 0;
-	ret = dm_read_arg_group(&arg_count, as, &n, error);
-	if (ret)
-		return ret;
-	while (n) {
-		name = dm_shift_arg(as);
-		n--;
-		for (i = 0; i < ARRAY_SIZE(dmckpt_opt_args); i++)
-			if (!strcasecmp(name, dmckpt_opt_args[i].name))
-				break;
-		if (i == ARRAY_SIZE(dmckpt_opt_args)) {
-			*error = "Unknown optional argument";
-			return -EINVAL;
-		}
-		o = &dmckpt_opt_args[i];
-		if (seen[i]) {
-			*error = (char *)o->err_dup;
-			return -EINVAL;
-		}
-		if (!n) {
-			*error = (char *)o->err_missing;
-			return -EINVAL;
-		}
-		n--;
-		if (kstrtouint(dm_shift_arg(as), 10, &v)) {
-			*error = (char *)o->err_nan;
-			return -EINVAL;
-		}
-		if (v < o->min || v > o->max) {
-			*error = (char *)o->err_range;
-			return -EINVAL;
-		}
-		*dmckpt_opt_value(c, i) = v;
-		seen[i] = true;
-		c->opt_order[c->n_opts++] = i;
-	}
-	if (as->argc) {
-		*error = "Too many arguments";
-		return -EINVAL;
-	}
-	return 0;
-}
-
 /*
  * What the table line asks for must fit: staging_kb and queue_depth reach
  * gigabytes with the largest chunks (8 MiB of gradients, 48 MiB records), and
@@ -502,26 +421,26 @@ static int dmckpt_check_memory(struct dm_ckpt *c, u64 n_stages, char **error)
 	const u64 stage_bytes = cb + sizeof(struct ckpt_stage_buf) +
 		ckpt_bitmap_words(cb >> SECTOR_SHIFT) * sizeof(u64);
 	const u64 staging = n_stages * stage_bytes;
-	const u64 jobs = dm_ckpt_upd_bytes(&c->layout, c->queue_depth);
+	const u64 jobs = dm_ckpt_upd_bytes(&c->layout, c->args.queue_depth);
 	const u64 budget = ((u64)totalram_pages() << PAGE_SHIFT) / 2;
 
 	if (staging > budget) {
 		DMERR("%s: staging_kb %u with %llu KiB chunks needs %llu MiB for %llu stages, more than half the RAM (%llu MiB)",
-		      dm_ckpt_name(c), c->staging_kb, cb >> 10, staging >> 20, n_stages,
+		      dm_ckpt_name(c), c->args.staging_kb, cb >> 10, staging >> 20, n_stages,
 		      budget >> 20);
 		*error = "staging_kb needs more than half the RAM: reduce staging_kb";
 		return -ENOMEM;
 	}
 	if (jobs > budget) {
 		DMERR("%s: queue_depth %u with %llu KiB records needs %llu MiB of chunk buffers, more than half the RAM (%llu MiB)",
-		      dm_ckpt_name(c), c->queue_depth, c->layout.record_bytes >> 10,
+		      dm_ckpt_name(c), c->args.queue_depth, c->layout.record_bytes >> 10,
 		      jobs >> 20, budget >> 20);
 		*error = "queue_depth needs more than half the RAM: reduce queue_depth";
 		return -ENOMEM;
 	}
 	if (staging + jobs > budget) {
 		DMERR("%s: staging_kb %u and queue_depth %u need %llu + %llu MiB, more than half the RAM (%llu MiB)",
-		      dm_ckpt_name(c), c->staging_kb, c->queue_depth, staging >> 20,
+		      dm_ckpt_name(c), c->args.staging_kb, c->args.queue_depth, staging >> 20,
 		      jobs >> 20, budget >> 20);
 		*error = "staging_kb plus queue_depth exceed half the RAM: reduce either";
 		return -ENOMEM;
@@ -540,7 +459,7 @@ static int dmckpt_alloc(struct dm_ckpt *c, char **error)
 	unsigned int i;
 	int ret;
 
-	n_stages = ckpt_stage_count((u64)c->staging_kb << 10, cb, n_chunks);
+	n_stages = ckpt_stage_count((u64)c->args.staging_kb << 10, cb, n_chunks);
 	ret = dmckpt_check_memory(c, n_stages, error);
 	if (ret)
 		return ret;
@@ -578,7 +497,7 @@ static int dmckpt_alloc(struct dm_ckpt *c, char **error)
 		if (!(i & 1023))
 			cond_resched();
 	}
-	return dm_ckpt_upd_create(c, c->queue_depth, error);
+	return dm_ckpt_upd_create(c, c->args.queue_depth, error);
 }
 
 /*
@@ -586,12 +505,13 @@ static int dmckpt_alloc(struct dm_ckpt *c, char **error)
  */
 static int dmckpt_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 {
-	struct dm_arg_set as;
+	struct ckpt_table_args args;
+	const char *err;
 	struct dm_ckpt *c;
 	int ret;
 
-	if (argc < 1) {
-		ti->error = "Invalid argument count: ckpt <dev> [#opts] [queue_depth N] [staging_kb K]";
+	if (ckpt_table_parse(argc, argv, &args, &err)) {
+		ti->error = (char *)err;
 		return -EINVAL;
 	}
 	c = kzalloc(sizeof(*c), GFP_KERNEL);
@@ -615,13 +535,9 @@ static int dmckpt_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 #endif
 	atomic64_set(&c->param_bytes, 0);
 
-	as.argc = argc - 1;
-	as.argv = argv + 1;
-	ret = dmckpt_parse_opts(c, &as, &ti->error);
-	if (ret)
-		goto bad;
+	c->args = args;
 
-	ret = dm_ckpt_md_open(&c->md, ti, argv[0], &ti->error);
+	ret = dm_ckpt_md_open(&c->md, ti, args.dev, &ti->error);
 	if (ret)
 		goto bad;
 
@@ -791,20 +707,22 @@ static void dmckpt_status(struct dm_target *ti, status_type_t type, unsigned int
 		break;
 	case STATUSTYPE_TABLE:
 		DMEMIT("%s", c->md.dev->name);
-		if (c->n_opts) {
-			unsigned int i;
+		if (c->args.n_opts) {
+			unsigned int i, o;
 
-			DMEMIT(" %u", 2 * c->n_opts);
-			for (i = 0; i < c->n_opts; i++)
-				DMEMIT(" %s %u", dmckpt_opt_args[c->opt_order[i]].name,
-				       *dmckpt_opt_value(c, c->opt_order[i]));
+			DMEMIT(" %u", 2 * c->args.n_opts);
+			for (i = 0; i < c->args.n_opts; i++) {
+				o = c->args.order[i];
+				DMEMIT(" %s %u", ckpt_table_opt_name(o),
+				       ckpt_table_opt_value(&c->args, o));
+			}
 		}
 		break;
 	case STATUSTYPE_IMA:
 		dmckpt_counters(c, &k);
 		DMEMIT_TARGET_NAME_VERSION(ti->type);
 		DMEMIT(",dev_name=%s,queue_depth=%u,staging_kb=%u,uuid=%pUb,state=%s,first_io_error=%u;",
-		       c->md.dev->name, c->queue_depth, c->staging_kb, c->uuid,
+		       c->md.dev->name, c->args.queue_depth, c->args.staging_kb, c->uuid,
 		       ckpt_state_name(k.state), k.first_io_error);
 		break;
 	}

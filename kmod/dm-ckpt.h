@@ -15,6 +15,7 @@
 
 #include "ckpt_format.h"
 #include "ckpt_step.h"
+#include "ckpt_table.h"
 #include "dm-ckpt-metadata.h"
 #include "dm-ckpt-update.h"
 
@@ -92,11 +93,8 @@ struct dm_ckpt {
 
 	atomic64_t param_bytes;
 
-	/* the table line's optional arguments, in the order given */
-	unsigned int queue_depth;
-	unsigned int staging_kb;
-	unsigned int n_opts;
-	unsigned int opt_order[2];	/* indices into the target's option table */
+	/* the table line's optional arguments (the core parses them) */
+	struct ckpt_table_args args;
 };
 
 static inline const char *dm_ckpt_name(struct dm_ckpt *c)

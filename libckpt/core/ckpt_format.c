@@ -792,11 +792,12 @@ static void ckpt_hparams_get(struct ckpt_hparams *h, const struct ckpt_hparams_d
 int ckpt_cmd_encode(const struct ckpt_cmd *cmd, void *buf)
 {
 	struct ckpt_cmd_disk *d = buf;
-	u8 *payload = (u8 *)buf + CKPT_CMD_HDR;
+	u8 *payload;
 	u32 len, i;
 
 	if (!cmd || !buf)
 		return -CKPT_E_INVAL;
+	payload = (u8 *)buf + CKPT_CMD_HDR;
 	switch (cmd->opcode) {
 	case CKPT_OP_BEGIN:
 		if (cmd->n_groups < 1 || cmd->n_groups > CKPT_MAX_GROUPS)
@@ -843,11 +844,13 @@ int ckpt_cmd_encode(const struct ckpt_cmd *cmd, void *buf)
 int ckpt_cmd_decode(const void *buf, u32 len, struct ckpt_cmd *cmd)
 {
 	const struct ckpt_cmd_disk *d = buf;
-	const u8 *payload = (const u8 *)buf + CKPT_CMD_HDR;
+	const u8 *payload;
 	u32 length, opcode, n_groups = 0, blob_len = 0, want, i;
 
+	/* Not even an offset from a NULL buf: that is undefined behaviour. */
 	if (!buf || !cmd)
 		return -CKPT_E_INVAL;
+	payload = (const u8 *)buf + CKPT_CMD_HDR;
 	if (len < CKPT_CMD_HDR)
 		return -CKPT_E_LENGTH;
 	if (le32_to_cpu(d->magic) != CKPT_CMD_MAGIC)

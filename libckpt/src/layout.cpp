@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: MIT
 #include "layout.hpp"
 
+#include <limits>
+#include <stdexcept>
+
 #include <nlohmann/json.hpp>
 
 #include "ckpt_error.hpp"
@@ -33,6 +36,27 @@ uint64_t numel_of(const std::vector<uint64_t> &shape, const std::string &name)
 [[noreturn]] static void bad(const std::string &why)
 {
 	fail(CKPT_E_MANIFEST, "tensor manifest: {}", why);
+}
+
+// A JSON integer in 0..max. nlohmann's get<unsigned>() takes a float or a
+// negative number too, and converts it: 1.5 becomes 1, -1 wraps, and a float
+// beyond the type's range is undefined behaviour.
+template <typename T> static T json_uint(const nlohmann::json &v, const char *what)
+{
+	if (!v.is_number_unsigned() || v.get<uint64_t>() > std::numeric_limits<T>::max())
+		throw std::invalid_argument(fmt::format("{} must be an integer from 0 to {}, not {}", what,
+							std::numeric_limits<T>::max(), v.dump()));
+	return static_cast<T>(v.get<uint64_t>());
+}
+
+static std::vector<uint64_t> json_shape(const nlohmann::json &v)
+{
+	if (!v.is_array())
+		throw std::invalid_argument(fmt::format("shape must be an array, not {}", v.dump()));
+	std::vector<uint64_t> shape;
+	for (const nlohmann::json &d : v)
+		shape.push_back(json_uint<uint64_t>(d, "a shape dimension"));
+	return shape;
 }
 
 static void check_name(const std::string &name)
@@ -159,10 +183,10 @@ Manifest Manifest::decode(std::string_view text, const struct ckpt_layout &layou
 			Tensor t;
 			t.name = e.at("name").get<std::string>();
 			check_name(t.name);
-			t.shape = e.at("shape").get<std::vector<uint64_t>>();
-			t.group = e.at("group").get<uint32_t>();
-			t.offset = e.at("offset").get<uint64_t>();
-			t.numel = e.at("numel").get<uint64_t>();
+			t.shape = json_shape(e.at("shape"));
+			t.group = json_uint<uint32_t>(e.at("group"), "group");
+			t.offset = json_uint<uint64_t>(e.at("offset"), "offset");
+			t.numel = json_uint<uint64_t>(e.at("numel"), "numel");
 			if (numel_of(t.shape, t.name) != t.numel)
 				bad(fmt::format("'{}': numel disagrees with its shape", t.name));
 			if (t.group >= geo.n_groups)
@@ -192,7 +216,40 @@ Manifest Manifest::decode(std::string_view text, const struct ckpt_layout &layou
 		return m;
 	} catch (const nlohmann::json::exception &e) {
 		bad(e.what());
+	} catch (const std::invalid_argument &e) {
+		bad(e.what());
 	}
+}
+
+LayoutFile parse_layout_json(std::string_view text, const std::string &what)
+{
+	nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+	if (j.is_discarded() || !j.is_object())
+		fail(CKPT_E_MANIFEST, "{}: not a JSON object", what);
+	LayoutFile m;
+	try {
+		if (j.contains("dtype"))
+			m.dtype = j["dtype"].get<std::string>();
+		if (j.contains("chunk_params"))
+			m.chunk_params = json_uint<uint32_t>(j["chunk_params"], "chunk_params");
+		const nlohmann::json &ts = j.at("tensors");
+		if (!ts.is_array() || ts.empty())
+			fail(CKPT_E_MANIFEST, "{}: \"tensors\" must be a non-empty array", what);
+		for (const nlohmann::json &t : ts) {
+			const std::string name = t.at("name").get<std::string>();
+			try {
+				m.layout.add(name, json_shape(t.at("shape")),
+					     t.contains("group") ? json_uint<uint32_t>(t["group"], "group") : 0);
+			} catch (const std::invalid_argument &e) {
+				fail(CKPT_E_MANIFEST, "{}: tensor '{}': {}", what, name, e.what());
+			}
+		}
+	} catch (const nlohmann::json::exception &e) {
+		fail(CKPT_E_MANIFEST, "{}: {}", what, e.what());
+	} catch (const std::invalid_argument &e) {
+		fail(CKPT_E_MANIFEST, "{}: {}", what, e.what());
+	}
+	return m;
 }
 
 } // namespace ckpt

@@ -61,6 +61,18 @@ private:
 	std::unordered_map<std::string, size_t> index_;
 };
 
+// A layout as a user writes it (ckptctl format --manifest FILE):
+// {"dtype": "bf16", "chunk_params": 65536,
+//  "tensors": [{"name": "w", "shape": [4, 4], "group": 0}, ...]}.
+struct LayoutFile {
+	Layout layout;
+	std::string dtype = "bf16";
+	uint32_t chunk_params = 1u << CKPT_DEFAULT_CHUNK_SHIFT;
+};
+// Parses the JSON text of such a file; `what` (its name) starts every
+// error message. Throws ckpt::Error.
+LayoutFile parse_layout_json(std::string_view text, const std::string &what);
+
 uint64_t numel_of(const std::vector<uint64_t> &shape, const std::string &name);
 const char *dtype_name(uint32_t dtype);
 

@@ -133,15 +133,8 @@ struct FormatArgs {
 	bool force = false;
 };
 
-struct ManifestFile {
-	ckpt::Layout layout;
-	std::string dtype = "bf16";
-	uint32_t chunk_params = 1u << CKPT_DEFAULT_CHUNK_SHIFT;
-};
-
-// A tensor manifest from a user: {"dtype": "bf16", "chunk_params": 65536,
-// "tensors": [{"name": "w", "shape": [4, 4], "group": 0}, ...]}.
-ManifestFile read_manifest(const std::string &path)
+// A tensor manifest from a user (ckpt::parse_layout_json).
+ckpt::LayoutFile read_manifest(const std::string &path)
 {
 	std::string text;
 	try {
@@ -158,25 +151,7 @@ ManifestFile read_manifest(const std::string &path)
 	} catch (const ckpt::Error &e) {
 		fail(e.code(), "cannot read manifest {}: {}", path, e.what());
 	}
-	json j = json::parse(text, nullptr, false);
-	if (j.is_discarded() || !j.is_object())
-		fail(CKPT_E_MANIFEST, "{}: not a JSON object", path);
-	ManifestFile m;
-	try {
-		if (j.contains("dtype"))
-			m.dtype = j["dtype"].get<std::string>();
-		if (j.contains("chunk_params"))
-			m.chunk_params = j["chunk_params"].get<uint32_t>();
-		const json &ts = j.at("tensors");
-		if (!ts.is_array() || ts.empty())
-			fail(CKPT_E_MANIFEST, "{}: \"tensors\" must be a non-empty array", path);
-		for (const json &t : ts)
-			m.layout.add(t.at("name").get<std::string>(), t.at("shape").get<std::vector<uint64_t>>(),
-				     t.value("group", 0u));
-	} catch (const json::exception &e) {
-		fail(CKPT_E_MANIFEST, "{}: {}", path, e.what());
-	}
-	return m;
+	return ckpt::parse_layout_json(text, path);
 }
 
 struct GroupRule {
@@ -219,7 +194,7 @@ bool ends_with(const std::string &s, const std::string &suffix)
 }
 
 // The layout of a safetensors file's float tensors, grouped by name.
-ManifestFile manifest_from_safetensors(const FormatArgs &a, json &summary)
+ckpt::LayoutFile manifest_from_safetensors(const FormatArgs &a, json &summary)
 {
 	const auto st = ckpt::safetensors::Reader::open(a.safetensors);
 	const std::vector<GroupRule> rules = parse_groups(a.groups);
@@ -269,7 +244,7 @@ ManifestFile manifest_from_safetensors(const FormatArgs &a, json &summary)
 	// Tensors of one group share chunks; a group change starts a new chunk,
 	// so keep each group together (file order within a group).
 	std::stable_sort(picks.begin(), picks.end(), [](const Pick &x, const Pick &y) { return x.group < y.group; });
-	ManifestFile m;
+	ckpt::LayoutFile m;
 	std::map<uint32_t, std::pair<unsigned, uint64_t>> per_group;
 	for (const Pick &p : picks) {
 		m.layout.add(p.t->name, p.t->shape, p.group);
@@ -426,7 +401,7 @@ std::string format_manifest(const std::string &device, const std::string &opts_j
 	if (a.manifest.empty() == a.safetensors.empty())
 		fail(CKPT_E_INVAL, "format: give a manifest or a safetensors file, one of them");
 	json summary = json::array();
-	ManifestFile m = a.safetensors.empty() ? read_manifest(a.manifest) : manifest_from_safetensors(a, summary);
+	ckpt::LayoutFile m = a.safetensors.empty() ? read_manifest(a.manifest) : manifest_from_safetensors(a, summary);
 	FormatOptions fo;
 	fo.dtype = parse_dtype(a.dtype.empty() ? m.dtype : a.dtype);
 	fo.chunk_params = a.chunk_params ? a.chunk_params : m.chunk_params;
