@@ -224,7 +224,7 @@ struct ckpt_step_ops {
 	 */
 	void (*failed)(void *host, int io_errno);
 	/*
-	 * Optional: read the CKPT_BLOCK at off from the device into block (0 or
+	 * Both targets: read the CKPT_BLOCK at off from the device into block (0 or
 	 * -errno). The commit reads its superblock back: a device that
 	 * acknowledged the write but lost it (dm-flakey drop_writes, a lying
 	 * cache) fails the commit, instead of the next step overwriting the

@@ -203,6 +203,11 @@ struct EngineOps {
 		Engine &e = of(host);
 		return e.img_.file.commit_write_sb(block, off, e.io_message_);
 	}
+	static int read_sb(void *host, void *block, uint64_t off)
+	{
+		Engine &e = of(host);
+		return e.img_.file.commit_read_sb(block, off, e.io_message_);
+	}
 	static void copy(void *, void *src, void *dst, uint64_t n)
 	{
 		auto *s = static_cast<Src *>(src);
@@ -240,6 +245,7 @@ const struct ckpt_step_ops Engine::ops_ = {
 	.dispatched = EngineOps::dispatched,
 	.quiesce = nullptr,	// reads hold call_mu_: none is in flight during a command
 	.failed = nullptr,	// control_write throws the io message instead
+	.read_sb = EngineOps::read_sb,
 };
 
 // ---------------------------------------------------------------- commands

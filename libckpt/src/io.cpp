@@ -305,6 +305,17 @@ int BackingFile::commit_write_sb(const void *block, uint64_t off, std::string &m
 	return 0;
 }
 
+int BackingFile::commit_read_sb(void *block, uint64_t off, std::string &message) const noexcept
+{
+	try {
+		pread_all(block, CKPT_BLOCK, off);
+	} catch (const std::exception &e) {
+		message = e.what();
+		return -EIO;
+	}
+	return 0;
+}
+
 Ring::Ring(unsigned entries)
 {
 	int ret = io_uring_queue_init(entries, &ring_, 0);

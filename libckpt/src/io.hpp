@@ -115,6 +115,10 @@ struct BackingFile {
 	// follows.
 	int commit_flush(std::string &message) const noexcept;
 	int commit_write_sb(const void *block, uint64_t off, std::string &message) const noexcept;
+	// The commit's read-back of its superblock (the core compares it): 0 or
+	// -EIO with message set. Through O_DIRECT it reads the device, else the
+	// page cache, where it can only confirm the write.
+	int commit_read_sb(void *block, uint64_t off, std::string &message) const noexcept;
 };
 
 // One io_uring instance; not shared between threads.

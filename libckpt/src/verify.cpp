@@ -287,6 +287,11 @@ void rollback(Image &img, const RollbackCheck &rb)
 		.dispatched = nullptr,
 		.quiesce = nullptr,
 		.failed = nullptr,
+		.read_sb =
+			[](void *h, void *block, uint64_t off) {
+				auto &o = *static_cast<Host *>(h);
+				return o.img.file.commit_read_sb(block, off, o.message);
+			},
 	};
 	struct ckpt_sb spare;
 	if (ckpt_sb_commit(&ops, &host, &img.sb, &spare, hdr.as(), rb.step, rb.slot, rb.prev.blob,

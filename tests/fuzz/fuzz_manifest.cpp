@@ -10,7 +10,7 @@
 #include <string>
 #include <string_view>
 
-#include "error.hpp"
+#include "ckpt_error.hpp"
 #include "fuzz_util.hpp"
 #include "layout.hpp"
 

@@ -8,7 +8,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "error.hpp"
+#include "ckpt_error.hpp"
 #include "fuzz_util.hpp"
 #include "safetensors.hpp"
 

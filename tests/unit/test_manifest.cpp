@@ -8,7 +8,7 @@
 
 #include <string>
 
-#include "error.hpp"
+#include "ckpt_error.hpp"
 #include "layout.hpp"
 
 namespace {
