@@ -355,7 +355,7 @@ struct Checked {
 };
 
 // salvage: a file shorter than its layout is checked as far as it goes.
-Checked check_all(const std::string &path, bool writable, bool salvage)
+Checked check_once(const std::string &path, bool writable, bool salvage)
 {
 	Checked c;
 	c.path = path;
@@ -382,6 +382,37 @@ Checked check_all(const std::string &path, bool writable, bool salvage)
 		c.open_error = e.what();	// a record past the end of a short file
 	}
 	return c;
+}
+
+// The sequence of the newest valid superblock copy (0: none).
+uint64_t newest_sequence(const std::array<ckpt::SuperblockCopy, 2> &copies)
+{
+	uint64_t seq = 0;
+	for (const ckpt::SuperblockCopy &c : copies)
+		if (c.valid)
+			seq = std::max(seq, c.sb.sequence);
+	return seq;
+}
+
+// Readers take no lock, so a trainer may commit while they check: the step
+// after the commit rewrites the slot the check was reading, which looks
+// like damage (records of a newer step). A read-only check therefore counts
+// only when no commit happened during it, and is repeated until one holds
+// still; an image that never does is refused, not called corrupt.
+Checked check_all(const std::string &path, bool writable, bool salvage)
+{
+	for (unsigned tries = 1;; tries++) {
+		Checked c = check_once(path, writable, salvage);
+		if (writable)
+			return c;
+		const ckpt::BackingFile f = ckpt::BackingFile::open(path, false);
+		const uint64_t now = newest_sequence(ckpt::inspect_superblocks(f));
+		if (now == newest_sequence(c.copies))
+			return c;
+		if (tries == 50)
+			fail(CKPT_E_STATE, "{} changed while it was checked, {} times in a row: a trainer is "
+					   "committing steps; check it while the trainer is stopped", path, tries);
+	}
 }
 
 json meta_json(const ckpt::Image &img)

@@ -407,6 +407,38 @@ TEST_F(HostileTest, TwoThreadsRaceBeginCommit)
 	EXPECT_EQ(snapshot(*r), raced);
 }
 
+// Readers take no lock: verify while a trainer commits steps must not call
+// the image corrupt (a commit moves the slot it was reading; before, it did,
+// about one run in ten).
+TEST_F(HostileTest, VerifyWhileATrainerRuns)
+{
+	auto d = ckpt::Device::open(path_);
+	step(*d);
+	std::atomic<bool> stop{false};
+	std::thread trainer([&] {
+		while (!stop)
+			step(*d);
+	});
+	int ok = 0, busy = 0;
+	for (int i = 0; i < 60; i++) {
+		try {
+			const std::string v = verify();
+			EXPECT_EQ(v, "ok");
+			ok += v == "ok";
+		} catch (const ckpt::Error &e) {
+			// an image that never held still is refused, not called corrupt
+			EXPECT_EQ(e.code(), CKPT_E_STATE) << e.what();
+			EXPECT_NE(std::string(e.what()).find("a trainer is committing steps"), std::string::npos);
+			busy++;
+		}
+	}
+	stop = true;
+	trainer.join();
+	EXPECT_GT(ok, 0);
+	d.reset();
+	EXPECT_EQ(verify(), "ok");
+}
+
 // ---------------------------------------------------------------- one writer
 
 TEST_F(HostileTest, SecondOpenInOneProcessIsRefused)
