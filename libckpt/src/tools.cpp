@@ -621,9 +621,33 @@ std::string import_safetensors(const std::string &device, const std::string &fro
 		    {"buffers_ignored", buffers_ignored}}.dump();
 }
 
+// The newest valid superblock's sequence on path now.
+uint64_t sequence_now(const std::string &path)
+{
+	const ckpt::BackingFile f = ckpt::BackingFile::open(path, false);
+	return newest_sequence(ckpt::inspect_superblocks(f));
+}
+
+// export_image fails rather than mix steps when a trainer commits during
+// it (check_all says why that looks like damage); such an export is
+// repeated, and refused only if the image never holds still.
 std::string export_image_report(const std::string &device, const std::string &out, uint32_t flags)
 {
-	const ExportReport r = export_image(backing_path(device), out, flags, "");
+	const std::string path = backing_path(device);
+	std::optional<ExportReport> done;
+	for (unsigned tries = 1; !done; tries++) {
+		const uint64_t before = sequence_now(path);
+		try {
+			done = export_image(path, out, flags, "");
+		} catch (const ckpt::Error &) {
+			if (sequence_now(path) == before)
+				throw;
+			if (tries == 50)
+				fail(CKPT_E_STATE, "{} changed during the export, {} times in a row: a trainer is "
+						   "committing steps; export it while the trainer is stopped", path, tries);
+		}
+	}
+	const ExportReport &r = *done;
 	return json{{"path", r.path}, {"to", out}, {"tensors", r.tensors}, {"params", r.params},
 		    {"step", r.step}, {"with_optimizer", (flags & CKPT_EXPORT_OPTIMIZER) != 0},
 		    {"warnings", r.warnings}}.dump();
