@@ -394,6 +394,13 @@ uint64_t newest_sequence(const std::array<ckpt::SuperblockCopy, 2> &copies)
 	return seq;
 }
 
+// ... of the newest valid superblock on path now.
+uint64_t sequence_now(const std::string &path)
+{
+	const ckpt::BackingFile f = ckpt::BackingFile::open(path, false);
+	return newest_sequence(ckpt::inspect_superblocks(f));
+}
+
 // Readers take no lock, so a trainer may commit while they check: the step
 // after the commit rewrites the slot the check was reading, which looks
 // like damage (records of a newer step). A read-only check therefore counts
@@ -405,9 +412,7 @@ Checked check_all(const std::string &path, bool writable, bool salvage)
 		Checked c = check_once(path, writable, salvage);
 		if (writable)
 			return c;
-		const ckpt::BackingFile f = ckpt::BackingFile::open(path, false);
-		const uint64_t now = newest_sequence(ckpt::inspect_superblocks(f));
-		if (now == newest_sequence(c.copies))
+		if (sequence_now(path) == newest_sequence(c.copies))
 			return c;
 		if (tries == 50)
 			fail(CKPT_E_STATE, "{} changed while it was checked, {} times in a row: a trainer is "
@@ -619,13 +624,6 @@ std::string import_safetensors(const std::string &device, const std::string &fro
 		    {"with_optimizer", a.with_optimizer}, {"step", step}, {"blob_bytes", blob.size()},
 		    {"missing", missing}, {"unknown", unknown}, {"moments_ignored", moments_ignored},
 		    {"buffers_ignored", buffers_ignored}}.dump();
-}
-
-// The newest valid superblock's sequence on path now.
-uint64_t sequence_now(const std::string &path)
-{
-	const ckpt::BackingFile f = ckpt::BackingFile::open(path, false);
-	return newest_sequence(ckpt::inspect_superblocks(f));
 }
 
 // export_image fails rather than mix steps when a trainer commits during
