@@ -18,6 +18,7 @@ public:
 	void write(uint64_t off, const void *buf, uint64_t len) override;
 	void read(uint64_t off, void *buf, uint64_t len) override;
 	uint32_t block_size() const override { return block_; }
+	void forsake() noexcept override { dev_.fd.reset(); }
 
 private:
 	// Why the target refused a request: its status page says.

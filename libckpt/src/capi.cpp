@@ -14,6 +14,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <pthread.h>
+#include <unistd.h>
+
 #include "block_target.hpp"
 #include "device.hpp"
 #include "ckpt_error.hpp"
@@ -39,17 +42,29 @@ namespace {
 
 // One open device. Calls are serialized: Device keeps one command page and a
 // step's status read and command must not interleave with another thread's.
+//
+// A device belongs to the process that opened it. A child forked from it
+// (multiprocessing, a data loader's workers) has a copy of the handle but
+// none of the engine's worker threads, and shares its io_uring rings and
+// the writer's lock with the parent: using the copy would hang or race the
+// parent, destroying it would join threads that are not there. So the fork
+// handler closes the child's copy of every device's file descriptor (the
+// lock stays the parent's alone), calls in the child are refused, and
+// ckpt_close there forgets the device without tearing it down.
 struct OpenDevice {
 	std::mutex mu;
 	std::unique_ptr<ckpt::Device> dev;	// null once closed
 	std::vector<std::string> warnings;	// as of ckpt_open
+	std::string path;
+	pid_t owner = getpid();
 };
 
 class Handles {
 public:
-	ckpt_device *add(std::unique_ptr<ckpt::Device> dev)
+	ckpt_device *add(std::unique_ptr<ckpt::Device> dev, const char *path)
 	{
 		auto od = std::make_shared<OpenDevice>();
+		od->path = path;
 		od->warnings = dev->warnings();
 		od->dev = std::move(dev);
 		std::lock_guard lock(mu_);
@@ -69,6 +84,19 @@ public:
 		if (id && id < next_)
 			ckpt::fail(CKPT_E_STATE, "device is closed");
 		ckpt::fail(CKPT_E_INVAL, "{} is not a device handle", static_cast<const void *>(h));
+	}
+
+	// In the child of a fork (pthread_atfork): only this thread runs. A
+	// table that another thread of the parent was changing is left alone;
+	// its devices are still refused (their owner is the parent).
+	void forsake_all() noexcept
+	{
+		std::unique_lock lock(mu_, std::try_to_lock);
+		if (!lock)
+			return;
+		for (auto &[id, od] : open_)
+			if (od->dev)
+				od->dev->forsake();
 	}
 
 	std::shared_ptr<OpenDevice> remove(ckpt_device *h) noexcept
@@ -91,8 +119,22 @@ private:
 // Never destroyed: a thread may still call while the process exits.
 Handles &handles()
 {
-	static auto *h = new Handles;
+	static auto *h = [] {
+		auto *t = new Handles;
+		pthread_atfork(nullptr, nullptr, [] { handles().forsake_all(); });
+		return t;
+	}();
 	return *h;
+}
+
+// A device of the parent, in a forked child: refused, see OpenDevice.
+void need_owner(const OpenDevice &od)
+{
+	if (od.owner != getpid())
+		ckpt::fail(CKPT_E_STATE, "{} was opened by process {}, which this process was forked from: "
+					 "a device serves the process that opened it (a child has none of its "
+					 "threads); open the image here once the parent has closed it", od.path,
+			   od.owner);
 }
 
 thread_local std::string last_error;
@@ -125,6 +167,7 @@ template <typename F> int with_open(ckpt_device *d, F &&f)
 	return guarded([&] {
 		need(d, "device");
 		const auto od = handles().find(d);
+		need_owner(*od);	// before the lock: a parent's thread may have held it
 		std::lock_guard lock(od->mu);
 		if (!od->dev)
 			ckpt::fail(CKPT_E_STATE, "device is closed");
@@ -405,7 +448,7 @@ int ckpt_open(const char *path, ckpt_device **out)
 	return guarded([&] {
 		need(path, "path");
 		need(out, "out");
-		*out = handles().add(ckpt::Device::open(path));
+		*out = handles().add(ckpt::Device::open(path), path);
 		return 0;
 	});
 }
@@ -419,7 +462,7 @@ int ckpt_open_engine(const char *path, uint32_t workers, uint32_t depth, ckpt_de
 		opts.workers = workers;
 		if (depth)
 			opts.depth = depth;
-		*out = handles().add(ckpt::Device::open(path, opts));
+		*out = handles().add(ckpt::Device::open(path, opts), path);
 		return 0;
 	});
 }
@@ -428,6 +471,13 @@ void ckpt_close(ckpt_device *d)
 {
 	// new calls now fail; wait for the one in flight, then close
 	if (const auto od = handles().remove(d)) {
+		if (od->owner != getpid()) {
+			// the parent's: its threads are not here to join, and its
+			// mutexes may be held by threads that are not here either
+			if (od->dev)
+				od->dev.release()->forsake();
+			return;
+		}
 		std::lock_guard lock(od->mu);
 		od->dev.reset();
 	}

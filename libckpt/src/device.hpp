@@ -47,6 +47,8 @@ public:
 	uint32_t block_size() const { return target_->block_size(); }
 	// The userspace engine, or null when the kernel target serves the device.
 	Engine *engine() { return engine_.get(); }
+	// See Target::forsake: for a child forked from the opener.
+	void forsake() noexcept { target_->forsake(); }
 	// The image as read at open (the engine's, or the kernel target's backing
 	// device): uuid, geometry and manifest; its committed step may be stale.
 	const Image &image() const { return engine_ ? engine_->image() : *backing_; }

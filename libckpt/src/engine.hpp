@@ -33,6 +33,12 @@ public:
 	virtual void read(uint64_t off, void *buf, uint64_t len) = 0;
 	// Writes must be multiples of it: 512 B, or 4 KiB on a 4Kn device.
 	virtual uint32_t block_size() const { return CKPT_SECTOR; }
+	// In a child forked from the process that opened it: closes this
+	// process's copy of the device's file descriptor, so that the writer's
+	// lock (or the O_EXCL claim) goes with the opener, and touches nothing
+	// else (threads, rings and mutexes are the opener's). The target is
+	// then unusable here and must not be destroyed here either.
+	virtual void forsake() noexcept {}
 };
 
 struct EngineOptions {
@@ -58,6 +64,7 @@ public:
 
 	void write(uint64_t off, const void *buf, uint64_t len) override;
 	void read(uint64_t off, void *buf, uint64_t len) override;
+	void forsake() noexcept override { img_.file.fd.reset(); }
 
 	// Beyond the virtual device: what only the backing device knows.
 	const struct ckpt_sb &superblock() const { return img_.sb; }

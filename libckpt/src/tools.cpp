@@ -330,7 +330,7 @@ struct Checked {
 };
 
 // salvage: a file shorter than its layout is checked as far as it goes.
-Checked check_all(const std::string &path, bool writable, bool salvage)
+Checked check_once(const std::string &path, bool writable, bool salvage)
 {
 	Checked c;
 	c.path = path;
@@ -357,6 +357,42 @@ Checked check_all(const std::string &path, bool writable, bool salvage)
 		c.open_error = e.what();	// a record past the end of a short file
 	}
 	return c;
+}
+
+// The sequence of the newest valid superblock copy (0: none).
+uint64_t newest_sequence(const std::array<ckpt::SuperblockCopy, 2> &copies)
+{
+	uint64_t seq = 0;
+	for (const ckpt::SuperblockCopy &c : copies)
+		if (c.valid)
+			seq = std::max(seq, c.sb.sequence);
+	return seq;
+}
+
+// ... of the newest valid superblock on path now.
+uint64_t sequence_now(const std::string &path)
+{
+	const ckpt::BackingFile f = ckpt::BackingFile::open(path, false);
+	return newest_sequence(ckpt::inspect_superblocks(f));
+}
+
+// Readers take no lock, so a trainer may commit while they check: the step
+// after the commit rewrites the slot the check was reading, which looks
+// like damage (records of a newer step). A read-only check therefore counts
+// only when no commit happened during it, and is repeated until one holds
+// still; an image that never does is refused, not called corrupt.
+Checked check_all(const std::string &path, bool writable, bool salvage)
+{
+	for (unsigned tries = 1;; tries++) {
+		Checked c = check_once(path, writable, salvage);
+		if (writable)
+			return c;
+		if (sequence_now(path) == newest_sequence(c.copies))
+			return c;
+		if (tries == 50)
+			fail(CKPT_E_STATE, "{} changed while it was checked, {} times in a row: a trainer is "
+					   "committing steps; check it while the trainer is stopped", path, tries);
+	}
 }
 
 json meta_json(const ckpt::Image &img)
@@ -565,9 +601,26 @@ std::string import_safetensors(const std::string &device, const std::string &fro
 		    {"buffers_ignored", buffers_ignored}}.dump();
 }
 
+// export_image fails rather than mix steps when a trainer commits during
+// it (check_all says why that looks like damage); such an export is
+// repeated, and refused only if the image never holds still.
 std::string export_image_report(const std::string &device, const std::string &out, uint32_t flags)
 {
-	const ExportReport r = export_image(backing_path(device), out, flags, "");
+	const std::string path = backing_path(device);
+	std::optional<ExportReport> done;
+	for (unsigned tries = 1; !done; tries++) {
+		const uint64_t before = sequence_now(path);
+		try {
+			done = export_image(path, out, flags, "");
+		} catch (const ckpt::Error &) {
+			if (sequence_now(path) == before)
+				throw;
+			if (tries == 50)
+				fail(CKPT_E_STATE, "{} changed during the export, {} times in a row: a trainer is "
+						   "committing steps; export it while the trainer is stopped", path, tries);
+		}
+	}
+	const ExportReport &r = *done;
 	return json{{"path", r.path}, {"to", out}, {"tensors", r.tensors}, {"params", r.params},
 		    {"step", r.step}, {"with_optimizer", (flags & CKPT_EXPORT_OPTIMIZER) != 0},
 		    {"warnings", r.warnings}}.dump();

@@ -1,0 +1,169 @@
+# SPDX-License-Identifier: MIT
+"""One writer per image: a second open of the same backing file through the
+engine is refused, whoever tries it.
+
+- another process (a second trainer): refused, told the holder's pid and name;
+- the same process again: refused, told it is this process;
+- a child forked from the trainer: its own open is refused (naming the
+  parent), and the parent's device it inherited is refused too, with a clear
+  error instead of a hang (the child has none of the engine's threads); the
+  child does not keep the image locked once the parent has closed it.
+
+Each time the first opener keeps working (it commits a step afterwards) and
+the refused open changed nothing on disk (the file's bytes are the same).
+
+Run: PYTHONPATH=<build>/python /usr/bin/python3 -m unittest -v test_lock
+"""
+
+import hashlib
+import os
+import subprocess
+import sys
+import textwrap
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import ckpt  # noqa: E402
+from ckpt_testlib import (digest, snapshot, tempdir, trace_format, trace_groups,  # noqa: E402
+                          trace_step)
+
+SEED = 77
+
+
+def file_digest(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+class LockTest(unittest.TestCase):
+    def setUp(self):
+        self._tmp = tempdir()
+        self.dir = self._tmp.name
+        self.path = os.path.join(self.dir, "lock.img")
+        trace_format(self.path, SEED, "fp16").close()
+
+    def tearDown(self):
+        self._tmp.cleanup()
+
+    def second_process(self, code, timeout=60):
+        """Runs code in a new interpreter (same environment); returns (rc, out)."""
+        p = subprocess.run([sys.executable, "-c", textwrap.dedent(code), self.path],
+                           capture_output=True, text=True, timeout=timeout, env=dict(os.environ))
+        return p.returncode, p.stdout + p.stderr
+
+    def assert_first_keeps_working(self, dev):
+        before = dev.committed_step
+        self.assertEqual(trace_step(dev, SEED), before + 1)
+
+    def test_second_process_is_refused(self):
+        dev = ckpt.open(self.path)
+        trace_step(dev, SEED)
+        on_disk = file_digest(self.path)
+        rc, out = self.second_process("""
+            import ckpt, sys
+            try:
+                ckpt.open(sys.argv[1])
+            except ckpt.CkptError as e:
+                print(e.name, e.message)
+                sys.exit(0)
+            sys.exit("second open succeeded")
+            """)
+        self.assertEqual(rc, 0, out)
+        self.assertIn("E_STATE", out)
+        self.assertIn(f"is in use: process {os.getpid()} (", out)
+        self.assertIn("one writer at a time", out)
+        self.assertEqual(file_digest(self.path), on_disk, "the refused open changed the image")
+        self.assert_first_keeps_working(dev)
+        dev.close()
+        # closed: the other process may open it now
+        rc, out = self.second_process("import ckpt, sys; ckpt.open(sys.argv[1]).close()")
+        self.assertEqual(rc, 0, out)
+
+    def test_second_open_in_one_process_is_refused(self):
+        dev = ckpt.open(self.path)
+        on_disk = file_digest(self.path)
+        with self.assertRaises(ckpt.CkptError) as cm:
+            ckpt.open(self.path)
+        self.assertEqual(cm.exception.name, "E_STATE")
+        self.assertIn("this process", cm.exception.message)
+        self.assertIn(self.path, cm.exception.message)
+        self.assertEqual(file_digest(self.path), on_disk)
+        self.assert_first_keeps_working(dev)
+        # the same file under another name (a hard link) is the same image
+        link = os.path.join(self.dir, "link.img")
+        os.link(self.path, link)
+        with self.assertRaises(ckpt.CkptError) as cm:
+            ckpt.open(link)
+        self.assertIn("this process", cm.exception.message)
+        dev.close()
+        ckpt.open(link).close()
+
+    def test_forked_child_is_refused_and_does_not_hang(self):
+        dev = ckpt.open(self.path)
+        trace_step(dev, SEED)
+        before = digest(snapshot(dev))
+        on_disk = file_digest(self.path)
+        r, w = os.pipe()
+        go_r, go_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report each answer, never touch the parent's state
+            os.close(r)
+            os.close(go_w)
+            out = os.fdopen(w, "w")
+            try:
+                try:
+                    ckpt.open(self.path)
+                    out.write("open: accepted\n")
+                except ckpt.CkptError as e:
+                    out.write(f"open: {e.name} {e.message}\n")
+                for what, call in (("status", dev.status),
+                                   ("begin", lambda: dev.begin(trace_groups(2, 3))),
+                                   ("commit", dev.commit)):
+                    try:
+                        call()
+                        out.write(f"{what}: accepted\n")
+                    except ckpt.CkptError as e:
+                        out.write(f"{what}: {e.name} {e.message}\n")
+                out.write("done\n")
+                out.close()
+                # stay alive, holding whatever the fork gave us, while the
+                # parent closes and reopens the image
+                os.read(go_r, 1)
+                dev.close()  # forgets the parent's device, joins nothing
+            finally:
+                os._exit(0)
+        os.close(w)
+        os.close(go_r)
+        with os.fdopen(r) as f:
+            lines = dict(line.rstrip("\n").split(": ", 1) for line in f if ": " in line)
+        self.assertTrue(lines["open"].startswith("E_STATE "), lines)
+        self.assertIn(f"in use: process {os.getpid()} (", lines["open"])
+        for what in ("status", "begin", "commit"):
+            self.assertTrue(lines[what].startswith("E_STATE "), lines)
+            self.assertIn(f"opened by process {os.getpid()}, which this process was forked from",
+                          lines[what])
+        self.assertEqual(file_digest(self.path), on_disk, "the child changed the image")
+        self.assertEqual(digest(snapshot(dev)), before)
+        self.assert_first_keeps_working(dev)
+        # The parent closes: the child, still alive, does not hold the lock.
+        dev.close()
+        dev = ckpt.open(self.path)
+        self.assert_first_keeps_working(dev)
+        os.write(go_w, b"x")
+        os.close(go_w)
+        _, status = os.waitpid(pid, 0)
+        self.assertEqual(status, 0)
+        self.assert_first_keeps_working(dev)
+        dev.close()
+
+    def test_readers_work_while_a_trainer_holds_it(self):
+        """What reads only (the uuid, info and verify of ckptctl) takes no lock."""
+        dev = ckpt.open(self.path)
+        self.assertEqual(ckpt.image_uuid(self.path), dev.uuid())
+        self.assert_first_keeps_working(dev)
+        dev.close()
+
+
+if __name__ == "__main__":
+    unittest.main()
