@@ -5,6 +5,8 @@ BUILD ?= build
 PYTHON ?= /usr/bin/python3
 JOBS ?= $(shell nproc)
 export PYTHONPATH := $(CURDIR)/$(BUILD)/python
+# where every proof records its result for docs/reliability.md
+export CKPT_RELIABILITY_BUILD := $(CURDIR)/$(BUILD)
 
 .PHONY: all deps configure check reliability demo bench clean check-unit check-asan kmod check-vm \
 	check-powercut check-logreplay vm-shell bench-vm fuzz-build check-fuzz fuzz fuzz-corpus check-tsan

@@ -48,5 +48,11 @@ for f in "$logs"/report*; do
 	cat "$f"
 	status=1
 done
+reports=$(find "$logs" -name 'report*' 2>/dev/null | wc -l)
+tests=$(cd "$build" && ctest -N | sed -n 's/^Total Tests: //p')
+"$(dirname "$0")/reliability.py" record --name asan-ubsan \
+	--what "library, tools, unit, tool and Python tests under ASan+UBSan" \
+	--count "${tests:-0}" --unit tests --lost $((status != 0 ? (reports > 0 ? reports : 1) : 0)) \
+	--target "make check-asan" || echo "check-asan: could not record the result for docs/reliability.md" >&2
 [ "$status" -eq 0 ] && echo "check-asan: no sanitizer report"
 exit $status

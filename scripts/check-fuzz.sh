@@ -54,6 +54,11 @@ for dir in "$top"/tests/fuzz/corpus/*/; do
 	rc=$?
 	runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
 	echo "$name ${runs:-0}" >>"$stats"
+	"$(dirname "$0")/reliability.py" record --name "fuzz-$name" \
+		--what "libFuzzer on the $name parser, ${secs} s from the corpus (crashes kept there replayed)" \
+		--count "${runs:-0}" --unit executions --lost $((rc != 0)) \
+		--target "make $([ "$keep" -eq 1 ] && echo fuzz || echo check-fuzz)" ||
+		echo "check-fuzz: could not record the result for docs/reliability.md" >&2
 	if [ "$rc" -ne 0 ]; then
 		echo "check-fuzz: FAIL $name (exit $rc) after ${runs:-?} executions; last lines of $log:" >&2
 		tail -n 40 "$log" >&2

@@ -41,5 +41,10 @@ for f in "$logs"/report*; do
 	cat "$f"
 	status=1
 done
+reports=$(find "$logs" -name 'report*' 2>/dev/null | wc -l)
+"$(dirname "$0")/reliability.py" record --name tsan \
+	--what "engine_tests, capi_tests and the tools' concurrency runs under ThreadSanitizer" \
+	--count 3 --unit "test programs" --lost $((status != 0 ? (reports > 0 ? reports : 1) : 0)) \
+	--target "make check-tsan" || echo "check-tsan: could not record the result for docs/reliability.md" >&2
 [ "$status" -eq 0 ] && echo "check-tsan: no ThreadSanitizer report"
 exit $status

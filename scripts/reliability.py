@@ -18,7 +18,8 @@ of each.
         --unit U --lost L --target T    # a proof writes its record
     scripts/reliability.py update [--build B] [--check]   # regenerate the doc
 
-update --check: fail if a result of this run lost data.
+update --check: fail if a result of this run lost data. --build defaults to
+$CKPT_RELIABILITY_BUILD (the Makefile sets it to $(BUILD)), else build/.
 """
 import argparse
 import datetime
@@ -118,14 +119,15 @@ def update(a):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
+    default_build = os.environ.get("CKPT_RELIABILITY_BUILD", str(ROOT / "build"))
     r = sub.add_parser("record", help="write one proof's result")
-    r.add_argument("--build", default=str(ROOT / "build"))
+    r.add_argument("--build", default=default_build)
     for k in ("name", "what", "unit", "target"):
         r.add_argument(f"--{k}", required=True)
     r.add_argument("--count", type=int, required=True)
     r.add_argument("--lost", type=int, required=True)
     u = sub.add_parser("update", help="regenerate docs/reliability.md")
-    u.add_argument("--build", default=str(ROOT / "build"))
+    u.add_argument("--build", default=default_build)
     u.add_argument("--check", action="store_true")
     a = p.parse_args()
     (record if a.cmd == "record" else update)(a)
