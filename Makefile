@@ -6,7 +6,8 @@ PYTHON ?= /usr/bin/python3
 JOBS ?= $(shell nproc)
 export PYTHONPATH := $(CURDIR)/$(BUILD)/python
 
-.PHONY: all deps configure check demo bench clean check-unit check-asan kmod check-vm vm-shell bench-vm
+.PHONY: all deps configure check demo bench clean check-unit check-asan kmod check-vm vm-shell bench-vm \
+	crash-campaign crash-campaign-userspace
 
 all: configure
 	cmake --build $(BUILD) -j$(JOBS)
@@ -37,6 +38,27 @@ check-asan:
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPT_SANITIZE=ON -DPython3_EXECUTABLE=$(PYTHON)
 	cmake --build $(ASAN_BUILD) -j$(JOBS)
 	scripts/check-asan.sh $(ASAN_BUILD) -j$(JOBS)
+
+# The long crash enumeration (tests/crash/README.md): a longer trace on both
+# dtypes and both models, more sampled subsets per crash point, tears at
+# every sector and a resumed step from every state. The CKPT_CRASH_*
+# variables override each part (CKPT_CRASH_SEED picks another trace).
+CKPT_CRASH_STEPS ?= 20
+CKPT_CRASH_EXHAUSTIVE ?= 10
+CKPT_CRASH_SAMPLES ?= 256
+CKPT_CRASH_TORN_ALL ?= 1
+CKPT_CRASH_RESUME_EVERY ?= 1
+CKPT_CRASH_SEED ?= 1
+
+crash-campaign: crash-campaign-userspace
+
+crash-campaign-userspace:
+	$(MAKE) all
+	set -e; for model in small wide; do for dtype in fp16 bf16; do \
+		CKPT_CRASH_STEPS=$(CKPT_CRASH_STEPS) CKPT_CRASH_EXHAUSTIVE=$(CKPT_CRASH_EXHAUSTIVE) \
+		CKPT_CRASH_SAMPLES=$(CKPT_CRASH_SAMPLES) CKPT_CRASH_TORN_ALL=$(CKPT_CRASH_TORN_ALL) \
+		CKPT_CRASH_RESUME_EVERY=$(CKPT_CRASH_RESUME_EVERY) CKPT_CRASH_SEED=$(CKPT_CRASH_SEED) \
+		$(BUILD)/tests/crash_test $$dtype $$model; done; done
 
 demo: deps
 	$(MAKE) all
