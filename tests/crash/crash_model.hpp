@@ -11,7 +11,6 @@
 
 #include <cstdint>
 #include <mutex>
-#include <random>
 #include <string>
 #include <vector>
 

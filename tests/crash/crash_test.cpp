@@ -6,7 +6,6 @@
 //
 // usage: crash_test fp16|bf16 small|wide    (parameters from CKPT_CRASH_*)
 #include <algorithm>
-#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
