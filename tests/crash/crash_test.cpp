@@ -400,6 +400,11 @@ size_t count_sb_writes(const std::vector<crash::Event> &ev)
 int run(const std::string &dtype_name, const std::string &model_name)
 {
 	const Params p;
+	if (p.enumerate.exhaustive_max > 24) {
+		fmt::print(stderr, "CKPT_CRASH_EXHAUSTIVE={}: at most 24 (2^24 subsets per crash point)\n",
+			   p.enumerate.exhaustive_max);
+		return 2;
+	}
 	const int dtype = ckpt_dtype_parse(dtype_name.c_str());
 	if (dtype < 0) {
 		fmt::print(stderr, "dtype {}: fp16 or bf16\n", dtype_name);
