@@ -9,7 +9,8 @@ export PYTHONPATH := $(CURDIR)/$(BUILD)/python
 export CKPT_RELIABILITY_BUILD := $(CURDIR)/$(BUILD)
 
 .PHONY: all deps configure check reliability demo bench clean check-unit check-asan kmod check-vm \
-	check-powercut check-logreplay vm-shell bench-vm fuzz-build check-fuzz fuzz fuzz-corpus check-tsan
+	check-powercut check-logreplay vm-shell bench-vm fuzz-build check-fuzz fuzz fuzz-corpus check-tsan \
+	crash-campaign crash-campaign-userspace crash-campaign-kernel
 
 all: configure
 	cmake --build $(BUILD) -j$(JOBS)
@@ -80,6 +81,36 @@ check-tsan:
 	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPT_TSAN=ON -DPython3_EXECUTABLE=$(PYTHON)
 	cmake --build $(TSAN_BUILD) --target engine_tests capi_tests ckptctl ckpt-trace -j$(JOBS)
 	scripts/check-tsan.sh $(TSAN_BUILD)
+
+# The long crash enumeration (tests/crash/README.md): a longer trace on both
+# dtypes and both models, more sampled subsets per crash point, tears at
+# every sector and a resumed step from every state. The CKPT_CRASH_*
+# variables override each part (CKPT_CRASH_SEED picks another trace).
+CKPT_CRASH_STEPS ?= 20
+CKPT_CRASH_EXHAUSTIVE ?= 10
+CKPT_CRASH_SAMPLES ?= 256
+CKPT_CRASH_TORN_ALL ?= 1
+CKPT_CRASH_RESUME_EVERY ?= 1
+CKPT_CRASH_SEED ?= 1
+
+crash-campaign: crash-campaign-userspace crash-campaign-kernel
+
+# the kernel's part: 200 power cuts, and the log replay of a longer trace
+# on both kernels
+crash-campaign-kernel:
+	$(MAKE) all
+	$(MAKE) kmod
+	BUILD=$(BUILD) scripts/vm/powercut.sh --cuts 200 --params 65536 --steps 60
+	BUILD=$(BUILD) scripts/vm/logreplay.sh --steps 24 --kernel 6.12
+	BUILD=$(BUILD) scripts/vm/logreplay.sh --steps 24 --kernel 6.1
+
+crash-campaign-userspace:
+	$(MAKE) all
+	set -e; for model in small wide; do for dtype in fp16 bf16; do \
+		CKPT_CRASH_STEPS=$(CKPT_CRASH_STEPS) CKPT_CRASH_EXHAUSTIVE=$(CKPT_CRASH_EXHAUSTIVE) \
+		CKPT_CRASH_SAMPLES=$(CKPT_CRASH_SAMPLES) CKPT_CRASH_TORN_ALL=$(CKPT_CRASH_TORN_ALL) \
+		CKPT_CRASH_RESUME_EVERY=$(CKPT_CRASH_RESUME_EVERY) CKPT_CRASH_SEED=$(CKPT_CRASH_SEED) \
+		sh tests/crash/record.sh $(BUILD)/tests/crash_test $$dtype $$model "make crash-campaign"; done; done
 
 demo: deps
 	$(MAKE) all

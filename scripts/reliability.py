@@ -24,6 +24,7 @@ $CKPT_RELIABILITY_BUILD (the Makefile sets it to $(BUILD)), else build/.
 import argparse
 import datetime
 import json
+import os
 import subprocess
 import pathlib
 import re

@@ -59,6 +59,7 @@ std::unique_ptr<Engine> Engine::open(const std::string &path, const EngineOption
 void Engine::start(const std::string &path)
 {
 	img_ = Image::open(path, true);
+	img_.file.observer = opts_.observer;
 	block_ = Buffer(CKPT_BLOCK);
 	const struct ckpt_layout &l = img_.sb.layout;
 
@@ -373,6 +374,12 @@ void Engine::worker_main(Worker &w)
 				}
 				if (s.writes) {		// a write completed
 					if (--s.writes == 0) {
+						if (IoObserver *o = img_.file.observer) {
+							o->written(ckpt_record_offset(&l, dst, chunk), s.rec.as(),
+								   l.record_bytes, false);
+							o->written(ckpt_plo_offset(&l, dst, chunk), s.plo.as(),
+								   l.plo_chunk_bytes, false);
+						}
 						std::lock_guard lk(mu_);
 						if (!load)
 							ckpt_sm_applied(&step_.sm, chunk, false, true);

@@ -45,6 +45,7 @@ struct EngineOptions {
 	unsigned workers = 0;			// 0: one per CPU, at most 4
 	unsigned depth = 3;			// chunks in flight per worker
 	uint64_t staging_bytes = CKPT_STAGING_DEFAULT;	// partial-chunk gradients
+	IoObserver *observer = nullptr;		// sees every backing write and flush (tests/crash)
 };
 
 // fp32 p, exp_avg, exp_avg_sq of n params at a param offset, for load_state;

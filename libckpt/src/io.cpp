@@ -250,6 +250,8 @@ void BackingFile::pread_all(void *buf, size_t len, uint64_t off) const
 void BackingFile::pwrite_all(const void *buf, size_t len, uint64_t off) const
 {
 	auto *p = static_cast<const uint8_t *>(buf);
+	const uint64_t start = off;
+	const size_t total = len;
 	while (len) {
 		ssize_t n = ::pwrite(fd.get(), p, len, static_cast<off_t>(off));
 		if (n < 0 && errno == EINTR)
@@ -261,6 +263,8 @@ void BackingFile::pwrite_all(const void *buf, size_t len, uint64_t off) const
 		off += static_cast<uint64_t>(n);
 		len -= static_cast<size_t>(n);
 	}
+	if (observer)
+		observer->written(start, buf, total, false);
 }
 
 void BackingFile::pwrite_durable(const void *buf, size_t len, uint64_t off) const
@@ -268,8 +272,11 @@ void BackingFile::pwrite_durable(const void *buf, size_t len, uint64_t off) cons
 	if (direct) {
 		iovec iov{const_cast<void *>(buf), len};
 		ssize_t n = pwritev2(fd.get(), &iov, 1, static_cast<off_t>(off), RWF_DSYNC);
-		if (n == static_cast<ssize_t>(len))
+		if (n == static_cast<ssize_t>(len)) {
+			if (observer)
+				observer->written(off, buf, len, true);
 			return;
+		}
 		if (n < 0 && errno != EOPNOTSUPP && errno != EINVAL)
 			fail(CKPT_E_IO, "durable write at {} to {} failed: {}", off, path, strerror(errno));
 	}
@@ -281,6 +288,8 @@ void BackingFile::flush() const
 {
 	if (fdatasync(fd.get()) < 0)
 		fail(CKPT_E_IO, "flush of {} failed: {}", path, strerror(errno));
+	if (observer)
+		observer->flushed();
 }
 
 int BackingFile::commit_flush(std::string &message) const noexcept

@@ -86,6 +86,19 @@ private:
 // "a FIFO", "a directory", ...: what a file of mode m is, for messages.
 const char *file_kind(mode_t m);
 
+// Sees the writes and flushes made on a backing file, each once it has
+// completed: what a crash-consistency test (tests/crash) needs to rebuild the
+// device as a crash could have left it. A write is durable by itself only
+// when `durable` (FUA, RWF_DSYNC); any other becomes durable with the next
+// flushed(). The engine's workers call written() concurrently, so an
+// implementation locks; none of it may throw.
+class IoObserver {
+public:
+	virtual ~IoObserver() = default;
+	virtual void written(uint64_t off, const void *buf, size_t len, bool durable) noexcept = 0;
+	virtual void flushed() noexcept = 0;
+};
+
 // An open backing file or block device. Uses O_DIRECT where the file system
 // supports it; otherwise buffered I/O made durable by fdatasync.
 //
@@ -101,6 +114,7 @@ struct BackingFile {
 	bool direct = false;
 	bool block_device = false;
 	std::string path;
+	IoObserver *observer = nullptr;	// told of every write and flush through this file
 
 	static BackingFile open(const std::string &path, bool writable);
 	void pread_all(void *buf, size_t len, uint64_t off) const;
