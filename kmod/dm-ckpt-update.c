@@ -176,7 +176,17 @@ static void write_done(unsigned long error, void *context)
 		complete(&j->done);
 }
 
-/* Write the record and p_lo of the job's chunk to the destination slot. */
+/*
+ * Write the record and p_lo of the job's chunk to the destination slot.
+ *
+ * Each write completes through write_done exactly once. An asynchronous
+ * dm_io() either calls notify (from its completion, error or not) and
+ * returns 0, or returns an error without having called it: dp_init()
+ * refusing the memory type. The one path that calls notify and also returns
+ * an error (6.1's async_io() with several regions and a read) is not
+ * reachable with one region and a write. So notifying here on a non-zero
+ * return is never a second notification.
+ */
 static int write_state(struct dm_ckpt *c, struct dm_ckpt_job *j)
 {
 	const struct ckpt_layout *l = &c->layout;
