@@ -148,7 +148,7 @@ POWERCUTS ?= 20
 check-powercut: deps
 	$(MAKE) all
 	$(MAKE) kmod
-	BUILD=$(BUILD) scripts/vm/powercut.sh --cuts $(POWERCUTS) --params 65536 --steps 30
+	BUILD=$(BUILD) scripts/vm/powercut.sh --cuts $(POWERCUTS) --params 32768 --steps 24 --max-delay 4
 
 # the kernel target's writes logged by dm-log-writes and replayed up to every
 # flush and FUA: each state checked by the engine and the target

@@ -19,7 +19,8 @@
 # step N+1 (so the kernel starts from a state the userspace engine wrote).
 # Environment: CKPT_VM_MATRIX, CKPT_VM_PARAMS, CKPT_VM_STEPS, CKPT_VM_SEED,
 # CKPT_VM_PRESTEPS,
-# CKPT_VM_TIMEOUT (per VM run), CKPT_VM_RUN_ARGS (extra options for
+# CKPT_VM_EVERY_CPU=1 (run "// vm: cpu-independent" programs on every CPU
+# model too), CKPT_VM_TIMEOUT (per VM run), CKPT_VM_RUN_ARGS (extra options for
 # scripts/vm/run, e.g. "--smp 4"), BUILD (build directory, default build).
 set -uo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -101,12 +102,27 @@ done
 [ -x "$TRACE" ] || { not_ok "$TRACE missing (run make all)"; preflight_ok=0; }
 [ "$nprog" -gt 0 ] || log "WARNING: no kernel target test programs (tests/kmod/*.c); running the byte-identity check only"
 
+# A program whose source has the line "// vm: cpu-independent" tests nothing
+# the CPU model changes (no update arithmetic, no FPU path): it runs in the
+# matrix's -cpu max entries only, unless CKPT_VM_EVERY_CPU=1.
+programs_for() { # CPU
+	local p
+	for p in $programs; do
+		if [ "$1" != max ] && [ "${CKPT_VM_EVERY_CPU:-0}" != 1 ] &&
+			grep -q '^// vm: cpu-independent' "$ROOT/tests/kmod/$p.c" 2>/dev/null; then
+			continue
+		fi
+		printf '%s ' "$p"
+	done
+}
+
 kmod_run() { # KERNEL CPU DIR
-	local k=$1 c=$2 d=$3 rc f name line
+	local k=$1 c=$2 d=$3 rc f name line progs
 	[ "$nprog" -gt 0 ] || return 0
-	log "$k/$c: kmod tests ($programs)"
+	progs=$(programs_for "$c")
+	log "$k/$c: kmod tests ($progs)"
 	"$RUN" --kernel "$k" --cpu "$c" --quiet --out "$d/kmod" --log "$d/kmod.log" --image-size 64G --timeout "${CKPT_VM_TIMEOUT:-1500}" "${run_args[@]}" \
-		"$VM_DIR/guest/kmod-tests.sh" $programs 2>"$d/kmod.runner"
+		"$VM_DIR/guest/kmod-tests.sh" $progs 2>"$d/kmod.runner"
 	rc=$?
 	sed 's/^/# /' "$d/kmod.runner"
 	local counted=0

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Runs one crash enumeration (crash_test DTYPE MODEL) and records how many
 # states it checked and lost for docs/reliability.md (scripts/reliability.py).
-# Usage: record.sh CRASH_TEST DTYPE MODEL TARGET
+# Usage: record.sh CRASH_TEST DTYPE MODEL [TARGET]  (TARGET: what ran it, default make check)
 out=$("$1" "$2" "$3" 2>&1)
 rc=$?
 printf '%s\n' "$out"
@@ -10,6 +10,6 @@ lost=$(printf '%s\n' "$out" | sed -n 's/.*: \([0-9]*\) lost or corrupted$/\1/p')
 [ -n "$n" ] && [ -n "$lost" ] || { echo "record.sh: no summary from $1 (exit $rc)" >&2; exit 1; }
 "$(dirname "$0")/../../scripts/reliability.py" record --name "crash-engine-$2-$3" \
 	--what "crash states of the userspace engine ($2, $3 model): flush-ordered subsets and torn writes" \
-	--count "$n" --unit states --lost "$lost" --target "$4" ||
+	--count "$n" --unit states --lost "$lost" --target "${4:-make check}" ||
 	echo "record.sh: could not record the result for docs/reliability.md" >&2
 exit $rc

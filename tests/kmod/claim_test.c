@@ -1,4 +1,5 @@
 // SPDX-License-Identifier: GPL-2.0 OR MIT
+// vm: cpu-independent
 /*
  * Who may use a backing device, and when: a read-only table never changes
  * it; a second ckpt target on the same image (directly or through another dm

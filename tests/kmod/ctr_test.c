@@ -1,4 +1,5 @@
 // SPDX-License-Identifier: GPL-2.0 OR MIT
+// vm: cpu-independent
 /*
  * dm-ckpt constructor: every malformed table line and every corrupt
  * superblock must make `dmsetup create` fail cleanly, with the specific

@@ -1,4 +1,5 @@
 // SPDX-License-Identifier: GPL-2.0 OR MIT
+// vm: cpu-independent
 /*
  * Faults under the target: a device-mapper layer between dm-ckpt and the
  * NVMe namespace is switched, under the live target, to dm-flakey

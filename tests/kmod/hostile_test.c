@@ -1,4 +1,5 @@
 // SPDX-License-Identifier: GPL-2.0 OR MIT
+// vm: cpu-independent
 /*
  * Hostile input against the live target: random bytes into the control block,
  * the GRAD and PARAM windows and past the end, through O_DIRECT and buffered

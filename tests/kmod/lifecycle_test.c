@@ -1,4 +1,5 @@
 // SPDX-License-Identifier: GPL-2.0 OR MIT
+// vm: cpu-independent
 /*
  * The module's life: it cannot be unloaded while a ckpt device exists, and
  * loading it, creating a device, running a step, removing the device and

@@ -1,4 +1,5 @@
 // SPDX-License-Identifier: GPL-2.0 OR MIT
+// vm: cpu-independent
 /*
  * dm-ckpt constructor memory limits: staging_kb and queue_depth across their
  * whole documented ranges, with the largest chunks (4 Mi params, 8 MiB of

@@ -1,4 +1,5 @@
 // SPDX-License-Identifier: GPL-2.0 OR MIT
+// vm: cpu-independent
 /*
  * dm-ckpt's failed mode as userspace sees it: entering it raises a table
  * event (dmsetup info's event number, what dmsetup wait and dmeventd wait
