@@ -668,6 +668,32 @@ static CK_UNUSED int ck_create_ckpt(const struct ck_model *m, const char *name,
 	return ck_create(name, table);
 }
 
+/* A target message through the DM_TARGET_MSG ioctl: 0 or -errno. */
+static CK_UNUSED int ck_dm_message(const char *name, const char *msg)
+{
+	static union {
+		struct dm_ioctl io;
+		char buf[16384];
+	} u;
+	struct dm_target_msg *tm;
+	int fd, r;
+
+	memset(&u, 0, sizeof(u));
+	u.io.version[0] = DM_VERSION_MAJOR;
+	u.io.data_size = sizeof(u);
+	u.io.data_start = sizeof(u.io);
+	snprintf(u.io.name, sizeof(u.io.name), "%s", name);
+	tm = (struct dm_target_msg *)(u.buf + u.io.data_start);
+	tm->sector = 0;
+	snprintf(tm->message, sizeof(u) - u.io.data_start - sizeof(*tm), "%s", msg);
+	fd = open("/dev/mapper/control", O_RDWR);
+	if (fd < 0)
+		return -errno;
+	r = ioctl(fd, DM_TARGET_MSG, &u.io) ? -errno : 0;
+	close(fd);
+	return r;
+}
+
 static CK_UNUSED int ck_open_dm(const char *name)
 {
 	char path[256];

@@ -475,32 +475,6 @@ TEST_F_TIMEOUT(hostile, two_processes_race_begin_commit, 300)
 	EXPECT_EQ(0, committed_intact(_metadata, self));
 }
 
-/* A target message through the DM_TARGET_MSG ioctl: 0 or -errno. */
-static int dm_message(const char *name, const char *msg)
-{
-	static union {
-		struct dm_ioctl io;
-		char buf[16384];
-	} u;
-	struct dm_target_msg *tm;
-	int fd, r;
-
-	memset(&u, 0, sizeof(u));
-	u.io.version[0] = DM_VERSION_MAJOR;
-	u.io.data_size = sizeof(u);
-	u.io.data_start = sizeof(u.io);
-	snprintf(u.io.name, sizeof(u.io.name), "%s", name);
-	tm = (struct dm_target_msg *)(u.buf + u.io.data_start);
-	tm->sector = 0;
-	snprintf(tm->message, sizeof(u) - u.io.data_start - sizeof(*tm), "%s", msg);
-	fd = open("/dev/mapper/control", O_RDWR);
-	if (fd < 0)
-		return -errno;
-	r = ioctl(fd, DM_TARGET_MSG, &u.io) ? -errno : 0;
-	close(fd);
-	return r;
-}
-
 /* "stats", or a BEGIN of step 2 (the groups may be right): may succeed. */
 static int may_be_taken(const char *m)
 {
@@ -549,7 +523,7 @@ TEST_F_TIMEOUT(hostile, garbage_messages, 300)
 			 h->beta2, h->eps, h->weight_decay, h->one_minus_beta1,
 			 h->one_minus_beta2, h->step_size, h->bc2_sqrt, h->decay, h->flags);
 	}
-	EXPECT_GT(0, dm_message(CK_NAME, ""));
+	EXPECT_GT(0, ck_dm_message(CK_NAME, ""));
 	for (k = 0; k < 3000; k++) {
 		uint64_t r0 = ck_next(&self->rng);
 		int n = (int)(r0 % 8), len = 0;
@@ -587,7 +561,7 @@ TEST_F_TIMEOUT(hostile, garbage_messages, 300)
 		}
 		if (may_be_taken(m))
 			continue;
-		r = dm_message(CK_NAME, m);
+		r = ck_dm_message(CK_NAME, m);
 		if (!r) {
 			TH_LOG("message '%.200s' taken", m);
 			taken++;
@@ -603,21 +577,21 @@ TEST_F_TIMEOUT(hostile, garbage_messages, 300)
 	TH_LOG("3000 messages, %d through dmsetup", n_dmsetup);
 	/* hostile steps and scales in otherwise valid messages */
 	snprintf(m, sizeof(m), "begin 18446744073709551615 %08x %s %s", self->gs, good[0], good[1]);
-	EXPECT_GT(0, dm_message(CK_NAME, m));
+	EXPECT_GT(0, ck_dm_message(CK_NAME, m));
 	snprintf(m, sizeof(m), "begin 0 %08x %s %s", self->gs, good[0], good[1]);
-	EXPECT_GT(0, dm_message(CK_NAME, m));
+	EXPECT_GT(0, ck_dm_message(CK_NAME, m));
 	snprintf(m, sizeof(m), "begin 2 %08x %s", self->gs, good[0]);
-	EXPECT_GT(0, dm_message(CK_NAME, m));
+	EXPECT_GT(0, ck_dm_message(CK_NAME, m));
 	snprintf(m, sizeof(m), "begin 2 %08x %s %s %s", self->gs, good[0], good[1], good[0]);
-	EXPECT_GT(0, dm_message(CK_NAME, m));
-	EXPECT_GT(0, dm_message(CK_NAME, "commit 2"));
-	EXPECT_GT(0, dm_message(CK_NAME, "commit 1"));
-	EXPECT_GT(0, dm_message(CK_NAME, "commit 18446744073709551615 00"));
-	EXPECT_GT(0, dm_message(CK_NAME, "abort 18446744073709551615"));
-	EXPECT_GT(0, dm_message(CK_NAME, "stats x"));
+	EXPECT_GT(0, ck_dm_message(CK_NAME, m));
+	EXPECT_GT(0, ck_dm_message(CK_NAME, "commit 2"));
+	EXPECT_GT(0, ck_dm_message(CK_NAME, "commit 1"));
+	EXPECT_GT(0, ck_dm_message(CK_NAME, "commit 18446744073709551615 00"));
+	EXPECT_GT(0, ck_dm_message(CK_NAME, "abort 18446744073709551615"));
+	EXPECT_GT(0, ck_dm_message(CK_NAME, "stats x"));
 	/* a NaN scale opens a step whose every chunk overflows: nothing commits */
 	snprintf(m, sizeof(m), "begin 2 7fc00000 %s %s", good[0], good[1]);
-	if (!dm_message(CK_NAME, m)) {
+	if (!ck_dm_message(CK_NAME, m)) {
 		ck_grad(self->fd, &self->m, self->grad, 0, self->m.l.window_bytes);
 		EXPECT_EQ(0, ck_sh(out, sizeof(out), "dmsetup message %s 0 commit 2 2>&1", CK_NAME));
 		EXPECT_NE(NULL, strstr(out, "overflow 2")) TH_LOG("%s", out);

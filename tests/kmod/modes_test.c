@@ -177,32 +177,6 @@ TEST_F(modes, measure_names_the_table_and_state)
 	ASSERT_EQ(0, swap_backing(self, "linear"));
 }
 
-/* A target message through the DM_TARGET_MSG ioctl: 0 or -errno. */
-static int dm_message(const char *name, const char *msg)
-{
-	union {
-		struct dm_ioctl io;
-		char buf[4096];
-	} u;
-	struct dm_target_msg *tm;
-	int fd, r;
-
-	memset(&u, 0, sizeof(u));
-	u.io.version[0] = DM_VERSION_MAJOR;
-	u.io.data_size = sizeof(u);
-	u.io.data_start = sizeof(u.io);
-	snprintf(u.io.name, sizeof(u.io.name), "%s", name);
-	tm = (struct dm_target_msg *)(u.buf + u.io.data_start);
-	tm->sector = 0;
-	snprintf(tm->message, sizeof(u) - u.io.data_start - sizeof(*tm), "%s", msg);
-	fd = open("/dev/mapper/control", O_RDWR);
-	if (fd < 0)
-		return -errno;
-	r = ioctl(fd, DM_TARGET_MSG, &u.io) ? -errno : 0;
-	close(fd);
-	return r;
-}
-
 /*
  * Refused messages cost the kernel log a few lines, however many a user
  * sends (printk's rate limit: 10 per call site and 5 s); the errno says what
@@ -213,9 +187,9 @@ TEST_F(modes, refused_messages_are_rate_limited)
 	int i;
 
 	for (i = 0; i < 300; i++) {
-		ASSERT_EQ(-EINVAL, dm_message(CK_NAME, "bogus"));
-		ASSERT_EQ(-EINVAL, dm_message(CK_NAME, "begin x"));
-		ASSERT_EQ(-EINVAL, dm_message(CK_NAME, "commit 7"));
+		ASSERT_EQ(-EINVAL, ck_dm_message(CK_NAME, "bogus"));
+		ASSERT_EQ(-EINVAL, ck_dm_message(CK_NAME, "begin x"));
+		ASSERT_EQ(-EINVAL, ck_dm_message(CK_NAME, "commit 7"));
 	}
 	TH_LOG("unknown %d, usage %d, refused %d", kmsg_count("unknown message"),
 	       kmsg_count("usage: begin"), kmsg_count("message commit refused"));
