@@ -2,6 +2,10 @@
 # Installs every Debian package dm-ckpt needs to build, test and benchmark.
 # Idempotent: packages already installed are not touched, so it is cheap to run
 # before every build.
+#
+#   scripts/deps.sh                  the packages of make check
+#   scripts/deps.sh --kernel-debug   also what make kernel-debug needs to build
+#                                    a kernel from Debian's linux-source-6.12
 set -eu
 
 PACKAGES="
@@ -17,6 +21,13 @@ linux-source-6.1 dkms
 qemu-system-x86 busybox-static dmsetup cpio kmod xz-utils
 clang libclang-rt-14-dev
 "
+# make kernel-debug (scripts/vm/kdebug.sh): a 6.12 kernel with KASAN and lockdep
+KDEBUG_PACKAGES="linux-source-6.12 flex bison bc libelf-dev libssl-dev"
+case ${1:-} in
+"") ;;
+--kernel-debug) PACKAGES="$PACKAGES $KDEBUG_PACKAGES" ;;
+*) echo "usage: $0 [--kernel-debug]" >&2; exit 2 ;;
+esac
 
 missing=""
 for p in $PACKAGES; do
