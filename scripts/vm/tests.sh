@@ -19,6 +19,7 @@
 # step N+1 (so the kernel starts from a state the userspace engine wrote).
 # Environment: CKPT_VM_MATRIX, CKPT_VM_PARAMS, CKPT_VM_STEPS, CKPT_VM_SEED,
 # CKPT_VM_PRESTEPS,
+# CKPT_VM_PROGRAMS (only these tests/kmod programs),
 # CKPT_VM_EVERY_CPU=1 (run "// vm: cpu-independent" programs on every CPU
 # model too), CKPT_VM_TIMEOUT (per VM run), CKPT_VM_RUN_ARGS (extra options for
 # scripts/vm/run, e.g. "--smp 4"), BUILD (build directory, default build),
@@ -109,9 +110,11 @@ done
 # A program whose source has the line "// vm: cpu-independent" tests nothing
 # the CPU model changes (no update arithmetic, no FPU path): it runs in the
 # matrix's -cpu max entries only, unless CKPT_VM_EVERY_CPU=1.
+# CKPT_VM_PROGRAMS="a b": only these programs (a subset that fits a time box).
 programs_for() { # CPU
 	local p
 	for p in $programs; do
+		case " ${CKPT_VM_PROGRAMS:-$p} " in *" $p "*) ;; *) continue ;; esac
 		if [ "$1" != max ] && [ "${CKPT_VM_EVERY_CPU:-0}" != 1 ] &&
 			grep -q '^// vm: cpu-independent' "$ROOT/tests/kmod/$p.c" 2>/dev/null; then
 			continue
