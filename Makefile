@@ -149,8 +149,8 @@ kernel-debug:
 	BUILD=$(BUILD) scripts/vm/kdebug.sh
 
 # the kernel VM suite (scripts/vm/tests.sh) in that kernel, on the CPU models
-# of KDEBUG_CPUS, with panic_on_warn and kasan.fault=panic; the result is the
-# row kernel-debug of docs/reliability.md. Not part of check: the build takes
+# of KDEBUG_CPUS, with panic_on_warn and kasan.fault=panic; the result goes to
+# the row kernel-debug of docs/reliability.md (regenerated). Not part of check: the build takes
 # long and every test runs several times slower.
 KDEBUG_CPUS ?= max
 KDEBUG_TIMEOUT ?= 5400
@@ -163,7 +163,8 @@ check-kdebug: deps kernel-debug
 		CKPT_VM_RUN_ARGS="--append kasan.fault=panic $(CKPT_VM_RUN_ARGS)" \
 		CKPT_VM_RECORD_NAME=kernel-debug \
 		CKPT_VM_RECORD_WHAT="debug kernel (KASAN, lockdep, KFENCE): the kernel target's VM suite in a 6.12 kernel with KASAN, PROVE_LOCKING, KFENCE, DEBUG_OBJECTS, DEBUG_ATOMIC_SLEEP, panic_on_warn, kasan.fault=panic" \
-		CKPT_VM_RECORD_TARGET="make check-kdebug" scripts/vm/tests.sh
+		CKPT_VM_RECORD_TARGET="make check-kdebug" scripts/vm/tests.sh || rc=$$?; \
+	scripts/reliability.py update --build $(BUILD); exit $${rc:-0}
 
 # qemu killed at random moments of steps under the kernel target; after each
 # cut the image holds exactly the reference state of a committed step
