@@ -320,7 +320,8 @@ class TorchApiTest(unittest.TestCase):
         sd["state"][0]["step"] = torch.tensor(2.5)
         refused(sd, ValueError, "step 2.5 is not a step count")
         # torch's own refusals
-        refused(dict(good, param_groups=good["param_groups"][:1]), ValueError, "different number of parameter groups")
+        refused(dict(good, param_groups=good["param_groups"][:1]), ValueError,
+                "different number of parameter groups")
         sd = copy.deepcopy(ref_opt.state_dict())
         sd["param_groups"][1]["params"] = sd["param_groups"][1]["params"][:-1]
         refused(sd, ValueError, "doesn't match the size")
@@ -463,7 +464,8 @@ class TorchApiTest(unittest.TestCase):
         self.assertEqual(len(msgs), 1, msgs)
         self.assertRegex(msgs[0], r"6 params \('0.weight', '0.bias', '1.weight', \.\.\. \(6 in all\)\) are "
                                   r"torch.float32 on a bf16 device: every step reads them back rounded to bf16 "
-                                  r".*4 bytes a param instead of 2\. A model in torch.bfloat16 matches the device\.$")
+                                  r".*4 bytes a param instead of 2\. "
+                                  r"A model in torch.bfloat16 matches the device\.$")
         # bf16 model, fp16 device: range
         msgs = caught(lambda: train(make_model().to(torch.bfloat16), "b.img", "fp16"))
         self.assertEqual(len(msgs), 1, msgs)

@@ -561,7 +561,8 @@ TEST_F(CapiTest, LoadStateWholeOrNothing)
 	EXPECT_EQ(ckpt_load_state(d, 1, names, p, m, v, ns, steps, nullptr, 0), -CKPT_E_NAME);
 	refused("tensor 'b' of the device is not given");
 	const char *twice[] = {"w", "w"};
-	const float *pw2[] = {pw.data(), pw.data()}, *mw2[] = {mw.data(), mw.data()}, *vw2[] = {vw.data(), vw.data()};
+	const float *pw2[] = {pw.data(), pw.data()}, *mw2[] = {mw.data(), mw.data()};
+	const float *vw2[] = {vw.data(), vw.data()};
 	uint64_t nw2[] = {n_w, n_w};
 	EXPECT_EQ(ckpt_load_state(d, 2, twice, pw2, mw2, vw2, nw2, steps, nullptr, 0), -CKPT_E_TWICE);
 	refused("tensor 'w' given twice");

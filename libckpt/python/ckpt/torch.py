@@ -659,10 +659,6 @@ def _short(names, n=6):
     return s + (f", ... ({len(names)} in all)" if len(names) > n else "")
 
 
-_TORCH_GROUP_KEYS = ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize", "foreach",
-                     "capturable", "differentiable", "fused")
-
-
 def to_torch_state_dict(opt):
     """The committed state of an OffloadAdamW as a torch.optim.AdamW state_dict.
 
@@ -680,7 +676,7 @@ def to_torch_state_dict(opt):
         if g.get("adam_l2"):
             raise ValueError(f"param group {gi} has adam_l2=True: that is torch.optim.Adam's "
                              f"algorithm, not AdamW's")
-        d = {k: g[k] for k in _TORCH_GROUP_KEYS if k in g}
+        d = {k: v for k, v in g.items() if k not in ("params", "adam_l2")}
         d["params"] = list(range(index, index + len(ns)))
         for i, n in zip(d["params"], ns):
             _, m, v = opt.read_state(n)
