@@ -317,6 +317,9 @@ class TorchApiTest(unittest.TestCase):
         sd["state"][0]["exp_avg"] = sd["state"][0]["exp_avg"][:3]
         refused(sd, ckpt.CkptError, "E_SIZE")
         sd = copy.deepcopy(ref_opt.state_dict())
+        del sd["state"][3]["exp_avg"]
+        refused(sd, ValueError, r"'1.weight': the state_dict's state of param 3 has no \['exp_avg'\]")
+        sd = copy.deepcopy(ref_opt.state_dict())
         sd["state"][0]["step"] = torch.tensor(2.5)
         refused(sd, ValueError, "step 2.5 is not a step count")
         # torch's own refusals

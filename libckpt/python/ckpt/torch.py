@@ -639,10 +639,14 @@ class OffloadAdamW(torch.optim.Optimizer):
                     z = np.zeros(p.numel(), np.float32)
                     state[n] = (masters[n], z, z, 0)
                     continue
+                missing = [k for k in ("step", "exp_avg", "exp_avg_sq") if k not in st]
+                if missing:
+                    raise ValueError(f"{n!r}: the state_dict's state of param {pid} has no {missing}")
                 step = float(st["step"])
                 if not (step >= 0 and step == int(step)):
                     raise ValueError(f"{n!r}: step {step} is not a step count")
-                m, v = (st[k].detach().to("cpu", torch.float32).numpy() for k in ("exp_avg", "exp_avg_sq"))
+                m, v = (torch.as_tensor(st[k]).detach().to("cpu", torch.float32).numpy()
+                        for k in ("exp_avg", "exp_avg_sq"))
                 state[n] = (masters[n], m, v, int(step))
         self.device.load_state(state, self.device.blob())
         self._set_groups(saved)
@@ -667,7 +671,8 @@ def to_torch_state_dict(opt):
     opt.param_groups, which torch.optim.AdamW(...).load_state_dict() accepts
     for the same params. torch's state_dict holds no params: give the torch
     model the fp32 masters, opt.master_params() (the model on the device holds
-    their rounding), and torch continues from the device's state bit for bit.
+    their rounding). torch then starts from the device's state bit for bit (and
+    goes on as the device would, to the rounding of its own order of operations).
     A group with adam_l2=True (torch.optim.Adam's algorithm) is refused.
     """
     groups, state, index = [], {}, 0
