@@ -46,8 +46,10 @@ class TorchApiTest(unittest.TestCase):
     def setUp(self):
         self._tmp = tempdir()
         self.dir = self._tmp.name
+        caught = warnings.catch_warnings()
+        caught.__enter__()
+        self.addCleanup(caught.__exit__, None, None, None)
         warnings.simplefilter("ignore", PrecisionWarning)   # fp32 models; tested below
-        self.addCleanup(warnings.resetwarnings)
 
     def tearDown(self):
         self._tmp.cleanup()
@@ -447,8 +449,6 @@ class TorchApiTest(unittest.TestCase):
             self.assertEqual(opt.committed_step, 1)
 
     def test_precision_warning(self):
-        warnings.resetwarnings()
-
         def caught(fn):
             with warnings.catch_warnings(record=True) as w:
                 warnings.simplefilter("always")
