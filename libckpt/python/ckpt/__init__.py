@@ -25,7 +25,8 @@ devices take and return numpy float16 (uint16 bit patterns work too).
 Everything here goes through libckpt's C ABI (ckpt.h): the error names, dtype
 codes and commit results are the library's, read at import; Device.status(),
 Device.uuid(), ckpt.image_uuid() and Device.export() (a safetensors file) are
-its entry points.
+its entry points, as are Device.load_state() (a whole optimizer state from
+outside) and ckpt.restore() (ckptctl restore's report, and its rollback).
 """
 
 import ctypes
