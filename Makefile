@@ -150,8 +150,8 @@ kernel-debug:
 
 # the kernel VM suite (scripts/vm/tests.sh) in that kernel, on the CPU models
 # of KDEBUG_CPUS, with panic_on_warn and kasan.fault=panic; the result goes to
-# the row kernel-debug of docs/reliability.md (regenerated). Not part of check: the build takes
-# long and every test runs several times slower.
+# the row kernel-debug of docs/reliability.md (regenerated). Not part of
+# check: the build takes long and every test runs several times slower.
 KDEBUG_CPUS ?= max
 KDEBUG_TIMEOUT ?= 5400
 check-kdebug: deps kernel-debug

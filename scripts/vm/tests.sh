@@ -303,7 +303,7 @@ for f in "${failures[@]}"; do echo "# FAILED: $f"; done
 # the whole suite's result goes to docs/reliability.md (scripts/reliability.py)
 if [ -z "$only" ]; then
 	"$ROOT/scripts/reliability.py" record --build "$BUILD_DIR" --name "${CKPT_VM_RECORD_NAME:-kernel-vm-suite}" \
-		--what "${CKPT_VM_RECORD_WHAT:-kernel target tests and kernel/engine byte identity in qemu} ($matrix_label); $retried boot(s) retried" \
+		--what "${CKPT_VM_RECORD_WHAT:-kernel target tests and kernel/engine byte identity in qemu} ($matrix_label)${CKPT_VM_PROGRAMS:+, kmod programs $CKPT_VM_PROGRAMS only}; $retried boot(s) retried" \
 		--count $((pass + fail)) --unit tests --lost $fail --target "${CKPT_VM_RECORD_TARGET:-make check-vm}" ||
 		echo "# could not record the result for docs/reliability.md"
 fi
