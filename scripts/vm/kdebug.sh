@@ -45,8 +45,12 @@ fi
 mkdir -p "$top"
 exec 9>"$top/.lock"
 flock 9
+if [ -e "$dir/done" ]; then	# built while we waited for the lock
+	echo "$dir"
+	exit 0
+fi
 
-# the source, once per package version
+# the source, unpacked once per tarball
 src=$top/src/$srcver
 if [ ! -e "$src/done" ]; then
 	note "kdebug: unpacking $SRC_TAR into $src"
@@ -79,7 +83,7 @@ kmake -j"${KDEBUG_JOBS:-2}" bzImage modules
 rm -rf "$dir/root"
 kmake -s INSTALL_MOD_PATH="$dir/root" modules_install
 cp "$obj/arch/x86/boot/bzImage" "$dir/bzImage"
-kmake -s kernelrelease >"$dir/kernelrelease"
+cp "$obj/include/config/kernel.release" "$dir/kernelrelease"
 kver=$(cat "$dir/kernelrelease")
 [ -e "$dir/root/lib/modules/$kver/modules.builtin" ] || die "modules_install made no $dir/root/lib/modules/$kver"
 echo "$((SECONDS - t0))" >"$dir/build-seconds"
