@@ -13,7 +13,7 @@
 #
 #   scripts/vm/tests.sh [--matrix "6.1:max 6.1:qemu64 6.12:max"]
 #                       [--params N] [--steps N] [--seed N] [--presteps N]
-#                       [--only harness|kmod|identity|scripts]
+#                       [--only harness|kmod|identity|scripts|assembly]
 # --presteps N: the host commits the first N steps (default 0) with the
 # userspace engine before the image is copied; both sides then continue from
 # step N+1 (so the kernel starts from a state the userspace engine wrote).
@@ -227,6 +227,42 @@ scripts_run() { # KERNEL CPU DIR
 	done
 }
 
+# Assembly at boot (guest/assembly.sh): two images as namespaces 1 and 2;
+# the first boot formats them and writes a ckpttab by uuid, the second boots
+# with the namespaces swapped (so the kernel names are swapped) and
+# assembles each target from that ckpttab. Once per suite (~40 s).
+assembly_run() { # KERNEL CPU DIR
+	local k=$1 c=$2 d=$3/assembly rc phase line counted imgs
+	mkdir -p "$d"
+	truncate -s 64M "$d/a.img" "$d/b.img"
+	for phase in format swapped; do
+		log "$k/$c: assembly at boot, $phase"
+		if [ $phase = format ]; then
+			imgs=(--image "$d/a.img" --image "$d/b.img")
+		else
+			[ -f "$d/out/ckpttab" ] && [ -f "$d/out/uuids" ] || {
+				not_ok "$k/$c assembly: the first boot left no ckpttab"; return; }
+			imgs=(--image "$d/b.img" --image "$d/a.img" --add "$d/out/ckpttab:/etc/ckpttab"
+				--add "$d/out/uuids")
+		fi
+		"$RUN" --kernel "$k" --cpu "$c" --log "$d/$phase.log" "${imgs[@]}" --out "$d/out" "${run_args[@]}" \
+			"$VM_DIR/guest/assembly.sh" $phase >"$d/$phase.out" 2>"$d/$phase.runner"
+		rc=$?
+		sed 's/^/# /' "$d/$phase.runner"
+		counted=0
+		while IFS= read -r line; do
+			case $line in
+			"ok "*) counted=$((counted + 1)); ok "$k/$c assembly $phase: ${line#ok }" ;;
+			"not ok "*) counted=$((counted + 1)); not_ok "$k/$c assembly $phase: ${line#not ok }" ;;
+			esac
+		done < <(tr -d '\r' <"$d/$phase.out")
+		if [ $rc -ne 0 ] && { [ $rc -ge 122 ] || [ $rc = 2 ] || ! grep -qs '^not ok' <(tr -d '\r' <"$d/$phase.out"); }; then
+			not_ok "$k/$c assembly $phase run: $(why $rc)$(runner_error "$d/$phase.runner") (log $d/$phase.log)"
+		fi
+		[ $counted -gt 0 ] || [ $rc -ne 0 ] || not_ok "$k/$c assembly $phase: no TAP results"
+	done
+}
+
 # The runner's boot-crash retry (scripts/vm/run): a guest that panics before
 # /init ran is booted again and reported, one that crashes after is not.
 harness_run() { # KERNEL DIR
@@ -280,6 +316,10 @@ if [ $preflight_ok = 1 ]; then
 			identity_run "$k" "$c" "$d" "$( (((n_combo + n_kernel) % 2)) && echo fp16 || echo bf16)"
 		fi
 		if want scripts && [ "$c" = max ]; then scripts_run "$k" "$c" "$d"; fi
+		if want assembly && [ "$c" = max ] && [ -z "${assembly_done:-}" ]; then
+			assembly_run "$k" "$c" "$d"
+			assembly_done=1
+		fi
 		log "$k/$c ($kver): $((SECONDS - ts)) s"
 	done
 fi
