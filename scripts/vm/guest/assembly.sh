@@ -80,7 +80,7 @@ else
 	ok "ckpta is image A: committed step 2" has "committed step 2" ckptctl status ckpta
 	ok "ckptb is image B: committed step 3" has "committed step 3" ckptctl status ckptb
 	ok "ckpta holds A's $pa params, ckptb B's $pb" sh -c \
-		"[ '$pa' != '$pb' ] && [ \"\$(params_of /dev/mapper/ckpta)\" = '$pa' ] && [ \"\$(params_of /dev/mapper/ckptb)\" = '$pb' ]"
+		"[ '$pa' != '$pb' ] && [ '$(params_of /dev/mapper/ckpta)' = '$pa' ] && [ '$(params_of /dev/mapper/ckptb)' = '$pb' ]"
 	ok "ckpta's table is on $dev_a's numbers ($(cat /sys/block/${dev_a#/dev/}/dev))" has "ckpt $(cat /sys/block/${dev_a#/dev/}/dev)" dmsetup table ckpta
 	ok "A trains on from step 2 through its target" has "committed step 3" ckpt-trace /dev/mapper/ckpta --steps 1 --seed 1
 	ok "activate --all again: already active" sh -c "ckptctl activate --all | grep -c 'already active' | grep -qx 2"
