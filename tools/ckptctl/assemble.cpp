@@ -128,11 +128,15 @@ bool activate(const TabEntry &e, const std::string &file, bool read_only,
 				fail(CKPT_E_INVAL, "{} holds no valid dm-ckpt image (ckptctl info {} says why)", backing,
 				     backing);
 		}
+		// true when the image is active under this entry's name
+		const auto active = [&](const dm::Info &i) {
+			if (i.exists && i.name == e.name)
+				fmt::print("{}: already active ({}, image {})\n", e.name, dm::node(e.name, i), uuid);
+			return i.exists && i.name == e.name;
+		};
 		const dm::Info by_uuid = dm::info_by_uuid(dm_uuid(uuid));
-		if (by_uuid.exists && by_uuid.name == e.name) {
-			fmt::print("{}: already active ({}, image {})\n", e.name, dm::node(e.name, by_uuid), uuid);
+		if (active(by_uuid))
 			return true;
-		}
 		if (by_uuid.exists)
 			fail(CKPT_E_STATE, "the image {} is active as {}, not as {}", uuid, by_uuid.name, e.name);
 		const dm::Info by_name = dm::info(e.name);
@@ -150,9 +154,16 @@ bool activate(const TabEntry &e, const std::string &file, bool read_only,
 		ca.queue_depth = e.queue_depth;
 		ca.staging_kb = e.staging_kb;
 		ca.read_only = e.read_only || read_only;
-		const Created c = create_target(ca);
-		if (c.image_uuid != uuid)	// the device changed under us
-			fail(CKPT_E_STATE, "{} now holds the image {}, not {}", backing, c.image_uuid, uuid);
+		ca.image_uuid = uuid;
+		Created c;
+		try {
+			c = create_target(ca);
+		} catch (const Error &) {
+			// another activation (a unit udev started) may have won the race
+			if (active(dm::info_by_uuid(dm_uuid(uuid))))
+				return true;
+			throw;
+		}
 		fmt::print("{}: created {} on {}{}, image {}, committed step {}\n", e.name, c.node, backing,
 			   ca.read_only ? " (read-only)" : "", uuid, c.step);
 		return true;

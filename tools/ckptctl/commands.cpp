@@ -357,6 +357,9 @@ Created create_target(const CreateArgs &a)
 	Created c;
 	c.image_uuid = info["uuid"];
 	c.uuid = dm_uuid(c.image_uuid);
+	if (!a.image_uuid.empty() && a.image_uuid != c.image_uuid)
+		fail(CKPT_E_STATE, "refusing to create {} on {}: it holds the image {}, not {}", a.name, a.device,
+		     c.image_uuid, a.image_uuid);
 	const dm::Info other = dm::info_by_uuid(c.uuid);
 	if (other.exists)
 		fail(CKPT_E_STATE, "refusing to create {} on {}: its image {} is active already as {}", a.name,

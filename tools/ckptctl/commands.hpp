@@ -35,6 +35,7 @@ struct CreateArgs {
 	std::string name, device;
 	uint32_t queue_depth = 0, staging_kb = 0;
 	bool read_only = false, json = false;
+	std::string image_uuid;	// if set, the image on device must have this uuid
 };
 int cmd_create(const CreateArgs &a);
 

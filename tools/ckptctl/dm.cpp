@@ -202,11 +202,6 @@ std::string create(const std::string &name, const Target &tgt, const std::string
 	check_name(name);
 	if (info(name).exists)
 		fail(CKPT_E_STATE, "a device-mapper device named '{}' exists already", name);
-	if (!uuid.empty()) {
-		const Info other = info_by_uuid(uuid);
-		if (other.exists)
-			fail(CKPT_E_STATE, "device-mapper device '{}' has the uuid {} already", other.name, uuid);
-	}
 	Task t(DM_DEVICE_CREATE, name);
 	if (!uuid.empty() && !dm_task_set_uuid(t.get(), uuid.c_str()))
 		fail(CKPT_E_INVAL, "device-mapper: bad uuid '{}'", uuid);
