@@ -591,6 +591,15 @@ fails_with "activate --uuid needs a uuid" 1 "not a uuid" "$ctl" activate --uuid 
 tab 'ckpt1 /dev/x noauto'
 fails_with "activate --uuid of an image not listed" 1 "lists no image 11111111-" "$ctl" activate --uuid 11111111-2222-3333-4444-555555555555 --ckpttab t.tab
 
+# The boot units (scripts/systemd), pointed at this build's ckptctl:
+# systemd-analyze verify finds nothing wrong (package systemd, scripts/deps.sh).
+units=$(cd "$(dirname "$0")/../../scripts/systemd" && pwd)
+mkdir unit
+for f in "$units"/*.service; do sed "s|/usr/sbin/ckptctl|$ctl|" "$f" >"unit/${f##*/}"; done
+cp unit/dm-ckpt-activate@.service unit/dm-ckpt-activate@nvme0n1.service
+ok "systemd-analyze verify: dm-ckpt-activate.service and an instance of dm-ckpt-activate@" sh -c \
+	"out=\$(systemd-analyze verify unit/dm-ckpt-activate.service unit/dm-ckpt-activate@nvme0n1.service 2>&1) && echo \"\$out\" && [ -z \"\$out\" ]"
+
 echo "1..$n"
 echo "$((n - failed)) passed, $failed failed"
 [ "$failed" -eq 0 ]
