@@ -81,8 +81,9 @@ std::vector<BlockDev> scan()
 		BlockDev b{node, image_uuid(node), false};
 		if (b.uuid.empty())
 			continue;
-		fs::directory_iterator holders(d.path() / "holders", ec);
-		b.has_holders = !ec && holders != fs::directory_iterator();
+		std::error_code hec;
+		const fs::directory_iterator holders(d.path() / "holders", hec);
+		b.has_holders = !hec && holders != fs::directory_iterator();
 		out.push_back(b);
 	}
 	if (ec)

@@ -58,9 +58,9 @@ EOF
 	ok "... no target left" no_targets
 	ok "deactivate --all again: not active, fine" has "not active" ckptctl deactivate --all
 	cp /etc/ckpttab /out/ckpttab
-	echo "$ua $ub $(params_of $dev_a) $(params_of $dev_b) $(ns 1) $(ns 2)" >/out/uuids
+	echo "$ua $ub $(params_of $dev_a) $(params_of $dev_b) $(ns 1) $(ns 2)" >/out/images
 else
-	read -r ua ub pa pb a1 b1 </ckpt/files/uuids
+	read -r ua ub pa pb a1 b1 </ckpt/files/images
 	dev_a=$(ns 2) dev_b=$(ns 1)
 	echo "# first boot: A $a1, B $b1 (namespaces 1, 2); this boot: A $dev_a, B $dev_b (namespaces 2, 1)"
 	ok "the namespaces are swapped: namespace 1 holds B, namespace 2 holds A" sh -c \
