@@ -5,7 +5,7 @@
 #   assembly.sh format   images A, B as namespaces 1, 2: format both (different
 #                        sizes and steps), write /etc/ckpttab by uuid, activate,
 #                        check the targets' uuids and idempotence, deactivate;
-#                        /out gets ckpttab and the uuids
+#                        /out gets ckpttab and what each image is (images)
 #   assembly.sh swapped  the same images as namespaces 2, 1 (the host swapped
 #                        them) and that ckpttab in /etc: a ckpttab with a bad
 #                        line changes nothing; activate --all maps each name to
