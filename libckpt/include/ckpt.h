@@ -41,6 +41,9 @@ enum ckpt_commit_result {
 	CKPT_OVERFLOW = CKPT_RESULT_OVERFLOW,
 };
 
+/* The version of libckpt (the project's version, "0.1.0"). */
+const char *ckpt_version(void);
+
 /* Message of the last failed call on this thread. */
 const char *ckpt_last_error(void);
 

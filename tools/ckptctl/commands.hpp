@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "report.hpp"
+
 namespace ckptctl {
 
 // Exit statuses.
@@ -15,6 +17,7 @@ constexpr int exit_ok = 0;
 constexpr int exit_error = 1;		// could not do what was asked
 constexpr int exit_corrupt = 2;		// verify/restore found damage or no rollback
 constexpr int exit_degraded = 3;	// verify: state intact, but a superblock or metadata copy is damaged
+constexpr int exit_usage = 64;		// a command line that cannot be parsed (sysexits.h EX_USAGE)
 
 struct FormatArgs {
 	std::string device, manifest, safetensors, dtype;
@@ -36,7 +39,17 @@ struct CreateArgs {
 };
 int cmd_create(const CreateArgs &a);
 int cmd_remove(const std::string &name, bool retry, bool force);
-int cmd_status(const std::string &name, bool json);
+int cmd_status(const std::string &name, bool json, const ReportArgs &r);
+// The fields of status -o and list -o (kernel targets, or images).
+ReportKind status_kind();
+ReportKind list_kind(bool images);
+
+struct ListArgs {
+	std::vector<std::string> paths, image_dirs;
+	ReportArgs report;
+	bool json = false;
+};
+int cmd_list(const ListArgs &a);
 int cmd_message(const std::string &name, const std::vector<std::string> &words);
 
 struct ImportArgs {

@@ -33,6 +33,8 @@ struct Target {
 void check_name(const std::string &name);
 
 Info info(const std::string &name);
+// The names of all device-mapper devices.
+std::vector<std::string> names();
 // The live table (STATUSTYPE_TABLE) or status (STATUSTYPE_INFO) lines.
 std::vector<Target> table(const std::string &name);
 std::vector<Target> status(const std::string &name);

@@ -41,12 +41,14 @@ const char *top_help =
 
 const char *top_footer =
 	"\nEXIT STATUS\n"
-	"  0  success\n"
-	"  1  error: bad arguments, unreadable or invalid input, device errors\n"
-	"  2  verify or restore found damage; restore --rollback found no usable previous step\n"
-	"  3  verify: DEGRADED: the committed state is intact, but a superblock copy\n"
-	"     or a copy of the group table or manifest is damaged (verify --repair\n"
-	"     rewrites a damaged metadata copy; the next commit, a superblock copy)\n"
+	"  0   success\n"
+	"  1   error: unreadable or invalid input, device errors, refused operations\n"
+	"  2   verify or restore found damage; restore --rollback found no usable previous step\n"
+	"  3   verify: DEGRADED: the committed state is intact, but a superblock copy\n"
+	"      or a copy of the group table or manifest is damaged (verify --repair\n"
+	"      rewrites a damaged metadata copy; the next commit, a superblock copy)\n"
+	"  64  usage: unknown command or option, missing or bad argument (EX_USAGE;\n"
+	"      not 2, which a script checking verify must not mistake for damage)\n"
 	"\nEXAMPLES\n"
 	"  ckptctl probe /dev/nvme0n1\n"
 	"  ckptctl format /dev/nvme0n1 --from-safetensors model.safetensors --group 1:'*.bias,*norm*'\n"
@@ -75,6 +77,50 @@ public:
 	}
 };
 
+// The command a command line names: its first word that is not an option.
+std::string command_word(int argc, char **argv)
+{
+	for (int i = 1; i < argc; i++)
+		if (argv[i][0] != '-')
+			return argv[i];
+	return "";
+}
+
+// A command line CLI11 refused: one line that names the problem and where
+// help is, exit status 64.
+int usage_error(const CLI::App &app, const CLI::ParseError &e, int argc, char **argv)
+{
+	const std::string word = command_word(argc, argv);
+	const auto subs = app.get_subcommands([&](const CLI::App *s) { return s->get_name() == word; });
+	if (word.empty())
+		fmt::print(stderr, "ckptctl: a command is required; see ckptctl --help\n");
+	else if (subs.empty())
+		fmt::print(stderr, "ckptctl: unknown command '{}'; see ckptctl --help\n", word);
+	else
+		fmt::print(stderr, "ckptctl {}: {}; see ckptctl {} --help\n", word, e.what(), word);
+	return exit_usage;
+}
+
+void add_report_options(CLI::App *cmd, ReportArgs &r)
+{
+	cmd->add_option("-o,--options", r.fields, "FIELD[,FIELD...]: the fields to show ('+F,...' adds to the\n"
+						   "defaults); an unknown one lists the valid ones");
+	cmd->add_flag("--noheadings", r.noheadings, "no heading line");
+	cmd->add_option("--separator", r.separator, "join the fields with this string instead of aligning them");
+}
+
+// A report's -o names only fields it has (before any device is touched).
+bool bad_fields(const char *cmd, const ReportKind &kind, const std::string &spec)
+{
+	try {
+		report_fields(kind, spec);
+		return false;
+	} catch (const Error &e) {
+		fmt::print(stderr, "ckptctl {}: {}\n", cmd, e.what());
+		return true;
+	}
+}
+
 } // namespace
 
 int main(int argc, char **argv)
@@ -82,6 +128,7 @@ int main(int argc, char **argv)
 	CLI::App app{top_help, "ckptctl"};
 	app.footer(top_footer);
 	app.require_subcommand(1);
+	app.set_version_flag("--version", fmt::format("ckptctl {}", ckpt_version()), "print 'ckptctl VERSION' and exit");
 	auto formatter = std::make_shared<Formatter>();
 	formatter->column_width(34);
 	app.formatter(formatter);
@@ -201,14 +248,38 @@ int main(int argc, char **argv)
 	remove->add_flag("--force", force, "remove it even if it is not a dm-ckpt device");
 	remove->footer("\nEXAMPLES\n  ckptctl remove ckpt0");
 
+	ReportArgs status_report;
 	auto *status = app.add_subcommand("status",
 		"Show the state and counters of a dm-ckpt kernel target.\n\n"
 		"Parses the target's status line: state (idle/open/failed), committed and\n"
 		"open step, chunks applied, overflow, last result and error, step counts,\n"
-		"rejected commands, traffic and I/O errors; plus its table line.");
+		"rejected commands, traffic and I/O errors; plus its table line. With -o,\n"
+		"--noheadings or --separator: one report row of the chosen fields, as\n"
+		"'ckptctl list' prints them (as lvs -o).");
 	status->add_option("name", name, "device-mapper name")->required();
 	status->add_flag("--json", as_json, "print JSON (the raw status line is in status.raw)");
-	status->footer("\nEXAMPLES\n  ckptctl status ckpt0\n  ckptctl status --json ckpt0");
+	add_report_options(status, status_report);
+	status->footer("\nEXAMPLES\n  ckptctl status ckpt0\n  ckptctl status --json ckpt0\n"
+		       "  ckptctl status ckpt0 -o state,committed_step --noheadings");
+
+	ListArgs la;
+	auto *list = app.add_subcommand("list",
+		"List dm-ckpt kernel targets, or images.\n\n"
+		"Without arguments: every device-mapper device with a dm-ckpt table, with\n"
+		"its backing device, committed step and state (needs device-mapper). With\n"
+		"paths or --images DIR: those files or block devices, and the regular files\n"
+		"and block devices in DIR, that carry a dm-ckpt image (others in DIR are\n"
+		"skipped; a given path that is not an image is an error, exit 1, after the\n"
+		"list). -o FIELDS chooses the columns ('+F' adds to the defaults),\n"
+		"--noheadings drops the heading, --separator S joins the fields with S\n"
+		"instead of aligning them (as lvs).");
+	list->add_option("paths", la.paths, "image files or block devices");
+	list->add_option("--images", la.image_dirs, "list the images in this directory (repeatable)")
+		->check(CLI::ExistingDirectory);
+	list->add_flag("--json", la.json, "print the rows (every field) as a JSON array");
+	add_report_options(list, la.report);
+	list->footer("\nEXAMPLES\n  ckptctl list\n  ckptctl list -o name,committed_step --noheadings --separator :\n"
+		     "  ckptctl list --images /srv/ckpt -o +tensors\n  ckptctl list /dev/nvme0n1 /dev/nvme1n1");
 
 	std::vector<std::string> words;
 	auto *message = app.add_subcommand("message",
@@ -319,15 +390,18 @@ int main(int argc, char **argv)
 	try {
 		app.parse(argc, argv);
 	} catch (const CLI::ParseError &e) {
-		int rc = app.exit(e);
-		return rc == 0 ? 0 : exit_error;
+		return e.get_exit_code() == 0 ? app.exit(e) : usage_error(app, e, argc, argv);
 	}
 	if (*format && fa.manifest.empty() && fa.safetensors.empty()) {
-		fmt::print(stderr, "ckptctl format: give --manifest FILE or --from-safetensors FILE\n");
-		return exit_error;
+		fmt::print(stderr, "ckptctl format: give --manifest FILE or --from-safetensors FILE; see ckptctl "
+				   "format --help\n");
+		return exit_usage;
 	}
 	if (*step_opt)
 		ia.step = import_step;
+	if ((*status && bad_fields("status", status_kind(), status_report.fields)) ||
+	    (*list && bad_fields("list", list_kind(!la.paths.empty() || !la.image_dirs.empty()), la.report.fields)))
+		return exit_usage;
 
 	try {
 		if (*format)
@@ -341,7 +415,9 @@ int main(int argc, char **argv)
 		if (*remove)
 			return cmd_remove(name, retry, force);
 		if (*status)
-			return cmd_status(name, as_json);
+			return cmd_status(name, as_json, status_report);
+		if (*list)
+			return cmd_list(la);
 		if (*message)
 			return cmd_message(name, words);
 		if (*import)
