@@ -613,6 +613,21 @@ fails_with "status: an unknown field, refused before device-mapper is asked" 64 
 	env DM_DEV_DIR="$tmp/nodm" "$ctl" status t0 -o bogus
 fails_with "list of the kernel targets without device-mapper" 1 "$nodm" env DM_DEV_DIR="$tmp/nodm" "$ctl" list
 
+# ---------------------------------------------------------------- progress
+echo '{"tensors": [{"name": "w", "shape": [1024, 1024]}], "chunk_params": 4096}' >p.json
+for c in "format p.img -m p.json --force" "verify p.img" "export p.img --to p.safetensors" "import p.img --from p.safetensors"; do
+	ok "${c%% *} --progress: a line per phase up to 100% on stderr, however short" sh -c \
+		"'$ctl' $c --progress 2>err >out && grep -q '^ckptctl ${c%% *}: \(check \)\?100% ([0-9]* s)\$' err &&
+		 ! grep -q '%' out"
+	ok "... and none when stderr is not a terminal" sh -c "'$ctl' $c 2>err >/dev/null && ! grep -q '%' err"
+done
+ok "on a terminal, a command shorter than a second shows no progress" sh -c \
+	"script -qec \"'$ctl' verify p.img\" /dev/null >tty.out && ! grep -q '%' tty.out"
+ok "... with --progress, a line redrawn in place and cleared at the end" sh -c \
+	"script -qec \"'$ctl' verify --progress p.img\" /dev/null >tty.out &&
+	 grep -q \"\$(printf '\\rckptctl verify: check 100%% ([0-9]* s)\\033\\[K\\r\\033\\[K')\" tty.out"
+fails_with "--progress and --no-progress exclude each other" 64 "excludes" "$ctl" verify --progress --no-progress p.img
+
 # ---------------------------------------------------------------- probe, create and friends off the VM
 fails_with "probe a regular file" 1 "not an NVMe namespace" "$ctl" probe f32.img
 fails_with "probe a character device" 1 "not an NVMe namespace" "$ctl" probe /dev/null

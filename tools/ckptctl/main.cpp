@@ -4,6 +4,7 @@
 // commands.cpp, device-mapper in dm.cpp, NVMe identify in probe.cpp.
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #include <CLI/CLI.hpp>
@@ -11,6 +12,7 @@
 
 #include "commands.hpp"
 #include "fail.hpp"
+#include "progress.hpp"
 
 using namespace ckptctl;
 
@@ -101,6 +103,16 @@ int usage_error(const CLI::App &app, const CLI::ParseError &e, int argc, char **
 	return exit_usage;
 }
 
+// --progress and --no-progress of a long command.
+void add_progress_options(CLI::App *cmd, Progress::Mode &mode)
+{
+	auto *on = cmd->add_flag_callback("--progress", [&mode] { mode = Progress::Mode::always; },
+					  "show progress from the start, even when stderr is not a terminal\n"
+					  "(default: on a terminal, once the work takes a second)");
+	cmd->add_flag_callback("--no-progress", [&mode] { mode = Progress::Mode::off; }, "show no progress")
+		->excludes(on);
+}
+
 void add_report_options(CLI::App *cmd, ReportArgs &r)
 {
 	cmd->add_option("-o,--options", r.fields, "FIELD[,FIELD...]: the fields to show ('+F,...' adds to the\n"
@@ -126,6 +138,7 @@ bool bad_fields(const char *cmd, const ReportKind &kind, const std::string &spec
 int main(int argc, char **argv)
 {
 	CLI::App app{top_help, "ckptctl"};
+	Progress::Mode progress = Progress::Mode::tty;
 	app.footer(top_footer);
 	app.require_subcommand(1);
 	app.set_version_flag("--version", fmt::format("ckptctl {}", ckpt_version()), "print 'ckptctl VERSION' and exit");
@@ -174,6 +187,7 @@ int main(int argc, char **argv)
 	format->add_option("--size", fa.size, "size of a file in bytes (default: what the layout needs)");
 	format->add_flag("--force", fa.force, "format over an existing dm-ckpt image or signature");
 	format->add_flag("--json", fa.json, "print the resulting geometry as JSON (as info --json)");
+	add_progress_options(format, progress);
 	format->footer(
 		"\nEXAMPLES\n"
 		"  ckptctl format model.img -m manifest.json\n"
@@ -314,6 +328,7 @@ int main(int argc, char **argv)
 	import->add_flag("--partial", ia.partial,
 			 "allow device tensors missing from the file (they keep their\n"
 			 "values) and skip file tensors the device lacks");
+	add_progress_options(import, progress);
 	import->footer("\nEXAMPLES\n  ckptctl import /dev/nvme0n1 --from model.safetensors\n"
 		       "  ckptctl import new.img --from step1000.safetensors --with-optimizer");
 
@@ -334,6 +349,7 @@ int main(int argc, char **argv)
 	exportc->add_option("device", dev, "backing file or block device, or a dm-ckpt device")->required();
 	exportc->add_option("--to", to, "output safetensors file (new, or a regular file to replace)")->required();
 	exportc->add_flag("--with-optimizer", with_opt, "also write exp_avg and exp_avg_sq");
+	add_progress_options(exportc, progress);
 	exportc->footer("\nEXAMPLES\n  ckptctl export /dev/nvme0n1 --to weights.safetensors\n"
 			"  ckptctl export /dev/mapper/ckpt0 --to step.safetensors --with-optimizer");
 
@@ -366,6 +382,7 @@ int main(int argc, char **argv)
 	verify->add_flag("--repair", repair,
 			 "rewrite damaged group table/manifest copies from the\n"
 			 "intact ones; refused while a kernel target holds the device");
+	add_progress_options(verify, progress);
 	verify->footer("\nEXAMPLES\n  ckptctl verify /dev/nvme0n1\n  ckptctl verify --json model.img\n"
 		       "  ckptctl verify --repair model.img");
 
@@ -404,6 +421,10 @@ int main(int argc, char **argv)
 		return exit_usage;
 
 	try {
+		std::optional<Progress> shown;
+		for (CLI::App *sub : {format, import, exportc, verify})
+			if (*sub)
+				shown.emplace(sub->get_name(), progress);
 		if (*format)
 			return cmd_format(fa);
 		if (*info)
