@@ -246,6 +246,9 @@ class TestProgress(DeviceCase):
         finally:
             sys.stderr = err
 
+    def test_version(self):
+        self.assertRegex(ckpt.__version__, r"^[0-9]+\.[0-9]+\.[0-9]+$")
+
     def test_format_and_export(self):
         layout = ckpt.Layout()
         for n, s in TENSORS:

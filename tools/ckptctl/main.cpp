@@ -57,6 +57,7 @@ const char *top_footer =
 	"  ckptctl import /dev/nvme0n1 --from model.safetensors\n"
 	"  ckptctl create ckpt0 /dev/nvme0n1 --queue-depth 8\n"
 	"  ckptctl status ckpt0\n"
+	"  ckptctl list -o name,backing,committed_step,state\n"
 	"  ckptctl remove ckpt0\n"
 	"  ckptctl verify /dev/nvme0n1\n"
 	"  ckptctl export /dev/nvme0n1 --to step.safetensors --with-optimizer\n"

@@ -45,6 +45,9 @@ _lib.ckpt_err_name.restype = ctypes.c_char_p
 _lib.ckpt_err_name.argtypes = [ctypes.c_int]
 _lib.ckpt_abi_count.restype = ctypes.c_uint32
 _lib.ckpt_abi_count.argtypes = [ctypes.c_char_p]
+_lib.ckpt_version.restype = ctypes.c_char_p
+
+__version__ = _lib.ckpt_version().decode()  # libckpt's, the project's version
 
 # The library's error names (enum ckpt_err): ERRORS[code] == "E_TWICE".
 ERRORS = [_lib.ckpt_err_name(_i).decode() for _i in range(_lib.ckpt_abi_count(b"errors"))]
