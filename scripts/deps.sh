@@ -13,7 +13,7 @@ build-essential cmake pkg-config
 liburing-dev libblkid-dev libcli11-dev libfmt-dev nlohmann-json3-dev
 libgtest-dev libgmock-dev libbenchmark-dev
 libdevmapper-dev libnvme-dev
-python3 python3-numpy python3-torch python3-matplotlib
+python3 python3-numpy python3-torch python3-matplotlib python3-tqdm
 libjemalloc2 fio
 linux-image-amd64 linux-headers-amd64
 linux-image-6.12-amd64 linux-headers-6.12-amd64

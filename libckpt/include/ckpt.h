@@ -41,6 +41,20 @@ enum ckpt_commit_result {
 	CKPT_OVERFLOW = CKPT_RESULT_OVERFLOW,
 };
 
+/* The version of libckpt (the project's version, "0.1.0"). */
+const char *ckpt_version(void);
+
+/*
+ * Progress of the long operations on the calling thread (ckpt_format_manifest,
+ * ckpt_import, ckpt_export_image, ckpt_verify, ckpt_restore): fn(ctx, what,
+ * done, total), what naming the phase ("format", "import", "export",
+ * "check"), done rising from 0 to total (a phase may start again, e.g. check
+ * for the committed and the previous step). fn must not call libckpt. NULL
+ * turns it off (the default).
+ */
+typedef void (*ckpt_progress_fn)(void *ctx, const char *what, uint64_t done, uint64_t total);
+void ckpt_set_progress(ckpt_progress_fn fn, void *ctx);
+
 /* Message of the last failed call on this thread. */
 const char *ckpt_last_error(void);
 

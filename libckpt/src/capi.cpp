@@ -23,6 +23,7 @@
 #include "export.hpp"
 #include "format.hpp"
 #include "image.hpp"
+#include "progress.hpp"
 #include "tools.hpp"
 
 extern "C" {
@@ -138,6 +139,12 @@ void need_owner(const OpenDevice &od)
 }
 
 thread_local std::string last_error;
+
+// ckpt_set_progress's hook, for ckpt::progress.
+thread_local struct {
+	ckpt_progress_fn fn;
+	void *ctx;
+} progress_hook;
 
 template <typename F> int guarded(F &&f)
 {
@@ -291,7 +298,20 @@ template <typename F> int report(char **json, F &&f)
 
 } // namespace
 
+void ckpt::progress(const char *what, uint64_t done, uint64_t total)
+{
+	if (progress_hook.fn)
+		progress_hook.fn(progress_hook.ctx, what, done, total);
+}
+
 extern "C" {
+
+const char *ckpt_version(void) { return CKPT_VERSION; }
+
+void ckpt_set_progress(ckpt_progress_fn fn, void *ctx)
+{
+	progress_hook = {fn, ctx};
+}
 
 const char *ckpt_last_error(void) { return last_error.c_str(); }
 

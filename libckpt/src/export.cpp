@@ -13,6 +13,7 @@
 #include "device.hpp"
 #include "ckpt_error.hpp"
 #include "image.hpp"
+#include "progress.hpp"
 #include "safetensors.hpp"
 
 namespace ckpt {
@@ -91,7 +92,11 @@ ExportReport write(const Source &src, const std::string &out, uint32_t flags, co
 	safetensors::Writer w(out, entries, metadata(src, flags, meta_json));
 	ExportReport r;
 	r.step = src.step;
+	uint64_t total = 0;
+	for (const Tensor &t : src.manifest->tensors())
+		total += t.numel;
 	for (const Tensor &t : src.manifest->tensors()) {
+		progress("export", r.params, total);
 		std::vector<float> p(t.numel), m(opt ? t.numel : 0), v(opt ? t.numel : 0);
 		if (lowp) {
 			std::vector<uint16_t> lo(t.numel);
@@ -111,6 +116,7 @@ ExportReport write(const Source &src, const std::string &out, uint32_t flags, co
 		r.params += t.numel;
 	}
 	w.finish();
+	progress("export", total, total);
 	return r;
 }
 

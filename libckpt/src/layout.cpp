@@ -1,9 +1,12 @@
 // SPDX-License-Identifier: MIT
 #include "layout.hpp"
 
+#include <algorithm>
+#include <cctype>
 #include <limits>
 #include <stdexcept>
 
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "ckpt_error.hpp"
@@ -38,26 +41,105 @@ uint64_t numel_of(const std::vector<uint64_t> &shape, const std::string &name)
 	fail(CKPT_E_MANIFEST, "tensor manifest: {}", why);
 }
 
+namespace {
+
+using nlohmann::json;
+
+// A manifest's JSON is read strictly: every object has only the keys it may
+// have, the required ones are there, and every value has its type. A
+// mistake is reported with its JSON path ($.tensors[2].shape) in the
+// project's words, as std::invalid_argument that the caller prefixes with
+// what it read. nlohmann's own exceptions never reach a user: their text
+// ("[json.exception.out_of_range.403] key 'shape' not found") names neither
+// the file nor the place.
+[[noreturn]] void invalid(const std::string &path, const std::string &why)
+{
+	throw std::invalid_argument(fmt::format("{}: {}", path, why));
+}
+
+// A value as an error message shows it: short, escaped.
+std::string shown(const json &v)
+{
+	std::string s = v.dump(-1, ' ', true, json::error_handler_t::replace);
+	return s.size() > 40 ? s.substr(0, 37) + "..." : s;
+}
+
+std::string path_of(const std::string &parent, std::string_view key)
+{
+	bool plain = !key.empty() && !isdigit(static_cast<unsigned char>(key[0]));
+	for (unsigned char c : key)
+		plain = plain && (isalnum(c) || c == '_');
+	return plain ? fmt::format("{}.{}", parent, key) : fmt::format("{}[{}]", parent, shown(json(std::string(key))));
+}
+
+// An object with a fixed set of keys.
+class Fields {
+public:
+	Fields(const json &v, std::string path, std::initializer_list<std::string_view> known)
+		: v_(v), path_(std::move(path))
+	{
+		if (!v.is_object())
+			invalid(path_, fmt::format("must be an object, not {}", shown(v)));
+		for (const auto &[key, value] : v.items())
+			if (std::find(known.begin(), known.end(), key) == known.end())
+				invalid(path_of(path_, key),
+					fmt::format("unknown key '{}' (known keys here: {})", key, fmt::join(known, ", ")));
+	}
+	const json *find(const char *key) const
+	{
+		auto it = v_.find(key);
+		return it == v_.end() ? nullptr : &*it;
+	}
+	const json &at(const char *key) const
+	{
+		if (const json *v = find(key))
+			return *v;
+		invalid(path_, fmt::format("missing key '{}'", key));
+	}
+	std::string path(const char *key) const { return path_of(path_, key); }
+
+private:
+	const json &v_;
+	std::string path_;
+};
+
 // A JSON integer in 0..max. nlohmann's get<unsigned>() takes a float or a
 // negative number too, and converts it: 1.5 becomes 1, -1 wraps, and a float
 // beyond the type's range is undefined behaviour.
-template <typename T> static T json_uint(const nlohmann::json &v, const char *what)
+template <typename T> T json_uint(const json &v, const std::string &path)
 {
 	if (!v.is_number_unsigned() || v.get<uint64_t>() > std::numeric_limits<T>::max())
-		throw std::invalid_argument(fmt::format("{} must be an integer from 0 to {}, not {}", what,
-							std::numeric_limits<T>::max(), v.dump()));
+		invalid(path, fmt::format("must be an integer from 0 to {}, not {}", std::numeric_limits<T>::max(),
+					  shown(v)));
 	return static_cast<T>(v.get<uint64_t>());
 }
 
-static std::vector<uint64_t> json_shape(const nlohmann::json &v)
+std::string json_string(const json &v, const std::string &path)
+{
+	if (!v.is_string())
+		invalid(path, fmt::format("must be a string, not {}", shown(v)));
+	return v.get<std::string>();
+}
+
+std::vector<uint64_t> json_shape(const json &v, const std::string &path)
 {
 	if (!v.is_array())
-		throw std::invalid_argument(fmt::format("shape must be an array, not {}", v.dump()));
+		invalid(path, fmt::format("must be an array of dimensions, not {}", shown(v)));
 	std::vector<uint64_t> shape;
-	for (const nlohmann::json &d : v)
-		shape.push_back(json_uint<uint64_t>(d, "a shape dimension"));
+	for (size_t i = 0; i < v.size(); i++)
+		shape.push_back(json_uint<uint64_t>(v[i], fmt::format("{}[{}]", path, i)));
 	return shape;
 }
+
+const json &json_tensors(const Fields &f)
+{
+	const json &ts = f.at("tensors");
+	if (!ts.is_array() || ts.empty())
+		invalid(f.path("tensors"), fmt::format("must be a non-empty array of tensors, not {}", shown(ts)));
+	return ts;
+}
+
+} // namespace
 
 static void check_name(const std::string &name)
 {
@@ -166,27 +248,29 @@ std::string Manifest::encode(const std::vector<Tensor> &tensors, uint32_t dtype,
 Manifest Manifest::decode(std::string_view text, const struct ckpt_layout &layout,
 			  const struct ckpt_geometry &geo, const std::vector<uint8_t> &group_table)
 {
-	nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+	const json j = json::parse(text, nullptr, false);
 	if (j.is_discarded() || !j.is_object())
 		bad("not a JSON object");
 	try {
-		if (j.at("format") != "dm-ckpt-manifest" || j.at("version") != 1)
+		const Fields top(j, "$", {"format", "version", "dtype", "chunk_params", "tensors"});
+		if (json_string(top.at("format"), top.path("format")) != "dm-ckpt-manifest" ||
+		    json_uint<uint32_t>(top.at("version"), top.path("version")) != 1)
 			bad("unknown format or version");
-		if (j.at("dtype") != dtype_name(geo.dtype) || j.at("chunk_params") != layout.chunk_params)
+		if (json_string(top.at("dtype"), top.path("dtype")) != dtype_name(geo.dtype) ||
+		    json_uint<uint64_t>(top.at("chunk_params"), top.path("chunk_params")) != layout.chunk_params)
 			bad("dtype or chunk size disagree with the superblock");
-		const auto &arr = j.at("tensors");
-		if (!arr.is_array() || arr.empty())
-			bad("no tensors");
+		const json &arr = json_tensors(top);
 		std::vector<Tensor> tensors;
 		uint64_t next = 0;
-		for (const auto &e : arr) {
+		for (size_t i = 0; i < arr.size(); i++) {
+			const Fields e(arr[i], fmt::format("$.tensors[{}]", i), {"name", "shape", "group", "offset", "numel"});
 			Tensor t;
-			t.name = e.at("name").get<std::string>();
+			t.name = json_string(e.at("name"), e.path("name"));
 			check_name(t.name);
-			t.shape = json_shape(e.at("shape"));
-			t.group = json_uint<uint32_t>(e.at("group"), "group");
-			t.offset = json_uint<uint64_t>(e.at("offset"), "offset");
-			t.numel = json_uint<uint64_t>(e.at("numel"), "numel");
+			t.shape = json_shape(e.at("shape"), e.path("shape"));
+			t.group = json_uint<uint32_t>(e.at("group"), e.path("group"));
+			t.offset = json_uint<uint64_t>(e.at("offset"), e.path("offset"));
+			t.numel = json_uint<uint64_t>(e.at("numel"), e.path("numel"));
 			if (numel_of(t.shape, t.name) != t.numel)
 				bad(fmt::format("'{}': numel disagrees with its shape", t.name));
 			if (t.group >= geo.n_groups)
@@ -214,8 +298,6 @@ Manifest Manifest::decode(std::string_view text, const struct ckpt_layout &layou
 		if (m.index_.size() != m.tensors_.size())
 			bad("duplicate tensor names");
 		return m;
-	} catch (const nlohmann::json::exception &e) {
-		bad(e.what());
 	} catch (const std::invalid_argument &e) {
 		bad(e.what());
 	}
@@ -223,29 +305,28 @@ Manifest Manifest::decode(std::string_view text, const struct ckpt_layout &layou
 
 LayoutFile parse_layout_json(std::string_view text, const std::string &what)
 {
-	nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+	const json j = json::parse(text, nullptr, false);
 	if (j.is_discarded() || !j.is_object())
 		fail(CKPT_E_MANIFEST, "{}: not a JSON object", what);
 	LayoutFile m;
 	try {
-		if (j.contains("dtype"))
-			m.dtype = j["dtype"].get<std::string>();
-		if (j.contains("chunk_params"))
-			m.chunk_params = json_uint<uint32_t>(j["chunk_params"], "chunk_params");
-		const nlohmann::json &ts = j.at("tensors");
-		if (!ts.is_array() || ts.empty())
-			fail(CKPT_E_MANIFEST, "{}: \"tensors\" must be a non-empty array", what);
-		for (const nlohmann::json &t : ts) {
-			const std::string name = t.at("name").get<std::string>();
+		const Fields top(j, "$", {"dtype", "chunk_params", "tensors"});
+		if (const json *v = top.find("dtype"))
+			m.dtype = json_string(*v, top.path("dtype"));
+		if (const json *v = top.find("chunk_params"))
+			m.chunk_params = json_uint<uint32_t>(*v, top.path("chunk_params"));
+		const json &ts = json_tensors(top);
+		for (size_t i = 0; i < ts.size(); i++) {
+			const Fields t(ts[i], fmt::format("$.tensors[{}]", i), {"name", "shape", "group"});
+			const std::string name = json_string(t.at("name"), t.path("name"));
+			const json *group = t.find("group");
 			try {
-				m.layout.add(name, json_shape(t.at("shape")),
-					     t.contains("group") ? json_uint<uint32_t>(t["group"], "group") : 0);
+				m.layout.add(name, json_shape(t.at("shape"), t.path("shape")),
+					     group ? json_uint<uint32_t>(*group, t.path("group")) : 0);
 			} catch (const std::invalid_argument &e) {
 				fail(CKPT_E_MANIFEST, "{}: tensor '{}': {}", what, name, e.what());
 			}
 		}
-	} catch (const nlohmann::json::exception &e) {
-		fail(CKPT_E_MANIFEST, "{}: {}", what, e.what());
 	} catch (const std::invalid_argument &e) {
 		fail(CKPT_E_MANIFEST, "{}: {}", what, e.what());
 	}

@@ -27,6 +27,7 @@
 #include "format.hpp"
 #include "image.hpp"
 #include "io.hpp"
+#include "progress.hpp"
 #include "safetensors.hpp"
 #include "tools.hpp"
 #include "verify.hpp"
@@ -567,8 +568,11 @@ std::string import_safetensors(const std::string &device, const std::string &fro
 
 	// Read and check the values: finite, and exp_avg_sq not negative.
 	std::vector<std::vector<float>> p(items.size()), m(items.size()), v(items.size());
-	uint64_t n_params = 0;
+	uint64_t n_params = 0, total = 0;
+	for (const auto &item : items)
+		total += item.dev->numel;
 	for (size_t i = 0; i < items.size(); i++) {
+		progress("import", n_params, 2 * total);	// reading; then loading, the other half
 		auto check = [&](const std::vector<float> &x, const std::string &name, bool nonneg) {
 			for (size_t k = 0; k < x.size(); k++)
 				if (!std::isfinite(x[k]) || (nonneg && x[k] < 0))
@@ -595,6 +599,7 @@ std::string import_safetensors(const std::string &device, const std::string &fro
 			values.emplace_back(items[i].dev->name, std::span<const float>(p[i]));
 		dev->load_params(values);
 	}
+	progress("import", 2 * total, 2 * total);
 	return json{{"device", a.device}, {"from", a.from}, {"tensors", items.size()}, {"params", n_params},
 		    {"with_optimizer", a.with_optimizer}, {"step", step}, {"blob_bytes", blob.size()},
 		    {"missing", missing}, {"unknown", unknown}, {"moments_ignored", moments_ignored},

@@ -5,8 +5,9 @@
 //
 // Input: JSON text. Parsed as a user layout and placed, it gives the
 // geometry and group table the same text is then decoded against as a
-// device's manifest (an encoded manifest is also a valid user layout: its
-// offset and numel are ignored there); otherwise a fixed small geometry.
+// device's manifest (which the strict reader refuses: a user layout lacks
+// the manifest's format, version, offset and numel); otherwise a fixed small
+// geometry, which a device's manifest (the corpus) is decoded against.
 #include <string>
 #include <string_view>
 

@@ -12,6 +12,7 @@ refused, by name, when they cannot cross into C unchanged (a NUL would cut
 Run: PYTHONPATH=<build>/python /usr/bin/python3 -m unittest -v test_capi
 """
 
+import io
 import os
 import sys
 import threading
@@ -230,6 +231,38 @@ class TestNames(DeviceCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class TestProgress(DeviceCase):
+    """ckpt.format and Device.export show a tqdm bar fed by libckpt's
+    progress hook: with progress=True on any stderr, never when it is not
+    a terminal by default."""
+
+    def run_captured(self, f):
+        err, sys.stderr = sys.stderr, io.StringIO()
+        try:
+            f()
+            return sys.stderr.getvalue()
+        finally:
+            sys.stderr = err
+
+    def test_version(self):
+        self.assertRegex(ckpt.__version__, r"^[0-9]+\.[0-9]+\.[0-9]+$")
+
+    def test_format_and_export(self):
+        layout = ckpt.Layout()
+        for n, s in TENSORS:
+            layout.add(n, s)
+        img = os.path.join(self._tmp.name, "p.img")
+        out = self.run_captured(lambda: ckpt.format(img, layout, chunk_params=CHUNK, progress=True))
+        self.assertIn("format: ", out)
+        self.assertIn("65/65", out)  # every chunk: 64 of w, 1 of b
+        with ckpt.open(self.path) as dev:
+            st = os.path.join(self._tmp.name, "p.safetensors")
+            out = self.run_captured(lambda: dev.export(st, progress=True))
+            self.assertIn(f"{256 * 1024 + 1000}/{256 * 1024 + 1000}", out)
+            self.assertEqual(self.run_captured(lambda: dev.export(st)), "")  # not a terminal
+        self.assertEqual(self.run_captured(lambda: ckpt.format(img, layout, chunk_params=CHUNK)), "")
 
 
 class TestLibraryLists(unittest.TestCase):

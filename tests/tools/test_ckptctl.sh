@@ -191,10 +191,52 @@ run_py() { "$py" st.py "$@"; }
 ok "fixtures: safetensors models (F32 with an I64 buffer, F16, BF16)" run_py models
 
 # ---------------------------------------------------------------- help
-for c in format info probe create remove status message import export verify restore; do
+for c in format info probe create remove status list message import export verify restore; do
 	ok "$c --help has a description, options and examples" sh -c \
 		"'$ctl' $c --help | grep -q EXAMPLES && '$ctl' $c --help | grep -q Options"
 done
+
+# ---------------------------------------------------------------- the command line
+version=$(sed -n 's/^CMAKE_PROJECT_VERSION:[A-Z]*=//p' "$1/CMakeCache.txt")
+ok "--version prints 'ckptctl <project version>'" sh -c "[ \"\$('$ctl' --version)\" = 'ckptctl $version' ] && [ -n '$version' ]"
+fails_with "an unknown command is named (exit 64: usage)" 64 "^ckptctl: unknown command 'bogus'; see ckptctl --help\$" "$ctl" bogus
+fails_with "no command at all" 64 "^ckptctl: a command is required; see ckptctl --help\$" "$ctl"
+fails_with "an unknown option names the command's help" 64 "^ckptctl info: .*--bogus.*; see ckptctl info --help\$" \
+	"$ctl" info --bogus x.img
+fails_with "a missing argument" 64 "^ckptctl verify: device is required; see ckptctl verify --help\$" "$ctl" verify
+ok "--help documents the exit statuses" sh -c "'$ctl' --help | grep -q '^  64  usage'"
+
+# Without device-mapper (no control node under DM_DEV_DIR, and none can be
+# made there), every command that needs it says so in one line.
+mkdir nodm && : >nodm/mapper
+if grep -q ' device-mapper$' /proc/misc; then
+	nodm="device-mapper is loaded, but its control node nodm/mapper/control is missing"
+else
+	nodm="^ckptctl: device-mapper is not available: load it with 'modprobe dm-mod'\$"
+fi
+for c in "status t0" "remove t0" "message t0 stats"; do
+	fails_with "$c without device-mapper" 1 "$nodm" env DM_DEV_DIR="$tmp/nodm" "$ctl" $c
+	ok "... in one line" sh -c "out=\$(DM_DEV_DIR='$tmp/nodm' '$ctl' $c 2>&1);
+		[ \$(printf '%s\n' \"\$out\" | wc -l) -eq 1 ] && printf '%s\n' \"\$out\" | grep -q \"$nodm\""
+done
+
+# ---------------------------------------------------------------- manifests, strictly
+manifest_fails() {	# manifest_fails DESCRIPTION PATTERN JSON
+	printf '%s\n' "$3" >strict.json
+	fails_with "$1" 1 "$2" "$ctl" format strict.img -m strict.json
+	ok "... in the project's words, and nothing made" sh -c \
+		"out=\$('$ctl' format strict.img -m strict.json 2>&1); [ \$? -eq 1 ] && [ ! -e strict.img ] &&
+		 printf '%s\n' \"\$out\" | grep -q '^ckptctl: strict.json: ' && ! printf '%s\n' \"\$out\" | grep -q json.exception"
+}
+manifest_fails "a misspelled key is refused with its path" \
+	"strict.json: \\$.tensors\\[0\\].shpe: unknown key 'shpe' (known keys here: name, shape, group)" \
+	'{"tensors": [{"name": "w", "shpe": [64]}]}'
+manifest_fails "a misspelled top-level key" "strict.json: \\$.chunk_param: unknown key 'chunk_param'" \
+	'{"chunk_param": 4096, "tensors": [{"name": "w", "shape": [64]}]}'
+manifest_fails "a missing key" "strict.json: tensor 'b': \\$.tensors\\[1\\]: missing key 'shape'" \
+	'{"tensors": [{"name": "w", "shape": [64]}, {"name": "b"}]}'
+manifest_fails "a wrong type" "strict.json: \\$.tensors\\[0\\].name: must be a string, not 7" \
+	'{"tensors": [{"name": 7, "shape": [64]}]}'
 
 # ---------------------------------------------------------------- format from safetensors
 ok "format --from-safetensors with groups" "$ctl" format m.img --from-safetensors f32.safetensors \
@@ -212,7 +254,7 @@ ok "format --include/--exclude" sh -c \
 	"'$ctl' format x.img --from-safetensors f32.safetensors --include 'layer0.*' --exclude '*.bias' --json |
 	 $py -c 'import json,sys; j=json.load(sys.stdin); assert [t[\"name\"] for t in j[\"tensors\"]] == [\"layer0.norm.weight\", \"layer0.attn.weight\"], j[\"tensors\"]'"
 fails_with "format --group with a bad spec" 1 "expected G:GLOB" "$ctl" format x.img --from-safetensors f32.safetensors --group 64:'*'
-fails_with "format without a manifest or safetensors" 1 "give --manifest" "$ctl" format x.img
+fails_with "format without a manifest or safetensors" 64 "give --manifest" "$ctl" format x.img
 fails_with "format from a missing safetensors file" 1 "cannot open" "$ctl" format x.img --from-safetensors nope.safetensors
 echo '{"tensors": [' >bad.json
 fails_with "format with a broken manifest" 1 "not a JSON object" "$ctl" format x.img -m bad.json
@@ -549,6 +591,43 @@ else
 	ok "format on a full file system # SKIP needs root and tmpfs" true
 fi
 
+# ---------------------------------------------------------------- list
+mkdir imgs && cp f16.img imgs/b.img && cp h.img imgs/a.img && cp f16.safetensors imgs/ && mkdir imgs/sub
+ok "list PATH...: the images, fields chosen, joined by the separator" sh -c \
+	"'$ctl' list h.img f32.img -o path,committed_step,dtype --noheadings --separator '|' >list.out &&
+	 [ \"\$(head -1 list.out)\" = 'h.img|0|fp16' ] && grep -qx 'f32.img|[1-9][0-9]*|bf16' list.out &&
+	 [ \$(wc -l <list.out) -eq 2 ]"
+ok "list --images DIR: only the images in it, sorted, under a heading" sh -c \
+	"'$ctl' list --images imgs -o path,tensors >list.out && [ \"\$(sed 's/  */ /g' list.out)\" = 'path tensors
+imgs/a.img 6
+imgs/b.img 6' ]"
+ok "list -o +FIELD adds to the defaults" sh -c \
+	"'$ctl' list h.img -o +n_groups | head -1 | grep -q '^path  *committed_step  *dtype  *n_params  *uuid  *n_groups\$'"
+fails_with "list: a given path that is not an image is an error, after the rest" 1 \
+	"^ckptctl: f16.safetensors is not a usable dm-ckpt image" "$ctl" list --noheadings -o path f16.safetensors h.img
+ok "... which is still listed" sh -c "'$ctl' list --noheadings -o path f16.safetensors h.img 2>/dev/null | grep -qx h.img"
+fails_with "list: an unknown field is refused with the valid ones (exit 64)" 64 \
+	"^ckptctl list: unknown field 'bogus'; valid fields: path,uuid,committed_step,.*,warnings\$" "$ctl" list h.img -o path,bogus
+fails_with "status: an unknown field, refused before device-mapper is asked" 64 \
+	"^ckptctl status: unknown field 'bogus'; valid fields: name,node,backing,.*state" \
+	env DM_DEV_DIR="$tmp/nodm" "$ctl" status t0 -o bogus
+fails_with "list of the kernel targets without device-mapper" 1 "$nodm" env DM_DEV_DIR="$tmp/nodm" "$ctl" list
+
+# ---------------------------------------------------------------- progress
+echo '{"tensors": [{"name": "w", "shape": [1024, 1024]}], "chunk_params": 4096}' >p.json
+for c in "format p.img -m p.json --force" "verify p.img" "export p.img --to p.safetensors" "import p.img --from p.safetensors"; do
+	ok "${c%% *} --progress: a line per phase up to 100% on stderr, however short" sh -c \
+		"'$ctl' $c --progress 2>err >out && grep -q '^ckptctl ${c%% *}: \(check \)\?100% ([0-9]* s)\$' err &&
+		 ! grep -q '%' out"
+	ok "... and none when stderr is not a terminal" sh -c "'$ctl' $c 2>err >/dev/null && ! grep -q '%' err"
+done
+ok "on a terminal, a command shorter than a second shows no progress" sh -c \
+	"script -qec \"'$ctl' verify p.img\" /dev/null >tty.out && ! grep -q '%' tty.out"
+ok "... with --progress, a line redrawn in place and cleared at the end" sh -c \
+	"script -qec \"'$ctl' verify --progress p.img\" /dev/null >tty.out &&
+	 grep -q \"\$(printf '\\rckptctl verify: check 100%% ([0-9]* s)\\033\\[K\\r\\033\\[K')\" tty.out"
+fails_with "--progress and --no-progress exclude each other" 64 "excludes" "$ctl" verify --progress --no-progress p.img
+
 # ---------------------------------------------------------------- probe, create and friends off the VM
 fails_with "probe a regular file" 1 "not an NVMe namespace" "$ctl" probe f32.img
 fails_with "probe a character device" 1 "not an NVMe namespace" "$ctl" probe /dev/null
@@ -556,7 +635,7 @@ fails_with "probe a missing path" 1 "cannot open" "$ctl" probe /dev/nope
 fails_with "create on random bytes" 1 "no valid dm-ckpt superblock" "$ctl" create t0 random.img
 fails_with "create on a file" 1 "regular file" "$ctl" create t0 f32.img
 fails_with "create with a bad name" 1 "not a device-mapper name" "$ctl" create a/b f32.img
-fails_with "create with a bad queue depth" 1 "queue-depth" "$ctl" create t0 f32.img --queue-depth 0
+fails_with "create with a bad queue depth" 64 "queue-depth" "$ctl" create t0 f32.img --queue-depth 0
 
 # ---------------------------------------------------------------- ckpttab: the strict parse
 # Every bad line is refused with its file and line before anything is done

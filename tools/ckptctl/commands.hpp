@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "dm.hpp"
+#include "report.hpp"
 
 namespace ckptctl {
 
@@ -17,6 +18,7 @@ constexpr int exit_ok = 0;
 constexpr int exit_error = 1;		// could not do what was asked
 constexpr int exit_corrupt = 2;		// verify/restore found damage or no rollback
 constexpr int exit_degraded = 3;	// verify: state intact, but a superblock or metadata copy is damaged
+constexpr int exit_usage = 64;		// a command line that cannot be parsed (sysexits.h EX_USAGE)
 
 struct FormatArgs {
 	std::string device, manifest, safetensors, dtype;
@@ -62,7 +64,17 @@ struct ActivateArgs {
 int cmd_activate(const ActivateArgs &a);
 int cmd_deactivate(const ActivateArgs &a);
 int cmd_remove(const std::string &name, bool retry, bool force);
-int cmd_status(const std::string &name, bool json);
+int cmd_status(const std::string &name, bool json, const ReportArgs &r);
+// The fields of status -o and list -o (kernel targets, or images).
+ReportKind status_kind();
+ReportKind list_kind(bool images);
+
+struct ListArgs {
+	std::vector<std::string> paths, image_dirs;
+	ReportArgs report;
+	bool json = false;
+};
+int cmd_list(const ListArgs &a);
 int cmd_message(const std::string &name, const std::vector<std::string> &words);
 
 struct ImportArgs {

@@ -33,8 +33,25 @@ void collect_log(int level, const char *, int, int, const char *f, ...)
 	g_log.emplace_back(buf);
 }
 
-// Once per process: our log function, and no udev synchronisation when no
-// udev is running (then libdevmapper makes the nodes itself, in dm_udev_wait).
+std::string control() { return fmt::format("{}/control", dm_dir()); }
+
+// Whether the kernel has registered device-mapper's misc device.
+bool dm_registered()
+{
+	FILE *f = fopen("/proc/misc", "re");
+	if (!f)
+		return false;
+	char line[128];
+	bool found = false;
+	while (!found && fgets(line, sizeof(line), f))
+		found = strstr(line, " device-mapper\n") != nullptr;
+	fclose(f);
+	return found;
+}
+
+// Once per process: our log function, the device directory (DM_DEV_DIR, as
+// dmsetup takes it; default /dev), and no udev synchronisation when no udev
+// is running (then libdevmapper makes the nodes itself, in dm_udev_wait).
 void setup()
 {
 	static bool done = false;
@@ -42,6 +59,8 @@ void setup()
 		return;
 	done = true;
 	dm_log_with_errno_init(collect_log);
+	if (const char *dir = getenv("DM_DEV_DIR"); dir && *dir && !dm_set_dev_dir(dir))
+		fail(CKPT_E_INVAL, "DM_DEV_DIR={} is not a usable device directory", dir);
 	if (access("/run/udev/control", F_OK) != 0)
 		dm_udev_set_sync_support(0);
 	std::atexit(dm_lib_release);
@@ -56,11 +75,24 @@ std::string logged()
 	return s;
 }
 
+// No control node: without device-mapper in the kernel, one clear line
+// instead of libdevmapper's messages; with it, the node could not be made.
+[[noreturn]] void unavailable()
+{
+	const std::string log = logged();
+	if (!dm_registered())
+		fail(CKPT_E_IO, "device-mapper is not available: load it with 'modprobe dm-mod'");
+	fail(CKPT_E_IO, "device-mapper is loaded, but its control node {} is missing and could not be made{}",
+	     control(), log.empty() ? "" : " (" + log + ")");
+}
+
 class Task {
 public:
 	Task(int type, const std::string &name) : t_(nullptr)
 	{
 		setup();
+		if (access(control().c_str(), F_OK) != 0 && !dm_registered())
+			unavailable();
 		g_log.clear();
 		t_ = dm_task_create(type);
 		if (!t_)
@@ -90,6 +122,9 @@ public:
 		if (with_cookie)
 			dm_udev_wait(cookie);
 		if (!ok) {
+			// libdevmapper could not open or make the control node
+			if (access(control().c_str(), F_OK) != 0)
+				unavailable();
 			std::string log = logged();
 			fail(err == ENXIO || err == ENODEV ? CKPT_E_NAME : CKPT_E_IO, "{} failed: {}{}", what,
 				   err ? strerror(err) : "error", log.empty() ? "" : " (" + log + ")");
@@ -178,6 +213,23 @@ Info info_by_uuid(const std::string &uuid)
 	if (!dm_task_set_uuid(t.get(), uuid.c_str()))
 		fail(CKPT_E_INVAL, "device-mapper: bad uuid '{}'", uuid);
 	return info_of(t, "uuid " + uuid);
+}
+
+std::vector<std::string> names()
+{
+	Task t(DM_DEVICE_LIST, "");
+	t.run("device-mapper device list", false);
+	std::vector<std::string> out;
+	const struct dm_names *n = dm_task_get_names(t.get());
+	if (!n || !n->dev)
+		return out;
+	for (;;) {
+		out.emplace_back(n->name);
+		if (!n->next)
+			break;
+		n = reinterpret_cast<const struct dm_names *>(reinterpret_cast<const char *>(n) + n->next);
+	}
+	return out;
 }
 
 std::vector<Target> table(const std::string &name) { return query(DM_DEVICE_TABLE, name, "table"); }

@@ -35,6 +35,8 @@ void check_name(const std::string &name);
 Info info(const std::string &name);
 // The device whose device-mapper uuid is uuid (exists false when none).
 Info info_by_uuid(const std::string &uuid);
+// The names of all device-mapper devices.
+std::vector<std::string> names();
 // The live table (STATUSTYPE_TABLE) or status (STATUSTYPE_INFO) lines.
 std::vector<Target> table(const std::string &name);
 std::vector<Target> status(const std::string &name);

@@ -4,6 +4,7 @@
 // commands.cpp, device-mapper in dm.cpp, NVMe identify in probe.cpp.
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #include <CLI/CLI.hpp>
@@ -11,6 +12,7 @@
 
 #include "commands.hpp"
 #include "fail.hpp"
+#include "progress.hpp"
 
 using namespace ckptctl;
 
@@ -41,18 +43,21 @@ const char *top_help =
 
 const char *top_footer =
 	"\nEXIT STATUS\n"
-	"  0  success\n"
-	"  1  error: bad arguments, unreadable or invalid input, device errors\n"
-	"  2  verify or restore found damage; restore --rollback found no usable previous step\n"
-	"  3  verify: DEGRADED: the committed state is intact, but a superblock copy\n"
-	"     or a copy of the group table or manifest is damaged (verify --repair\n"
-	"     rewrites a damaged metadata copy; the next commit, a superblock copy)\n"
+	"  0   success\n"
+	"  1   error: unreadable or invalid input, device errors, refused operations\n"
+	"  2   verify or restore found damage; restore --rollback found no usable previous step\n"
+	"  3   verify: DEGRADED: the committed state is intact, but a superblock copy\n"
+	"      or a copy of the group table or manifest is damaged (verify --repair\n"
+	"      rewrites a damaged metadata copy; the next commit, a superblock copy)\n"
+	"  64  usage: unknown command or option, missing or bad argument (EX_USAGE;\n"
+	"      not 2, which a script checking verify must not mistake for damage)\n"
 	"\nEXAMPLES\n"
 	"  ckptctl probe /dev/nvme0n1\n"
 	"  ckptctl format /dev/nvme0n1 --from-safetensors model.safetensors --group 1:'*.bias,*norm*'\n"
 	"  ckptctl import /dev/nvme0n1 --from model.safetensors\n"
 	"  ckptctl create ckpt0 /dev/nvme0n1 --queue-depth 8\n"
 	"  ckptctl status ckpt0\n"
+	"  ckptctl list -o name,backing,committed_step,state\n"
 	"  ckptctl remove ckpt0\n"
 	"  ckptctl activate --all                        # the devices of /etc/ckpttab\n"
 	"  ckptctl verify /dev/nvme0n1\n"
@@ -76,13 +81,69 @@ public:
 	}
 };
 
+// The command a command line names: its first word that is not an option.
+std::string command_word(int argc, char **argv)
+{
+	for (int i = 1; i < argc; i++)
+		if (argv[i][0] != '-')
+			return argv[i];
+	return "";
+}
+
+// A command line CLI11 refused: one line that names the problem and where
+// help is, exit status 64.
+int usage_error(const CLI::App &app, const CLI::ParseError &e, int argc, char **argv)
+{
+	const std::string word = command_word(argc, argv);
+	const auto subs = app.get_subcommands([&](const CLI::App *s) { return s->get_name() == word; });
+	if (word.empty())
+		fmt::print(stderr, "ckptctl: a command is required; see ckptctl --help\n");
+	else if (subs.empty())
+		fmt::print(stderr, "ckptctl: unknown command '{}'; see ckptctl --help\n", word);
+	else
+		fmt::print(stderr, "ckptctl {}: {}; see ckptctl {} --help\n", word, e.what(), word);
+	return exit_usage;
+}
+
+// --progress and --no-progress of a long command.
+void add_progress_options(CLI::App *cmd, Progress::Mode &mode)
+{
+	auto *on = cmd->add_flag_callback("--progress", [&mode] { mode = Progress::Mode::always; },
+					  "show progress from the start, even when stderr is not a terminal\n"
+					  "(default: on a terminal, once the work takes a second)");
+	cmd->add_flag_callback("--no-progress", [&mode] { mode = Progress::Mode::off; }, "show no progress")
+		->excludes(on);
+}
+
+void add_report_options(CLI::App *cmd, ReportArgs &r)
+{
+	cmd->add_option("-o,--options", r.fields, "FIELD[,FIELD...]: the fields to show ('+F,...' adds to the\n"
+						   "defaults); an unknown one lists the valid ones");
+	cmd->add_flag("--noheadings", r.noheadings, "no heading line");
+	cmd->add_option("--separator", r.separator, "join the fields with this string instead of aligning them");
+}
+
+// A report's -o names only fields it has (before any device is touched).
+bool bad_fields(const char *cmd, const ReportKind &kind, const std::string &spec)
+{
+	try {
+		report_fields(kind, spec);
+		return false;
+	} catch (const Error &e) {
+		fmt::print(stderr, "ckptctl {}: {}\n", cmd, e.what());
+		return true;
+	}
+}
+
 } // namespace
 
 int main(int argc, char **argv)
 {
 	CLI::App app{top_help, "ckptctl"};
+	Progress::Mode progress = Progress::Mode::tty;
 	app.footer(top_footer);
 	app.require_subcommand(1);
+	app.set_version_flag("--version", fmt::format("ckptctl {}", ckpt_version()), "print 'ckptctl VERSION' and exit");
 	auto formatter = std::make_shared<Formatter>();
 	formatter->column_width(34);
 	app.formatter(formatter);
@@ -128,6 +189,7 @@ int main(int argc, char **argv)
 	format->add_option("--size", fa.size, "size of a file in bytes (default: what the layout needs)");
 	format->add_flag("--force", fa.force, "format over an existing dm-ckpt image or signature");
 	format->add_flag("--json", fa.json, "print the resulting geometry as JSON (as info --json)");
+	add_progress_options(format, progress);
 	format->footer(
 		"\nEXAMPLES\n"
 		"  ckptctl format model.img -m manifest.json\n"
@@ -206,14 +268,38 @@ int main(int argc, char **argv)
 	remove->add_flag("--force", force, "remove it even if it is not a dm-ckpt device");
 	remove->footer("\nEXAMPLES\n  ckptctl remove ckpt0");
 
+	ReportArgs status_report;
 	auto *status = app.add_subcommand("status",
 		"Show the state and counters of a dm-ckpt kernel target.\n\n"
 		"Parses the target's status line: state (idle/open/failed), committed and\n"
 		"open step, chunks applied, overflow, last result and error, step counts,\n"
-		"rejected commands, traffic and I/O errors; plus its table line.");
+		"rejected commands, traffic and I/O errors; plus its table line. With -o,\n"
+		"--noheadings or --separator: one report row of the chosen fields, as\n"
+		"'ckptctl list' prints them (as lvs -o).");
 	status->add_option("name", name, "device-mapper name")->required();
 	status->add_flag("--json", as_json, "print JSON (the raw status line is in status.raw)");
-	status->footer("\nEXAMPLES\n  ckptctl status ckpt0\n  ckptctl status --json ckpt0");
+	add_report_options(status, status_report);
+	status->footer("\nEXAMPLES\n  ckptctl status ckpt0\n  ckptctl status --json ckpt0\n"
+		       "  ckptctl status ckpt0 -o state,committed_step --noheadings");
+
+	ListArgs la;
+	auto *list = app.add_subcommand("list",
+		"List dm-ckpt kernel targets, or images.\n\n"
+		"Without arguments: every device-mapper device with a dm-ckpt table, with\n"
+		"its backing device, committed step and state (needs device-mapper). With\n"
+		"paths or --images DIR: those files or block devices, and the regular files\n"
+		"and block devices in DIR, that carry a dm-ckpt image (others in DIR are\n"
+		"skipped; a given path that is not an image is an error, exit 1, after the\n"
+		"list). -o FIELDS chooses the columns ('+F' adds to the defaults),\n"
+		"--noheadings drops the heading, --separator S joins the fields with S\n"
+		"instead of aligning them (as lvs).");
+	list->add_option("paths", la.paths, "image files or block devices");
+	list->add_option("--images", la.image_dirs, "list the images in this directory (repeatable)")
+		->check(CLI::ExistingDirectory);
+	list->add_flag("--json", la.json, "print the rows (every field) as a JSON array");
+	add_report_options(list, la.report);
+	list->footer("\nEXAMPLES\n  ckptctl list\n  ckptctl list -o name,committed_step --noheadings --separator :\n"
+		     "  ckptctl list --images /srv/ckpt -o +tensors\n  ckptctl list /dev/nvme0n1 /dev/nvme1n1");
 
 	std::vector<std::string> words;
 	auto *message = app.add_subcommand("message",
@@ -295,6 +381,7 @@ int main(int argc, char **argv)
 	import->add_flag("--partial", ia.partial,
 			 "allow device tensors missing from the file (they keep their\n"
 			 "values) and skip file tensors the device lacks");
+	add_progress_options(import, progress);
 	import->footer("\nEXAMPLES\n  ckptctl import /dev/nvme0n1 --from model.safetensors\n"
 		       "  ckptctl import new.img --from step1000.safetensors --with-optimizer");
 
@@ -315,6 +402,7 @@ int main(int argc, char **argv)
 	exportc->add_option("device", dev, "backing file or block device, or a dm-ckpt device")->required();
 	exportc->add_option("--to", to, "output safetensors file (new, or a regular file to replace)")->required();
 	exportc->add_flag("--with-optimizer", with_opt, "also write exp_avg and exp_avg_sq");
+	add_progress_options(exportc, progress);
 	exportc->footer("\nEXAMPLES\n  ckptctl export /dev/nvme0n1 --to weights.safetensors\n"
 			"  ckptctl export /dev/mapper/ckpt0 --to step.safetensors --with-optimizer");
 
@@ -347,6 +435,7 @@ int main(int argc, char **argv)
 	verify->add_flag("--repair", repair,
 			 "rewrite damaged group table/manifest copies from the\n"
 			 "intact ones; refused while a kernel target holds the device");
+	add_progress_options(verify, progress);
 	verify->footer("\nEXAMPLES\n  ckptctl verify /dev/nvme0n1\n  ckptctl verify --json model.img\n"
 		       "  ckptctl verify --repair model.img");
 
@@ -371,15 +460,18 @@ int main(int argc, char **argv)
 	try {
 		app.parse(argc, argv);
 	} catch (const CLI::ParseError &e) {
-		int rc = app.exit(e);
-		return rc == 0 ? 0 : exit_error;
+		return e.get_exit_code() == 0 ? app.exit(e) : usage_error(app, e, argc, argv);
 	}
 	if (*format && fa.manifest.empty() && fa.safetensors.empty()) {
-		fmt::print(stderr, "ckptctl format: give --manifest FILE or --from-safetensors FILE\n");
-		return exit_error;
+		fmt::print(stderr, "ckptctl format: give --manifest FILE or --from-safetensors FILE; see ckptctl "
+				   "format --help\n");
+		return exit_usage;
 	}
 	if (*step_opt)
 		ia.step = import_step;
+	if ((*status && bad_fields("status", status_kind(), status_report.fields)) ||
+	    (*list && bad_fields("list", list_kind(!la.paths.empty() || !la.image_dirs.empty()), la.report.fields)))
+		return exit_usage;
 	if (*activate && aa.all + !aa.uuid.empty() + !aa.device.empty() != 1) {
 		fmt::print(stderr, "ckptctl activate: give one of --all, --uuid UUID, --device DEV\n");
 		return exit_error;
@@ -390,6 +482,10 @@ int main(int argc, char **argv)
 	}
 
 	try {
+		std::optional<Progress> shown;
+		for (CLI::App *sub : {format, import, exportc, verify})
+			if (*sub)
+				shown.emplace(sub->get_name(), progress);
 		if (*format)
 			return cmd_format(fa);
 		if (*info)
@@ -405,7 +501,9 @@ int main(int argc, char **argv)
 		if (*deactivate)
 			return cmd_deactivate(aa);
 		if (*status)
-			return cmd_status(name, as_json);
+			return cmd_status(name, as_json, status_report);
+		if (*list)
+			return cmd_list(la);
 		if (*message)
 			return cmd_message(name, words);
 		if (*import)

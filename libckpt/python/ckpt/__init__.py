@@ -29,9 +29,11 @@ its entry points, as are Device.load_state() (a whole optimizer state from
 outside) and ckpt.restore() (ckptctl restore's report, and its rollback).
 """
 
+import contextlib
 import ctypes
 import json
 import os
+import sys
 import warnings as _warnings
 
 __all__ = ["CkptError", "CkptWarning", "Layout", "Device", "format", "open", "image_uuid", "restore",
@@ -43,6 +45,9 @@ _lib.ckpt_err_name.restype = ctypes.c_char_p
 _lib.ckpt_err_name.argtypes = [ctypes.c_int]
 _lib.ckpt_abi_count.restype = ctypes.c_uint32
 _lib.ckpt_abi_count.argtypes = [ctypes.c_char_p]
+_lib.ckpt_version.restype = ctypes.c_char_p
+
+__version__ = _lib.ckpt_version().decode()  # libckpt's, the project's version
 
 # The library's error names (enum ckpt_err): ERRORS[code] == "E_TWICE".
 ERRORS = [_lib.ckpt_err_name(_i).decode() for _i in range(_lib.ckpt_abi_count(b"errors"))]
@@ -223,13 +228,54 @@ class Layout:
             self._h = None
 
 
-def format(path, layout, dtype="bf16", chunk_params=65536, size=None):
-    """Create or format a backing file or block device for layout."""
+# libckpt's progress hook (ckpt_set_progress): fn(ctx, what, done, total).
+_PROGRESS_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint64, ctypes.c_uint64)
+_lib.ckpt_set_progress.restype = None
+_lib.ckpt_set_progress.argtypes = [_PROGRESS_FN, ctypes.c_void_p]
+
+
+@contextlib.contextmanager
+def _progress(desc, progress):
+    """A tqdm bar on stderr fed by libckpt's progress hook while the block
+    runs: progress=None shows it when stderr is a terminal, True always,
+    False never."""
+    if progress is None:
+        progress = sys.stderr.isatty()
+    if not progress:
+        yield
+        return
+    from tqdm import tqdm  # Debian's python3-tqdm
+    bars = {}
+
+    def hook(_ctx, what, done, total):
+        name = what.decode()
+        bar = bars.get(name)
+        if bar is None or done < bar.n:  # a phase that starts (again)
+            if bar is not None:
+                bar.close()
+            bar = bars[name] = tqdm(total=total, desc=f"{desc}: {name}" if name != desc else desc,
+                                    unit="", file=sys.stderr)
+        bar.update(done - bar.n)
+
+    fn = _PROGRESS_FN(hook)
+    _lib.ckpt_set_progress(fn, None)
+    try:
+        yield
+    finally:
+        _lib.ckpt_set_progress(_PROGRESS_FN(), None)
+        for bar in bars.values():
+            bar.close()
+
+
+def format(path, layout, dtype="bf16", chunk_params=65536, size=None, progress=None):
+    """Create or format a backing file or block device for layout.
+    progress: a tqdm bar on stderr (None: when stderr is a terminal)."""
     if dtype not in _DTYPES:
         raise CkptError(ERRORS.index("E_DTYPE"),
                         f"unknown dtype {dtype!r}: use {' or '.join(repr(d) for d in _DTYPES)}")
-    _check(_lib.ckpt_format(_path_bytes(path), layout._h, _DTYPES[dtype], int(chunk_params),
-                            int(size or 0)))
+    with _progress("format", progress):
+        _check(_lib.ckpt_format(_path_bytes(path), layout._h, _DTYPES[dtype], int(chunk_params),
+                                int(size or 0)))
 
 
 def _uuid_text(u):
@@ -347,19 +393,21 @@ class Device:
         _check(_lib.ckpt_uuid(self._handle(), u))
         return _uuid_text(u)
 
-    def export(self, out, what="master", with_optimizer=False, metadata=None):
+    def export(self, out, what="master", with_optimizer=False, metadata=None, progress=None):
         """Writes the committed step to the safetensors file out (see
         ckpt_export in ckpt.h): what="master", the fp32 master params (F32),
         or "lowp", the params in the device dtype (F16/BF16); with_optimizer
         adds NAME.exp_avg and NAME.exp_avg_sq. metadata: {str: str} added to
-        (and replacing entries of) the file's __metadata__. Returns out."""
+        (and replacing entries of) the file's __metadata__. progress: a tqdm
+        bar on stderr (None: when stderr is a terminal). Returns out."""
         if what not in ("master", "lowp"):
             raise ValueError("what must be 'master' or 'lowp'")
         flags = (_EXPORT_LOWP if what == "lowp" else 0) | (_EXPORT_OPTIMIZER if with_optimizer else 0)
         meta = None
         if metadata:
             meta = json.dumps({str(k): str(v) for k, v in metadata.items()}).encode()
-        _check(_lib.ckpt_export(self._handle(), _path_bytes(out), flags, meta))
+        with _progress("export", progress):
+            _check(_lib.ckpt_export(self._handle(), _path_bytes(out), flags, meta))
         return out
 
     @property
