@@ -653,6 +653,21 @@ std::string import_safetensors(const std::string &device, const std::string &fro
 		    {"buffers_ignored", buffers_ignored}}.dump();
 }
 
+std::string safetensors_header(const std::string &path)
+{
+	const auto st = safetensors::Checkpoint::open(path);
+	const auto &h = st.header();
+	interchange::read(h.metadata, st.path());	// refuses bad dm-ckpt keys here too
+	json files = json::array(), tensors = json::array();
+	for (const auto &f : st.files())
+		files.push_back(f.path());
+	for (const auto &t : h.tensors)
+		tensors.push_back({{"name", t.name}, {"dtype", t.dtype}, {"shape", t.shape}, {"file", t.file},
+				   {"offset", st.files()[t.file].header().data_offset + t.begin},
+				   {"bytes", t.end - t.begin}});
+	return json{{"path", st.path()}, {"files", files}, {"tensors", tensors}, {"metadata", h.metadata}}.dump();
+}
+
 // export_image fails rather than mix steps when a trainer commits during
 // it (check_all says why that looks like damage); such an export is
 // repeated, and refused only if the image never holds still.
