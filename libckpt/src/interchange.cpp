@@ -61,7 +61,9 @@ struct Parser {
 	{
 		char *end = nullptr;
 		errno = 0;
-		const double d = v.empty() || isspace(static_cast<unsigned char>(v[0])) ? NAN : strtod(v.c_str(), &end);
+		// Decimal only: strtod would also take spaces, hex, "inf" and "nan".
+		const bool decimal = !v.empty() && v.find_first_not_of("0123456789+-.eE") == std::string::npos;
+		const double d = decimal ? strtod(v.c_str(), &end) : NAN;
 		if (!end || *end || errno == ERANGE || !std::isfinite(d))
 			bad(key, fmt::format("'{}' is not a finite number", shown(v)));
 		return d;
