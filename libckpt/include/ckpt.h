@@ -315,6 +315,14 @@ int ckpt_format_manifest(const char *device, const char *opts_json, char **json)
  * side are kept or skipped), "step".
  */
 int ckpt_import(const char *device, const char *from, const char *opts_json, char **json);
+/*
+ * The validated header of a safetensors checkpoint, as import reads it: a
+ * file, a sharded checkpoint's index (.json) or a model folder. {"path": the
+ * file or index read, "files": [paths], "tensors": [{"name", "dtype",
+ * "shape", "file": index into files, "offset": byte offset in that file,
+ * "bytes"}] in file order, "metadata": the __metadata__ of every file}.
+ */
+int ckpt_safetensors_header(const char *path, char **json);
 /* ckpt_export of the committed step of a backing image (read-only, records checked). */
 int ckpt_export_image(const char *path, const char *out, uint32_t flags, char **json);
 /*

@@ -805,6 +805,14 @@ int ckpt_import(const char *device, const char *from, const char *opts_json, cha
 	});
 }
 
+int ckpt_safetensors_header(const char *path, char **json)
+{
+	return report(json, [&] {
+		need(path, "path");
+		return ckpt::safetensors_header(path);
+	});
+}
+
 int ckpt_export_image(const char *path, const char *out, uint32_t flags, char **json)
 {
 	return report(json, [&] {

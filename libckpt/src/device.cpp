@@ -23,24 +23,6 @@ uint32_t f32_bits(double v)
 	return u;
 }
 
-// What torch.optim.AdamW refuses, with its rules (in double).
-void check_hparams(const GroupHparams &g, size_t i)
-{
-	auto bad = [&](const char *field, double v, const char *rule) {
-		fail(CKPT_E_HPARAM, "begin: group {}: {} = {} is invalid: it must be {}", i, field, v, rule);
-	};
-	if (!(g.lr >= 0) || !std::isfinite(g.lr))
-		bad("lr", g.lr, "finite and >= 0");
-	if (!(g.eps >= 0) || !std::isfinite(g.eps))
-		bad("eps", g.eps, "finite and >= 0");
-	if (!(g.beta1 >= 0 && g.beta1 < 1))
-		bad("beta1", g.beta1, "in [0, 1)");
-	if (!(g.beta2 >= 0 && g.beta2 < 1))
-		bad("beta2", g.beta2, "in [0, 1)");
-	if (!(g.weight_decay >= 0) || !std::isfinite(g.weight_decay))
-		bad("weight_decay", g.weight_decay, "finite and >= 0");
-}
-
 } // namespace
 
 // The scalars of torch.optim.AdamW's step, computed the way it computes them:
@@ -123,7 +105,7 @@ void Device::begin(std::span<const GroupHparams> groups, double grad_scale)
 	cmd.grad_scale = f32_bits(grad_scale);
 	cmd.n_groups = static_cast<uint32_t>(groups.size());
 	for (size_t i = 0; i < groups.size(); i++) {
-		check_hparams(groups[i], i);
+		check_hparams(groups[i], fmt::format("begin: group {}", i));
 		cmd.groups[i] = hparams_for_step(groups[i], cmd.step);
 		// What the target checks on the fp32 values (ckpt_hparams_check).
 		const char *field = nullptr;

@@ -12,17 +12,9 @@
 #include <vector>
 
 #include "engine.hpp"
+#include "layout.hpp"
 
 namespace ckpt {
-
-struct GroupHparams {
-	double lr = 1e-3;
-	double beta1 = 0.9;
-	double beta2 = 0.999;
-	double eps = 1e-8;
-	double weight_decay = 0.01;
-	bool adam_l2 = false;
-};
 
 // fp32 bit patterns of what the update needs for step t.
 struct ckpt_hparams hparams_for_step(const GroupHparams &g, uint64_t step);

@@ -13,6 +13,7 @@
 #include "device.hpp"
 #include "ckpt_error.hpp"
 #include "image.hpp"
+#include "interchange.hpp"
 #include "progress.hpp"
 #include "safetensors.hpp"
 
@@ -58,6 +59,15 @@ std::map<std::string, std::string> metadata(const Source &src, uint32_t flags, c
 		{"ckpt.dtype", ckpt_dtype_name(src.sb->geo.dtype)},
 		{"ckpt.uuid", uuid_string(src.sb->uuid)},
 	};
+	interchange::Metadata ix;
+	ix.dtype = src.sb->geo.dtype;
+	ix.chunk_params = static_cast<uint32_t>(src.sb->layout.chunk_params);
+	ix.step = src.step;
+	ix.n_groups = src.sb->geo.n_groups;
+	for (const Tensor &t : src.manifest->tensors())
+		ix.tensor_group[t.name] = t.group;
+	ix.hparams = src.manifest->hparams();
+	interchange::write(ix, meta);
 	if (flags & CKPT_EXPORT_LOWP)
 		meta["ckpt.params"] = "lowp";
 	if ((flags & CKPT_EXPORT_OPTIMIZER) && !src.blob.empty())
@@ -70,6 +80,9 @@ std::map<std::string, std::string> metadata(const Source &src, uint32_t flags, c
 	for (const auto &[k, v] : j.items()) {
 		if (!v.is_string())
 			fail(CKPT_E_INVAL, "export metadata '{}' is not a string", k);
+		if (k.rfind(interchange::prefix, 0) == 0)
+			fail(CKPT_E_INVAL, "export metadata '{}': the {}* keys are the exporter's", k,
+			     interchange::prefix);
 		meta[k] = v.get<std::string>();
 	}
 	return meta;

@@ -181,7 +181,7 @@ void format(const std::string &path_arg, const Layout &layout, const FormatOptio
 	const Layout::Placed placed = layout.place(static_cast<uint32_t>(__builtin_ctz(cp)), opts.dtype);
 	struct ckpt_layout l;
 	check_core(ckpt_layout_compute_features(&placed.geo, opts.incompat, &l), "layout");
-	const std::string manifest = Manifest::encode(placed.tensors, opts.dtype, cp);
+	const std::string manifest = Manifest::encode(placed.tensors, opts.dtype, cp, layout.hparams());
 
 	// A symlink stands for the file it names: that file is replaced.
 	std::string path = path_arg;

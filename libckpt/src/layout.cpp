@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <limits>
+#include <set>
 #include <stdexcept>
 
 #include <fmt/ranges.h>
@@ -21,6 +23,23 @@ uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 } // namespace
 
 const char *dtype_name(uint32_t dtype) { return ckpt_dtype_name(dtype); }
+
+void check_hparams(const GroupHparams &g, const std::string &what)
+{
+	auto bad = [&](const char *field, double v, const char *rule) {
+		fail(CKPT_E_HPARAM, "{}: {} = {} is invalid: it must be {}", what, field, v, rule);
+	};
+	if (!(g.lr >= 0) || !std::isfinite(g.lr))
+		bad("lr", g.lr, "finite and >= 0");
+	if (!(g.eps >= 0) || !std::isfinite(g.eps))
+		bad("eps", g.eps, "finite and >= 0");
+	if (!(g.beta1 >= 0 && g.beta1 < 1))
+		bad("beta1", g.beta1, "in [0, 1)");
+	if (!(g.beta2 >= 0 && g.beta2 < 1))
+		bad("beta2", g.beta2, "in [0, 1)");
+	if (!(g.weight_decay >= 0) || !std::isfinite(g.weight_decay))
+		bad("weight_decay", g.weight_decay, "finite and >= 0");
+}
 
 uint64_t numel_of(const std::vector<uint64_t> &shape, const std::string &name)
 {
@@ -150,6 +169,63 @@ static void check_name(const std::string &name)
 			fail(CKPT_E_INVAL, "tensor name has a control character: '{}'", name);
 }
 
+// A group's hyperparameters in JSON: every key, of its type, and no other.
+static GroupHparams json_hparams(const nlohmann::json &j, const std::string &what)
+{
+	static const std::set<std::string> keys = {"lr", "betas", "eps", "weight_decay", "adam_l2"};
+	if (!j.is_object())
+		throw std::invalid_argument(fmt::format("{}: not an object", what));
+	for (const auto &[k, v] : j.items())
+		if (!keys.count(k))
+			throw std::invalid_argument(fmt::format("{}: unknown key '{}'", what, k));
+	auto num = [&](const nlohmann::json &v, const char *key) {
+		if (!v.is_number())
+			throw std::invalid_argument(fmt::format("{}: {} must be a number, not {}", what, key, v.dump()));
+		return v.get<double>();
+	};
+	for (const char *k : {"lr", "betas", "eps", "weight_decay", "adam_l2"})
+		if (!j.contains(k))
+			throw std::invalid_argument(fmt::format("{}: no {}", what, k));
+	GroupHparams g;
+	g.lr = num(j["lr"], "lr");
+	const nlohmann::json &b = j["betas"];
+	if (!b.is_array() || b.size() != 2)
+		throw std::invalid_argument(fmt::format("{}: betas must be [beta1, beta2], not {}", what, b.dump()));
+	g.beta1 = num(b[0], "beta1");
+	g.beta2 = num(b[1], "beta2");
+	g.eps = num(j["eps"], "eps");
+	g.weight_decay = num(j["weight_decay"], "weight_decay");
+	if (!j["adam_l2"].is_boolean())
+		throw std::invalid_argument(fmt::format("{}: adam_l2 must be true or false", what));
+	g.adam_l2 = j["adam_l2"].get<bool>();
+	try {
+		check_hparams(g, what);
+	} catch (const Error &e) {
+		throw std::invalid_argument(e.what());
+	}
+	return g;
+}
+
+static std::vector<GroupHparams> json_groups(const nlohmann::json &v)
+{
+	if (!v.is_array() || v.empty() || v.size() > CKPT_MAX_GROUPS)
+		throw std::invalid_argument(fmt::format("\"groups\" must be an array of 1 to {} groups",
+							CKPT_MAX_GROUPS));
+	std::vector<GroupHparams> out;
+	for (size_t i = 0; i < v.size(); i++)
+		out.push_back(json_hparams(v[i], fmt::format("group {}", i)));
+	return out;
+}
+
+static nlohmann::json groups_json(const std::vector<GroupHparams> &groups)
+{
+	nlohmann::json a = nlohmann::json::array();
+	for (const GroupHparams &g : groups)
+		a.push_back({{"lr", g.lr}, {"betas", {g.beta1, g.beta2}}, {"eps", g.eps},
+			     {"weight_decay", g.weight_decay}, {"adam_l2", g.adam_l2}});
+	return a;
+}
+
 void Layout::add(std::string name, std::vector<uint64_t> shape, uint32_t group)
 {
 	check_name(name);
@@ -203,7 +279,10 @@ Layout::Placed Layout::place(uint32_t chunk_shift, uint32_t dtype) const
 		for (uint64_t c = t.offset >> chunk_shift; c <= (t.offset + t.extent - 1) >> chunk_shift; c++)
 			out.group_table[c] = static_cast<uint8_t>(t.group);
 
-	std::string manifest = Manifest::encode(out.tensors, dtype, cp);
+	if (!hparams_.empty() && hparams_.size() != max_group + 1)
+		fail(CKPT_E_INVAL, "hyperparameters for {} groups, but the tensors use groups 0 to {}",
+		     hparams_.size(), max_group);
+	std::string manifest = Manifest::encode(out.tensors, dtype, cp, hparams_);
 	out.geo = {};
 	out.geo.n_chunks = static_cast<uint32_t>(n_chunks);
 	out.geo.chunk_shift = chunk_shift;
@@ -217,7 +296,8 @@ Layout::Placed Layout::place(uint32_t chunk_shift, uint32_t dtype) const
 	return out;
 }
 
-Manifest::Manifest(std::vector<Tensor> tensors) : tensors_(std::move(tensors))
+Manifest::Manifest(std::vector<Tensor> tensors, std::vector<GroupHparams> hparams)
+	: tensors_(std::move(tensors)), hparams_(std::move(hparams))
 {
 	for (size_t i = 0; i < tensors_.size(); i++)
 		index_.emplace(tensors_[i].name, i);
@@ -231,7 +311,8 @@ const Tensor &Manifest::find(std::string_view name) const
 	return tensors_[it->second];
 }
 
-std::string Manifest::encode(const std::vector<Tensor> &tensors, uint32_t dtype, uint64_t chunk_params)
+std::string Manifest::encode(const std::vector<Tensor> &tensors, uint32_t dtype, uint64_t chunk_params,
+			    const std::vector<GroupHparams> &hparams)
 {
 	nlohmann::json j;
 	j["format"] = "dm-ckpt-manifest";
@@ -242,6 +323,8 @@ std::string Manifest::encode(const std::vector<Tensor> &tensors, uint32_t dtype,
 	for (const Tensor &t : tensors)
 		arr.push_back({{"name", t.name}, {"shape", t.shape}, {"group", t.group},
 			       {"offset", t.offset}, {"numel", t.numel}});
+	if (!hparams.empty())	// absent rather than empty: older readers see the manifest they know
+		j["groups"] = groups_json(hparams);
 	return j.dump();
 }
 
@@ -252,7 +335,7 @@ Manifest Manifest::decode(std::string_view text, const struct ckpt_layout &layou
 	if (j.is_discarded() || !j.is_object())
 		bad("not a JSON object");
 	try {
-		const Fields top(j, "$", {"format", "version", "dtype", "chunk_params", "tensors"});
+		const Fields top(j, "$", {"format", "version", "dtype", "chunk_params", "tensors", "groups"});
 		if (json_string(top.at("format"), top.path("format")) != "dm-ckpt-manifest" ||
 		    json_uint<uint32_t>(top.at("version"), top.path("version")) != 1)
 			bad("unknown format or version");
@@ -294,7 +377,14 @@ Manifest Manifest::decode(std::string_view text, const struct ckpt_layout &layou
 					bad(fmt::format("'{}': group {} disagrees with the group table (chunk {})",
 							t.name, t.group, c));
 		}
-		Manifest m(std::move(tensors));
+		std::vector<GroupHparams> hparams;
+		if (const json *v = top.find("groups")) {
+			hparams = json_groups(*v);
+			if (hparams.size() != geo.n_groups)
+				bad(fmt::format("hyperparameters for {} groups, the image has {}", hparams.size(),
+						geo.n_groups));
+		}
+		Manifest m(std::move(tensors), std::move(hparams));
 		if (m.index_.size() != m.tensors_.size())
 			bad("duplicate tensor names");
 		return m;
@@ -310,7 +400,7 @@ LayoutFile parse_layout_json(std::string_view text, const std::string &what)
 		fail(CKPT_E_MANIFEST, "{}: not a JSON object", what);
 	LayoutFile m;
 	try {
-		const Fields top(j, "$", {"dtype", "chunk_params", "tensors"});
+		const Fields top(j, "$", {"dtype", "chunk_params", "tensors", "groups"});
 		if (const json *v = top.find("dtype"))
 			m.dtype = json_string(*v, top.path("dtype"));
 		if (const json *v = top.find("chunk_params"))
@@ -327,6 +417,8 @@ LayoutFile parse_layout_json(std::string_view text, const std::string &what)
 				fail(CKPT_E_MANIFEST, "{}: tensor '{}': {}", what, name, e.what());
 			}
 		}
+		if (const json *v = top.find("groups"))
+			m.layout.set_hparams(json_groups(*v));
 	} catch (const std::invalid_argument &e) {
 		fail(CKPT_E_MANIFEST, "{}: {}", what, e.what());
 	}

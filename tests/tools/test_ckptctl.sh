@@ -165,6 +165,42 @@ if __name__ == "__main__":
     elif cmd == "step":  # step IN OUT STEP: IN with __metadata__ step STEP
         t, m = read(sys.argv[2])
         write(sys.argv[3], t, m | {"step": sys.argv[4]})
+    elif cmd == "setmeta":  # setmeta IN OUT KEY [VALUE]: IN with __metadata__ KEY set (or removed)
+        t, m = read(sys.argv[2])
+        m = dict(m)
+        if len(sys.argv) > 5:
+            m[sys.argv[4]] = sys.argv[5]
+        else:
+            m.pop(sys.argv[4], None)
+        write(sys.argv[3], t, m)
+    elif cmd == "sameexport":  # sameexport A B: same tensors, order, bytes and metadata (but the uuid)
+        a, ma = read(sys.argv[2])
+        b, mb = read(sys.argv[3])
+        assert list(a) == list(b), (list(a), list(b))
+        for k in a:
+            assert a[k][0] == b[k][0] and np.array_equal(a[k][1].view(np.uint8), b[k][1].view(np.uint8)), k
+        ma.pop("ckpt.uuid"), mb.pop("ckpt.uuid")
+        assert ma == mb, (ma, mb)
+        assert ma["dm-ckpt.tensor_group.ln"] == "1" and ma["dm-ckpt.group.1.flags"] == "1", ma
+    elif cmd == "samelayout":  # samelayout INFO_A INFO_B: same geometry and tensors
+        a, b = json.load(open(sys.argv[2])), json.load(open(sys.argv[3]))
+        for k in ("dtype", "chunk_params", "n_chunks", "n_groups", "tensors"):
+            assert a[k] == b[k], (k, a[k], b[k])
+    elif cmd == "shard":  # shard IN DIR N [INDEX]: IN split into N shards, with an index
+        import os
+        t, m = read(sys.argv[2])
+        n = int(sys.argv[4])
+        os.makedirs(sys.argv[3], exist_ok=True)
+        names, wm = list(t), {}
+        for i in range(n):
+            f = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+            part = names[i * len(names) // n:(i + 1) * len(names) // n]
+            write(os.path.join(sys.argv[3], f), {k: t[k] for k in part}, m)
+            wm |= {k: f for k in part}
+        idx = sys.argv[5] if len(sys.argv) > 5 else "model.safetensors.index.json"
+        json.dump({"metadata": {"total_size": 0}, "weight_map": wm}, open(os.path.join(sys.argv[3], idx), "w"))
+    elif cmd == "index":  # index FILE JSON: write an index as given
+        open(sys.argv[2], "w").write(sys.argv[3])
     elif cmd == "bad":  # headers that lie, one file each
         def raw(path, h, data=b"", hlen=None):
             with open(path, "wb") as f:
@@ -290,6 +326,89 @@ ok "... and the next step is bit-identical to the original device's" sh -c \
 ok "import without --with-optimizer ignores the moments" sh -c \
 	"'$ctl' format r2.img --from-safetensors s3.safetensors --chunk-params 4096 --dtype bf16 2>/dev/null | grep -q 'tensors         6' &&
 	 '$ctl' import r2.img --from s3.safetensors | grep -q 'ignored 12 exp_avg'"
+
+# ---------------------------------------------------------------- lossless interchange
+# export -> format --from-safetensors -> import -> export: the dm-ckpt.*
+# metadata carries the layout (interleaved groups, chunk size, dtype) and the
+# groups' hyperparameters.
+cat >ix.json <<'JSON'
+{"dtype": "fp16", "chunk_params": 2048,
+ "tensors": [{"name": "emb", "shape": [300, 70]}, {"name": "ln", "shape": [70], "group": 1},
+             {"name": "head", "shape": [70, 300]}],
+ "groups": [{"lr": 0.001, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1, "adam_l2": false},
+            {"lr": 0.002, "betas": [0.8, 0.999], "eps": 1e-6, "weight_decay": 0.0, "adam_l2": true}]}
+JSON
+ok "interchange: format with hyperparameters, train 3 steps, export" sh -c \
+	"'$ctl' format ix.img -m ix.json >/dev/null && '$bin/ckpt-trace' ix.img --steps 3 --seed 5 >/dev/null &&
+	 '$ctl' export ix.img --to ix.safetensors --with-optimizer >/dev/null"
+ok "... metadata has the version, dtype, chunk size, step, groups and hyperparameters" sh -c \
+	"for kv in format_version=1 dtype=fp16 chunk_params=2048 step=3 n_groups=2 tensor_group.emb=0 tensor_group.ln=1 \
+	   group.0.lr=0.001 group.0.beta2=0.95 group.0.weight_decay=0.1 group.0.flags=0 group.1.eps=1e-06 group.1.flags=1; do
+	   $py st.py meta ix.safetensors dm-ckpt.\${kv%%=*} \${kv#*=} || exit 1; done"
+ok "... format --from-safetensors gives the same layout" sh -c \
+	"'$ctl' format ix2.img --from-safetensors ix.safetensors >/dev/null 2>fmt.err && grep -q 'dm-ckpt metadata' fmt.err &&
+	 '$ctl' info --json ix.img >ixa.json && '$ctl' info --json ix2.img >ixb.json && $py st.py samelayout ixa.json ixb.json"
+ok "... import and export give the same bytes, groups and hyperparameters" sh -c \
+	"'$ctl' import ix2.img --from ix.safetensors --with-optimizer >/dev/null &&
+	 '$ctl' export ix2.img --to ix2.safetensors --with-optimizer >/dev/null && $py st.py sameexport ix.safetensors ix2.safetensors"
+ok "... a command-line flag overrides the file's, and says so" sh -c \
+	"'$ctl' format ix3.img --from-safetensors ix.safetensors --chunk-params 4096 --dtype bf16 2>fmt.err >/dev/null &&
+	 grep -q -- '--chunk-params 4096 overrides the file.s 2048' fmt.err && grep -q -- '--dtype bf16 overrides the file.s fp16' fmt.err &&
+	 '$ctl' info ix3.img | grep -q 'chunks of 4096, 2 groups, bf16'"
+for c in "dm-ckpt.colour=red:unknown dm-ckpt key" "dm-ckpt.chunk_params=02048:not an integer" \
+	"dm-ckpt.chunk_params=3000:not a power of two" "dm-ckpt.format_version=2:not the one this library reads" \
+	"dm-ckpt.dtype=fp8:not bf16 or fp16" "dm-ckpt.n_groups=3:the tensors use groups 0 to 1" \
+	"dm-ckpt.tensor_group.ln=2:not below" "dm-ckpt.tensor_group.nope=0:names no tensor" \
+	"dm-ckpt.group.1.lr=-0.5:lr = -0.5 is invalid" "dm-ckpt.group.1.eps=nan:not a finite number" \
+	"dm-ckpt.group.0.flags=2:unknown bits" "dm-ckpt.group.0.momentum=1:unknown key" \
+	"dm-ckpt.group.2.lr=1:group 2 is not below" "dm-ckpt.step=x:not an integer" \
+	"dm-ckpt.step:no dm-ckpt.step" "dm-ckpt.group.1.beta1:no dm-ckpt.group.1.beta1" \
+	"dm-ckpt.tensor_group.head:no dm-ckpt.tensor_group.head"; do
+	kv=${c%%:*}
+	if [ "$kv" = "${kv#*=}" ]; then run_py setmeta ix.safetensors bad.safetensors "$kv"
+	else run_py setmeta ix.safetensors bad.safetensors "${kv%%=*}" "${kv#*=}"; fi
+	fails_with "format refuses __metadata__ $kv" 1 "${c#*:}" "$ctl" format x.img --from-safetensors bad.safetensors
+done
+"$ctl" format ix4.img --from-safetensors ix.safetensors >/dev/null 2>&1
+run_py setmeta ix.safetensors bad.safetensors dm-ckpt.colour red
+fails_with "import refuses bad dm-ckpt metadata too" 1 "unknown dm-ckpt key" "$ctl" import ix4.img --from bad.safetensors
+run_py setmeta ix.safetensors bad.safetensors step 4
+fails_with "import refuses a step that disagrees with dm-ckpt.step" 1 "disagree" "$ctl" import ix4.img --from bad.safetensors --with-optimizer
+
+# ---------------------------------------------------------------- sharded checkpoints
+run_py shard f32.safetensors hf 3
+ok "sharded: format from a model folder (index)" sh -c \
+	"'$ctl' format sh.img --from-safetensors hf --chunk-params 4096 --dtype bf16 2>fmt.err >/dev/null && grep -q 'index.json: 6 tensors' fmt.err"
+ok "... import from the index, export equals the single file" sh -c \
+	"'$ctl' import sh.img --from hf/model.safetensors.index.json >/dev/null && '$ctl' export sh.img --to sh.safetensors >/dev/null &&
+	 $py st.py same f32.safetensors sh.safetensors"
+mkdir -p hf1 && cp f32.safetensors hf1/model.safetensors
+ok "... a folder with model.safetensors" sh -c "'$ctl' format sh1.img --from-safetensors hf1 --chunk-params 4096 >/dev/null 2>&1"
+run_py shard ix.safetensors ixs 2
+ok "... the lossless round trip through shards" sh -c \
+	"'$ctl' format ix5.img --from-safetensors ixs >/dev/null 2>&1 && '$ctl' import ix5.img --from ixs --with-optimizer >/dev/null &&
+	 '$ctl' export ix5.img --to ix5.safetensors --with-optimizer >/dev/null && $py st.py sameexport ix.safetensors ix5.safetensors"
+mkdir -p empty
+fails_with "sharded: a folder without a model" 1 "without model.safetensors" "$ctl" format x.img --from-safetensors empty
+cp -r hf hfb && cp f32.safetensors hfb/model.safetensors
+fails_with "sharded: a folder with both" 1 "holds both" "$ctl" format x.img --from-safetensors hfb
+idx=hf/model.safetensors.index.json
+wm=$("$py" -c "import json; print(json.dumps(json.load(open('$idx'))['weight_map']))")
+for c in "trav:{\"weight_map\": {\"head.bias\": \"../f32.safetensors\"}}:is not a file name in the index's folder" \
+	"abs:{\"weight_map\": {\"head.bias\": \"/etc/passwd\"}}:is not a file name" \
+	"dot:{\"weight_map\": {\"head.bias\": \"..\"}}:is not a file name" \
+	"dup:{\"weight_map\": {\"head.bias\": \"model-00001-of-00003.safetensors\", \"head.bias\": \"model-00002-of-00003.safetensors\"}}:names 'head.bias' twice" \
+	"nomap:{\"metadata\": {}}:no \"weight_map\"" "extra:{\"weight_map\": $wm, \"x\": 1}:unknown key 'x'" \
+	"json:{\"weight_map\": :not valid JSON" \
+	"wrong:$(echo "$wm" | sed 's/"head.bias": "model-00003/"head.bias": "model-00001/'):is in shard model-00003-of-00003.safetensors, the index names shard model-00001" \
+	"lacks:$(echo "$wm" | sed 's/"head.bias": "[^"]*", //; s/, "head.bias": "[^"]*"//'):which the index does not name" \
+	"more:$(echo "$wm" | sed 's/}$/, "ghost": "model-00001-of-00003.safetensors"}/'):puts tensor 'ghost' in shard"; do
+	name=${c%%:*}; rest=${c#*:}; body=${rest%:*}
+	case $name in wrong|lacks|more) body="{\"weight_map\": $body}";; esac
+	run_py index hf/$name.index.json "$body"
+	fails_with "sharded: index refused: $name" 1 "${rest##*:}" "$ctl" format x.img --from-safetensors hf/$name.index.json
+	fails_with "sharded: import refuses it too: $name" 1 "${rest##*:}" "$ctl" import ix4.img --from hf/$name.index.json
+done
 
 # ---------------------------------------------------------------- import errors
 "$ctl" format e.img --force --from-safetensors f32.safetensors --chunk-params 4096 >/dev/null 2>&1

@@ -165,14 +165,24 @@ int main(int argc, char **argv)
 		"chunk. Load initial weights afterwards with 'ckptctl import'.\n\n"
 		"The manifest is JSON: {\"dtype\": \"bf16\", \"chunk_params\": 65536,\n"
 		"\"tensors\": [{\"name\": \"w\", \"shape\": [4096, 4096], \"group\": 0}, ...]}.\n"
-		"From a safetensors file, its floating-point tensors (F32, F16, BF16, F64) are\n"
-		"laid out in file order, grouped by --group; integer tensors, empty ones\n"
-		"and '<name>.exp_avg[_sq]' entries written by 'ckptctl export' are skipped.\n"
-		"The dtype is fp16 if every tensor is F16, else bf16 (--dtype overrides).");
+		"The manifest may record each group's hyperparameters for export:\n"
+		"\"groups\": [{\"lr\": 1e-3, \"betas\": [0.9, 0.999], \"eps\": 1e-8,\n"
+		"\"weight_decay\": 0.01, \"adam_l2\": false}, ...] (each step's begin still\n"
+		"gives the ones it applies).\n"
+		"From a safetensors checkpoint (a file, a sharded checkpoint's\n"
+		"model.safetensors.index.json, or a Hugging Face model folder holding\n"
+		"either), its floating-point tensors (F32, F16, BF16, F64) are laid out in\n"
+		"file order, grouped by --group; integer tensors, empty ones and\n"
+		"'<name>.exp_avg[_sq]' entries written by 'ckptctl export' are skipped.\n"
+		"The dtype is fp16 if every tensor is F16, else bf16 (--dtype overrides).\n"
+		"A file written by 'ckptctl export' (dm-ckpt.* metadata) gives the layout of\n"
+		"the image it came from: tensor order, groups, dtype, chunk size and the\n"
+		"groups' hyperparameters; --dtype, --chunk-params and --group override\n"
+		"them, and the summary says so.");
 	format->add_option("device", fa.device, "backing file (created if missing) or block device")->required();
 	auto *src_m = format->add_option("-m,--manifest", fa.manifest, "tensor manifest (JSON)");
 	auto *src_s = format->add_option("--from-safetensors", fa.safetensors,
-					 "take the tensors (names, shapes) of this safetensors file");
+					 "take the tensors (names, shapes) of this safetensors\nfile, index (.json) or model folder");
 	src_m->excludes(src_s);
 	format->add_option("--group", fa.groups,
 			   "G:GLOB[,GLOB...]: tensors whose names match a glob go to\n"
@@ -362,7 +372,10 @@ int main(int argc, char **argv)
 	ImportArgs ia;
 	uint64_t import_step = 0;
 	auto *import = app.add_subcommand("import",
-		"Load weights (and optimizer state) from a safetensors file.\n\n"
+		"Load weights (and optimizer state) from a safetensors checkpoint: a file,\n"
+		"a sharded checkpoint's model.safetensors.index.json (every tensor in the\n"
+		"shard its weight_map names, shards in the index's folder only), or a\n"
+		"Hugging Face model folder holding either.\n\n"
 		"Every tensor of the device is read from the file tensor of the same name\n"
 		"and shape (F32, F16, BF16 exactly; F64 rounded) into the fp32 master copy;\n"
 		"moments are zero. With --with-optimizer, '<name>.exp_avg' and\n"
@@ -373,7 +386,7 @@ int main(int argc, char **argv)
 		"is validated completely before anything is read or written; values must be\n"
 		"finite (exp_avg_sq not negative).");
 	import->add_option("device", ia.device, "backing file or block device (not a dm-ckpt device)")->required();
-	import->add_option("--from", ia.from, "safetensors file")->required();
+	import->add_option("--from", ia.from, "safetensors file, index (.json) or model folder")->required();
 	import->add_flag("--with-optimizer", ia.with_optimizer, "also load exp_avg/exp_avg_sq and the step");
 	auto *step_opt = import->add_option("--step", import_step,
 					    "optimizer step of the moments (default: the file's \"step\")")
@@ -383,6 +396,7 @@ int main(int argc, char **argv)
 			 "values) and skip file tensors the device lacks");
 	add_progress_options(import, progress);
 	import->footer("\nEXAMPLES\n  ckptctl import /dev/nvme0n1 --from model.safetensors\n"
+		       "  ckptctl import /dev/nvme0n1 --from ./Llama-3.2-1B      # a model folder\n"
 		       "  ckptctl import new.img --from step1000.safetensors --with-optimizer");
 
 	std::string to;
@@ -392,8 +406,12 @@ int main(int argc, char **argv)
 		"The fp32 master params of every tensor at the committed step, as F32 with\n"
 		"the manifest's shapes; with --with-optimizer also '<name>.exp_avg' and\n"
 		"'<name>.exp_avg_sq'. __metadata__ holds format=pt, step, ckpt.dtype,\n"
-		"ckpt.uuid and (with --with-optimizer) ckpt.trainer_blob in hex. Every record\n"
-		"read is checked (header and checksum). The file appears only when complete:\n"
+		"ckpt.uuid and (with --with-optimizer) ckpt.trainer_blob in hex, and the\n"
+		"image's layout for 'format --from-safetensors': dm-ckpt.format_version,\n"
+		"dtype, chunk_params, step, n_groups, tensor_group.NAME and, when the image\n"
+		"records them, group.G.lr, .beta1, .beta2, .eps, .weight_decay, .flags.\n"
+		"Every record read is checked (header and checksum). The file appears only\n"
+		"when complete:\n"
 		"it is written under a temporary name beside it, removed on any failure.\n"
 		"--to must be a new path or a regular file (which is replaced); a directory,\n"
 		"device node or FIFO is refused. A backing file shorter than its layout is\n"

@@ -864,10 +864,12 @@ def export_safetensors(device_or_path, out, what="master", metadata=None):
 
 
 def load_safetensors_into(module, path, strict=True):
-    """Loads a safetensors file (F32/F16/BF16) into module's params by name."""
+    """Loads a safetensors checkpoint (F32/F16/BF16; a file, a sharded one's
+    index or a model folder) into module's params by name."""
     arrays, dtypes, _ = _safetensors.load_file(path, with_metadata=True)
     state = {}
     for n, a in arrays.items():
+        a = np.array(a)  # out of the read-only map, one tensor at a time
         t = lowp_to_torch(a, "bf16") if dtypes[n] == "BF16" else torch.from_numpy(a)
         state[n] = t
     return module.load_state_dict(state, strict=strict)
