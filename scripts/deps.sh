@@ -1,22 +1,38 @@
 #!/bin/sh
-# Installs every Debian package dm-ckpt needs to build, test and benchmark.
+# Installs the Debian packages dm-ckpt needs.
+#   scripts/deps.sh              everything: build, test, benchmark, the kernel
+#                                target in VMs (make check)
+#   scripts/deps.sh --userspace  the library, tools, Python package and their
+#                                tests and install (make demo): no kernels,
+#                                no qemu, no fuzzing toolchain
 # Idempotent: packages already installed are not touched, so it is cheap to run
 # before every build.
 set -eu
 
-PACKAGES="
+USERSPACE="
 build-essential cmake pkg-config
 liburing-dev libblkid-dev libcli11-dev libfmt-dev nlohmann-json3-dev
 libgtest-dev libgmock-dev libbenchmark-dev
 libdevmapper-dev libnvme-dev
 python3 python3-numpy python3-torch python3-matplotlib
+python3-pip python3-venv python3-setuptools python3-wheel python3-docutils
 libjemalloc2 fio
+"
+# make check also: the kernels the module is built and tested against, qemu and
+# the VM tools, DKMS, the fuzzing toolchain
+CHECK="
 linux-image-amd64 linux-headers-amd64
 linux-image-6.12-amd64 linux-headers-6.12-amd64
 linux-source-6.1 dkms
 qemu-system-x86 busybox-static dmsetup cpio kmod xz-utils
 clang libclang-rt-14-dev
 "
+
+case "${1:-}" in
+--userspace) PACKAGES=$USERSPACE ;;
+"") PACKAGES="$USERSPACE $CHECK" ;;
+*) echo "usage: $0 [--userspace]" >&2; exit 2 ;;
+esac
 
 missing=""
 for p in $PACKAGES; do

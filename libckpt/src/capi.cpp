@@ -293,6 +293,8 @@ template <typename F> int report(char **json, F &&f)
 
 extern "C" {
 
+const char *ckpt_version(void) { return CKPT_VERSION; }
+
 const char *ckpt_last_error(void) { return last_error.c_str(); }
 
 void ckpt_free(void *p) { std::free(p); }

@@ -1,0 +1,83 @@
+# What `cmake --install` (and `make install PREFIX=... DESTDIR=...`) puts
+# where, by GNUInstallDirs: the library and its headers, ckpt.pc, the tools,
+# the Python package, man pages and bash completion. README.md, "Install".
+include(GNUInstallDirs)
+
+# The Python package's directory, relative to the prefix unless given:
+# Debian's python3 looks in /usr/lib/python3/dist-packages and in
+# /usr/local/lib/python3.X/dist-packages.
+set(CKPT_INSTALL_PYTHONDIR "" CACHE STRING
+  "where the ckpt Python package is installed (default: the prefix's dist-packages)")
+if(CKPT_INSTALL_PYTHONDIR)
+  set(ckpt_pydir ${CKPT_INSTALL_PYTHONDIR})
+elseif(CMAKE_INSTALL_PREFIX STREQUAL "/usr")
+  set(ckpt_pydir lib/python3/dist-packages)
+else()
+  execute_process(COMMAND ${CKPT_PYTHON} -c "import sys; print('%d.%d' % sys.version_info[:2])"
+    OUTPUT_VARIABLE ckpt_pyver OUTPUT_STRIP_TRAILING_WHITESPACE COMMAND_ERROR_IS_FATAL ANY)
+  set(ckpt_pydir lib/python${ckpt_pyver}/dist-packages)
+endif()
+set(CKPT_INSTALL_BASHCOMPDIR ${CMAKE_INSTALL_DATADIR}/bash-completion/completions CACHE STRING
+  "where ckptctl's bash completion is installed")
+# The udev rule and systemd unit (boot/) go to these when the tree has them.
+set(CKPT_INSTALL_UDEVRULESDIR lib/udev/rules.d CACHE STRING "where udev rules are installed")
+set(CKPT_INSTALL_SYSTEMDUNITDIR lib/systemd/system CACHE STRING "where systemd units are installed")
+
+# libckpt.so.0.2.0, its SONAME link libckpt.so.0 (runtime) and the link-time
+# libckpt.so; ckpt.h and the headers it includes; ckpt_error.hpp, C++ errors
+# over the C ABI (needs {fmt}).
+install(TARGETS ckpt LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+install(FILES libckpt/include/ckpt.h libckpt/core/ckpt_abi.h libckpt/include/ckpt_error.hpp
+  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+
+# ckpt.pc, relocatable: its prefix is found from where the file is, so a
+# staged install (DESTDIR) or --prefix at install time gives the right paths.
+file(RELATIVE_PATH ckpt_pc_to_prefix /${CMAKE_INSTALL_LIBDIR}/pkgconfig /)
+string(REGEX REPLACE "/$" "" ckpt_pc_to_prefix "${ckpt_pc_to_prefix}")
+configure_file(${PROJECT_SOURCE_DIR}/libckpt/ckpt.pc.in ${PROJECT_BINARY_DIR}/ckpt.pc @ONLY)
+install(FILES ${PROJECT_BINARY_DIR}/ckpt.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+
+# ckptctl manages devices (sbin); ckpt-trace replays a seeded training trace
+# into an image (a reference to compare a device with).
+install(TARGETS ckptctl DESTINATION ${CMAKE_INSTALL_SBINDIR})
+install(TARGETS ckpt-trace DESTINATION ${CMAKE_INSTALL_BINDIR})
+
+# The Python package without a copy of the library: an installed ckpt loads
+# libckpt.so.0 through the dynamic loader (libckpt/python/ckpt/__init__.py).
+install(DIRECTORY libckpt/python/ckpt DESTINATION ${ckpt_pydir}
+  FILES_MATCHING PATTERN "*.py" PATTERN "__pycache__" EXCLUDE)
+
+# Man pages from reStructuredText (docutils' rst2man): ckptctl(8) from
+# man/ckptctl.8.rst, dm-ckpt(4) from the target's reference kmod/dm-ckpt.rst.
+find_program(RST2MAN NAMES rst2man rst2man.py)
+if(NOT RST2MAN)
+  message(FATAL_ERROR "rst2man not found: the man pages need python3-docutils (scripts/deps.sh)")
+endif()
+set(ckpt_man_pages)
+foreach(page ckptctl.8 dm-ckpt.4)
+  set(out ${PROJECT_BINARY_DIR}/man/${page})
+  set(deps ${PROJECT_SOURCE_DIR}/man/${page}.rst)
+  if(page STREQUAL "dm-ckpt.4")
+    list(APPEND deps ${PROJECT_SOURCE_DIR}/kmod/dm-ckpt.rst)
+  endif()
+  add_custom_command(OUTPUT ${out}
+    COMMAND ${CMAKE_COMMAND} -E make_directory ${PROJECT_BINARY_DIR}/man
+    COMMAND ${RST2MAN} --halt=warning ${PROJECT_SOURCE_DIR}/man/${page}.rst ${out}
+    DEPENDS ${deps} COMMENT "Generating man page ${page}")
+  list(APPEND ckpt_man_pages ${out})
+endforeach()
+add_custom_target(ckpt_man ALL DEPENDS ${ckpt_man_pages})
+install(FILES ${PROJECT_BINARY_DIR}/man/ckptctl.8 DESTINATION ${CMAKE_INSTALL_MANDIR}/man8)
+install(FILES ${PROJECT_BINARY_DIR}/man/dm-ckpt.4 DESTINATION ${CMAKE_INSTALL_MANDIR}/man4)
+install(FILES completion/ckptctl DESTINATION ${CKPT_INSTALL_BASHCOMPDIR})
+
+# boot/: the udev rule and the systemd unit that set up dm-ckpt devices at
+# boot, installed to CKPT_INSTALL_UDEVRULESDIR and CKPT_INSTALL_SYSTEMDUNITDIR.
+file(GLOB ckpt_udev_rules ${PROJECT_SOURCE_DIR}/boot/*.rules)
+file(GLOB ckpt_systemd_units ${PROJECT_SOURCE_DIR}/boot/*.service)
+if(ckpt_udev_rules)
+  install(FILES ${ckpt_udev_rules} DESTINATION ${CKPT_INSTALL_UDEVRULESDIR})
+endif()
+if(ckpt_systemd_units)
+  install(FILES ${ckpt_systemd_units} DESTINATION ${CKPT_INSTALL_SYSTEMDUNITDIR})
+endif()
