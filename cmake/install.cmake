@@ -48,27 +48,33 @@ install(DIRECTORY libckpt/python/ckpt DESTINATION ${ckpt_pydir}
   FILES_MATCHING PATTERN "*.py" PATTERN "__pycache__" EXCLUDE)
 
 # Man pages from reStructuredText (docutils' rst2man): ckptctl(8) from
-# man/ckptctl.8.rst, dm-ckpt(4) from the target's reference kmod/dm-ckpt.rst.
+# man/ckptctl.8.rst with each command's --help filled in by
+# man/ckptctl-man.py; dm-ckpt(4) from the target's reference kmod/dm-ckpt.rst.
 find_program(RST2MAN NAMES rst2man rst2man.py)
 if(NOT RST2MAN)
   message(FATAL_ERROR "rst2man not found: the man pages need python3-docutils (scripts/deps.sh)")
 endif()
-set(ckpt_man_pages)
-foreach(page ckptctl.8 dm-ckpt.4)
-  set(out ${PROJECT_BINARY_DIR}/man/${page})
-  set(deps ${PROJECT_SOURCE_DIR}/man/${page}.rst)
-  if(page STREQUAL "dm-ckpt.4")
-    list(APPEND deps ${PROJECT_SOURCE_DIR}/kmod/dm-ckpt.rst)
-  endif()
-  add_custom_command(OUTPUT ${out}
-    COMMAND ${CMAKE_COMMAND} -E make_directory ${PROJECT_BINARY_DIR}/man
-    COMMAND ${RST2MAN} --halt=warning ${PROJECT_SOURCE_DIR}/man/${page}.rst ${out}
-    DEPENDS ${deps} COMMENT "Generating man page ${page}")
-  list(APPEND ckpt_man_pages ${out})
-endforeach()
-add_custom_target(ckpt_man ALL DEPENDS ${ckpt_man_pages})
-install(FILES ${PROJECT_BINARY_DIR}/man/ckptctl.8 DESTINATION ${CMAKE_INSTALL_MANDIR}/man8)
-install(FILES ${PROJECT_BINARY_DIR}/man/dm-ckpt.4 DESTINATION ${CMAKE_INSTALL_MANDIR}/man4)
+set(man ${PROJECT_BINARY_DIR}/man)
+add_custom_command(OUTPUT ${man}/ckptctl.8
+  COMMAND ${CMAKE_COMMAND} -E make_directory ${man}
+  COMMAND ${CKPT_PYTHON} ${PROJECT_SOURCE_DIR}/man/ckptctl-man.py $<TARGET_FILE:ckptctl>
+          ${PROJECT_SOURCE_DIR}/man/ckptctl.8.rst ${man}/ckptctl.8.rst
+  COMMAND ${RST2MAN} --halt=warning ${man}/ckptctl.8.rst ${man}/ckptctl.8
+  DEPENDS ckptctl ${PROJECT_SOURCE_DIR}/man/ckptctl.8.rst ${PROJECT_SOURCE_DIR}/man/ckptctl-man.py
+  COMMENT "Generating man page ckptctl.8")
+add_custom_command(OUTPUT ${man}/dm-ckpt.4
+  COMMAND ${CMAKE_COMMAND} -E make_directory ${man}
+  COMMAND ${RST2MAN} --halt=warning ${PROJECT_SOURCE_DIR}/man/dm-ckpt.4.rst ${man}/dm-ckpt.4
+  DEPENDS ${PROJECT_SOURCE_DIR}/man/dm-ckpt.4.rst ${PROJECT_SOURCE_DIR}/kmod/dm-ckpt.rst
+  COMMENT "Generating man page dm-ckpt.4")
+# (not in the sanitizer builds, which install nothing)
+if(CKPT_SANITIZE OR CKPT_TSAN)
+  add_custom_target(ckpt_man DEPENDS ${man}/ckptctl.8 ${man}/dm-ckpt.4)
+else()
+  add_custom_target(ckpt_man ALL DEPENDS ${man}/ckptctl.8 ${man}/dm-ckpt.4)
+endif()
+install(FILES ${man}/ckptctl.8 DESTINATION ${CMAKE_INSTALL_MANDIR}/man8)
+install(FILES ${man}/dm-ckpt.4 DESTINATION ${CMAKE_INSTALL_MANDIR}/man4)
 install(FILES completion/ckptctl DESTINATION ${CKPT_INSTALL_BASHCOMPDIR})
 
 # boot/: the udev rule and the systemd unit that set up dm-ckpt devices at

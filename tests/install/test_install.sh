@@ -101,7 +101,7 @@ ok "dm-ckpt(4) holds the target's reference" sh -c 'grep -q "^\.SH CONSTRUCTOR" 
 cmds=$(LD_LIBRARY_PATH=$libdir "$root/sbin/ckptctl" --help | sed -n '/^[Ss]ubcommands:/,/^$/s/^  \([a-z][a-z0-9-]*\).*/\1/p')
 ok "ckptctl --help lists its commands" test "$(echo "$cmds" | wc -w)" -ge 10
 for c in $cmds; do
-	ok "ckptctl(8) documents '$c'" grep -q "^\\.B \\\\fB$c\\\\fP" "$root/share/man/man8/ckptctl.8"
+	ok "ckptctl(8) documents '$c'" grep -qx "\\.SS $c" "$root/share/man/man8/ckptctl.8"
 done
 complete() {
 	LD_LIBRARY_PATH=$libdir PATH=$root/sbin:$PATH bash -c '. "$1"; shift; COMP_WORDS=("$@"); COMP_CWORD=$(($# - 1)); _ckptctl; echo "${COMPREPLY[*]}"' sh \
