@@ -77,13 +77,19 @@ install(FILES ${man}/ckptctl.8 DESTINATION ${CMAKE_INSTALL_MANDIR}/man8)
 install(FILES ${man}/dm-ckpt.4 DESTINATION ${CMAKE_INSTALL_MANDIR}/man4)
 install(FILES completion/ckptctl DESTINATION ${CKPT_INSTALL_BASHCOMPDIR})
 
-# boot/: the udev rule and the systemd unit that set up dm-ckpt devices at
-# boot, installed to CKPT_INSTALL_UDEVRULESDIR and CKPT_INSTALL_SYSTEMDUNITDIR.
-file(GLOB ckpt_udev_rules ${PROJECT_SOURCE_DIR}/boot/*.rules)
-file(GLOB ckpt_systemd_units ${PROJECT_SOURCE_DIR}/boot/*.service)
+# The udev rule and the systemd units that assemble dm-ckpt devices at boot
+# (README.md, "Assembly at boot").
+file(GLOB ckpt_udev_rules ${PROJECT_SOURCE_DIR}/scripts/udev/*.rules)
+file(GLOB ckpt_systemd_units ${PROJECT_SOURCE_DIR}/scripts/systemd/*.service)
 if(ckpt_udev_rules)
   install(FILES ${ckpt_udev_rules} DESTINATION ${CKPT_INSTALL_UDEVRULESDIR})
 endif()
-if(ckpt_systemd_units)
-  install(FILES ${ckpt_systemd_units} DESTINATION ${CKPT_INSTALL_SYSTEMDUNITDIR})
-endif()
+# (the units run the installed ckptctl: its path is the prefix's)
+foreach(unit IN LISTS ckpt_systemd_units)
+  get_filename_component(name ${unit} NAME)
+  file(READ ${unit} text)
+  string(REPLACE "/usr/sbin/ckptctl" "${CMAKE_INSTALL_FULL_SBINDIR}/ckptctl" text "${text}")
+  file(WRITE ${PROJECT_BINARY_DIR}/systemd/${name} "${text}")
+  set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${unit})
+  install(FILES ${PROJECT_BINARY_DIR}/systemd/${name} DESTINATION ${CKPT_INSTALL_SYSTEMDUNITDIR})
+endforeach()

@@ -25,6 +25,7 @@ linux-image-amd64 linux-headers-amd64
 linux-image-6.12-amd64 linux-headers-6.12-amd64
 linux-source-6.1 dkms
 qemu-system-x86 busybox-static dmsetup cpio kmod xz-utils
+systemd
 clang libclang-rt-14-dev
 "
 

@@ -13,7 +13,7 @@
 #
 #   scripts/vm/tests.sh [--matrix "6.1:max 6.1:qemu64 6.12:max"]
 #                       [--params N] [--steps N] [--seed N] [--presteps N]
-#                       [--only harness|kmod|identity|scripts]
+#                       [--only harness|kmod|identity|scripts|assembly]
 # --presteps N: the host commits the first N steps (default 0) with the
 # userspace engine before the image is copied; both sides then continue from
 # step N+1 (so the kernel starts from a state the userspace engine wrote).
@@ -201,10 +201,28 @@ identity_run() { # KERNEL CPU DIR DTYPE
 	fi
 }
 
+# count_tap WHAT RC BASE: the TAP lines of a guest script's console output
+# BASE.out as tests, and a failed run (BASE.runner, BASE.log) without any
+# "not ok" line, or a run without TAP, as one more failure.
+count_tap() {
+	local what=$1 rc=$2 base=$3 line counted=0
+	sed 's/^/# /' "$base.runner"
+	while IFS= read -r line; do
+		case $line in
+		"ok "*) counted=$((counted + 1)); ok "$what: ${line#ok }" ;;
+		"not ok "*) counted=$((counted + 1)); not_ok "$what: ${line#not ok }" ;;
+		esac
+	done < <(tr -d '\r' <"$base.out")
+	if [ $rc -ne 0 ] && { [ $rc -ge 122 ] || [ $rc = 2 ] || ! grep -qs '^not ok' <(tr -d '\r' <"$base.out"); }; then
+		not_ok "$what run: $(why $rc)$(runner_error "$base.runner") (log $base.log)"
+	fi
+	[ $counted -gt 0 ] || [ $rc -ne 0 ] || not_ok "$what: no TAP results"
+}
+
 # Guest scripts (tests/vm/*.sh: the tools against the kernel target), TAP on
 # the console; run once per kernel, with -cpu max.
 scripts_run() { # KERNEL CPU DIR
-	local k=$1 c=$2 d=$3 rc script name line counted
+	local k=$1 c=$2 d=$3 rc script name
 	for script in "$ROOT"/tests/vm/*.sh; do
 		[ -f "$script" ] || continue
 		name=$(basename "$script" .sh)
@@ -212,18 +230,34 @@ scripts_run() { # KERNEL CPU DIR
 		"$RUN" --kernel "$k" --cpu "$c" --log "$d/$name.log" "${run_args[@]}" "$script" \
 			>"$d/$name.out" 2>"$d/$name.runner"
 		rc=$?
-		sed 's/^/# /' "$d/$name.runner"
-		counted=0
-		while IFS= read -r line; do
-			case $line in
-			"ok "*) counted=$((counted + 1)); ok "$k/$c $name: ${line#ok }" ;;
-			"not ok "*) counted=$((counted + 1)); not_ok "$k/$c $name: ${line#not ok }" ;;
-			esac
-		done < <(tr -d '\r' <"$d/$name.out")
-		if [ $rc -ne 0 ] && { [ $rc -ge 122 ] || [ $rc = 2 ] || ! grep -qs '^not ok' <(tr -d '\r' <"$d/$name.out"); }; then
-			not_ok "$k/$c $name run: $(why $rc)$(runner_error "$d/$name.runner") (log $d/$name.log)"
+		count_tap "$k/$c $name" $rc "$d/$name"
+	done
+}
+
+# Assembly at boot (guest/assembly.sh): two images as namespaces 1 and 2;
+# the first boot formats them and writes a ckpttab by uuid, the second boots
+# with the namespaces swapped (the kernel scans namespaces asynchronously:
+# their names may or may not follow) and
+# assembles each target from that ckpttab. Once per suite: two boots of
+# ~70 s each under TCG on a loaded 2-core host.
+assembly_run() { # KERNEL CPU DIR
+	local k=$1 c=$2 d=$3/assembly rc phase imgs
+	mkdir -p "$d"
+	truncate -s 64M "$d/a.img" "$d/b.img"
+	for phase in format swapped; do
+		log "$k/$c: assembly at boot, $phase"
+		if [ $phase = format ]; then
+			imgs=(--image "$d/a.img" --image "$d/b.img")
+		else
+			[ -f "$d/out/ckpttab" ] && [ -f "$d/out/images" ] || {
+				not_ok "$k/$c assembly: the first boot left no ckpttab"; return; }
+			imgs=(--image "$d/b.img" --image "$d/a.img" --add "$d/out/ckpttab:/etc/ckpttab"
+				--add "$d/out/images")
 		fi
-		[ $counted -gt 0 ] || [ $rc -ne 0 ] || not_ok "$k/$c $name: no TAP results"
+		"$RUN" --kernel "$k" --cpu "$c" --log "$d/$phase.log" "${imgs[@]}" --out "$d/out" "${run_args[@]}" \
+			"$VM_DIR/guest/assembly.sh" $phase >"$d/$phase.out" 2>"$d/$phase.runner"
+		rc=$?
+		count_tap "$k/$c assembly $phase" $rc "$d/$phase"
 	done
 }
 
@@ -280,6 +314,10 @@ if [ $preflight_ok = 1 ]; then
 			identity_run "$k" "$c" "$d" "$( (((n_combo + n_kernel) % 2)) && echo fp16 || echo bf16)"
 		fi
 		if want scripts && [ "$c" = max ]; then scripts_run "$k" "$c" "$d"; fi
+		if want assembly && [ "$c" = max ] && [ -z "${assembly_done:-}" ]; then
+			assembly_run "$k" "$c" "$d"
+			assembly_done=1
+		fi
 		log "$k/$c ($kver): $((SECONDS - ts)) s"
 	done
 fi

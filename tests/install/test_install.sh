@@ -40,6 +40,11 @@ for f in include/ckpt.h include/ckpt_abi.h include/ckpt_error.hpp sbin/ckptctl b
 	share/man/man8/ckptctl.8 share/man/man4/dm-ckpt.4 share/bash-completion/completions/ckptctl; do
 	ok "$f installed" test -f "$root/$f"
 done
+for f in lib/udev/rules.d/69-dm-ckpt.rules lib/systemd/system/dm-ckpt-activate.service \
+	lib/systemd/system/dm-ckpt-activate@.service; do
+	ok "$f installed" test -f "$root/$f"
+done
+ok "the units run the installed ckptctl" grep -q "^ExecStart=$prefix/sbin/ckptctl " "$root/lib/systemd/system/dm-ckpt-activate.service"
 ok "ckpt.pc installed in $libdir/pkgconfig" test -f "$libdir/pkgconfig/ckpt.pc"
 ok "the Python package installed ($pydir)" test -f "$pydir/ckpt/__init__.py" -a -f "$pydir/ckpt/torch.py"
 ok "nothing installed outside the prefix" sh -c '[ -z "$(find "$1" -mindepth 1 -maxdepth 2 ! -path "$1/usr" ! -path "$1/usr/local")" ]' sh "$stage"
