@@ -8,7 +8,7 @@ export PYTHONPATH := $(CURDIR)/$(BUILD)/python
 # where every proof records its result for docs/reliability.md
 export CKPT_RELIABILITY_BUILD := $(CURDIR)/$(BUILD)
 
-.PHONY: all deps configure check reliability demo bench clean check-unit check-asan kmod check-vm \
+.PHONY: all deps deps-userspace install check-dkms configure check reliability demo bench clean check-unit check-asan kmod check-vm \
 	check-powercut check-logreplay vm-shell bench-vm fuzz-build check-fuzz fuzz fuzz-corpus check-tsan \
 	crash-campaign crash-campaign-userspace crash-campaign-kernel kernel-debug check-kdebug
 
@@ -17,6 +17,10 @@ all: configure
 
 deps:
 	scripts/deps.sh
+
+# what the userspace build, its tests and `make demo` need (no kernels, qemu)
+deps-userspace:
+	scripts/deps.sh --userspace
 
 configure: $(BUILD)/CMakeCache.txt
 
@@ -112,13 +116,31 @@ crash-campaign-userspace:
 		CKPT_CRASH_RESUME_EVERY=$(CKPT_CRASH_RESUME_EVERY) CKPT_CRASH_SEED=$(CKPT_CRASH_SEED) \
 		sh tests/crash/record.sh $(BUILD)/tests/crash_test $$dtype $$model "make crash-campaign"; done; done
 
-demo: deps
+demo: deps-userspace
 	$(MAKE) all
 	$(PYTHON) demo/train.py
 
 bench: deps
 	$(MAKE) all
 	scripts/bench.sh $(BUILD)
+
+# The library, headers, ckpt.pc, ckptctl, ckpt-trace, the Python package, man
+# pages and bash completion under PREFIX, staged under DESTDIR if given
+# (README.md, "Install"); ldconfig for a real install. The kernel module is
+# installed by DKMS (dkms.conf) or `make -C kmod install`.
+PREFIX ?= /usr/local
+DESTDIR ?=
+install:
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython3_EXECUTABLE=$(PYTHON) \
+		-DCMAKE_INSTALL_PREFIX=$(PREFIX)
+	cmake --build $(BUILD) --target ckpt ckptctl ckpt-trace ckpt_man -j$(JOBS)
+	DESTDIR=$(DESTDIR) cmake --install $(BUILD)
+	if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ]; then ldconfig; fi
+
+# DKMS builds dm-ckpt.ko for every installed kernel with headers, in a
+# scratch DKMS tree (tests/install/test_dkms.sh); about 30 s of CPU a kernel.
+check-dkms: deps
+	sh tests/install/test_dkms.sh $(patsubst /usr/src/linux-headers-%,%,$(wildcard /usr/src/linux-headers-*-amd64))
 
 # kmod's clean also removes the core objects Kbuild leaves in libckpt/core.
 clean:

@@ -1,20 +1,29 @@
 #!/bin/sh
-# Installs every Debian package dm-ckpt needs to build, test and benchmark.
+# Installs the Debian packages dm-ckpt needs.
+#   scripts/deps.sh              everything: build, test, benchmark, the kernel
+#                                target in VMs (make check)
+#   scripts/deps.sh --userspace  the library, tools, Python package and their
+#                                tests and install (make demo): no kernels,
+#                                no qemu, no fuzzing toolchain
+#   scripts/deps.sh --kernel-debug  everything, and what make kernel-debug
+#                                needs to build a kernel from Debian's
+#                                linux-source-6.12
 # Idempotent: packages already installed are not touched, so it is cheap to run
 # before every build.
-#
-#   scripts/deps.sh                  the packages of make check
-#   scripts/deps.sh --kernel-debug   also what make kernel-debug needs to build
-#                                    a kernel from Debian's linux-source-6.12
 set -eu
 
-PACKAGES="
+USERSPACE="
 build-essential cmake pkg-config
 liburing-dev libblkid-dev libcli11-dev libfmt-dev nlohmann-json3-dev
 libgtest-dev libgmock-dev libbenchmark-dev
 libdevmapper-dev libnvme-dev
 python3 python3-numpy python3-torch python3-matplotlib python3-tqdm
+python3-pip python3-venv python3-setuptools python3-wheel python3-docutils
 libjemalloc2 fio
+"
+# make check also: the kernels the module is built and tested against, qemu and
+# the VM tools, DKMS, the fuzzing toolchain
+CHECK="
 linux-image-amd64 linux-headers-amd64
 linux-image-6.12-amd64 linux-headers-6.12-amd64
 linux-source-6.1 dkms
@@ -24,10 +33,11 @@ clang libclang-rt-14-dev
 "
 # make kernel-debug (scripts/vm/kdebug.sh): a 6.12 kernel with KASAN and lockdep
 KDEBUG_PACKAGES="linux-source-6.12 flex bison bc libelf-dev libssl-dev"
-case ${1:-} in
-"") ;;
---kernel-debug) PACKAGES="$PACKAGES $KDEBUG_PACKAGES" ;;
-*) echo "usage: $0 [--kernel-debug]" >&2; exit 2 ;;
+case "${1:-}" in
+--userspace) PACKAGES=$USERSPACE ;;
+"") PACKAGES="$USERSPACE $CHECK" ;;
+--kernel-debug) PACKAGES="$USERSPACE $CHECK $KDEBUG_PACKAGES" ;;
+*) echo "usage: $0 [--userspace | --kernel-debug]" >&2; exit 2 ;;
 esac
 
 missing=""

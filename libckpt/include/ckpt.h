@@ -31,6 +31,21 @@
 extern "C" {
 #endif
 
+/*
+ * libckpt.so is built with -fvisibility=hidden and exports exactly the
+ * functions declared here (and a version script keeps anything else local).
+ */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
+/*
+ * The library's version, "MAJOR.MINOR.PATCH" (the VERSION file of the source
+ * tree, the same as the kernel module's and the Python package's). The
+ * SONAME is libckpt.so.MAJOR: it changes only when this ABI breaks.
+ */
+const char *ckpt_version(void);
+
 typedef struct ckpt_layout_builder ckpt_layout_builder;
 typedef struct ckpt_device ckpt_device;
 
@@ -350,6 +365,10 @@ struct ckpt_fit {
 	uint64_t record_bytes;	/* per chunk */
 };
 int ckpt_fit(uint64_t bytes, uint32_t chunk_params, uint64_t write_unit, struct ckpt_fit *fit);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #ifdef __cplusplus
 }

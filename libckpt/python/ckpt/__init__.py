@@ -36,10 +36,29 @@ import os
 import sys
 import warnings as _warnings
 
-__all__ = ["CkptError", "CkptWarning", "Layout", "Device", "format", "open", "image_uuid", "restore",
-           "ERRORS"]
+__all__ = ["__version__", "CkptError", "CkptWarning", "Layout", "Device", "format", "open",
+           "image_uuid", "restore", "ERRORS"]
 
-_lib = ctypes.CDLL(os.path.join(os.path.dirname(os.path.abspath(__file__)), "libckpt.so"))
+
+def _load_library():
+    """libckpt: the copy beside this file (the package assembled in a build
+    tree), else the installed library by its SONAME through the dynamic
+    loader (`make install`; a `pip install` of the package)."""
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "libckpt.so")
+    name = here if os.path.exists(here) else "libckpt.so.0"
+    try:
+        return ctypes.CDLL(name)
+    except OSError as e:
+        raise ImportError(f"ckpt: cannot load libckpt ({e}); install it (make install, "
+                          "then ldconfig) or put its directory in LD_LIBRARY_PATH") from None
+
+
+_lib = _load_library()
+_lib.ckpt_version.restype = ctypes.c_char_p
+_lib.ckpt_version.argtypes = []
+# The library's version: the VERSION file of the tree it was built from (the
+# kernel module's and the C ABI's, ckpt_version()).
+__version__ = _lib.ckpt_version().decode()
 
 _lib.ckpt_err_name.restype = ctypes.c_char_p
 _lib.ckpt_err_name.argtypes = [ctypes.c_int]
