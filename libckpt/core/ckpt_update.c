@@ -6,7 +6,8 @@
  * this one.
  *
  * Must be compiled with -ffp-contract=off -fno-math-errno (libckpt/CMakeLists.txt):
- * x86-64-v4 has FMA, and contraction would change the bits.
+ * x86-64-v4 and every aarch64 CPU have FMA, and contraction would change the
+ * bits.
  */
 #ifndef __KERNEL__
 
@@ -21,7 +22,7 @@
 
 #define CKPT_SCALAR __attribute__((optimize("no-tree-vectorize")))
 
-/* ---- named variants, same body ---- */
+/* ---- the scalar reference, every architecture ---- */
 
 CKPT_SCALAR u32 ckpt_update_chunk_scalar(CKPT_UPDATE_ARGS)
 {
