@@ -10,7 +10,7 @@ export CKPT_RELIABILITY_BUILD := $(CURDIR)/$(BUILD)
 
 .PHONY: all deps configure check reliability demo bench clean check-unit check-asan kmod check-vm \
 	check-powercut check-logreplay check-aarch64 vm-shell bench-vm fuzz-build check-fuzz fuzz fuzz-corpus check-tsan \
-	crash-campaign crash-campaign-userspace crash-campaign-kernel
+	crash-campaign crash-campaign-userspace crash-campaign-kernel kernel-debug check-kdebug
 
 all: configure
 	cmake --build $(BUILD) -j$(JOBS)
@@ -157,6 +157,31 @@ check-vm: deps
 	$(MAKE) all
 	$(MAKE) kmod
 	BUILD=$(BUILD) scripts/vm/tests.sh
+
+# a 6.12 kernel with KASAN, lockdep, KFENCE, DEBUG_OBJECTS and
+# DEBUG_ATOMIC_SLEEP, built from Debian's linux-source-6.12 into
+# $(BUILD)/kdebug/HASH (scripts/vm/kdebug.sh; HASH of scripts/vm/kdebug.config)
+kernel-debug:
+	scripts/deps.sh --kernel-debug
+	BUILD=$(BUILD) scripts/vm/kdebug.sh
+
+# the kernel VM suite (scripts/vm/tests.sh) in that kernel, on the CPU models
+# of KDEBUG_CPUS, with panic_on_warn and kasan.fault=panic; the result goes to
+# the row kernel-debug of docs/reliability.md (regenerated). Not part of
+# check: the build takes long and every test runs several times slower.
+KDEBUG_CPUS ?= max
+KDEBUG_TIMEOUT ?= 5400
+check-kdebug: deps kernel-debug
+	$(MAKE) all
+	set -e; dir=$$(BUILD=$(BUILD) scripts/vm/kdebug.sh | tail -1); \
+	BUILD=$(BUILD) scripts/vm/build-kmod.sh "$$dir"; \
+	BUILD=$(BUILD) CKPT_VM_MATRIX="$(foreach c,$(KDEBUG_CPUS),$$dir:$(c))" \
+		CKPT_VM_TIMEOUT=$(KDEBUG_TIMEOUT) \
+		CKPT_VM_RUN_ARGS="--append kasan.fault=panic $(CKPT_VM_RUN_ARGS)" \
+		CKPT_VM_RECORD_NAME=kernel-debug \
+		CKPT_VM_RECORD_WHAT="debug kernel (KASAN, lockdep, KFENCE): the kernel target's VM suite in a 6.12 kernel with KASAN, PROVE_LOCKING, KFENCE, DEBUG_OBJECTS, DEBUG_ATOMIC_SLEEP, panic_on_warn, kasan.fault=panic" \
+		CKPT_VM_RECORD_TARGET="make check-kdebug" scripts/vm/tests.sh || rc=$$?; \
+	scripts/reliability.py update --build $(BUILD); exit $${rc:-0}
 
 # qemu killed at random moments of steps under the kernel target; after each
 # cut the image holds exactly the reference state of a committed step

@@ -2,8 +2,11 @@
 # Installs every Debian package dm-ckpt needs to build, test and benchmark.
 # Idempotent: packages already installed are not touched, so it is cheap to run
 # before every build.
-#   scripts/deps.sh            the native (x86-64) build, tests and VM
-#   scripts/deps.sh --aarch64  also the aarch64 cross build (make check-aarch64)
+#
+#   scripts/deps.sh                  the packages of make check
+#   scripts/deps.sh --kernel-debug   also what make kernel-debug needs to build
+#                                    a kernel from Debian's linux-source-6.12
+#   scripts/deps.sh --aarch64        also the aarch64 cross build (make check-aarch64)
 set -eu
 
 PACKAGES="
@@ -17,30 +20,29 @@ linux-image-amd64 linux-headers-amd64
 linux-image-6.12-amd64 linux-headers-6.12-amd64
 linux-source-6.1 dkms
 qemu-system-x86 busybox-static dmsetup cpio kmod xz-utils
+systemd
 clang libclang-rt-14-dev
 "
-
+# make kernel-debug (scripts/vm/kdebug.sh): a 6.12 kernel with KASAN and lockdep
+KDEBUG_PACKAGES="linux-source-6.12 flex bison bc libelf-dev libssl-dev"
 # The aarch64 cross build: Debian's cross toolchain and qemu-user, and the
 # arm64 -dev packages of the libraries through multiarch (dpkg architecture
 # arm64, added below); CLI11 and nlohmann-json are headers (Architecture: all).
 # libnvme-dev is not Multi-Arch: same in Debian 12 (installing its arm64
 # build would remove the host's), so ckptctl's NVMe code is left out of the
-# cross build (cmake/aarch64-linux-gnu.cmake); a native aarch64 build has it.
+# cross build (tools/CMakeLists.txt); a native aarch64 build has it.
 AARCH64_PACKAGES="
 gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user
 libc6:arm64 libstdc++6:arm64
 liburing-dev:arm64 libblkid-dev:arm64 libfmt-dev:arm64 libgtest-dev:arm64 libdevmapper-dev:arm64
 "
 aarch64=0
-for a in "$@"; do
-	case $a in
-	--aarch64) aarch64=1 ;;
-	*) echo "deps: unknown option $a (usage: $0 [--aarch64])" >&2; exit 2 ;;
-	esac
-done
-if [ $aarch64 = 1 ]; then
-	PACKAGES="$PACKAGES $AARCH64_PACKAGES"
-fi
+case ${1:-} in
+"") ;;
+--kernel-debug) PACKAGES="$PACKAGES $KDEBUG_PACKAGES" ;;
+--aarch64) PACKAGES="$PACKAGES $AARCH64_PACKAGES"; aarch64=1 ;;
+*) echo "usage: $0 [--kernel-debug | --aarch64]" >&2; exit 2 ;;
+esac
 
 missing=""
 for p in $PACKAGES; do

@@ -77,8 +77,9 @@ int ckpt_dtype_code(uint32_t index);
 size_t ckpt_abi_sizeof(const char *name);
 /*
  * The value of a constant of this header by name ("CKPT_EXPORT_LOWP",
- * "CKPT_EXPORT_OPTIMIZER"), or of the format ("CKPT_BLOCK", the metadata
- * block, 4096; "CKPT_SECTOR", 512); -1 when unknown.
+ * "CKPT_EXPORT_OPTIMIZER", "CKPT_RESTORE_ROLLBACK"), or of the format
+ * ("CKPT_BLOCK", the metadata block, 4096; "CKPT_SECTOR", 512); -1 when
+ * unknown.
  */
 int64_t ckpt_abi_constant(const char *name);
 
@@ -200,6 +201,21 @@ int ckpt_load_params(ckpt_device *d, const char *name, const float *values, uint
 /* The same for several tensors at once: one commit instead of count. */
 int ckpt_load_params_multi(ckpt_device *d, uint32_t count, const char *const *names,
 			   const float *const *values, const uint64_t *ns);
+
+/*
+ * A whole optimizer state from outside (torch.optim.AdamW's state_dict, say):
+ * for every tensor of the device, once, its fp32 master params p, exp_avg m
+ * and exp_avg_sq v (ns[i] values each) and the step they are at; committed
+ * at once (a crash keeps the old state or the new) as that step, with the
+ * trainer blob (blob_len <= 2 KiB). p and m finite, v finite and >= 0.
+ * Only before the first step (committed step 0, else CKPT_E_STATE), with
+ * the userspace engine: a kernel target's backing device is loaded before
+ * the target is created on it (the image is the same). The format keeps one
+ * step count for all tensors: the steps must be equal (CKPT_E_STEP).
+ */
+int ckpt_load_state(ckpt_device *d, uint32_t count, const char *const *names, const float *const *p,
+		    const float *const *m, const float *const *v, const uint64_t *ns, const uint64_t *steps,
+		    const void *blob, size_t blob_len);
 
 struct ckpt_group_hparams {
 	double lr;

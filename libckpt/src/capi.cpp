@@ -341,6 +341,7 @@ int64_t ckpt_abi_constant(const char *name)
 	static const std::pair<const char *, int64_t> constants[] = {
 		{"CKPT_EXPORT_LOWP", CKPT_EXPORT_LOWP},
 		{"CKPT_EXPORT_OPTIMIZER", CKPT_EXPORT_OPTIMIZER},
+		{"CKPT_RESTORE_ROLLBACK", CKPT_RESTORE_ROLLBACK},
 		{"CKPT_BLOCK", CKPT_BLOCK},
 		{"CKPT_SECTOR", CKPT_SECTOR},
 	};
@@ -585,6 +586,34 @@ int ckpt_load_params_multi(ckpt_device *d, uint32_t count, const char *const *na
 			v.emplace_back(names[i], std::span<const float>(values[i], ns[i]));
 		}
 		dev.load_params(v);
+		return 0;
+	});
+}
+
+int ckpt_load_state(ckpt_device *d, uint32_t count, const char *const *names, const float *const *p,
+		    const float *const *m, const float *const *v, const uint64_t *ns, const uint64_t *steps,
+		    const void *blob, size_t blob_len)
+{
+	return with_device(d, [&](ckpt::Device &dev) {
+		if (count) {
+			need(names, "names");
+			need(p, "p");
+			need(m, "m");
+			need(v, "v");
+			need(ns, "ns");
+			need(steps, "steps");
+		}
+		if (blob_len)
+			need(blob, "blob");
+		std::vector<ckpt::TensorState> tensors;
+		for (uint32_t i = 0; i < count; i++) {
+			need(names[i], "name");
+			need(p[i], "p");
+			need(m[i], "m");
+			need(v[i], "v");
+			tensors.push_back({names[i], {p[i], ns[i]}, {m[i], ns[i]}, {v[i], ns[i]}, steps[i]});
+		}
+		dev.load_state(tensors, {static_cast<const uint8_t *>(blob), blob_len});
 		return 0;
 	});
 }

@@ -558,6 +558,48 @@ fails_with "create on a file" 1 "regular file" "$ctl" create t0 f32.img
 fails_with "create with a bad name" 1 "not a device-mapper name" "$ctl" create a/b f32.img
 fails_with "create with a bad queue depth" 1 "queue-depth" "$ctl" create t0 f32.img --queue-depth 0
 
+# ---------------------------------------------------------------- ckpttab: the strict parse
+# Every bad line is refused with its file and line before anything is done
+# (no device-mapper needed: the parse comes first). The VM test
+# (scripts/vm/guest/assembly.sh) activates real ones.
+u=0f3c2a5e-7d41-4b8e-9a10-2c6f1e0d9b77
+tab() { printf '# name device options\n\nckpt0 UUID=%s queue_depth=16,staging_kb=2048,ro\n' $u >t.tab; printf '%s\n' "$@" >>t.tab; }
+tab 'ckpt1 UUID=nope'
+fails_with "ckpttab: a bad uuid, with its line" 1 "t.tab:4: 'UUID=nope' is not UUID=" "$ctl" activate --all --ckpttab t.tab
+tab 'ckpt1 nvme0n1'
+fails_with "ckpttab: a device neither UUID= nor a path" 1 "t.tab:4: device 'nvme0n1' is neither" "$ctl" activate --all --ckpttab t.tab
+tab 'ckpt1 /dev/x rw'
+fails_with "ckpttab: an unknown option" 1 "t.tab:4: unknown option 'rw'" "$ctl" activate --all --ckpttab t.tab
+tab 'ckpt1 /dev/x queue_depth=129'
+fails_with "ckpttab: queue_depth out of range" 1 "t.tab:4: queue_depth=129: not a number from 1 to 128" "$ctl" activate --all --ckpttab t.tab
+tab 'ckpt1 /dev/x ro,ro'
+fails_with "ckpttab: an option twice" 1 "t.tab:4: option 'ro' given twice" "$ctl" activate --all --ckpttab t.tab
+tab 'ckpt0 /dev/x'
+fails_with "ckpttab: a name twice" 1 "t.tab:4: the name ckpt0 is listed twice" "$ctl" activate --all --ckpttab t.tab
+tab "ckpt1 UUID=$(echo $u | tr a-f A-F)"
+fails_with "ckpttab: an image twice (uuids in any case)" 1 "t.tab:4: the image $u is listed twice" "$ctl" activate --all --ckpttab t.tab
+tab 'ckpt1 /dev/x - extra'
+fails_with "ckpttab: too many fields" 1 "t.tab:4: 4 fields; want NAME DEVICE" "$ctl" activate --all --ckpttab t.tab
+tab 'a/b /dev/x'
+fails_with "ckpttab: a bad name" 1 "t.tab:4: 'a/b' is not a device-mapper name" "$ctl" activate --all --ckpttab t.tab
+printf 'ckpt1 /dev/x\r\n' >t.tab
+fails_with "ckpttab: a control byte" 1 "t.tab:1: a control or non-ASCII byte (0x0d)" "$ctl" activate --all --ckpttab t.tab
+fails_with "ckpttab: a missing file" 1 "cannot read nope.tab" "$ctl" activate --all --ckpttab nope.tab
+fails_with "ckpttab: a directory" 1 "is not a regular file" "$ctl" activate --all --ckpttab .
+fails_with "activate needs one of --all, --uuid, --device" 1 "give one of" "$ctl" activate --ckpttab t.tab
+fails_with "activate --uuid needs a uuid" 1 "not a uuid" "$ctl" activate --uuid xyz --ckpttab t.tab
+tab 'ckpt1 /dev/x noauto'
+fails_with "activate --uuid of an image not listed" 1 "lists no image 11111111-" "$ctl" activate --uuid 11111111-2222-3333-4444-555555555555 --ckpttab t.tab
+
+# The boot units (scripts/systemd), pointed at this build's ckptctl:
+# systemd-analyze verify finds nothing wrong (package systemd, scripts/deps.sh).
+units=$(cd "$(dirname "$0")/../../scripts/systemd" && pwd)
+mkdir unit
+for f in "$units"/*.service; do sed "s|/usr/sbin/ckptctl|$ctl|" "$f" >"unit/${f##*/}"; done
+cp unit/dm-ckpt-activate@.service unit/dm-ckpt-activate@nvme0n1.service
+ok "systemd-analyze verify: dm-ckpt-activate.service and an instance of dm-ckpt-activate@" sh -c \
+	"out=\$(systemd-analyze verify unit/dm-ckpt-activate.service unit/dm-ckpt-activate@nvme0n1.service 2>&1) && echo \"\$out\" && [ -z \"\$out\" ]"
+
 echo "1..$n"
 echo "$((n - failed)) passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -8,6 +8,7 @@
 #include <iostream>
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -45,6 +46,11 @@ void print_info(const json &j)
 {
 	fmt::print("{}: dm-ckpt format v{}, uuid {}\n", j["path"].get<std::string>(),
 		   j["format_version"].get<int>(), j["uuid"].get<std::string>());
+	if (j.contains("dm_uuid"))
+		fmt::print("  dm uuid         {}{}\n", j["dm_uuid"].get<std::string>(),
+			   !j.contains("dm_name")	 ? ""
+			   : j["dm_name"].is_null() ? " (no kernel target)"
+						    : " (kernel target " + j["dm_name"].get<std::string>() + ")");
 	fmt::print("  committed step  {} (slot {}, superblock sequence {}, blob {} bytes)\n",
 		   j["committed_step"].get<uint64_t>(), j["committed_slot"].get<int>(),
 		   j["sequence"].get<uint64_t>(), j["blob_bytes"].get<int>());
@@ -96,7 +102,17 @@ int cmd_format(const FormatArgs &a)
 
 int cmd_info(const std::string &device, bool as_json, bool table)
 {
-	const json j = report([&](char **out) { return ckpt_image_info(device.c_str(), out); });
+	json j = report([&](char **out) { return ckpt_image_info(device.c_str(), out); });
+	// The target's uuid, and its name when device-mapper can be asked (root).
+	j["dm_uuid"] = dm_uuid(j["uuid"]);
+	if (!table && access("/dev/mapper/control", R_OK | W_OK) == 0) {
+		try {
+			const dm::Info i = dm::info_by_uuid(j["dm_uuid"]);
+			j["dm_name"] = i.exists ? json(i.name) : json(nullptr);
+		} catch (const Error &) {
+			// no device-mapper in this kernel: say nothing about a target
+		}
+	}
 	const std::string path = j["path"].get<std::string>();
 	if (table || as_json)
 		print_warnings(path, j["warnings"]);
@@ -317,7 +333,7 @@ int cmd_restore(const std::string &device, bool do_rollback, bool as_json)
 
 // ------------------------------------------------------------ device-mapper
 
-int cmd_create(const CreateArgs &a)
+Created create_target(const CreateArgs &a)
 {
 	dm::check_name(a.name);
 	char *backing = nullptr;
@@ -338,6 +354,16 @@ int cmd_create(const CreateArgs &a)
 		fail(CKPT_E_INVAL, "refusing to create {} on {}: a regular file; the kernel target needs a block "
 				   "device (losetup --find --show {} gives one), or use the file directly with the "
 				   "userspace engine", a.name, a.device, a.device);
+	Created c;
+	c.image_uuid = info["uuid"];
+	c.uuid = dm_uuid(c.image_uuid);
+	if (!a.image_uuid.empty() && a.image_uuid != c.image_uuid)
+		fail(CKPT_E_STATE, "refusing to create {} on {}: it holds the image {}, not {}", a.name, a.device,
+		     c.image_uuid, a.image_uuid);
+	const dm::Info other = dm::info_by_uuid(c.uuid);
+	if (other.exists)
+		fail(CKPT_E_STATE, "refusing to create {} on {}: its image {} is active already as {}", a.name,
+		     a.device, c.image_uuid, dm::node(other.name, other));
 	std::string params = a.device;
 	std::vector<std::string> opts;
 	if (a.queue_depth)
@@ -350,16 +376,22 @@ int cmd_create(const CreateArgs &a)
 			params += " " + o;
 	}
 	const dm::Target t{0, info["virtual_sectors"].get<uint64_t>(), "ckpt", params};
-	const uint64_t step = info["committed_step"];
-	const std::string node = dm::create(a.name, t);
-	const dm::Info i = dm::info(a.name);
+	c.table = fmt::format("{} {} {} {}", t.start, t.length, t.type, t.params);
+	c.step = info["committed_step"];
+	c.node = dm::create(a.name, t, c.uuid, a.read_only);
+	c.info = dm::info(a.name);
+	return c;
+}
+
+int cmd_create(const CreateArgs &a)
+{
+	const Created c = create_target(a);
 	if (a.json)
-		print_json({{"name", a.name}, {"node", node}, {"major", i.major}, {"minor", i.minor},
-			    {"table", fmt::format("{} {} {} {}", t.start, t.length, t.type, t.params)},
-			    {"committed_step", step}});
+		print_json({{"name", a.name}, {"node", c.node}, {"major", c.info.major}, {"minor", c.info.minor},
+			    {"uuid", c.uuid}, {"read_only", a.read_only}, {"table", c.table}, {"committed_step", c.step}});
 	else
-		fmt::print("{}: created {} ({}:{}), table '{} {} {} {}', committed step {}\n", a.name, node, i.major,
-			   i.minor, t.start, t.length, t.type, t.params, step);
+		fmt::print("{}: created {} ({}:{}{}), uuid {}, table '{}', committed step {}\n", a.name, c.node,
+			   c.info.major, c.info.minor, a.read_only ? ", read-only" : "", c.uuid, c.table, c.step);
 	return exit_ok;
 }
 
@@ -409,6 +441,7 @@ int cmd_status(const std::string &name, bool as_json)
 		  {"node", dm::node(name, i)},
 		  {"major", i.major},
 		  {"minor", i.minor},
+		  {"uuid", i.uuid},
 		  {"open_count", i.open_count},
 		  {"suspended", i.suspended},
 		  {"sectors", tt[0].length},
@@ -421,6 +454,7 @@ int cmd_status(const std::string &name, bool as_json)
 	fmt::print("{}: dm-ckpt device {} ({}:{}), {} sectors, {}, open count {}\n", name,
 		   j["node"].get<std::string>(), i.major, i.minor, tt[0].length, i.suspended ? "SUSPENDED" : "active",
 		   i.open_count);
+	fmt::print("  uuid            {}\n", i.uuid.empty() ? "none (not created by ckptctl)" : i.uuid);
 	fmt::print("  table           {}\n", tt[0].params);
 	if (st.contains("parse_error")) {
 		fmt::print("  status          {} (unexpected format: {})\n", ss[0].params, st["parse_error"].get<std::string>());

@@ -136,14 +136,14 @@ void check_name(const std::string &name)
 			   DM_NAME_LEN - 1);
 }
 
-Info info(const std::string &name)
+namespace {
+
+Info info_of(Task &t, const std::string &what)
 {
-	check_name(name);
-	Task t(DM_DEVICE_INFO, name);
-	t.run(fmt::format("device-mapper info of {}", name), false);
+	t.run(fmt::format("device-mapper info of {}", what), false);
 	struct dm_info di {};
 	if (!dm_task_get_info(t.get(), &di))
-		fail(CKPT_E_IO, "device-mapper info of {}: no answer", name);
+		fail(CKPT_E_IO, "device-mapper info of {}: no answer", what);
 	Info i;
 	i.exists = di.exists;
 	if (!i.exists)
@@ -154,9 +154,30 @@ Info info(const std::string &name)
 	i.major = di.major;
 	i.minor = di.minor;
 	i.target_count = di.target_count;
+	if (const char *n = dm_task_get_name(t.get()))
+		i.name = n;
 	if (const char *u = dm_task_get_uuid(t.get()))
 		i.uuid = u;
 	return i;
+}
+
+} // namespace
+
+Info info(const std::string &name)
+{
+	check_name(name);
+	Task t(DM_DEVICE_INFO, name);
+	return info_of(t, name);
+}
+
+Info info_by_uuid(const std::string &uuid)
+{
+	if (uuid.empty() || uuid.size() >= DM_UUID_LEN)
+		fail(CKPT_E_INVAL, "'{}' is not a device-mapper uuid (1..{} bytes)", uuid, DM_UUID_LEN - 1);
+	Task t(DM_DEVICE_INFO, "");
+	if (!dm_task_set_uuid(t.get(), uuid.c_str()))
+		fail(CKPT_E_INVAL, "device-mapper: bad uuid '{}'", uuid);
+	return info_of(t, "uuid " + uuid);
 }
 
 std::vector<Target> table(const std::string &name) { return query(DM_DEVICE_TABLE, name, "table"); }
@@ -176,12 +197,16 @@ std::string node(const std::string &name, const Info &i)
 	return p;
 }
 
-std::string create(const std::string &name, const Target &tgt)
+std::string create(const std::string &name, const Target &tgt, const std::string &uuid, bool read_only)
 {
 	check_name(name);
 	if (info(name).exists)
 		fail(CKPT_E_STATE, "a device-mapper device named '{}' exists already", name);
 	Task t(DM_DEVICE_CREATE, name);
+	if (!uuid.empty() && !dm_task_set_uuid(t.get(), uuid.c_str()))
+		fail(CKPT_E_INVAL, "device-mapper: bad uuid '{}'", uuid);
+	if (read_only && !dm_task_set_ro(t.get()))
+		fail(CKPT_E_NOMEM, "device-mapper: cannot make the table read-only");
 	if (!dm_task_add_target(t.get(), tgt.start, tgt.length, tgt.type.c_str(), tgt.params.c_str()))
 		fail(CKPT_E_NOMEM, "device-mapper: cannot add the table line");
 	t.run(fmt::format("creating device-mapper device {} with table '{} {} {} {}' (the kernel log "

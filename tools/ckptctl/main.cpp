@@ -54,6 +54,7 @@ const char *top_footer =
 	"  ckptctl create ckpt0 /dev/nvme0n1 --queue-depth 8\n"
 	"  ckptctl status ckpt0\n"
 	"  ckptctl remove ckpt0\n"
+	"  ckptctl activate --all                        # the devices of /etc/ckpttab\n"
 	"  ckptctl verify /dev/nvme0n1\n"
 	"  ckptctl export /dev/nvme0n1 --to step.safetensors --with-optimizer\n"
 	"\nRun 'ckptctl COMMAND --help' for a command's options and examples.";
@@ -177,7 +178,10 @@ int main(int argc, char **argv)
 		"refuses a device without a valid dm-ckpt image; computes the table line\n"
 		"'0 SECTORS ckpt DEV [#opts] [queue_depth N] [staging_kb K]' itself and\n"
 		"creates /dev/mapper/NAME through libdevmapper (without udev, libdevmapper\n"
-		"makes the node). Needs the dm-ckpt module loaded.");
+		"makes the node). Needs the dm-ckpt module loaded. The device-mapper uuid\n"
+		"of the target is CKPT-<image uuid> (the superblock's; 'ckptctl info' and\n"
+		"'status' show it): an image that has a target already is refused, under\n"
+		"any name or path.");
 	create->add_option("name", ca.name, "device-mapper name (/dev/mapper/NAME)")->required();
 	create->add_option("device", ca.device, "formatted backing block device")->required();
 	create->add_option("--queue-depth", ca.queue_depth, "chunks in flight in the target (1..128; default: the target's)")
@@ -185,6 +189,7 @@ int main(int argc, char **argv)
 	create->add_option("--staging-kb", ca.staging_kb,
 			   "memory for partially written chunks, KiB (1..4194304;\ndefault: the target's)")
 		->check(CLI::Range(1, 4194304));
+	create->add_flag("--readonly", ca.read_only, "load the table read-only: params can be read, no step taken");
 	create->add_flag("--json", ca.json, "print the result as JSON");
 	create->footer("\nEXAMPLES\n  ckptctl create ckpt0 /dev/nvme0n1\n"
 		       "  ckptctl create ckpt0 /dev/nvme0n1 --queue-depth 16 --staging-kb 131072");
@@ -219,6 +224,53 @@ int main(int argc, char **argv)
 	message->add_option("name", name, "device-mapper name")->required();
 	message->add_option("words", words, "the message")->required();
 	message->footer("\nEXAMPLES\n  ckptctl message ckpt0 stats\n  ckptctl message ckpt0 abort");
+
+	// ---- activate / deactivate
+	ActivateArgs aa;
+	auto *activate = app.add_subcommand("activate",
+		"Create the kernel targets listed in /etc/ckpttab (assembly at boot).\n\n"
+		"Kernel names of block devices (/dev/nvme0n1) change between boots, so\n"
+		"ckpttab names a backing device by the uuid of its image (the superblock's,\n"
+		"'ckptctl info' shows it), or by a stable path such as /dev/disk/by-id/...\n"
+		"activate finds each image by reading the superblock of every block device\n"
+		"(/sys/class/block) and creates its target as 'ckptctl create' does, with\n"
+		"the device-mapper uuid CKPT-<image uuid>. A target that is active already\n"
+		"is left as it is (ok): running it again is harmless. The whole file is\n"
+		"checked first; a bad line is an error naming it (FILE:LINE) and nothing is\n"
+		"created. With several entries, each is tried; the exit status is 1 if any\n"
+		"failed (each failure is printed with its line).\n\n"
+		"ckpttab: one device a line, fields separated by blanks:\n"
+		"  NAME  DEVICE  [OPTIONS]\n"
+		"NAME is the device-mapper name (/dev/mapper/NAME). DEVICE is UUID=<image\n"
+		"uuid> or an absolute path. OPTIONS is '-' or 'defaults', or a comma-separated\n"
+		"list of: ro (read-only table), noauto (not activated by --all),\n"
+		"queue_depth=N (1..128), staging_kb=K (1..4194304). Lines starting with '#'\n"
+		"and blank lines are ignored. Names, uuids and paths must be unique.");
+	activate->add_flag("--all", aa.all, "every entry except those marked noauto");
+	activate->add_option("--uuid", aa.uuid, "the entry of this image uuid");
+	activate->add_option("--device", aa.device,
+					     "the entries whose image is on this block device (for udev:\n"
+					     "a device without a listed image is not an error)");
+	activate->add_flag("--readonly", aa.read_only, "load every table read-only (as option ro)");
+	activate->add_option("--ckpttab", aa.ckpttab, "the table to read (default /etc/ckpttab)");
+	activate->footer(
+		"\nEXAMPLES\n"
+		"  ckptctl info /dev/nvme0n1 | head -1          # the image uuid\n"
+		"  echo 'ckpt0 UUID=0f3c2a5e-7d41-4b8e-9a10-2c6f1e0d9b77 queue_depth=16' >>/etc/ckpttab\n"
+		"  ckptctl activate --all\n"
+		"  ckptctl activate --uuid 0f3c2a5e-7d41-4b8e-9a10-2c6f1e0d9b77 --readonly");
+
+	auto *deactivate = app.add_subcommand("deactivate",
+		"Remove the kernel targets of /etc/ckpttab (or one by name or image uuid).\n\n"
+		"With --all, the target of every entry of ckpttab; with --uuid, the target\n"
+		"of that image; with NAME, that target. A target that is not active is fine\n"
+		"(ok). A device that is open, or is not dm-ckpt, is left alone (exit 1).\n"
+		"The backing device keeps the last committed step.");
+	deactivate->add_option("name", aa.name, "device-mapper name");
+	deactivate->add_flag("--all", aa.all, "the targets of every entry of ckpttab");
+	deactivate->add_option("--uuid", aa.uuid, "the target of this image uuid");
+	deactivate->add_option("--ckpttab", aa.ckpttab, "the table to read (default /etc/ckpttab)");
+	deactivate->footer("\nEXAMPLES\n  ckptctl deactivate --all\n  ckptctl deactivate ckpt0");
 
 	// ---- import / export
 	ImportArgs ia;
@@ -328,6 +380,14 @@ int main(int argc, char **argv)
 	}
 	if (*step_opt)
 		ia.step = import_step;
+	if (*activate && aa.all + !aa.uuid.empty() + !aa.device.empty() != 1) {
+		fmt::print(stderr, "ckptctl activate: give one of --all, --uuid UUID, --device DEV\n");
+		return exit_error;
+	}
+	if (*deactivate && aa.all + !aa.uuid.empty() + !aa.name.empty() != 1) {
+		fmt::print(stderr, "ckptctl deactivate: give one of --all, --uuid UUID, NAME\n");
+		return exit_error;
+	}
 
 	try {
 		if (*format)
@@ -340,6 +400,10 @@ int main(int argc, char **argv)
 			return cmd_create(ca);
 		if (*remove)
 			return cmd_remove(name, retry, force);
+		if (*activate)
+			return cmd_activate(aa);
+		if (*deactivate)
+			return cmd_deactivate(aa);
 		if (*status)
 			return cmd_status(name, as_json);
 		if (*message)

@@ -25,7 +25,8 @@ devices take and return numpy float16 (uint16 bit patterns work too).
 Everything here goes through libckpt's C ABI (ckpt.h): the error names, dtype
 codes and commit results are the library's, read at import; Device.status(),
 Device.uuid(), ckpt.image_uuid() and Device.export() (a safetensors file) are
-its entry points.
+its entry points, as are Device.load_state() (a whole optimizer state from
+outside) and ckpt.restore() (ckptctl restore's report, and its rollback).
 """
 
 import ctypes
@@ -33,7 +34,8 @@ import json
 import os
 import warnings as _warnings
 
-__all__ = ["CkptError", "CkptWarning", "Layout", "Device", "format", "open", "image_uuid", "ERRORS"]
+__all__ = ["CkptError", "CkptWarning", "Layout", "Device", "format", "open", "image_uuid", "restore",
+           "ERRORS"]
 
 _lib = ctypes.CDLL(os.path.join(os.path.dirname(os.path.abspath(__file__)), "libckpt.so"))
 
@@ -121,6 +123,10 @@ for _name, _res, _args in [
     ("ckpt_warning", _int, [_vp, _u32, ctypes.POINTER(_cp)]),
     ("ckpt_tensor", _int, [_vp, _u32, ctypes.POINTER(_TensorInfo)]),
     ("ckpt_load_params_multi", _int, [_vp, _u32, ctypes.POINTER(_cp), ctypes.POINTER(_f32p), _u64p]),
+    ("ckpt_load_state", _int, [_vp, _u32, ctypes.POINTER(_cp), ctypes.POINTER(_f32p), ctypes.POINTER(_f32p),
+                               ctypes.POINTER(_f32p), _u64p, _u64p, ctypes.c_char_p, ctypes.c_size_t]),
+    ("ckpt_restore", _int, [_cp, _u32, ctypes.POINTER(_vp)]),
+    ("ckpt_free", None, [_vp]),
     ("ckpt_begin", _int, [_vp, ctypes.POINTER(_HParams), _u32, ctypes.c_double]),
     ("ckpt_write_grad", _int, [_vp, _cp, _u16p, _u64]),
     ("ckpt_commit", _int, [_vp, ctypes.c_char_p, ctypes.c_size_t]),
@@ -168,6 +174,7 @@ def _constant(name):
 
 # ckpt_export flags
 _EXPORT_LOWP, _EXPORT_OPTIMIZER = _constant("CKPT_EXPORT_LOWP"), _constant("CKPT_EXPORT_OPTIMIZER")
+_RESTORE_ROLLBACK = _constant("CKPT_RESTORE_ROLLBACK")
 
 
 def _c_string(b, what, value):
@@ -237,6 +244,21 @@ def image_uuid(path):
     u = (ctypes.c_uint8 * 16)()
     _check(_lib.ckpt_image_uuid(_path_bytes(path), u))
     return _uuid_text(u)
+
+
+def restore(path, rollback=False):
+    """What `ckptctl restore [--rollback] --json` reports about the image at
+    path, as a dict (ckpt_restore in ckpt.h): "report" (committed step, blob,
+    damage, whether the previous step can be rolled back to and why not),
+    "refused" (rollback asked for, but no previous step to go back to).
+    rollback=True makes the previous committed step the committed one; the
+    device must not be open (by an optimizer, the kernel target or ckptctl)."""
+    out = ctypes.c_void_p()
+    _check(_lib.ckpt_restore(_path_bytes(path), _RESTORE_ROLLBACK if rollback else 0, ctypes.byref(out)))
+    try:
+        return json.loads(ctypes.string_at(out.value).decode())
+    finally:
+        _lib.ckpt_free(out)
 
 
 def open(path):  # noqa: A001 - the module's verb, like the builtin for files
@@ -379,6 +401,28 @@ class Device:
         c_vals = (_f32p * n)(*[a.ctypes.data_as(_f32p) for a in arrays])
         c_ns = (ctypes.c_uint64 * n)(*[a.size for a in arrays])
         _check(_lib.ckpt_load_params_multi(self._handle(), n, c_names, c_vals, c_ns))
+
+    def load_state(self, state, blob=b""):
+        """A whole optimizer state from outside: {name: (param, exp_avg,
+        exp_avg_sq, step)} for every tensor of the device (fp32 arrays, step
+        an int), committed at once as that step with the trainer blob. Only
+        before the first step; the steps must be equal (see ckpt_load_state)."""
+        names, arrays, steps = [], [], []
+        for name, (p, m, v, step) in state.items():
+            names.append(_name_bytes(name))
+            arrays.append([np.ascontiguousarray(np.asarray(x, dtype=np.float32)).reshape(-1) for x in (p, m, v)])
+            steps.append(int(step))
+        n = len(names)
+        ptrs = [(_f32p * n)(*[a[k].ctypes.data_as(_f32p) for a in arrays]) for k in range(3)]
+        sizes = [a[0].size for a in arrays]
+        for name, a in zip(state, arrays):
+            if a[1].size != a[0].size or a[2].size != a[0].size:
+                raise CkptError(ERRORS.index("E_SIZE"), f"{name!r}: param, exp_avg and exp_avg_sq "
+                                f"have {a[0].size}, {a[1].size} and {a[2].size} elements")
+        blob = bytes(blob)
+        _check(_lib.ckpt_load_state(self._handle(), n, (ctypes.c_char_p * n)(*names), *ptrs,
+                                    (ctypes.c_uint64 * n)(*sizes), (ctypes.c_uint64 * n)(*steps),
+                                    blob, len(blob)))
 
     def begin(self, groups, grad_scale=1.0):
         """Open step committed_step + 1 with one dict of hyperparameters per group."""
