@@ -9,7 +9,7 @@ export PYTHONPATH := $(CURDIR)/$(BUILD)/python
 export CKPT_RELIABILITY_BUILD := $(CURDIR)/$(BUILD)
 
 .PHONY: all deps deps-userspace install check-dkms configure check reliability demo bench clean check-unit check-asan kmod check-vm \
-	check-powercut check-logreplay vm-shell bench-vm fuzz-build check-fuzz fuzz fuzz-corpus check-tsan \
+	check-powercut check-logreplay check-aarch64 vm-shell bench-vm fuzz-build check-fuzz fuzz fuzz-corpus check-tsan \
 	crash-campaign crash-campaign-userspace crash-campaign-kernel kernel-debug check-kdebug
 
 all: configure
@@ -47,6 +47,23 @@ check-asan:
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPT_SANITIZE=ON -DPython3_EXECUTABLE=$(PYTHON)
 	cmake --build $(ASAN_BUILD) -j$(JOBS)
 	scripts/check-asan.sh $(ASAN_BUILD) -j$(JOBS)
+
+# The library, tools and GoogleTest programs cross-built for aarch64 in
+# $(AARCH64_BUILD) (cmake/aarch64-linux-gnu.cmake) and run under qemu-user,
+# the update loop's NEON and SVE builds checked against the x86-64 scalar
+# results (UpdateGolden). The exhaustive 2^32 conversion sweep runs natively
+# only (check-unit): emulated it takes far too long. Only the core's tests
+# (label core: unit_tests) run: the engine's tests hang under qemu-user
+# (not yet understood), and the build alone takes well over 3 minutes here,
+# so this is not part of `make check`.
+AARCH64_BUILD ?= $(BUILD)-aarch64
+AARCH64_CTEST_EXCLUDE ?= UpdateConv.F32ToLowExhaustiveDispatched
+
+check-aarch64:
+	scripts/deps.sh --aarch64
+	cmake -S . -B $(AARCH64_BUILD) --toolchain $(CURDIR)/cmake/aarch64-linux-gnu.cmake -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	cmake --build $(AARCH64_BUILD) -j$(JOBS)
+	cd $(AARCH64_BUILD) && ctest --output-on-failure -j$(JOBS) -L core -E '$(AARCH64_CTEST_EXCLUDE)'
 
 # docs/reliability.md from the last results of every proof (each writes
 # $(BUILD)/reliability/NAME.json); fails if a proof of this run lost data
@@ -144,7 +161,7 @@ check-dkms: deps
 
 # kmod's clean also removes the core objects Kbuild leaves in libckpt/core.
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) $(TSAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) $(TSAN_BUILD) $(AARCH64_BUILD)
 	-$(MAKE) -C kmod clean
 
 # --- the kernel target in Debian's kernels under qemu (scripts/vm/README.md) ---

@@ -8,6 +8,8 @@
 #   scripts/deps.sh --kernel-debug  everything, and what make kernel-debug
 #                                needs to build a kernel from Debian's
 #                                linux-source-6.12
+#   scripts/deps.sh --aarch64    everything, and the aarch64 cross build
+#                                (make check-aarch64)
 # Idempotent: packages already installed are not touched, so it is cheap to run
 # before every build.
 set -eu
@@ -33,11 +35,24 @@ clang libclang-rt-14-dev
 "
 # make kernel-debug (scripts/vm/kdebug.sh): a 6.12 kernel with KASAN and lockdep
 KDEBUG_PACKAGES="linux-source-6.12 flex bison bc libelf-dev libssl-dev"
+# The aarch64 cross build: Debian's cross toolchain and qemu-user, and the
+# arm64 -dev packages of the libraries through multiarch (dpkg architecture
+# arm64, added below); CLI11 and nlohmann-json are headers (Architecture: all).
+# libnvme-dev is not Multi-Arch: same in Debian 12 (installing its arm64
+# build would remove the host's), so ckptctl's NVMe code is left out of the
+# cross build (tools/CMakeLists.txt); a native aarch64 build has it.
+AARCH64_PACKAGES="
+gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user
+libc6:arm64 libstdc++6:arm64
+liburing-dev:arm64 libblkid-dev:arm64 libfmt-dev:arm64 libgtest-dev:arm64 libdevmapper-dev:arm64
+"
+aarch64=0
 case "${1:-}" in
 --userspace) PACKAGES=$USERSPACE ;;
 "") PACKAGES="$USERSPACE $CHECK" ;;
 --kernel-debug) PACKAGES="$USERSPACE $CHECK $KDEBUG_PACKAGES" ;;
-*) echo "usage: $0 [--userspace | --kernel-debug]" >&2; exit 2 ;;
+--aarch64) PACKAGES="$USERSPACE $CHECK $AARCH64_PACKAGES"; aarch64=1 ;;
+*) echo "usage: $0 [--userspace | --kernel-debug | --aarch64]" >&2; exit 2 ;;
 esac
 
 missing=""
@@ -58,6 +73,9 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 echo "deps: installing$missing"
 export DEBIAN_FRONTEND=noninteractive
+if [ $aarch64 = 1 ] && ! dpkg --print-foreign-architectures | grep -qx arm64; then
+	dpkg --add-architecture arm64
+fi
 apt-get update -q
 # shellcheck disable=SC2086
 apt-get install -y -q --no-install-recommends $missing
