@@ -75,7 +75,7 @@ TEST(LayoutJson, StrictKeysAndTypes)
 		std::string text, says;
 	} cases[] = {
 		{R"({"dtype": "bf16", "chunk_param": 4096, "tensors": [{"name": "w", "shape": [64]}]})",
-		 "m.json: $.chunk_param: unknown key 'chunk_param' (known keys here: dtype, chunk_params, tensors)"},
+		 "m.json: $.chunk_param: unknown key 'chunk_param' (known keys here: dtype, chunk_params, tensors, groups)"},
 		{R"({"tensors": [{"name": "w", "shape": [64]}, {"name": "b", "shpe": [64]}]})",
 		 "m.json: $.tensors[1].shpe: unknown key 'shpe' (known keys here: name, shape, group)"},
 		{R"({"tensors": [{"name": "w", "shape": [64], "a b": 1}]})", "m.json: $.tensors[0][\"a b\"]: unknown key 'a b'"},

@@ -62,7 +62,7 @@ fails_with "import refuses a dm device" any "device-mapper device" ckptctl impor
 fails_with "restore --rollback refuses a held device" any "in use" ckptctl restore --rollback $dev
 fails_with "verify --repair refuses a held device" any "in use" ckptctl verify --repair $dev
 fails_with "verify --repair refuses a dm device" any "device-mapper device" ckptctl verify --repair /dev/mapper/$name
-fails_with "create twice is refused" any "exists already" ckptctl create $name $dev
+fails_with "create twice is refused" any "active already" ckptctl create $name $dev
 fails_with "probe a dm device" any "not an NVMe namespace" ckptctl probe /dev/mapper/$name
 
 # ---- the kernel target steps the device
