@@ -116,11 +116,12 @@ CKPT_CRASH_SEED ?= 1
 
 crash-campaign: crash-campaign-userspace crash-campaign-kernel
 
-# the kernel's part: 200 power cuts, and the log replay of a longer trace
-# on both kernels
+# the kernel's part: the VM suite on every kernel and CPU model, 200 power
+# cuts, and the log replay of a longer trace on both kernels
 crash-campaign-kernel:
 	$(MAKE) all
 	$(MAKE) kmod
+	BUILD=$(BUILD) CKPT_VM_MATRIX="6.1:max 6.1:qemu64 6.12:max 6.12:qemu64" scripts/vm/tests.sh
 	BUILD=$(BUILD) scripts/vm/powercut.sh --cuts 200 --params 65536 --steps 60
 	BUILD=$(BUILD) scripts/vm/logreplay.sh --steps 24 --kernel 6.12
 	BUILD=$(BUILD) scripts/vm/logreplay.sh --steps 24 --kernel 6.1
@@ -174,7 +175,8 @@ kmod:
 	BUILD=$(BUILD) scripts/vm/build-kmod.sh
 
 # every tests/kmod program and the byte-identity check, for each kernel/CPU of
-# CKPT_VM_MATRIX (default "6.1:max 6.1:qemu64 6.12:max 6.12:qemu64")
+# CKPT_VM_MATRIX (default "6.1:max 6.12:max 6.12:qemu64"; the crash campaign
+# adds 6.1:qemu64)
 check-vm: deps
 	$(MAKE) all
 	$(MAKE) kmod

@@ -33,7 +33,10 @@ set -uo pipefail
 # the file while a run is under way cannot derail that run.
 {
 
-matrix=${CKPT_VM_MATRIX:-"6.1:max 6.1:qemu64 6.12:max 6.12:qemu64"}
+# The default leaves out 6.1:qemu64: the SSE2 path is the same source on both
+# kernels and 6.12:qemu64 runs it, which keeps make check within its budget;
+# the crash campaign runs the whole matrix.
+matrix=${CKPT_VM_MATRIX:-"6.1:max 6.12:max 6.12:qemu64"}
 params=${CKPT_VM_PARAMS:-1000000}
 steps=${CKPT_VM_STEPS:-200}
 seed=${CKPT_VM_SEED:-}
