@@ -372,6 +372,13 @@ class OffloadAdamW(torch.optim.Optimizer):
         try:
             for n, p, _ in self._flat:
                 if p.grad is None:
+                    # torch skips it: no decay, no moment decay, its own step count
+                    try:
+                        dev.skip(n)
+                        continue
+                    except CkptError as e:
+                        if e.name != "E_FEATURE":  # an image formatted before skips
+                            raise
                     g = np.zeros(p.numel(), dtype=np.float16 if dtype == "fp16" else np.uint16)
                 elif p.grad.is_sparse:
                     raise RuntimeError(f"{n!r}: OffloadAdamW does not support sparse gradients")
