@@ -535,7 +535,8 @@ void ckpt_sb_first(struct ckpt_sb *sb, const u8 *uuid, const struct ckpt_geometr
 
 /* ---------------- state record header ---------------- */
 
-void ckpt_rec_encode(const struct ckpt_rec *r, void *block)
+/* The header fields, with the bytes of struct ckpt_rec_disk; the rest is kept. */
+static void ckpt_rec_encode_header(const struct ckpt_rec *r, void *block)
 {
 	struct ckpt_rec_disk *d = block;
 
@@ -550,6 +551,12 @@ void ckpt_rec_encode(const struct ckpt_rec *r, void *block)
 	d->plo_crc = cpu_to_le32(r->plo_crc);
 	d->count_crc = cpu_to_le32(r->count_crc);
 	d->crc32c = cpu_to_le32(ckpt_crc_skip(block, sizeof(*d), CKPT_REC_CRC_OFF));
+}
+
+void ckpt_rec_encode(const struct ckpt_rec *r, void *block)
+{
+	memset(block, 0, CKPT_BLOCK);
+	ckpt_rec_encode_header(r, block);
 }
 
 /*
@@ -670,6 +677,7 @@ void ckpt_rec_seal(void *header, const void *data, const void *plo,
 		   const struct ckpt_rec *id, u32 incompat)
 {
 	struct ckpt_rec r = *id;
+	u32 n;
 
 	if (data)
 		r.data_crc = ckpt_crc32c(data, (size_t)12 << r.chunk_shift);
@@ -677,11 +685,16 @@ void ckpt_rec_seal(void *header, const void *data, const void *plo,
 		r.plo_crc = 0;
 	else if (plo)
 		r.plo_crc = ckpt_plo_crc(plo, r.chunk_shift);
-	if (!(incompat & CKPT_FEATURE_INCOMPAT_COUNTS))
+	if (!(incompat & CKPT_FEATURE_INCOMPAT_COUNTS) || r.chunk_shift > CKPT_COUNTS_MAX_SHIFT) {
 		r.count_crc = 0;
-	else if (r.chunk_shift <= CKPT_COUNTS_MAX_SHIFT)
-		r.count_crc = ckpt_rec_count_crc(header, r.chunk_shift);
-	ckpt_rec_encode(&r, header);
+		ckpt_rec_encode(&r, header);
+		return;
+	}
+	/* The counts stay; the rest of the block after them is zero. */
+	n = CKPT_REC_COUNTS_OFF + (8u << (r.chunk_shift - CKPT_BLOCK_SHIFT));
+	memset((u8 *)header + n, 0, CKPT_BLOCK - n);
+	r.count_crc = ckpt_rec_count_crc(header, r.chunk_shift);
+	ckpt_rec_encode_header(&r, header);
 }
 
 const char *ckpt_rec_fault_str(enum ckpt_rec_fault f)

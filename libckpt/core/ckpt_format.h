@@ -336,10 +336,7 @@ u64 ckpt_rec_count(const void *header, u32 block);
 void ckpt_rec_set_count(void *header, u32 block, u64 count);
 void ckpt_rec_set_counts(void *header, u32 chunk_shift, u64 count);
 
-/*
- * Encode r's header into block; the rest of the block (the counts with
- * COUNTS, else zeros) is the caller's and is kept.
- */
+/* Encode r into a CKPT_BLOCK header block, zeroed first (no block counts). */
 void ckpt_rec_encode(const struct ckpt_rec *r, void *block);
 int ckpt_rec_decode(const void *block, struct ckpt_rec *r);
 
@@ -391,7 +388,8 @@ void ckpt_rec_next(const struct ckpt_sb *sb, u32 chunk, u64 step, struct ckpt_re
  * first) with id's identity, the crc32c of the 12 B * 2^chunk_shift of
  * p, m, v at data and, with PLO_CRC in incompat, of the chunk's p_lo at plo
  * (else plo_crc is 0), and with COUNTS of the block counts in the header
- * block (kept as they are; else count_crc is 0). data or plo NULL: id's
+ * block (kept as they are, the rest of the block zeroed; without COUNTS
+ * the whole block is zeroed first and count_crc is 0). data or plo NULL: id's
  * checksum is kept (a re-stamp of a header whose data did not change).
  */
 void ckpt_rec_seal(void *header, const void *data, const void *plo,
