@@ -5,7 +5,8 @@
  *
  *   ceiling: a loop moving the same 28 B/param as the update (fp16 grad in,
  *            fp32 p/m/v in and out, fp16 copy out) with no math, built for
- *            SSE2, AVX2 and AVX-512; the best of them is the ceiling.
+ *            SSE2, AVX2 and AVX-512 (aarch64: NEON and SVE); the best of them
+ *            is the ceiling.
  *   update:  ckpt_update_chunk (each variant and the dispatched one) over the
  *            same arrays, in chunks of 65536 params.
  *
@@ -80,6 +81,7 @@ static volatile u32 g_zero;
 #define CEILING_ARGS const u16 *__restrict g, u32 *__restrict p, u32 *__restrict m, \
 		u32 *__restrict v, u16 *__restrict plo, u64 n, u32 k
 
+#if defined(__x86_64__)
 __attribute__((noinline, optimize("O3"))) static void ceiling_sse2(CEILING_ARGS)
 CEILING_BODY
 __attribute__((noinline, optimize("O3"), target("avx2"))) static void ceiling_avx2(CEILING_ARGS)
@@ -87,6 +89,12 @@ CEILING_BODY
 __attribute__((noinline, optimize("O3"), target("arch=x86-64-v4"))) static void
 ceiling_avx512(CEILING_ARGS)
 CEILING_BODY
+#elif defined(__aarch64__)
+__attribute__((noinline, optimize("O3"))) static void ceiling_neon(CEILING_ARGS)
+CEILING_BODY
+__attribute__((noinline, optimize("O3"), target("+sve"))) static void ceiling_sve(CEILING_ARGS)
+CEILING_BODY
+#endif
 
 typedef void (*ceiling_fn)(CEILING_ARGS);
 
@@ -110,7 +118,6 @@ int main(int argc, char **argv)
 	struct ckpt_hparams hp;
 	u32 scale = fbits(1.0f);
 	u32 seed = 12345;
-	int has_avx2 = ckpt_cpu_has_avx2(), has_avx512 = ckpt_cpu_has_avx512();
 
 	/* touch everything; realistic magnitudes (no denormals in the math) */
 	for (u64 i = 0; i < n; i++) {
@@ -137,26 +144,37 @@ int main(int argc, char **argv)
 	hp.bc2_sqrt = fbits(0.0316069f);
 	hp.decay = fbits(1.0f - 1e-5f);
 
-	struct meas ms[] = {
-		{"ceiling[sse2]", 0, ceiling_sse2, NULL, 0, 1, 1e30},
-		{"ceiling[avx2]", 0, ceiling_avx2, NULL, 0, has_avx2, 1e30},
-		{"ceiling[avx512]", 0, ceiling_avx512, NULL, 0, has_avx512, 1e30},
-		{"update[scalar]", 1, NULL, ckpt_update_chunk_scalar, CKPT_DTYPE_FP16, 1, 1e30},
-		{"update[sse2]", 1, NULL, ckpt_update_chunk_sse2, CKPT_DTYPE_FP16, 1, 1e30},
-		{"update[avx2]", 1, NULL, ckpt_update_chunk_avx2, CKPT_DTYPE_FP16, has_avx2, 1e30},
-		{"update[avx512]", 1, NULL, ckpt_update_chunk_avx512, CKPT_DTYPE_FP16, has_avx512,
-		 1e30},
-		{"update[dispatched]", 1, NULL, ckpt_update_chunk, CKPT_DTYPE_FP16, 1, 1e30},
-		{"update[dispatched,bf16]", 1, NULL, ckpt_update_chunk, CKPT_DTYPE_BF16, 1, 1e30},
-#ifdef CKPT_BENCH_KMOD_FPU
-		{"update[kmod sse2]", 1, NULL, dm_ckpt_update_sse2, CKPT_DTYPE_FP16, 1, 1e30},
-		{"update[kmod avx2+f16c]", 1, NULL, dm_ckpt_update_avx2, CKPT_DTYPE_FP16, has_avx2,
-		 1e30},
-#endif
-	};
-	const int nm = (int)(sizeof(ms) / sizeof(ms[0]));
+	struct meas ms[32];
+	int nm = 0;
+	struct ckpt_update_variant var[CKPT_UPDATE_VARIANTS_MAX];
+	unsigned int nv = ckpt_update_variants(var);
 	u32 flags = 0;
 	double ceiling = 1e30;
+
+#if defined(__x86_64__)
+	ms[nm++] = (struct meas){"ceiling[sse2]", 0, ceiling_sse2, NULL, 0, 1, 1e30};
+	ms[nm++] = (struct meas){"ceiling[avx2]", 0, ceiling_avx2, NULL, 0, ckpt_cpu_has_avx2(), 1e30};
+	ms[nm++] = (struct meas){"ceiling[avx512]", 0, ceiling_avx512, NULL, 0, ckpt_cpu_has_avx512(),
+				 1e30};
+#elif defined(__aarch64__)
+	ms[nm++] = (struct meas){"ceiling[neon]", 0, ceiling_neon, NULL, 0, 1, 1e30};
+	ms[nm++] = (struct meas){"ceiling[sve]", 0, ceiling_sve, NULL, 0, ckpt_cpu_has_sve(), 1e30};
+#endif
+	for (unsigned int i = 0; i < nv; i++) {
+		static char names[CKPT_UPDATE_VARIANTS_MAX][40];
+
+		snprintf(names[i], sizeof(names[i]), "update[%s]", var[i].name);
+		ms[nm++] = (struct meas){names[i], 1, NULL, var[i].update, CKPT_DTYPE_FP16,
+					 var[i].available, 1e30};
+	}
+	ms[nm++] = (struct meas){"update[dispatched,bf16]", 1, NULL, ckpt_update_chunk,
+				 CKPT_DTYPE_BF16, 1, 1e30};
+#ifdef CKPT_BENCH_KMOD_FPU
+	ms[nm++] = (struct meas){"update[kmod sse2]", 1, NULL, dm_ckpt_update_sse2, CKPT_DTYPE_FP16,
+				 1, 1e30};
+	ms[nm++] = (struct meas){"update[kmod avx2+f16c]", 1, NULL, dm_ckpt_update_avx2,
+				 CKPT_DTYPE_FP16, ckpt_cpu_has_avx2(), 1e30};
+#endif
 
 	printf("ckpt_bench_update: %llu params (%.0f MiB touched per pass, 28 B/param), "
 	       "chunks of %u, best of %d, 1 thread\n",

@@ -944,3 +944,4 @@ module_exit(dm_ckpt_exit);
 MODULE_DESCRIPTION(DM_NAME " target running the AdamW step on the backing device");
 MODULE_AUTHOR("dm-ckpt developers");
 MODULE_LICENSE("GPL");
+MODULE_VERSION(CKPT_VERSION);

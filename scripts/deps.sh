@@ -1,22 +1,59 @@
 #!/bin/sh
-# Installs every Debian package dm-ckpt needs to build, test and benchmark.
+# Installs the Debian packages dm-ckpt needs.
+#   scripts/deps.sh              everything: build, test, benchmark, the kernel
+#                                target in VMs (make check)
+#   scripts/deps.sh --userspace  the library, tools, Python package and their
+#                                tests and install (make demo): no kernels,
+#                                no qemu, no fuzzing toolchain
+#   scripts/deps.sh --kernel-debug  everything, and what make kernel-debug
+#                                needs to build a kernel from Debian's
+#                                linux-source-6.12
+#   scripts/deps.sh --aarch64    everything, and the aarch64 cross build
+#                                (make check-aarch64)
 # Idempotent: packages already installed are not touched, so it is cheap to run
 # before every build.
 set -eu
 
-PACKAGES="
+USERSPACE="
 build-essential cmake pkg-config
 liburing-dev libblkid-dev libcli11-dev libfmt-dev nlohmann-json3-dev
 libgtest-dev libgmock-dev libbenchmark-dev
 libdevmapper-dev libnvme-dev
-python3 python3-numpy python3-torch python3-matplotlib
+python3 python3-numpy python3-torch python3-matplotlib python3-tqdm
+python3-pip python3-venv python3-setuptools python3-wheel python3-docutils
 libjemalloc2 fio
+"
+# make check also: the kernels the module is built and tested against, qemu and
+# the VM tools, DKMS, the fuzzing toolchain
+CHECK="
 linux-image-amd64 linux-headers-amd64
 linux-image-6.12-amd64 linux-headers-6.12-amd64
 linux-source-6.1 dkms
 qemu-system-x86 busybox-static dmsetup cpio kmod xz-utils
+systemd
 clang libclang-rt-14-dev
 "
+# make kernel-debug (scripts/vm/kdebug.sh): a 6.12 kernel with KASAN and lockdep
+KDEBUG_PACKAGES="linux-source-6.12 flex bison bc libelf-dev libssl-dev"
+# The aarch64 cross build: Debian's cross toolchain and qemu-user, and the
+# arm64 -dev packages of the libraries through multiarch (dpkg architecture
+# arm64, added below); CLI11 and nlohmann-json are headers (Architecture: all).
+# libnvme-dev is not Multi-Arch: same in Debian 12 (installing its arm64
+# build would remove the host's), so ckptctl's NVMe code is left out of the
+# cross build (tools/CMakeLists.txt); a native aarch64 build has it.
+AARCH64_PACKAGES="
+gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user
+libc6:arm64 libstdc++6:arm64
+liburing-dev:arm64 libblkid-dev:arm64 libfmt-dev:arm64 libgtest-dev:arm64 libdevmapper-dev:arm64
+"
+aarch64=0
+case "${1:-}" in
+--userspace) PACKAGES=$USERSPACE ;;
+"") PACKAGES="$USERSPACE $CHECK" ;;
+--kernel-debug) PACKAGES="$USERSPACE $CHECK $KDEBUG_PACKAGES" ;;
+--aarch64) PACKAGES="$USERSPACE $CHECK $AARCH64_PACKAGES"; aarch64=1 ;;
+*) echo "usage: $0 [--userspace | --kernel-debug | --aarch64]" >&2; exit 2 ;;
+esac
 
 missing=""
 for p in $PACKAGES; do
@@ -36,6 +73,9 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 echo "deps: installing$missing"
 export DEBIAN_FRONTEND=noninteractive
+if [ $aarch64 = 1 ] && ! dpkg --print-foreign-architectures | grep -qx arm64; then
+	dpkg --add-architecture arm64
+fi
 apt-get update -q
 # shellcheck disable=SC2086
 apt-get install -y -q --no-install-recommends $missing

@@ -6,7 +6,8 @@
  * this one.
  *
  * Must be compiled with -ffp-contract=off -fno-math-errno (libckpt/CMakeLists.txt):
- * x86-64-v4 has FMA, and contraction would change the bits.
+ * x86-64-v4 and every aarch64 CPU have FMA, and contraction would change the
+ * bits.
  */
 #ifndef __KERNEL__
 
@@ -20,9 +21,26 @@
 #define CKPT_UPDATE_CALL hp, grad_scale, dtype, grad, p, m, v, plo, n
 
 #define CKPT_SCALAR __attribute__((optimize("no-tree-vectorize")))
-#define CKPT_CLONES __attribute__((target_clones("default", "avx2", "arch=x86-64-v4")))
 
-/* ---- the dispatched entry points (the public API) ---- */
+/* ---- the scalar reference, every architecture ---- */
+
+CKPT_SCALAR u32 ckpt_update_chunk_scalar(CKPT_UPDATE_ARGS)
+{
+	return ckpt_update_chunk_body(CKPT_UPDATE_CALL);
+}
+
+CKPT_SCALAR void ckpt_round_params_scalar(u32 dtype, const u32 *p, u16 *plo, u64 n)
+{
+	ckpt_round_params_body(dtype, p, plo, n);
+}
+
+#if defined(__x86_64__)
+
+/*
+ * x86-64: the dispatched entry points are target_clones of the baseline
+ * (SSE2), AVX2 and x86-64-v4 (AVX-512) builds.
+ */
+#define CKPT_CLONES __attribute__((target_clones("default", "avx2", "arch=x86-64-v4")))
 
 CKPT_CLONES u32 ckpt_update_chunk(CKPT_UPDATE_ARGS)
 {
@@ -39,13 +57,6 @@ CKPT_CLONES void ckpt_f16_to_f32_array(const u16 *h, u32 *f, u64 n)
 	ckpt_f16_to_f32_array_body(h, f, n);
 }
 
-/* ---- named variants, same body ---- */
-
-CKPT_SCALAR u32 ckpt_update_chunk_scalar(CKPT_UPDATE_ARGS)
-{
-	return ckpt_update_chunk_body(CKPT_UPDATE_CALL);
-}
-
 u32 ckpt_update_chunk_sse2(CKPT_UPDATE_ARGS)
 {
 	return ckpt_update_chunk_body(CKPT_UPDATE_CALL);
@@ -59,11 +70,6 @@ __attribute__((target("avx2"))) u32 ckpt_update_chunk_avx2(CKPT_UPDATE_ARGS)
 __attribute__((target("arch=x86-64-v4"))) u32 ckpt_update_chunk_avx512(CKPT_UPDATE_ARGS)
 {
 	return ckpt_update_chunk_body(CKPT_UPDATE_CALL);
-}
-
-CKPT_SCALAR void ckpt_round_params_scalar(u32 dtype, const u32 *p, u16 *plo, u64 n)
-{
-	ckpt_round_params_body(dtype, p, plo, n);
 }
 
 void ckpt_round_params_sse2(u32 dtype, const u32 *p, u16 *plo, u64 n)
@@ -94,6 +100,109 @@ int ckpt_cpu_has_avx512(void)
 	__builtin_cpu_init();
 	return __builtin_cpu_supports("x86-64-v4");
 }
+
+unsigned int ckpt_update_variants(struct ckpt_update_variant *out)
+{
+	const struct ckpt_update_variant all[] = {
+		{"scalar", ckpt_update_chunk_scalar, ckpt_round_params_scalar, 1},
+		{"sse2", ckpt_update_chunk_sse2, ckpt_round_params_sse2, 1},
+		{"avx2", ckpt_update_chunk_avx2, ckpt_round_params_avx2, ckpt_cpu_has_avx2()},
+		{"avx512", ckpt_update_chunk_avx512, ckpt_round_params_avx512, ckpt_cpu_has_avx512()},
+		{"dispatched", ckpt_update_chunk, ckpt_round_params, 1},
+	};
+
+	memcpy(out, all, sizeof(all));
+	return ARRAY_SIZE(all);
+}
+
+#elif defined(__aarch64__)
+
+#include <sys/auxv.h>
+
+/*
+ * aarch64: NEON (Advanced SIMD) is the baseline, so the default build is the
+ * NEON one; SVE is a second build of the same body. GCC 12 has no
+ * target_clones on aarch64, so an ifunc (what target_clones generates on
+ * x86) picks the SVE build when the kernel reports HWCAP_SVE.
+ */
+#define CKPT_SVE __attribute__((target("+sve")))
+
+u32 ckpt_update_chunk_neon(CKPT_UPDATE_ARGS)
+{
+	return ckpt_update_chunk_body(CKPT_UPDATE_CALL);
+}
+
+CKPT_SVE u32 ckpt_update_chunk_sve(CKPT_UPDATE_ARGS)
+{
+	return ckpt_update_chunk_body(CKPT_UPDATE_CALL);
+}
+
+void ckpt_round_params_neon(u32 dtype, const u32 *p, u16 *plo, u64 n)
+{
+	ckpt_round_params_body(dtype, p, plo, n);
+}
+
+CKPT_SVE void ckpt_round_params_sve(u32 dtype, const u32 *p, u16 *plo, u64 n)
+{
+	ckpt_round_params_body(dtype, p, plo, n);
+}
+
+static void ckpt_f16_to_f32_array_neon(const u16 *h, u32 *f, u64 n)
+{
+	ckpt_f16_to_f32_array_body(h, f, n);
+}
+
+CKPT_SVE static void ckpt_f16_to_f32_array_sve(const u16 *h, u32 *f, u64 n)
+{
+	ckpt_f16_to_f32_array_body(h, f, n);
+}
+
+/* glibc passes AT_HWCAP to an aarch64 ifunc resolver: no getauxval needed yet */
+#define CKPT_PICK(hwcap, name) (((hwcap) & HWCAP_SVE) ? name##_sve : name##_neon)
+
+static ckpt_update_fn ckpt_update_chunk_resolve(unsigned long hwcap)
+{
+	return CKPT_PICK(hwcap, ckpt_update_chunk);
+}
+
+static ckpt_round_fn ckpt_round_params_resolve(unsigned long hwcap)
+{
+	return CKPT_PICK(hwcap, ckpt_round_params);
+}
+
+typedef void (*ckpt_f16_array_fn)(const u16 *h, u32 *f, u64 n);
+static ckpt_f16_array_fn ckpt_f16_to_f32_array_resolve(unsigned long hwcap)
+{
+	return CKPT_PICK(hwcap, ckpt_f16_to_f32_array);
+}
+
+u32 ckpt_update_chunk(CKPT_UPDATE_ARGS) __attribute__((ifunc("ckpt_update_chunk_resolve")));
+void ckpt_round_params(u32 dtype, const u32 *p, u16 *plo, u64 n)
+	__attribute__((ifunc("ckpt_round_params_resolve")));
+void ckpt_f16_to_f32_array(const u16 *h, u32 *f, u64 n)
+	__attribute__((ifunc("ckpt_f16_to_f32_array_resolve")));
+
+int ckpt_cpu_has_sve(void)
+{
+	return (getauxval(AT_HWCAP) & HWCAP_SVE) != 0;
+}
+
+unsigned int ckpt_update_variants(struct ckpt_update_variant *out)
+{
+	const struct ckpt_update_variant all[] = {
+		{"scalar", ckpt_update_chunk_scalar, ckpt_round_params_scalar, 1},
+		{"neon", ckpt_update_chunk_neon, ckpt_round_params_neon, 1},
+		{"sve", ckpt_update_chunk_sve, ckpt_round_params_sve, ckpt_cpu_has_sve()},
+		{"dispatched", ckpt_update_chunk, ckpt_round_params, 1},
+	};
+
+	memcpy(out, all, sizeof(all));
+	return ARRAY_SIZE(all);
+}
+
+#else
+#error "ckpt_update.c: the update loop is built for x86-64 and aarch64 only"
+#endif
 
 /* ---- integer-only scalar conversions ---- */
 

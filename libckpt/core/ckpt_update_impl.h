@@ -3,7 +3,8 @@
  * The ONE source of the fused AdamW loop and of the fp16/bf16 conversions.
  *
  * Included by the userspace build (ckpt_update.c: scalar, SSE2, AVX2, AVX-512
- * variants of the same body) and by the kernel module's FPU translation unit.
+ * variants of the same body on x86-64, NEON and SVE on aarch64) and by the
+ * kernel module's FPU translation unit.
  * Every variant must produce the same bits, so:
  *
  *  - plain C, no intrinsics, no libm: sqrt is __builtin_sqrtf, which is the
@@ -21,10 +22,10 @@
  *    skips the step like an overflowed gradient, instead of committing it.
  *
  * Two float operations appear inside the vector conversions, both exact or
- * rounding-mode-only dependent (MXCSR default, RNE, which kernel_fpu_begin()
- * loads and userspace has by default): the fp16 subnormal -> fp32 magic
- * subtraction (exact) and the fp32 -> fp16 subnormal magic addition (it IS the
- * round to nearest even). Neither is affected by FTZ/DAZ. The scalar
+ * rounding-mode-only dependent (MXCSR or FPCR default, RNE, which
+ * kernel_fpu_begin() loads and userspace has by default): the fp16
+ * subnormal -> fp32 magic subtraction (exact) and the fp32 -> fp16 subnormal
+ * magic addition (it IS the round to nearest even). Neither is affected by FTZ/DAZ. The scalar
  * conversions (ckpt_*_int) are integer-only and may be used outside
  * kernel_fpu_begin/end; define CKPT_UPDATE_INT_ONLY before including this
  * header in a TU compiled without SSE to get only those.
@@ -114,7 +115,7 @@ static __always_inline u16 ckpt_f32_to_bf16_int(u32 f)
 #error "ckpt_update_impl.h: compile with -fno-math-errno (sqrt must be an instruction)"
 #endif
 #if defined(__FLT_EVAL_METHOD__) && __FLT_EVAL_METHOD__ != 0
-#error "ckpt_update_impl.h: needs SSE float evaluation (FLT_EVAL_METHOD 0)"
+#error "ckpt_update_impl.h: needs float evaluation in float (FLT_EVAL_METHOD 0)"
 #endif
 
 /* ------------------------------------------------------------------------ */

@@ -2,9 +2,10 @@
 /*
  * Userspace only: the explicitly named builds of the one fused body
  * (ckpt_update_impl.h), for tests and benchmarks. ckpt_update_chunk itself is
- * the run-time dispatched one (target_clones: default, avx2, x86-64-v4).
- * Call the avx2/avx512 ones only when ckpt_cpu_has_avx2()/ckpt_cpu_has_avx512()
- * say the CPU can run them.
+ * the run-time dispatched one: target_clones (default, avx2, x86-64-v4) on
+ * x86-64, an ifunc choosing NEON or SVE on aarch64 (docs/design.md).
+ * ckpt_update_variants lists this architecture's builds with whether the CPU
+ * can run each; call a named one only when it says so.
  */
 #ifndef CKPT_UPDATE_VARIANTS_H
 #define CKPT_UPDATE_VARIANTS_H
@@ -22,6 +23,27 @@ typedef void (*ckpt_round_fn)(u32 dtype, const u32 *p, u16 *plo, u64 n);
 /* Not vectorized (-fno-tree-vectorize): the reference every other must equal. */
 u32 ckpt_update_chunk_scalar(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
 			     const u16 *grad, u32 *p, u32 *m, u32 *v, u16 *plo, u64 n);
+void ckpt_round_params_scalar(u32 dtype, const u32 *p, u16 *plo, u64 n);
+
+/* fp16 -> fp32 over an array with the vector body's conversion (dispatched). */
+void ckpt_f16_to_f32_array(const u16 *h, u32 *f, u64 n);
+
+struct ckpt_update_variant {
+	const char *name;	/* "scalar", "sse2", ..., "dispatched" */
+	ckpt_update_fn update;
+	ckpt_round_fn round;
+	int available;		/* this CPU can run it */
+};
+
+#define CKPT_UPDATE_VARIANTS_MAX 8
+
+/*
+ * Fills out[] (room for CKPT_UPDATE_VARIANTS_MAX) with every build of this
+ * architecture, scalar first and the dispatched one last; returns how many.
+ */
+unsigned int ckpt_update_variants(struct ckpt_update_variant *out);
+
+#if defined(__x86_64__)
 /* Baseline x86-64 (SSE2), the kernel module's instruction set. */
 u32 ckpt_update_chunk_sse2(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
 			   const u16 *grad, u32 *p, u32 *m, u32 *v, u16 *plo, u64 n);
@@ -32,16 +54,25 @@ u32 ckpt_update_chunk_avx2(const struct ckpt_hparams *hp, u32 grad_scale, u32 dt
 u32 ckpt_update_chunk_avx512(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
 			     const u16 *grad, u32 *p, u32 *m, u32 *v, u16 *plo, u64 n);
 
-void ckpt_round_params_scalar(u32 dtype, const u32 *p, u16 *plo, u64 n);
 void ckpt_round_params_sse2(u32 dtype, const u32 *p, u16 *plo, u64 n);
 void ckpt_round_params_avx2(u32 dtype, const u32 *p, u16 *plo, u64 n);
 void ckpt_round_params_avx512(u32 dtype, const u32 *p, u16 *plo, u64 n);
 
-/* fp16 -> fp32 over an array with the vector body's conversion (dispatched). */
-void ckpt_f16_to_f32_array(const u16 *h, u32 *f, u64 n);
-
 int ckpt_cpu_has_avx2(void);
 int ckpt_cpu_has_avx512(void);	/* everything x86-64-v4 needs */
+#elif defined(__aarch64__)
+/* Baseline aarch64: Advanced SIMD (NEON). */
+u32 ckpt_update_chunk_neon(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
+			   const u16 *grad, u32 *p, u32 *m, u32 *v, u16 *plo, u64 n);
+/* target("+sve"): any vector length */
+u32 ckpt_update_chunk_sve(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
+			  const u16 *grad, u32 *p, u32 *m, u32 *v, u16 *plo, u64 n);
+
+void ckpt_round_params_neon(u32 dtype, const u32 *p, u16 *plo, u64 n);
+void ckpt_round_params_sve(u32 dtype, const u32 *p, u16 *plo, u64 n);
+
+int ckpt_cpu_has_sve(void);
+#endif
 
 #ifdef __cplusplus
 }

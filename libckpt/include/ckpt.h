@@ -31,6 +31,21 @@
 extern "C" {
 #endif
 
+/*
+ * libckpt.so is built with -fvisibility=hidden and exports exactly the
+ * functions declared here (and a version script keeps anything else local).
+ */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
+/*
+ * The library's version, "MAJOR.MINOR.PATCH" (the VERSION file of the source
+ * tree, the same as the kernel module's and the Python package's). The
+ * SONAME is libckpt.so.MAJOR: it changes only when this ABI breaks.
+ */
+const char *ckpt_version(void);
+
 typedef struct ckpt_layout_builder ckpt_layout_builder;
 typedef struct ckpt_device ckpt_device;
 
@@ -40,6 +55,20 @@ enum ckpt_commit_result {
 	CKPT_COMMITTED = CKPT_RESULT_COMMITTED,
 	CKPT_OVERFLOW = CKPT_RESULT_OVERFLOW,
 };
+
+/* The version of libckpt (the project's version, "0.1.0"). */
+const char *ckpt_version(void);
+
+/*
+ * Progress of the long operations on the calling thread (ckpt_format_manifest,
+ * ckpt_import, ckpt_export_image, ckpt_verify, ckpt_restore): fn(ctx, what,
+ * done, total), what naming the phase ("format", "import", "export",
+ * "check"), done rising from 0 to total (a phase may start again, e.g. check
+ * for the committed and the previous step). fn must not call libckpt. NULL
+ * turns it off (the default).
+ */
+typedef void (*ckpt_progress_fn)(void *ctx, const char *what, uint64_t done, uint64_t total);
+void ckpt_set_progress(ckpt_progress_fn fn, void *ctx);
 
 /* Message of the last failed call on this thread. */
 const char *ckpt_last_error(void);
@@ -77,8 +106,9 @@ int ckpt_dtype_code(uint32_t index);
 size_t ckpt_abi_sizeof(const char *name);
 /*
  * The value of a constant of this header by name ("CKPT_EXPORT_LOWP",
- * "CKPT_EXPORT_OPTIMIZER"), or of the format ("CKPT_BLOCK", the metadata
- * block, 4096; "CKPT_SECTOR", 512); -1 when unknown.
+ * "CKPT_EXPORT_OPTIMIZER", "CKPT_RESTORE_ROLLBACK"), or of the format
+ * ("CKPT_BLOCK", the metadata block, 4096; "CKPT_SECTOR", 512); -1 when
+ * unknown.
  */
 int64_t ckpt_abi_constant(const char *name);
 
@@ -201,6 +231,21 @@ int ckpt_load_params(ckpt_device *d, const char *name, const float *values, uint
 int ckpt_load_params_multi(ckpt_device *d, uint32_t count, const char *const *names,
 			   const float *const *values, const uint64_t *ns);
 
+/*
+ * A whole optimizer state from outside (torch.optim.AdamW's state_dict, say):
+ * for every tensor of the device, once, its fp32 master params p, exp_avg m
+ * and exp_avg_sq v (ns[i] values each) and the step they are at; committed
+ * at once (a crash keeps the old state or the new) as that step, with the
+ * trainer blob (blob_len <= 2 KiB). p and m finite, v finite and >= 0.
+ * Only before the first step (committed step 0, else CKPT_E_STATE), with
+ * the userspace engine: a kernel target's backing device is loaded before
+ * the target is created on it (the image is the same). The format keeps one
+ * step count for all tensors: the steps must be equal (CKPT_E_STEP).
+ */
+int ckpt_load_state(ckpt_device *d, uint32_t count, const char *const *names, const float *const *p,
+		    const float *const *m, const float *const *v, const uint64_t *ns, const uint64_t *steps,
+		    const void *blob, size_t blob_len);
+
 struct ckpt_group_hparams {
 	double lr;
 	double beta1;
@@ -297,6 +342,14 @@ int ckpt_format_manifest(const char *device, const char *opts_json, char **json)
  * side are kept or skipped), "step".
  */
 int ckpt_import(const char *device, const char *from, const char *opts_json, char **json);
+/*
+ * The validated header of a safetensors checkpoint, as import reads it: a
+ * file, a sharded checkpoint's index (.json) or a model folder. {"path": the
+ * file or index read, "files": [paths], "tensors": [{"name", "dtype",
+ * "shape", "file": index into files, "offset": byte offset in that file,
+ * "bytes"}] in file order, "metadata": the __metadata__ of every file}.
+ */
+int ckpt_safetensors_header(const char *path, char **json);
 /* ckpt_export of the committed step of a backing image (read-only, records checked). */
 int ckpt_export_image(const char *path, const char *out, uint32_t flags, char **json);
 /*
@@ -324,6 +377,10 @@ struct ckpt_fit {
 	uint64_t record_bytes;	/* per chunk */
 };
 int ckpt_fit(uint64_t bytes, uint32_t chunk_params, uint64_t write_unit, struct ckpt_fit *fit);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #ifdef __cplusplus
 }

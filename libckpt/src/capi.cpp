@@ -23,6 +23,7 @@
 #include "export.hpp"
 #include "format.hpp"
 #include "image.hpp"
+#include "progress.hpp"
 #include "tools.hpp"
 
 extern "C" {
@@ -138,6 +139,12 @@ void need_owner(const OpenDevice &od)
 }
 
 thread_local std::string last_error;
+
+// ckpt_set_progress's hook, for ckpt::progress.
+thread_local struct {
+	ckpt_progress_fn fn;
+	void *ctx;
+} progress_hook;
 
 template <typename F> int guarded(F &&f)
 {
@@ -291,7 +298,20 @@ template <typename F> int report(char **json, F &&f)
 
 } // namespace
 
+void ckpt::progress(const char *what, uint64_t done, uint64_t total)
+{
+	if (progress_hook.fn)
+		progress_hook.fn(progress_hook.ctx, what, done, total);
+}
+
 extern "C" {
+
+const char *ckpt_version(void) { return CKPT_VERSION; }
+
+void ckpt_set_progress(ckpt_progress_fn fn, void *ctx)
+{
+	progress_hook = {fn, ctx};
+}
 
 const char *ckpt_last_error(void) { return last_error.c_str(); }
 
@@ -341,6 +361,7 @@ int64_t ckpt_abi_constant(const char *name)
 	static const std::pair<const char *, int64_t> constants[] = {
 		{"CKPT_EXPORT_LOWP", CKPT_EXPORT_LOWP},
 		{"CKPT_EXPORT_OPTIMIZER", CKPT_EXPORT_OPTIMIZER},
+		{"CKPT_RESTORE_ROLLBACK", CKPT_RESTORE_ROLLBACK},
 		{"CKPT_BLOCK", CKPT_BLOCK},
 		{"CKPT_SECTOR", CKPT_SECTOR},
 	};
@@ -589,6 +610,34 @@ int ckpt_load_params_multi(ckpt_device *d, uint32_t count, const char *const *na
 	});
 }
 
+int ckpt_load_state(ckpt_device *d, uint32_t count, const char *const *names, const float *const *p,
+		    const float *const *m, const float *const *v, const uint64_t *ns, const uint64_t *steps,
+		    const void *blob, size_t blob_len)
+{
+	return with_device(d, [&](ckpt::Device &dev) {
+		if (count) {
+			need(names, "names");
+			need(p, "p");
+			need(m, "m");
+			need(v, "v");
+			need(ns, "ns");
+			need(steps, "steps");
+		}
+		if (blob_len)
+			need(blob, "blob");
+		std::vector<ckpt::TensorState> tensors;
+		for (uint32_t i = 0; i < count; i++) {
+			need(names[i], "name");
+			need(p[i], "p");
+			need(m[i], "m");
+			need(v[i], "v");
+			tensors.push_back({names[i], {p[i], ns[i]}, {m[i], ns[i]}, {v[i], ns[i]}, steps[i]});
+		}
+		dev.load_state(tensors, {static_cast<const uint8_t *>(blob), blob_len});
+		return 0;
+	});
+}
+
 int ckpt_begin(ckpt_device *d, const struct ckpt_group_hparams *groups, uint32_t n_groups,
 	       double grad_scale)
 {
@@ -772,6 +821,14 @@ int ckpt_import(const char *device, const char *from, const char *opts_json, cha
 		need(device, "device");
 		need(from, "from");
 		return ckpt::import_safetensors(device, from, opts_json ? opts_json : "");
+	});
+}
+
+int ckpt_safetensors_header(const char *path, char **json)
+{
+	return report(json, [&] {
+		need(path, "path");
+		return ckpt::safetensors_header(path);
 	});
 }
 

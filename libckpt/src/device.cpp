@@ -24,24 +24,6 @@ uint32_t f32_bits(double v)
 	return u;
 }
 
-// What torch.optim.AdamW refuses, with its rules (in double).
-void check_hparams(const GroupHparams &g, size_t i)
-{
-	auto bad = [&](const char *field, double v, const char *rule) {
-		fail(CKPT_E_HPARAM, "begin: group {}: {} = {} is invalid: it must be {}", i, field, v, rule);
-	};
-	if (!(g.lr >= 0) || !std::isfinite(g.lr))
-		bad("lr", g.lr, "finite and >= 0");
-	if (!(g.eps >= 0) || !std::isfinite(g.eps))
-		bad("eps", g.eps, "finite and >= 0");
-	if (!(g.beta1 >= 0 && g.beta1 < 1))
-		bad("beta1", g.beta1, "in [0, 1)");
-	if (!(g.beta2 >= 0 && g.beta2 < 1))
-		bad("beta2", g.beta2, "in [0, 1)");
-	if (!(g.weight_decay >= 0) || !std::isfinite(g.weight_decay))
-		bad("weight_decay", g.weight_decay, "finite and >= 0");
-}
-
 } // namespace
 
 // The scalars of torch.optim.AdamW's step, computed the way it computes them:
@@ -124,7 +106,7 @@ void Device::begin(std::span<const GroupHparams> groups, double grad_scale)
 	cmd.grad_scale = f32_bits(grad_scale);
 	cmd.n_groups = static_cast<uint32_t>(groups.size());
 	for (size_t i = 0; i < groups.size(); i++) {
-		check_hparams(groups[i], i);
+		check_hparams(groups[i], fmt::format("begin: group {}", i));
 		cmd.groups[i] = hparams_for_step(groups[i], cmd.step);
 		// What the target checks on the fp32 values (ckpt_hparams_check).
 		const char *field = nullptr;
@@ -370,6 +352,49 @@ void Device::load_params(const std::vector<std::pair<std::string, std::span<cons
 				   "before the kernel target is created on it");
 	const struct ckpt_sb &sb = engine_->superblock();
 	engine_->load_state(spans, sb.committed_step, {sb.blob, sb.blob_len});
+}
+
+// Checked whole before anything is written: a state the update could not
+// have produced (non-finite values, a negative exp_avg_sq) or one that is not
+// the device's whole state is refused, and the device keeps its own.
+void Device::load_state(const std::vector<TensorState> &tensors, std::span<const uint8_t> blob)
+{
+	if (!engine_)
+		fail(CKPT_E_STATE, "load_state needs the userspace engine: load the backing device "
+				   "before the kernel target is created on it");
+	const std::vector<Tensor> &all = manifest().tensors();
+	std::vector<bool> given(all.size());
+	std::vector<StateSpan> spans;
+	for (const TensorState &s : tensors) {
+		const Tensor &t = tensor(s.name, s.p.size());
+		const size_t index = static_cast<size_t>(&t - all.data());
+		if (given[index])
+			fail(CKPT_E_TWICE, "load_state: tensor '{}' given twice", t.name);
+		given[index] = true;
+		if (s.m.size() != t.numel || s.v.size() != t.numel)
+			fail(CKPT_E_SIZE, "load_state: tensor '{}' has {} elements, its exp_avg {} and exp_avg_sq {}",
+			     t.name, t.numel, s.m.size(), s.v.size());
+		// The format keeps one step count for all tensors.
+		if (s.step != tensors.front().step)
+			fail(CKPT_E_STEP, "load_state: tensor '{}' is at step {}, '{}' at step {}: this device keeps one "
+					  "step count for all its tensors, so their steps must be equal",
+			     t.name, s.step, tensors.front().name, tensors.front().step);
+		auto check = [&](std::span<const float> x, const char *what, bool nonneg) {
+			for (size_t k = 0; k < x.size(); k++)
+				if (!std::isfinite(x[k]) || (nonneg && x[k] < 0))
+					fail(CKPT_E_HPARAM, "load_state: tensor '{}' {} element {} is {}", t.name, what, k,
+					     x[k]);
+		};
+		check(s.p, "param", false);
+		check(s.m, "exp_avg", false);
+		check(s.v, "exp_avg_sq", true);
+		spans.push_back({t.offset, t.numel, s.p.data(), s.m.data(), s.v.data()});
+	}
+	for (size_t i = 0; i < all.size(); i++)
+		if (!given[i])
+			fail(CKPT_E_NAME, "load_state: tensor '{}' of the device is not given: the state is loaded whole",
+			     all[i].name);
+	engine_->load_state(spans, tensors.empty() ? 0 : tensors.front().step, blob);
 }
 
 } // namespace ckpt

@@ -13,20 +13,20 @@
 #include <vector>
 
 #include "engine.hpp"
+#include "layout.hpp"
 
 namespace ckpt {
 
-struct GroupHparams {
-	double lr = 1e-3;
-	double beta1 = 0.9;
-	double beta2 = 0.999;
-	double eps = 1e-8;
-	double weight_decay = 0.01;
-	bool adam_l2 = false;
-};
-
 // fp32 bit patterns of what the update needs for step t.
 struct ckpt_hparams hparams_for_step(const GroupHparams &g, uint64_t step);
+
+// fp32 params, exp_avg and exp_avg_sq of one tensor and the step they are at,
+// for Device::load_state.
+struct TensorState {
+	std::string name;
+	std::span<const float> p, m, v;
+	uint64_t step = 0;
+};
 
 // The outcomes of a commit, with the values of enum ckpt_result.
 enum class CommitResult : uint32_t {
@@ -71,6 +71,9 @@ public:
 	void read_params(const std::string &name, uint16_t *out, uint64_t n);
 	void read_state(const std::string &name, float *p, float *m, float *v, uint64_t n);
 	void load_params(const std::vector<std::pair<std::string, std::span<const float>>> &values);
+	// A whole optimizer state from outside (ckpt_load_state in ckpt.h): every
+	// tensor once, committed as their step with blob.
+	void load_state(const std::vector<TensorState> &tensors, std::span<const uint8_t> blob);
 
 private:
 	Device() = default;

@@ -5,7 +5,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include <xmmintrin.h>
+#include <cfenv>
 
 #include "ckpt_error.hpp"
 
@@ -332,8 +332,9 @@ void Engine::worker_main(Worker &w)
 	uint64_t seen = 0;
 
 	// The update must give the kernel's bits: round to nearest, no flush of
-	// denormals, whatever floating-point mode the creating thread had.
-	_mm_setcsr(0x1f80);
+	// denormals, whatever floating-point mode the creating thread had
+	// (glibc's default environment: MXCSR 0x1f80 on x86-64, FPCR 0 on aarch64).
+	std::fesetenv(FE_DFL_ENV);
 	for (;;) {
 		{
 			std::unique_lock lk(mu_);

@@ -13,6 +13,8 @@
 #include "device.hpp"
 #include "ckpt_error.hpp"
 #include "image.hpp"
+#include "interchange.hpp"
+#include "progress.hpp"
 #include "safetensors.hpp"
 
 namespace ckpt {
@@ -57,6 +59,15 @@ std::map<std::string, std::string> metadata(const Source &src, uint32_t flags, c
 		{"ckpt.dtype", ckpt_dtype_name(src.sb->geo.dtype)},
 		{"ckpt.uuid", uuid_string(src.sb->uuid)},
 	};
+	interchange::Metadata ix;
+	ix.dtype = src.sb->geo.dtype;
+	ix.chunk_params = static_cast<uint32_t>(src.sb->layout.chunk_params);
+	ix.step = src.step;
+	ix.n_groups = src.sb->geo.n_groups;
+	for (const Tensor &t : src.manifest->tensors())
+		ix.tensor_group[t.name] = t.group;
+	ix.hparams = src.manifest->hparams();
+	interchange::write(ix, meta);
 	if (flags & CKPT_EXPORT_LOWP)
 		meta["ckpt.params"] = "lowp";
 	if ((flags & CKPT_EXPORT_OPTIMIZER) && !src.blob.empty())
@@ -69,6 +80,9 @@ std::map<std::string, std::string> metadata(const Source &src, uint32_t flags, c
 	for (const auto &[k, v] : j.items()) {
 		if (!v.is_string())
 			fail(CKPT_E_INVAL, "export metadata '{}' is not a string", k);
+		if (k.rfind(interchange::prefix, 0) == 0)
+			fail(CKPT_E_INVAL, "export metadata '{}': the {}* keys are the exporter's", k,
+			     interchange::prefix);
 		meta[k] = v.get<std::string>();
 	}
 	return meta;
@@ -91,7 +105,11 @@ ExportReport write(const Source &src, const std::string &out, uint32_t flags, co
 	safetensors::Writer w(out, entries, metadata(src, flags, meta_json));
 	ExportReport r;
 	r.step = src.step;
+	uint64_t total = 0;
+	for (const Tensor &t : src.manifest->tensors())
+		total += t.numel;
 	for (const Tensor &t : src.manifest->tensors()) {
+		progress("export", r.params, total);
 		std::vector<float> p(t.numel), m(opt ? t.numel : 0), v(opt ? t.numel : 0);
 		if (lowp) {
 			std::vector<uint16_t> lo(t.numel);
@@ -111,6 +129,7 @@ ExportReport write(const Source &src, const std::string &out, uint32_t flags, co
 		r.params += t.numel;
 	}
 	w.finish();
+	progress("export", total, total);
 	return r;
 }
 

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
 #include "format.hpp"
+#include "progress.hpp"
 
 #include <cerrno>
 #include <cstdlib>
@@ -153,12 +154,14 @@ void write_image(const BackingFile &f, const Layout::Placed &placed, const struc
 		      ckpt_crc32c(placed.group_table.data(), placed.group_table.size()));
 	// The records the first superblock commits (p_lo and state of zeros).
 	for (uint32_t c = 0; c < placed.geo.n_chunks; c++) {
+		progress("format", c, placed.geo.n_chunks);
 		struct ckpt_rec id;
 		ckpt_rec_committed(&sb, c, &id);
 		ckpt_rec_seal(chunk.as(), chunk.as() + CKPT_BLOCK, chunk.as() + CKPT_BLOCK, &id, incompat);
 		f.pwrite_all(chunk.as(), l.record_bytes, ckpt_record_offset(&l, 0, c));
 	}
 	f.flush();
+	progress("format", placed.geo.n_chunks, placed.geo.n_chunks);
 
 	check_core(ckpt_sb_encode(&sb, zero.as()), "encode superblock");
 	f.pwrite_durable(zero.as(), CKPT_BLOCK, ckpt_sb_offset(&sb));
@@ -183,7 +186,7 @@ void format(const std::string &path_arg, const Layout &layout, const FormatOptio
 		incompat &= ~CKPT_FEATURE_INCOMPAT_COUNTS;
 	struct ckpt_layout l;
 	check_core(ckpt_layout_compute_features(&placed.geo, incompat, &l), "layout");
-	const std::string manifest = Manifest::encode(placed.tensors, opts.dtype, cp);
+	const std::string manifest = Manifest::encode(placed.tensors, opts.dtype, cp, layout.hparams());
 
 	// A symlink stands for the file it names: that file is replaced.
 	std::string path = path_arg;

@@ -325,14 +325,24 @@ int BackingFile::commit_read_sb(void *block, uint64_t off, std::string &message)
 	return 0;
 }
 
-Ring::Ring(unsigned entries)
+Ring::Ring(unsigned entries, Mode mode)
 {
+	if (mode == Mode::Sync) {
+		sync_ = true;
+		return;
+	}
 	int ret = io_uring_queue_init(entries, &ring_, 0);
-	if (ret < 0)
+	if (ret == -ENOSYS || ret == -EPERM)
+		sync_ = true;
+	else if (ret < 0)
 		fail(CKPT_E_IO, "io_uring_queue_init: {}", strerror(-ret));
 }
 
-Ring::~Ring() { io_uring_queue_exit(&ring_); }
+Ring::~Ring()
+{
+	if (!sync_)
+		io_uring_queue_exit(&ring_);
+}
 
 io_uring_sqe *Ring::sqe()
 {
@@ -348,6 +358,14 @@ io_uring_sqe *Ring::sqe()
 
 void Ring::read(int fd, void *buf, unsigned len, uint64_t off, uint64_t tag)
 {
+	if (sync_) {
+		ssize_t r;
+		do
+			r = pread(fd, buf, len, static_cast<off_t>(off));
+		while (r < 0 && errno == EINTR);
+		done_.emplace_back(tag, r < 0 ? -errno : static_cast<int>(r));
+		return;
+	}
 	io_uring_sqe *s = sqe();
 	io_uring_prep_read(s, fd, buf, len, off);
 	io_uring_sqe_set_data64(s, tag);
@@ -355,6 +373,14 @@ void Ring::read(int fd, void *buf, unsigned len, uint64_t off, uint64_t tag)
 
 void Ring::write(int fd, const void *buf, unsigned len, uint64_t off, uint64_t tag)
 {
+	if (sync_) {
+		ssize_t r;
+		do
+			r = pwrite(fd, buf, len, static_cast<off_t>(off));
+		while (r < 0 && errno == EINTR);
+		done_.emplace_back(tag, r < 0 ? -errno : static_cast<int>(r));
+		return;
+	}
 	io_uring_sqe *s = sqe();
 	io_uring_prep_write(s, fd, buf, len, off);
 	io_uring_sqe_set_data64(s, tag);
@@ -362,6 +388,8 @@ void Ring::write(int fd, const void *buf, unsigned len, uint64_t off, uint64_t t
 
 void Ring::submit()
 {
+	if (sync_)
+		return;
 	int ret;
 	do
 		ret = io_uring_submit(&ring_);
@@ -372,6 +400,13 @@ void Ring::submit()
 
 std::pair<uint64_t, int> Ring::wait()
 {
+	if (sync_) {
+		if (done_.empty())
+			fail(CKPT_E_IO, "waiting for an I/O completion with none in flight");
+		std::pair<uint64_t, int> r = done_.front();
+		done_.pop_front();
+		return r;
+	}
 	io_uring_cqe *cqe;
 	int ret;
 	do

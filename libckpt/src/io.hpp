@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <string>
 #include <utility>
 
@@ -135,10 +136,15 @@ struct BackingFile {
 	int commit_read_sb(void *block, uint64_t off, std::string &message) const noexcept;
 };
 
-// One io_uring instance; not shared between threads.
+// One io_uring instance; not shared between threads. Where io_uring cannot
+// be had (io_uring_setup fails with ENOSYS or EPERM: a seccomp profile such
+// as a container's default one, kernel.io_uring_disabled, qemu-user), each
+// read and write is done at once with pread/pwrite and completes in order:
+// the same results, without the overlap.
 class Ring {
 public:
-	explicit Ring(unsigned entries);
+	enum class Mode { Auto, Sync };
+	explicit Ring(unsigned entries, Mode mode = Mode::Auto);
 	Ring(const Ring &) = delete;
 	Ring &operator=(const Ring &) = delete;
 	~Ring();
@@ -147,10 +153,13 @@ public:
 	void submit();
 	// Waits for one completion; returns its tag and result (bytes or -errno).
 	std::pair<uint64_t, int> wait();
+	bool sync() const { return sync_; }
 
 private:
 	io_uring_sqe *sqe();
 	io_uring ring_{};
+	bool sync_ = false;
+	std::deque<std::pair<uint64_t, int>> done_;	// sync: completed, not yet waited for
 };
 
 } // namespace ckpt

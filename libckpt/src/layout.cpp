@@ -1,9 +1,14 @@
 // SPDX-License-Identifier: MIT
 #include "layout.hpp"
 
+#include <algorithm>
+#include <cctype>
+#include <cmath>
 #include <limits>
+#include <set>
 #include <stdexcept>
 
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "ckpt_error.hpp"
@@ -18,6 +23,23 @@ uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 } // namespace
 
 const char *dtype_name(uint32_t dtype) { return ckpt_dtype_name(dtype); }
+
+void check_hparams(const GroupHparams &g, const std::string &what)
+{
+	auto bad = [&](const char *field, double v, const char *rule) {
+		fail(CKPT_E_HPARAM, "{}: {} = {} is invalid: it must be {}", what, field, v, rule);
+	};
+	if (!(g.lr >= 0) || !std::isfinite(g.lr))
+		bad("lr", g.lr, "finite and >= 0");
+	if (!(g.eps >= 0) || !std::isfinite(g.eps))
+		bad("eps", g.eps, "finite and >= 0");
+	if (!(g.beta1 >= 0 && g.beta1 < 1))
+		bad("beta1", g.beta1, "in [0, 1)");
+	if (!(g.beta2 >= 0 && g.beta2 < 1))
+		bad("beta2", g.beta2, "in [0, 1)");
+	if (!(g.weight_decay >= 0) || !std::isfinite(g.weight_decay))
+		bad("weight_decay", g.weight_decay, "finite and >= 0");
+}
 
 uint64_t numel_of(const std::vector<uint64_t> &shape, const std::string &name)
 {
@@ -38,26 +60,105 @@ uint64_t numel_of(const std::vector<uint64_t> &shape, const std::string &name)
 	fail(CKPT_E_MANIFEST, "tensor manifest: {}", why);
 }
 
+namespace {
+
+using nlohmann::json;
+
+// A manifest's JSON is read strictly: every object has only the keys it may
+// have, the required ones are there, and every value has its type. A
+// mistake is reported with its JSON path ($.tensors[2].shape) in the
+// project's words, as std::invalid_argument that the caller prefixes with
+// what it read. nlohmann's own exceptions never reach a user: their text
+// ("[json.exception.out_of_range.403] key 'shape' not found") names neither
+// the file nor the place.
+[[noreturn]] void invalid(const std::string &path, const std::string &why)
+{
+	throw std::invalid_argument(fmt::format("{}: {}", path, why));
+}
+
+// A value as an error message shows it: short, escaped.
+std::string shown(const json &v)
+{
+	std::string s = v.dump(-1, ' ', true, json::error_handler_t::replace);
+	return s.size() > 40 ? s.substr(0, 37) + "..." : s;
+}
+
+std::string path_of(const std::string &parent, std::string_view key)
+{
+	bool plain = !key.empty() && !isdigit(static_cast<unsigned char>(key[0]));
+	for (unsigned char c : key)
+		plain = plain && (isalnum(c) || c == '_');
+	return plain ? fmt::format("{}.{}", parent, key) : fmt::format("{}[{}]", parent, shown(json(std::string(key))));
+}
+
+// An object with a fixed set of keys.
+class Fields {
+public:
+	Fields(const json &v, std::string path, std::initializer_list<std::string_view> known)
+		: v_(v), path_(std::move(path))
+	{
+		if (!v.is_object())
+			invalid(path_, fmt::format("must be an object, not {}", shown(v)));
+		for (const auto &[key, value] : v.items())
+			if (std::find(known.begin(), known.end(), key) == known.end())
+				invalid(path_of(path_, key),
+					fmt::format("unknown key '{}' (known keys here: {})", key, fmt::join(known, ", ")));
+	}
+	const json *find(const char *key) const
+	{
+		auto it = v_.find(key);
+		return it == v_.end() ? nullptr : &*it;
+	}
+	const json &at(const char *key) const
+	{
+		if (const json *v = find(key))
+			return *v;
+		invalid(path_, fmt::format("missing key '{}'", key));
+	}
+	std::string path(const char *key) const { return path_of(path_, key); }
+
+private:
+	const json &v_;
+	std::string path_;
+};
+
 // A JSON integer in 0..max. nlohmann's get<unsigned>() takes a float or a
 // negative number too, and converts it: 1.5 becomes 1, -1 wraps, and a float
 // beyond the type's range is undefined behaviour.
-template <typename T> static T json_uint(const nlohmann::json &v, const char *what)
+template <typename T> T json_uint(const json &v, const std::string &path)
 {
 	if (!v.is_number_unsigned() || v.get<uint64_t>() > std::numeric_limits<T>::max())
-		throw std::invalid_argument(fmt::format("{} must be an integer from 0 to {}, not {}", what,
-							std::numeric_limits<T>::max(), v.dump()));
+		invalid(path, fmt::format("must be an integer from 0 to {}, not {}", std::numeric_limits<T>::max(),
+					  shown(v)));
 	return static_cast<T>(v.get<uint64_t>());
 }
 
-static std::vector<uint64_t> json_shape(const nlohmann::json &v)
+std::string json_string(const json &v, const std::string &path)
+{
+	if (!v.is_string())
+		invalid(path, fmt::format("must be a string, not {}", shown(v)));
+	return v.get<std::string>();
+}
+
+std::vector<uint64_t> json_shape(const json &v, const std::string &path)
 {
 	if (!v.is_array())
-		throw std::invalid_argument(fmt::format("shape must be an array, not {}", v.dump()));
+		invalid(path, fmt::format("must be an array of dimensions, not {}", shown(v)));
 	std::vector<uint64_t> shape;
-	for (const nlohmann::json &d : v)
-		shape.push_back(json_uint<uint64_t>(d, "a shape dimension"));
+	for (size_t i = 0; i < v.size(); i++)
+		shape.push_back(json_uint<uint64_t>(v[i], fmt::format("{}[{}]", path, i)));
 	return shape;
 }
+
+const json &json_tensors(const Fields &f)
+{
+	const json &ts = f.at("tensors");
+	if (!ts.is_array() || ts.empty())
+		invalid(f.path("tensors"), fmt::format("must be a non-empty array of tensors, not {}", shown(ts)));
+	return ts;
+}
+
+} // namespace
 
 static void check_name(const std::string &name)
 {
@@ -66,6 +167,63 @@ static void check_name(const std::string &name)
 	for (unsigned char c : name)
 		if (c < 0x20 || c == 0x7f)
 			fail(CKPT_E_INVAL, "tensor name has a control character: '{}'", name);
+}
+
+// A group's hyperparameters in JSON: every key, of its type, and no other.
+static GroupHparams json_hparams(const nlohmann::json &j, const std::string &what)
+{
+	static const std::set<std::string> keys = {"lr", "betas", "eps", "weight_decay", "adam_l2"};
+	if (!j.is_object())
+		throw std::invalid_argument(fmt::format("{}: not an object", what));
+	for (const auto &[k, v] : j.items())
+		if (!keys.count(k))
+			throw std::invalid_argument(fmt::format("{}: unknown key '{}'", what, k));
+	auto num = [&](const nlohmann::json &v, const char *key) {
+		if (!v.is_number())
+			throw std::invalid_argument(fmt::format("{}: {} must be a number, not {}", what, key, v.dump()));
+		return v.get<double>();
+	};
+	for (const char *k : {"lr", "betas", "eps", "weight_decay", "adam_l2"})
+		if (!j.contains(k))
+			throw std::invalid_argument(fmt::format("{}: no {}", what, k));
+	GroupHparams g;
+	g.lr = num(j["lr"], "lr");
+	const nlohmann::json &b = j["betas"];
+	if (!b.is_array() || b.size() != 2)
+		throw std::invalid_argument(fmt::format("{}: betas must be [beta1, beta2], not {}", what, b.dump()));
+	g.beta1 = num(b[0], "beta1");
+	g.beta2 = num(b[1], "beta2");
+	g.eps = num(j["eps"], "eps");
+	g.weight_decay = num(j["weight_decay"], "weight_decay");
+	if (!j["adam_l2"].is_boolean())
+		throw std::invalid_argument(fmt::format("{}: adam_l2 must be true or false", what));
+	g.adam_l2 = j["adam_l2"].get<bool>();
+	try {
+		check_hparams(g, what);
+	} catch (const Error &e) {
+		throw std::invalid_argument(e.what());
+	}
+	return g;
+}
+
+static std::vector<GroupHparams> json_groups(const nlohmann::json &v)
+{
+	if (!v.is_array() || v.empty() || v.size() > CKPT_MAX_GROUPS)
+		throw std::invalid_argument(fmt::format("\"groups\" must be an array of 1 to {} groups",
+							CKPT_MAX_GROUPS));
+	std::vector<GroupHparams> out;
+	for (size_t i = 0; i < v.size(); i++)
+		out.push_back(json_hparams(v[i], fmt::format("group {}", i)));
+	return out;
+}
+
+static nlohmann::json groups_json(const std::vector<GroupHparams> &groups)
+{
+	nlohmann::json a = nlohmann::json::array();
+	for (const GroupHparams &g : groups)
+		a.push_back({{"lr", g.lr}, {"betas", {g.beta1, g.beta2}}, {"eps", g.eps},
+			     {"weight_decay", g.weight_decay}, {"adam_l2", g.adam_l2}});
+	return a;
 }
 
 void Layout::add(std::string name, std::vector<uint64_t> shape, uint32_t group)
@@ -121,7 +279,10 @@ Layout::Placed Layout::place(uint32_t chunk_shift, uint32_t dtype) const
 		for (uint64_t c = t.offset >> chunk_shift; c <= (t.offset + t.extent - 1) >> chunk_shift; c++)
 			out.group_table[c] = static_cast<uint8_t>(t.group);
 
-	std::string manifest = Manifest::encode(out.tensors, dtype, cp);
+	if (!hparams_.empty() && hparams_.size() != max_group + 1)
+		fail(CKPT_E_INVAL, "hyperparameters for {} groups, but the tensors use groups 0 to {}",
+		     hparams_.size(), max_group);
+	std::string manifest = Manifest::encode(out.tensors, dtype, cp, hparams_);
 	out.geo = {};
 	out.geo.n_chunks = static_cast<uint32_t>(n_chunks);
 	out.geo.chunk_shift = chunk_shift;
@@ -135,7 +296,8 @@ Layout::Placed Layout::place(uint32_t chunk_shift, uint32_t dtype) const
 	return out;
 }
 
-Manifest::Manifest(std::vector<Tensor> tensors) : tensors_(std::move(tensors))
+Manifest::Manifest(std::vector<Tensor> tensors, std::vector<GroupHparams> hparams)
+	: tensors_(std::move(tensors)), hparams_(std::move(hparams))
 {
 	for (size_t i = 0; i < tensors_.size(); i++)
 		index_.emplace(tensors_[i].name, i);
@@ -149,7 +311,8 @@ const Tensor &Manifest::find(std::string_view name) const
 	return tensors_[it->second];
 }
 
-std::string Manifest::encode(const std::vector<Tensor> &tensors, uint32_t dtype, uint64_t chunk_params)
+std::string Manifest::encode(const std::vector<Tensor> &tensors, uint32_t dtype, uint64_t chunk_params,
+			    const std::vector<GroupHparams> &hparams)
 {
 	nlohmann::json j;
 	j["format"] = "dm-ckpt-manifest";
@@ -160,33 +323,37 @@ std::string Manifest::encode(const std::vector<Tensor> &tensors, uint32_t dtype,
 	for (const Tensor &t : tensors)
 		arr.push_back({{"name", t.name}, {"shape", t.shape}, {"group", t.group},
 			       {"offset", t.offset}, {"numel", t.numel}});
+	if (!hparams.empty())	// absent rather than empty: older readers see the manifest they know
+		j["groups"] = groups_json(hparams);
 	return j.dump();
 }
 
 Manifest Manifest::decode(std::string_view text, const struct ckpt_layout &layout,
 			  const struct ckpt_geometry &geo, const std::vector<uint8_t> &group_table)
 {
-	nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+	const json j = json::parse(text, nullptr, false);
 	if (j.is_discarded() || !j.is_object())
 		bad("not a JSON object");
 	try {
-		if (j.at("format") != "dm-ckpt-manifest" || j.at("version") != 1)
+		const Fields top(j, "$", {"format", "version", "dtype", "chunk_params", "tensors", "groups"});
+		if (json_string(top.at("format"), top.path("format")) != "dm-ckpt-manifest" ||
+		    json_uint<uint32_t>(top.at("version"), top.path("version")) != 1)
 			bad("unknown format or version");
-		if (j.at("dtype") != dtype_name(geo.dtype) || j.at("chunk_params") != layout.chunk_params)
+		if (json_string(top.at("dtype"), top.path("dtype")) != dtype_name(geo.dtype) ||
+		    json_uint<uint64_t>(top.at("chunk_params"), top.path("chunk_params")) != layout.chunk_params)
 			bad("dtype or chunk size disagree with the superblock");
-		const auto &arr = j.at("tensors");
-		if (!arr.is_array() || arr.empty())
-			bad("no tensors");
+		const json &arr = json_tensors(top);
 		std::vector<Tensor> tensors;
 		uint64_t next = 0;
-		for (const auto &e : arr) {
+		for (size_t i = 0; i < arr.size(); i++) {
+			const Fields e(arr[i], fmt::format("$.tensors[{}]", i), {"name", "shape", "group", "offset", "numel"});
 			Tensor t;
-			t.name = e.at("name").get<std::string>();
+			t.name = json_string(e.at("name"), e.path("name"));
 			check_name(t.name);
-			t.shape = json_shape(e.at("shape"));
-			t.group = json_uint<uint32_t>(e.at("group"), "group");
-			t.offset = json_uint<uint64_t>(e.at("offset"), "offset");
-			t.numel = json_uint<uint64_t>(e.at("numel"), "numel");
+			t.shape = json_shape(e.at("shape"), e.path("shape"));
+			t.group = json_uint<uint32_t>(e.at("group"), e.path("group"));
+			t.offset = json_uint<uint64_t>(e.at("offset"), e.path("offset"));
+			t.numel = json_uint<uint64_t>(e.at("numel"), e.path("numel"));
 			if (numel_of(t.shape, t.name) != t.numel)
 				bad(fmt::format("'{}': numel disagrees with its shape", t.name));
 			if (t.group >= geo.n_groups)
@@ -210,12 +377,17 @@ Manifest Manifest::decode(std::string_view text, const struct ckpt_layout &layou
 					bad(fmt::format("'{}': group {} disagrees with the group table (chunk {})",
 							t.name, t.group, c));
 		}
-		Manifest m(std::move(tensors));
+		std::vector<GroupHparams> hparams;
+		if (const json *v = top.find("groups")) {
+			hparams = json_groups(*v);
+			if (hparams.size() != geo.n_groups)
+				bad(fmt::format("hyperparameters for {} groups, the image has {}", hparams.size(),
+						geo.n_groups));
+		}
+		Manifest m(std::move(tensors), std::move(hparams));
 		if (m.index_.size() != m.tensors_.size())
 			bad("duplicate tensor names");
 		return m;
-	} catch (const nlohmann::json::exception &e) {
-		bad(e.what());
 	} catch (const std::invalid_argument &e) {
 		bad(e.what());
 	}
@@ -223,29 +395,30 @@ Manifest Manifest::decode(std::string_view text, const struct ckpt_layout &layou
 
 LayoutFile parse_layout_json(std::string_view text, const std::string &what)
 {
-	nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+	const json j = json::parse(text, nullptr, false);
 	if (j.is_discarded() || !j.is_object())
 		fail(CKPT_E_MANIFEST, "{}: not a JSON object", what);
 	LayoutFile m;
 	try {
-		if (j.contains("dtype"))
-			m.dtype = j["dtype"].get<std::string>();
-		if (j.contains("chunk_params"))
-			m.chunk_params = json_uint<uint32_t>(j["chunk_params"], "chunk_params");
-		const nlohmann::json &ts = j.at("tensors");
-		if (!ts.is_array() || ts.empty())
-			fail(CKPT_E_MANIFEST, "{}: \"tensors\" must be a non-empty array", what);
-		for (const nlohmann::json &t : ts) {
-			const std::string name = t.at("name").get<std::string>();
+		const Fields top(j, "$", {"dtype", "chunk_params", "tensors", "groups"});
+		if (const json *v = top.find("dtype"))
+			m.dtype = json_string(*v, top.path("dtype"));
+		if (const json *v = top.find("chunk_params"))
+			m.chunk_params = json_uint<uint32_t>(*v, top.path("chunk_params"));
+		const json &ts = json_tensors(top);
+		for (size_t i = 0; i < ts.size(); i++) {
+			const Fields t(ts[i], fmt::format("$.tensors[{}]", i), {"name", "shape", "group"});
+			const std::string name = json_string(t.at("name"), t.path("name"));
+			const json *group = t.find("group");
 			try {
-				m.layout.add(name, json_shape(t.at("shape")),
-					     t.contains("group") ? json_uint<uint32_t>(t["group"], "group") : 0);
+				m.layout.add(name, json_shape(t.at("shape"), t.path("shape")),
+					     group ? json_uint<uint32_t>(*group, t.path("group")) : 0);
 			} catch (const std::invalid_argument &e) {
 				fail(CKPT_E_MANIFEST, "{}: tensor '{}': {}", what, name, e.what());
 			}
 		}
-	} catch (const nlohmann::json::exception &e) {
-		fail(CKPT_E_MANIFEST, "{}: {}", what, e.what());
+		if (const json *v = top.find("groups"))
+			m.layout.set_hparams(json_groups(*v));
 	} catch (const std::invalid_argument &e) {
 		fail(CKPT_E_MANIFEST, "{}: {}", what, e.what());
 	}

@@ -15,6 +15,22 @@ extern "C" {
 
 namespace ckpt {
 
+// One hyperparameter group of torch.optim.AdamW, in double as PyTorch keeps it.
+struct GroupHparams {
+	double lr = 1e-3;
+	double beta1 = 0.9;
+	double beta2 = 0.999;
+	double eps = 1e-8;
+	double weight_decay = 0.01;
+	bool adam_l2 = false;
+
+	bool operator==(const GroupHparams &) const = default;
+};
+
+// What torch.optim.AdamW refuses (negative lr, eps or weight decay, a beta
+// outside [0, 1), anything not finite); `what` starts the message.
+void check_hparams(const GroupHparams &g, const std::string &what);
+
 struct Tensor {
 	std::string name;
 	std::vector<uint64_t> shape;
@@ -28,6 +44,11 @@ class Layout {
 public:
 	void add(std::string name, std::vector<uint64_t> shape, uint32_t group);
 	bool empty() const { return specs_.empty(); }
+	// The hyperparameters the image is made for, one per group (or none):
+	// recorded in the manifest for export, not applied (each step's begin
+	// gives the ones it uses).
+	void set_hparams(std::vector<GroupHparams> groups) { hparams_ = std::move(groups); }
+	const std::vector<GroupHparams> &hparams() const { return hparams_; }
 
 	// Places the tensors: each starts at a CKPT_TENSOR_ALIGN boundary, a
 	// change of group starts a new chunk, and each tensor owns the padding
@@ -41,6 +62,7 @@ public:
 
 private:
 	std::vector<Tensor> specs_;
+	std::vector<GroupHparams> hparams_;
 };
 
 // The manifest: tensors by name, validated against the superblock's geometry
@@ -48,22 +70,30 @@ private:
 class Manifest {
 public:
 	Manifest() = default;
-	explicit Manifest(std::vector<Tensor> tensors);
-	static std::string encode(const std::vector<Tensor> &tensors, uint32_t dtype, uint64_t chunk_params);
+	explicit Manifest(std::vector<Tensor> tensors, std::vector<GroupHparams> hparams = {});
+	static std::string encode(const std::vector<Tensor> &tensors, uint32_t dtype, uint64_t chunk_params,
+				  const std::vector<GroupHparams> &hparams);
 	static Manifest decode(std::string_view json, const struct ckpt_layout &layout,
 			       const struct ckpt_geometry &geo, const std::vector<uint8_t> &group_table);
 
 	const std::vector<Tensor> &tensors() const { return tensors_; }
 	const Tensor &find(std::string_view name) const;	// throws CKPT_E_NAME
+	// The recorded hyperparameters, one per group, or empty (none recorded).
+	const std::vector<GroupHparams> &hparams() const { return hparams_; }
 
 private:
 	std::vector<Tensor> tensors_;
+	std::vector<GroupHparams> hparams_;
 	std::unordered_map<std::string, size_t> index_;
 };
 
 // A layout as a user writes it (ckptctl format --manifest FILE):
 // {"dtype": "bf16", "chunk_params": 65536,
-//  "tensors": [{"name": "w", "shape": [4, 4], "group": 0}, ...]}.
+//  "tensors": [{"name": "w", "shape": [4, 4], "group": 0}, ...],
+//  "groups": [{"lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8,
+//              "weight_decay": 0.01, "adam_l2": false}, ...]} ("groups"
+// optional: one entry per group, every key required; the stored manifest
+// records them in the same form).
 struct LayoutFile {
 	Layout layout;
 	std::string dtype = "bf16";

@@ -278,6 +278,151 @@ std::vector<float> Reader::read_f32(const TensorInfo &t) const
 	return out;
 }
 
+std::map<std::string, std::string> parse_index(std::string_view text, const std::string &what)
+{
+	auto bad_index = [&](const std::string &why) {
+		fail(CKPT_E_INVAL, "{}: not a valid safetensors index: {}", what, why);
+	};
+	std::string top, dup;
+	std::set<std::string> top_keys, names;
+	json::parser_callback_t cb = [&](int depth, json::parse_event_t ev, json &parsed) {
+		if (ev != json::parse_event_t::key || !dup.empty())
+			return true;
+		const std::string &k = parsed.get_ref<const std::string &>();
+		if (depth == 1) {
+			top = k;
+			if (!top_keys.insert(k).second)
+				dup = k;
+		} else if (depth == 2 && top == "weight_map" && !names.insert(k).second) {
+			dup = k;
+		}
+		return true;
+	};
+	json j;
+	try {
+		j = json::parse(text, cb);
+	} catch (const json::exception &e) {
+		bad_index(fmt::format("not valid JSON: {}", printable(e.what(), 400)));
+	}
+	if (!dup.empty())
+		bad_index(fmt::format("it names '{}' twice", printable(dup)));
+	if (!j.is_object())
+		bad_index("not a JSON object");
+	for (auto it = j.begin(); it != j.end(); ++it)
+		if (it.key() != "metadata" && it.key() != "weight_map")
+			bad_index(fmt::format("unknown key '{}' (an index has \"metadata\" and \"weight_map\")",
+					      printable(it.key())));
+	if (j.contains("metadata") && !j["metadata"].is_object())
+		bad_index("\"metadata\" is not an object");
+	if (!j.contains("weight_map") || !j["weight_map"].is_object() || j["weight_map"].empty())
+		bad_index("no \"weight_map\" object naming each tensor's shard");
+	std::map<std::string, std::string> out;
+	for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+		const std::string shown = printable(it.key());
+		if (it.key().empty())
+			bad_index("weight_map has an empty tensor name");
+		if (!it.value().is_string())
+			bad_index(fmt::format("weight_map '{}': the shard is not a string", shown));
+		const std::string &f = it.value().get_ref<const std::string &>();
+		const bool plain = !f.empty() && f.size() <= 255 && f != "." && f != ".." &&
+				   std::none_of(f.begin(), f.end(), [](unsigned char c) { return c == '/' || c < 0x20; });
+		if (!plain)
+			bad_index(fmt::format("weight_map '{}': shard '{}' is not a file name in the index's folder",
+					      shown, printable(f)));
+		out[it.key()] = f;
+	}
+	return out;
+}
+
+namespace {
+
+bool ends_with(const std::string &s, std::string_view suffix)
+{
+	return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+bool exists(const std::string &path)
+{
+	struct stat st;
+	return stat(path.c_str(), &st) == 0;
+}
+
+std::string read_index(const std::string &path)
+{
+	struct stat st;
+	Fd fd = open_file(path, O_RDONLY, false, st);
+	if (static_cast<uint64_t>(st.st_size) > max_header_bytes)
+		fail(CKPT_E_INVAL, "{}: not a valid safetensors index: {} bytes, at most {}", path, st.st_size,
+		     max_header_bytes);
+	std::string text(static_cast<size_t>(st.st_size), '\0');
+	pread_exact(fd.get(), text.data(), text.size(), 0, path);
+	return text;
+}
+
+} // namespace
+
+Checkpoint Checkpoint::open(const std::string &given)
+{
+	Checkpoint c;
+	c.path_ = given;
+	struct stat st;
+	if (stat(given.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+		const std::string single = given + "/model.safetensors", index = single + ".index.json";
+		const bool s = exists(single), i = exists(index);
+		if (s && i)
+			fail(CKPT_E_INVAL, "{} holds both model.safetensors and model.safetensors.index.json: "
+					   "give the one to read", given);
+		if (!s && !i)
+			fail(CKPT_E_INVAL, "{} is a folder without model.safetensors or "
+					   "model.safetensors.index.json", given);
+		c.path_ = s ? single : index;
+	}
+	if (!ends_with(c.path_, ".json")) {
+		c.files_.push_back(Reader::open(c.path_));
+		c.h_ = c.files_[0].header();
+		return c;
+	}
+	const std::map<std::string, std::string> map = parse_index(read_index(c.path_), c.path_);
+	const size_t slash = c.path_.rfind('/');
+	const std::string dir = slash == std::string::npos ? "" : c.path_.substr(0, slash + 1);
+	std::vector<std::string> shards;
+	for (const auto &[name, shard] : map)
+		shards.push_back(shard);
+	std::sort(shards.begin(), shards.end());
+	shards.erase(std::unique(shards.begin(), shards.end()), shards.end());
+	std::map<std::string, std::string> meta_from;	// which shard set a metadata key
+	size_t found = 0;
+	for (uint32_t k = 0; k < shards.size(); k++) {
+		c.files_.push_back(Reader::open(dir + shards[k]));
+		const Reader &r = c.files_.back();
+		for (TensorInfo t : r.header().tensors) {
+			auto it = map.find(t.name);
+			if (it == map.end())
+				fail(CKPT_E_INVAL, "{}: shard {} has tensor '{}', which the index does not name", c.path_,
+				     shards[k], printable(t.name));
+			if (it->second != shards[k])
+				fail(CKPT_E_INVAL, "{}: tensor '{}' is in shard {}, the index names shard {}", c.path_,
+				     printable(t.name), shards[k], it->second);
+			t.file = k;
+			c.h_.tensors.push_back(std::move(t));
+			found++;
+		}
+		for (const auto &[key, value] : r.header().metadata) {
+			auto [it, fresh] = c.h_.metadata.emplace(key, value);
+			if (!fresh && it->second != value)
+				fail(CKPT_E_INVAL, "{}: shards {} and {} disagree on __metadata__ '{}'", c.path_,
+				     meta_from[key], shards[k], printable(key));
+			meta_from.emplace(key, shards[k]);
+		}
+	}
+	if (found != map.size())
+		for (const auto &[name, shard] : map)
+			if (!c.h_.find(name))
+				fail(CKPT_E_INVAL, "{}: the index puts tensor '{}' in shard {}, which does not have it",
+				     c.path_, printable(name), shard);
+	return c;
+}
+
 namespace {
 
 // The output may be a new path or a regular file, which the rename replaces;

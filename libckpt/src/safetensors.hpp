@@ -31,6 +31,7 @@ struct TensorInfo {
 	std::vector<uint64_t> shape;
 	uint64_t numel = 0;
 	uint64_t begin = 0, end = 0;	// byte range in the data buffer
+	uint32_t file = 0;		// which file of a Checkpoint holds it
 };
 
 struct Header {
@@ -92,6 +93,36 @@ private:
 	std::vector<uint64_t> sizes_;
 	size_t next_ = 0;
 	TempFile tmp_;	// becomes path_ in finish(); removed on any failure
+};
+
+// The weight_map of a sharded checkpoint's index (model.safetensors.index.json:
+// {"metadata": {...}, "weight_map": {"tensor": "model-00001-of-00002.safetensors",
+// ...}}): tensor name -> shard file name. Nothing but "metadata" (an object)
+// and "weight_map"; no tensor named twice; every shard a plain file name in
+// the index's folder (no '/', not "." or ".."). `what` (the index file) starts
+// every error message. Throws ckpt::Error.
+std::map<std::string, std::string> parse_index(std::string_view json_text, const std::string &what);
+
+// What import and format --from-safetensors read: a safetensors file, a
+// sharded checkpoint's index (a path ending in .json), or a Hugging Face
+// model folder holding model.safetensors or model.safetensors.index.json.
+// The shards of an index are checked against it before any data is read:
+// every tensor of the index is in the shard it names, and in no other.
+class Checkpoint {
+public:
+	static Checkpoint open(const std::string &path);
+	// Every tensor (TensorInfo::file says which file: shards in name order,
+	// each in data order) and the union of the files' __metadata__.
+	const Header &header() const { return h_; }
+	const std::string &path() const { return path_; }	// the file or index used
+	void read_raw(const TensorInfo &t, void *out) const { files_.at(t.file).read_raw(t, out); }
+	std::vector<float> read_f32(const TensorInfo &t) const { return files_.at(t.file).read_f32(t); }
+	const std::vector<Reader> &files() const { return files_; }
+
+private:
+	std::string path_;
+	std::vector<Reader> files_;
+	Header h_;
 };
 
 } // namespace ckpt::safetensors

@@ -26,7 +26,9 @@
 #include "export.hpp"
 #include "format.hpp"
 #include "image.hpp"
+#include "interchange.hpp"
 #include "io.hpp"
+#include "progress.hpp"
 #include "safetensors.hpp"
 #include "tools.hpp"
 #include "verify.hpp"
@@ -193,11 +195,18 @@ bool ends_with(const std::string &s, const std::string &suffix)
 	return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-// The layout of a safetensors file's float tensors, grouped by name.
+// The layout of a checkpoint's float tensors. A file that export wrote
+// (dm-ckpt.* metadata) gives the same layout again: its tensors in file
+// order with their groups, its dtype, chunk size and hyperparameters, each
+// overridden by an option given (and the summary says so). Any other file is
+// grouped by --group, each group's tensors together, in file order.
 ckpt::LayoutFile manifest_from_safetensors(const FormatArgs &a, json &summary)
 {
-	const auto st = ckpt::safetensors::Reader::open(a.safetensors);
+	const auto st = ckpt::safetensors::Checkpoint::open(a.safetensors);
+	const auto &h = st.header();
+	const auto ix = interchange::read(h.metadata, st.path());
 	const std::vector<GroupRule> rules = parse_groups(a.groups);
+	const bool by_metadata = ix && rules.empty();
 	struct Pick {
 		const ckpt::safetensors::TensorInfo *t;
 		uint32_t group;
@@ -205,7 +214,7 @@ ckpt::LayoutFile manifest_from_safetensors(const FormatArgs &a, json &summary)
 	std::vector<Pick> picks;
 	std::map<std::string, unsigned> skipped;
 	std::map<std::string, unsigned> dtypes;
-	for (const auto &t : st.header().tensors) {
+	for (const auto &t : h.tensors) {
 		if (!ckpt::safetensors::is_float(t.dtype)) {
 			skipped[fmt::format("not floating point ({})", t.dtype)]++;
 			continue;
@@ -215,7 +224,7 @@ ckpt::LayoutFile manifest_from_safetensors(const FormatArgs &a, json &summary)
 			continue;
 		}
 		for (const char *sfx : {".exp_avg", ".exp_avg_sq"})
-			if (ends_with(t.name, sfx) && st.header().find(t.name.substr(0, t.name.size() - strlen(sfx)))) {
+			if (ends_with(t.name, sfx) && h.find(t.name.substr(0, t.name.size() - strlen(sfx)))) {
 				skipped["optimizer state of another tensor"]++;
 				goto next;
 			}
@@ -229,11 +238,19 @@ ckpt::LayoutFile manifest_from_safetensors(const FormatArgs &a, json &summary)
 		}
 		{
 			uint32_t g = 0;
-			for (const GroupRule &r : rules)
-				if (matches(r.globs, t.name)) {
-					g = r.group;
-					break;
-				}
+			if (by_metadata) {
+				auto it = ix->tensor_group.find(t.name);
+				if (it == ix->tensor_group.end())
+					fail(CKPT_E_INVAL, "{}: __metadata__ has no {}tensor_group.{} for tensor '{}' (or "
+							   "give --group)", st.path(), interchange::prefix, t.name, t.name);
+				g = it->second;
+			} else {
+				for (const GroupRule &r : rules)
+					if (matches(r.globs, t.name)) {
+						g = r.group;
+						break;
+					}
+			}
 			picks.push_back({&t, g});
 			dtypes[t.dtype]++;
 		}
@@ -241,9 +258,17 @@ ckpt::LayoutFile manifest_from_safetensors(const FormatArgs &a, json &summary)
 	}
 	if (picks.empty())
 		fail(CKPT_E_INVAL, "{}: no floating-point tensors to lay out", a.safetensors);
+	if (ix)
+		for (const auto &[name, g] : ix->tensor_group)
+			if (!h.find(name))
+				fail(CKPT_E_INVAL, "{}: __metadata__ {}tensor_group.{} names no tensor of the file",
+				     st.path(), interchange::prefix, name);
 	// Tensors of one group share chunks; a group change starts a new chunk,
-	// so keep each group together (file order within a group).
-	std::stable_sort(picks.begin(), picks.end(), [](const Pick &x, const Pick &y) { return x.group < y.group; });
+	// so keep each group together (file order within a group). The order
+	// export wrote is the image's own.
+	if (!by_metadata)
+		std::stable_sort(picks.begin(), picks.end(),
+				 [](const Pick &x, const Pick &y) { return x.group < y.group; });
 	ckpt::LayoutFile m;
 	std::map<uint32_t, std::pair<unsigned, uint64_t>> per_group;
 	for (const Pick &p : picks) {
@@ -251,9 +276,31 @@ ckpt::LayoutFile manifest_from_safetensors(const FormatArgs &a, json &summary)
 		per_group[p.group].first++;
 		per_group[p.group].second += p.t->numel;
 	}
-	// fp16 training when the weights are all fp16, else bf16.
-	m.dtype = dtypes.size() == 1 && dtypes.count("F16") ? "fp16" : "bf16";
-	summary.push_back(fmt::format("{}: {} tensors", a.safetensors, picks.size()));
+	summary.push_back(fmt::format("{}: {} tensors", st.path(), picks.size()));
+	if (ix) {
+		const std::string dtype = dtype_name(ix->dtype);
+		m.dtype = dtype;
+		m.chunk_params = ix->chunk_params;
+		summary.push_back(fmt::format("  layout of the image it was exported from (dm-ckpt metadata): {}, "
+					      "chunks of {}, {} groups{}", dtype, ix->chunk_params, ix->n_groups,
+					      ix->hparams.empty() ? "" : " with their hyperparameters"));
+		if (!a.dtype.empty() && a.dtype != dtype)
+			summary.push_back(fmt::format("  --dtype {} overrides the file's {}", a.dtype, dtype));
+		if (a.chunk_params && a.chunk_params != ix->chunk_params)
+			summary.push_back(fmt::format("  --chunk-params {} overrides the file's {}", a.chunk_params,
+						      ix->chunk_params));
+		if (!rules.empty())
+			summary.push_back("  --group overrides the file's groups (and drops its hyperparameters)");
+		else if (!ix->hparams.empty() && per_group.rbegin()->first + 1 != ix->n_groups)
+			summary.push_back(fmt::format("  the tensors left use groups 0 to {}, not the file's {}: its "
+						      "hyperparameters are dropped", per_group.rbegin()->first,
+						      ix->n_groups));
+		else
+			m.layout.set_hparams(ix->hparams);
+	} else {
+		// fp16 training when the weights are all fp16, else bf16.
+		m.dtype = dtypes.size() == 1 && dtypes.count("F16") ? "fp16" : "bf16";
+	}
 	for (const auto &[g, c] : per_group)
 		summary.push_back(fmt::format("  group {:<2} {:>6} tensors {:>14} params", g, c.first, c.second));
 	for (const auto &[why, n] : skipped)
@@ -462,8 +509,9 @@ std::string import_safetensors(const std::string &device, const std::string &fro
 	if (o.contains("step"))
 		a.step = opt<uint64_t>(o, "step", 0, "import");
 	check_unused(a.device, "import");
-	const auto st = safetensors::Reader::open(a.from);
+	const auto st = safetensors::Checkpoint::open(a.from);
 	const auto &h = st.header();
+	const auto ix = interchange::read(h.metadata, st.path());
 	// The engine opens the device writable, and so locked: nobody else
 	// writes it from here on. Its image (which the items below point into,
 	// so it lives as long as they do) is what the file is validated
@@ -544,6 +592,11 @@ std::string import_safetensors(const std::string &device, const std::string &fro
 	if (a.with_optimizer) {
 		if (a.step) {
 			step = *a.step;
+		} else if (ix) {
+			step = ix->step;
+			if (auto it = h.metadata.find("step"); it != h.metadata.end() && it->second != std::to_string(step))
+				fail(CKPT_E_INVAL, "{}: __metadata__ step '{}' and {}step '{}' disagree", a.from,
+				     it->second, interchange::prefix, step);
 		} else {
 			auto it = h.metadata.find("step");
 			if (it == h.metadata.end())
@@ -567,8 +620,11 @@ std::string import_safetensors(const std::string &device, const std::string &fro
 
 	// Read and check the values: finite, and exp_avg_sq not negative.
 	std::vector<std::vector<float>> p(items.size()), m(items.size()), v(items.size());
-	uint64_t n_params = 0;
+	uint64_t n_params = 0, total = 0;
+	for (const auto &item : items)
+		total += item.dev->numel;
 	for (size_t i = 0; i < items.size(); i++) {
+		progress("import", n_params, 2 * total);	// reading; then loading, the other half
 		auto check = [&](const std::vector<float> &x, const std::string &name, bool nonneg) {
 			for (size_t k = 0; k < x.size(); k++)
 				if (!std::isfinite(x[k]) || (nonneg && x[k] < 0))
@@ -595,10 +651,26 @@ std::string import_safetensors(const std::string &device, const std::string &fro
 			values.emplace_back(items[i].dev->name, std::span<const float>(p[i]));
 		dev->load_params(values);
 	}
+	progress("import", 2 * total, 2 * total);
 	return json{{"device", a.device}, {"from", a.from}, {"tensors", items.size()}, {"params", n_params},
 		    {"with_optimizer", a.with_optimizer}, {"step", step}, {"blob_bytes", blob.size()},
 		    {"missing", missing}, {"unknown", unknown}, {"moments_ignored", moments_ignored},
 		    {"buffers_ignored", buffers_ignored}}.dump();
+}
+
+std::string safetensors_header(const std::string &path)
+{
+	const auto st = safetensors::Checkpoint::open(path);
+	const auto &h = st.header();
+	interchange::read(h.metadata, st.path());	// refuses bad dm-ckpt keys here too
+	json files = json::array(), tensors = json::array();
+	for (const auto &f : st.files())
+		files.push_back(f.path());
+	for (const auto &t : h.tensors)
+		tensors.push_back({{"name", t.name}, {"dtype", t.dtype}, {"shape", t.shape}, {"file", t.file},
+				   {"offset", st.files()[t.file].header().data_offset + t.begin},
+				   {"bytes", t.end - t.begin}});
+	return json{{"path", st.path()}, {"files", files}, {"tensors", tensors}, {"metadata", h.metadata}}.dump();
 }
 
 // export_image fails rather than mix steps when a trainer commits during

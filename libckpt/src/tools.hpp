@@ -15,6 +15,7 @@ namespace ckpt {
 std::string image_info(const std::string &device);
 std::string format_manifest(const std::string &device, const std::string &opts_json);
 std::string import_safetensors(const std::string &device, const std::string &from, const std::string &opts_json);
+std::string safetensors_header(const std::string &path);
 std::string export_image_report(const std::string &device, const std::string &out, uint32_t flags);
 std::string verify_report(const std::string &device, bool repair);
 std::string restore_report(const std::string &device, bool rollback);

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
 #include "verify.hpp"
+#include "progress.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -44,6 +45,7 @@ SlotCheck check_slot(const Image &img, const RecordRule &rule)
 	Buffer rec(l.record_bytes), plo(l.plo_chunk_bytes);
 	std::vector<uint16_t> want(cp);
 	for (uint32_t c = 0; c < img.sb.geo.n_chunks; c++) {
+		progress("check", c, img.sb.geo.n_chunks);
 		out.chunks++;
 		const uint64_t roff = ckpt_record_offset(&l, slot, c);
 		auto damage = [&](uint64_t off, std::string what, std::vector<std::string> tensors) {
@@ -121,6 +123,7 @@ SlotCheck check_slot(const Image &img, const RecordRule &rule)
 			       names);
 		}
 	}
+	progress("check", img.sb.geo.n_chunks, img.sb.geo.n_chunks);
 	return out;
 }
 

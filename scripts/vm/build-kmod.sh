@@ -4,7 +4,10 @@
 # build/kmod/KVER/dm-ckpt.ko, where scripts/vm/run looks first (kmod/dm-ckpt.ko
 # is overwritten by the next kernel's build).
 #
-#   scripts/vm/build-kmod.sh [6.1|6.12|FULL-VERSION ...]
+#   scripts/vm/build-kmod.sh [6.1|6.12|FULL-VERSION|DIR ...]
+#
+# DIR: a kernel build directory (make kernel-debug's build/kdebug/HASH); the
+# module builds against its O= tree, DIR/obj.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 # All of the script is one compound command, parsed before it runs: editing
@@ -12,10 +15,15 @@ set -euo pipefail
 {
 
 [ -f "$ROOT/kmod/Makefile" ] || die "kmod/Makefile missing: the kernel module is not in the tree"
+declare -A kdir=()
 if [ $# -gt 0 ]; then
 	kvers=""
 	for k in "$@"; do
 		v=$(resolve_kernel "$k") || die "no installed kernel matches '$k'"
+		if is_kernel_dir "$k"; then
+			[ -f "$k/obj/Makefile" ] || die "$k has no kernel build tree (obj/)"
+			kdir[$v]=$(realpath "$k/obj")
+		fi
 		kvers="$kvers $v"
 	done
 else
@@ -28,9 +36,14 @@ mkdir -p "$BUILD_DIR/kmod"
 exec 9>"$BUILD_DIR/kmod/.lock"
 flock 9
 for v in $kvers; do
-	[ -e "/lib/modules/$v/build/Makefile" ] || die "no headers for $v (/lib/modules/$v/build)"
-	echo "build-kmod: dm-ckpt.ko for $v"
-	make -C "$ROOT/kmod" KVER="$v"
+	if [ -n "${kdir[$v]:-}" ]; then
+		echo "build-kmod: dm-ckpt.ko for $v (${kdir[$v]})"
+		make -C "$ROOT/kmod" KVER="$v" KDIR="${kdir[$v]}"
+	else
+		[ -e "/lib/modules/$v/build/Makefile" ] || die "no headers for $v (/lib/modules/$v/build)"
+		echo "build-kmod: dm-ckpt.ko for $v"
+		make -C "$ROOT/kmod" KVER="$v"
+	fi
 	ko=$ROOT/kmod/dm-ckpt.ko
 	[ -f "$ko" ] || die "make -C kmod KVER=$v made no kmod/dm-ckpt.ko"
 	got=$(modinfo -F vermagic "$ko" | awk '{print $1}')

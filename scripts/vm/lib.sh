@@ -23,10 +23,46 @@ VM_HOSTFS_MODULES="virtio_pci 9pnet_virtio 9p"
 die() { echo "vm: error: $*" >&2; exit 2; }
 note() { echo "vm: $*" >&2; }
 
-# resolve_kernel 6.1|6.12|FULL-VERSION -> prints the full version (e.g.
+# A kernel is Debian's (6.1, 6.12 or a full version from /lib/modules, booted
+# from /boot) or a kernel build directory like make kernel-debug's
+# (build/kdebug/HASH): DIR/bzImage, DIR/kernelrelease (its version) and
+# DIR/root/lib/modules/VERSION (modules.dep, modules.builtin and any .ko, as
+# `make modules_install INSTALL_MOD_PATH=DIR/root` leaves them).
+is_kernel_dir() {
+	[ -d "$1" ] && [ -f "$1/bzImage" ] && [ -f "$1/kernelrelease" ] && [ -d "$1/root/lib/modules" ]
+}
+
+# Root directory of the modules of such a kernel (modprobe -d); empty for
+# Debian's. Set by use_kernel.
+MODPROBE_ROOT=""
+
+# use_kernel SPEC -> sets KVER, VMLINUZ and MODPROBE_ROOT for SPEC (one of
+# the two kinds above); fails if there is no such kernel.
+use_kernel() {
+	if is_kernel_dir "$1"; then
+		KVER=$(cat "$1/kernelrelease")
+		VMLINUZ=$(realpath "$1/bzImage")
+		MODPROBE_ROOT=$(realpath "$1/root")
+		[ -d "$MODPROBE_ROOT/lib/modules/$KVER" ] || return 1
+	else
+		KVER=$(resolve_kernel "$1") || return 1
+		VMLINUZ=/boot/vmlinuz-$KVER
+		MODPROBE_ROOT=""
+	fi
+}
+
+# kernel_label SPEC -> a short name for logs and result directories
+kernel_label() {
+	if is_kernel_dir "$1"; then echo "$(basename "$(dirname "$(realpath "$1")")")-$(basename "$1")"; else echo "$1"; fi
+}
+
+# resolve_kernel 6.1|6.12|FULL-VERSION|DIR -> prints the full version (e.g.
 # 6.1.0-57-amd64), the newest installed one that matches.
 resolve_kernel() {
 	local want=$1 v best=""
+	if is_kernel_dir "$want"; then
+		cat "$want/kernelrelease"; return 0
+	fi
 	if [ -e "/boot/vmlinuz-$want" ] && [ -d "/lib/modules/$want/kernel" ]; then
 		echo "$want"; return 0
 	fi
@@ -86,7 +122,7 @@ module_order() {
 	local kver=$1; shift
 	local m
 	for m in "$@"; do
-		modprobe -S "$kver" --show-depends "$m" 2>/dev/null ||
+		modprobe ${MODPROBE_ROOT:+-d "$MODPROBE_ROOT"} -S "$kver" --show-depends "$m" 2>/dev/null ||
 			die "module $m not found for kernel $kver"
 	done | awk '$1 == "insmod" && !seen[$2]++ { print $2 }'
 }

@@ -13,15 +13,20 @@
 #
 #   scripts/vm/tests.sh [--matrix "6.1:max 6.1:qemu64 6.12:max"]
 #                       [--params N] [--steps N] [--seed N] [--presteps N]
-#                       [--only harness|kmod|identity|scripts]
+#                       [--only harness|kmod|identity|scripts|assembly]
 # --presteps N: the host commits the first N steps (default 0) with the
 # userspace engine before the image is copied; both sides then continue from
 # step N+1 (so the kernel starts from a state the userspace engine wrote).
 # Environment: CKPT_VM_MATRIX, CKPT_VM_PARAMS, CKPT_VM_STEPS, CKPT_VM_SEED,
 # CKPT_VM_PRESTEPS,
+# CKPT_VM_PROGRAMS (only these tests/kmod programs),
 # CKPT_VM_EVERY_CPU=1 (run "// vm: cpu-independent" programs on every CPU
 # model too), CKPT_VM_TIMEOUT (per VM run), CKPT_VM_RUN_ARGS (extra options for
-# scripts/vm/run, e.g. "--smp 4"), BUILD (build directory, default build).
+# scripts/vm/run, e.g. "--smp 4"), BUILD (build directory, default build),
+# CKPT_VM_RECORD_NAME, CKPT_VM_RECORD_WHAT, CKPT_VM_RECORD_TARGET (the row of
+# docs/reliability.md the result goes to; default kernel-vm-suite).
+# A kernel of the matrix is 6.1, 6.12, a full version, or a kernel build
+# directory (make kernel-debug's build/kdebug/HASH; scripts/vm/run --kernel).
 set -uo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 # All of the script is one compound command, parsed before it runs: editing
@@ -105,9 +110,11 @@ done
 # A program whose source has the line "// vm: cpu-independent" tests nothing
 # the CPU model changes (no update arithmetic, no FPU path): it runs in the
 # matrix's -cpu max entries only, unless CKPT_VM_EVERY_CPU=1.
+# CKPT_VM_PROGRAMS="a b": only these programs (a subset that fits a time box).
 programs_for() { # CPU
 	local p
 	for p in $programs; do
+		case " ${CKPT_VM_PROGRAMS:-$p} " in *" $p "*) ;; *) continue ;; esac
 		if [ "$1" != max ] && [ "${CKPT_VM_EVERY_CPU:-0}" != 1 ] &&
 			grep -q '^// vm: cpu-independent' "$ROOT/tests/kmod/$p.c" 2>/dev/null; then
 			continue
@@ -120,7 +127,7 @@ kmod_run() { # KERNEL CPU DIR
 	local k=$1 c=$2 d=$3 rc f name line progs
 	[ "$nprog" -gt 0 ] || return 0
 	progs=$(programs_for "$c")
-	log "$k/$c: kmod tests ($progs)"
+	log "$kl/$c: kmod tests ($progs)"
 	"$RUN" --kernel "$k" --cpu "$c" --quiet --out "$d/kmod" --log "$d/kmod.log" --image-size 64G --timeout "${CKPT_VM_TIMEOUT:-1500}" "${run_args[@]}" \
 		"$VM_DIR/guest/kmod-tests.sh" $progs 2>"$d/kmod.runner"
 	rc=$?
@@ -134,35 +141,35 @@ kmod_run() { # KERNEL CPU DIR
 			*"# SKIP"*)	# a skipped test did not pass
 				counted=$((counted + 1))
 				skip=$((skip + 1))
-				not_ok "$k/$c $name: ${line#ok } (skipped)" ;;
+				not_ok "$kl/$c $name: ${line#ok } (skipped)" ;;
 			"ok "*)
 				counted=$((counted + 1))
-				ok "$k/$c $name: ${line#ok }" ;;
+				ok "$kl/$c $name: ${line#ok }" ;;
 			"not ok "*)
 				counted=$((counted + 1))
-				not_ok "$k/$c $name: ${line#not ok }" ;;
+				not_ok "$kl/$c $name: ${line#not ok }" ;;
 			esac
 		done <"$f"
 	done
 	# A crash or a kernel report fails the run even if every test passed;
 	# a run that failed without any "not ok" line is a failure of its own.
 	if [ $rc -ne 0 ] && { [ $rc -ge 122 ] || [ $rc = 2 ] || ! grep -qs '^not ok' "$d"/kmod/tap/*.tap; }; then
-		not_ok "$k/$c kmod tests run: $(why $rc)$(runner_error "$d/kmod.runner") (log $d/kmod.log)"
+		not_ok "$kl/$c kmod tests run: $(why $rc)$(runner_error "$d/kmod.runner") (log $d/kmod.log)"
 	fi
-	[ $counted -gt 0 ] || [ $rc -ne 0 ] || not_ok "$k/$c kmod tests: no TAP results"
+	[ $counted -gt 0 ] || [ $rc -ne 0 ] || not_ok "$kl/$c kmod tests: no TAP results"
 }
 
 identity_run() { # KERNEL CPU DIR DTYPE
 	local k=$1 c=$2 d=$3 dtype=$4 rc hrc kimg uimg
 	kimg=$d/kernel.img uimg=$d/user.img
-	log "$k/$c: byte identity, $dtype, $params params, $presteps step(s) on the host then $steps steps in both${seed:+, seed $seed}"
+	log "$kl/$c: byte identity, $dtype, $params params, $presteps step(s) on the host then $steps steps in both${seed:+, seed $seed}"
 	if ! "$TRACE" "$kimg" --format --dtype "$dtype" --params "$params" --steps 0 ${seed:+--seed "$seed"} >"$d/format.txt" 2>&1; then
-		not_ok "$k/$c byte identity: ckpt-trace --format on the host failed: $(tail -1 "$d/format.txt")"
+		not_ok "$kl/$c byte identity: ckpt-trace --format on the host failed: $(tail -1 "$d/format.txt")"
 		return
 	fi
 	if [ "$presteps" -gt 0 ] &&
 		! "$TRACE" "$kimg" --steps "$presteps" ${seed:+--seed "$seed"} >"$d/presteps.txt" 2>&1; then
-		not_ok "$k/$c byte identity: the host's first $presteps step(s) failed: $(tail -1 "$d/presteps.txt")"
+		not_ok "$kl/$c byte identity: the host's first $presteps step(s) failed: $(tail -1 "$d/presteps.txt")"
 		return
 	fi
 	cp --sparse=always "$kimg" "$uimg"
@@ -178,77 +185,112 @@ identity_run() { # KERNEL CPU DIR DTYPE
 	wait $hpid
 	hrc=$(cat "$d/user.rc" 2>/dev/null || echo 1)
 	if [ "$hrc" != 0 ]; then
-		not_ok "$k/$c byte identity: the host's ckpt-trace failed (exit $hrc): $(tail -1 "$d/user.err")"
-		fail=$((fail + 1)); failures+=("$k/$c byte identity: trace not compared")
+		not_ok "$kl/$c byte identity: the host's ckpt-trace failed (exit $hrc): $(tail -1 "$d/user.err")"
+		fail=$((fail + 1)); failures+=("$kl/$c byte identity: trace not compared")
 		return
 	fi
 	if [ $rc -ne 0 ]; then
 		local reason
 		reason=$(grep -as 'byte-identity: FAIL' "$d/identity.log" | tr -d '\r' | head -1)
-		not_ok "$k/$c byte identity: guest run failed: $(why $rc)${reason:+: ${reason#byte-identity: FAIL: }}$(runner_error "$d/identity.runner") (log $d/identity.log)"
-		fail=$((fail + 1)); failures+=("$k/$c byte identity: trace not compared")
+		not_ok "$kl/$c byte identity: guest run failed: $(why $rc)${reason:+: ${reason#byte-identity: FAIL: }}$(runner_error "$d/identity.runner") (log $d/identity.log)"
+		fail=$((fail + 1)); failures+=("$kl/$c byte identity: trace not compared")
 		return
 	fi
 	if cmp "$kimg" "$uimg" >"$d/cmp.txt" 2>&1; then
-		ok "$k/$c byte identity: backing images identical ($(stat -c %s "$kimg") bytes)"
+		ok "$kl/$c byte identity: backing images identical ($(stat -c %s "$kimg") bytes)"
 	else
-		not_ok "$k/$c byte identity: backing images differ: $(head -1 "$d/cmp.txt") ($kimg vs $uimg)"
+		not_ok "$kl/$c byte identity: backing images differ: $(head -1 "$d/cmp.txt") ($kimg vs $uimg)"
 	fi
 	if diff "$d/user.trace" "$d/identity/trace.txt" >"$d/trace.diff" 2>&1; then
-		ok "$k/$c byte identity: trace output identical ($(wc -l <"$d/user.trace") lines)"
+		ok "$kl/$c byte identity: trace output identical ($(wc -l <"$d/user.trace") lines)"
 	else
-		not_ok "$k/$c byte identity: trace output differs ($d/trace.diff: $(grep -c '^[<>]' "$d/trace.diff") lines)"
+		not_ok "$kl/$c byte identity: trace output differs ($d/trace.diff: $(grep -c '^[<>]' "$d/trace.diff") lines)"
 	fi
+}
+
+# count_tap WHAT RC BASE: the TAP lines of a guest script's console output
+# BASE.out as tests, and a failed run (BASE.runner, BASE.log) without any
+# "not ok" line, or a run without TAP, as one more failure.
+count_tap() {
+	local what=$1 rc=$2 base=$3 line counted=0
+	sed 's/^/# /' "$base.runner"
+	while IFS= read -r line; do
+		case $line in
+		"ok "*) counted=$((counted + 1)); ok "$what: ${line#ok }" ;;
+		"not ok "*) counted=$((counted + 1)); not_ok "$what: ${line#not ok }" ;;
+		esac
+	done < <(tr -d '\r' <"$base.out")
+	if [ $rc -ne 0 ] && { [ $rc -ge 122 ] || [ $rc = 2 ] || ! grep -qs '^not ok' <(tr -d '\r' <"$base.out"); }; then
+		not_ok "$what run: $(why $rc)$(runner_error "$base.runner") (log $base.log)"
+	fi
+	[ $counted -gt 0 ] || [ $rc -ne 0 ] || not_ok "$what: no TAP results"
 }
 
 # Guest scripts (tests/vm/*.sh: the tools against the kernel target), TAP on
 # the console; run once per kernel, with -cpu max.
 scripts_run() { # KERNEL CPU DIR
-	local k=$1 c=$2 d=$3 rc script name line counted
+	local k=$1 c=$2 d=$3 rc script name
 	for script in "$ROOT"/tests/vm/*.sh; do
 		[ -f "$script" ] || continue
 		name=$(basename "$script" .sh)
-		log "$k/$c: $name"
+		log "$kl/$c: $name"
 		"$RUN" --kernel "$k" --cpu "$c" --log "$d/$name.log" "${run_args[@]}" "$script" \
 			>"$d/$name.out" 2>"$d/$name.runner"
 		rc=$?
-		sed 's/^/# /' "$d/$name.runner"
-		counted=0
-		while IFS= read -r line; do
-			case $line in
-			"ok "*) counted=$((counted + 1)); ok "$k/$c $name: ${line#ok }" ;;
-			"not ok "*) counted=$((counted + 1)); not_ok "$k/$c $name: ${line#not ok }" ;;
-			esac
-		done < <(tr -d '\r' <"$d/$name.out")
-		if [ $rc -ne 0 ] && { [ $rc -ge 122 ] || [ $rc = 2 ] || ! grep -qs '^not ok' <(tr -d '\r' <"$d/$name.out"); }; then
-			not_ok "$k/$c $name run: $(why $rc)$(runner_error "$d/$name.runner") (log $d/$name.log)"
+		count_tap "$kl/$c $name" $rc "$d/$name"
+	done
+}
+
+# Assembly at boot (guest/assembly.sh): two images as namespaces 1 and 2;
+# the first boot formats them and writes a ckpttab by uuid, the second boots
+# with the namespaces swapped (the kernel scans namespaces asynchronously:
+# their names may or may not follow) and
+# assembles each target from that ckpttab. Once per suite: two boots of
+# ~70 s each under TCG on a loaded 2-core host.
+assembly_run() { # KERNEL CPU DIR
+	local k=$1 c=$2 d=$3/assembly rc phase imgs
+	mkdir -p "$d"
+	truncate -s 64M "$d/a.img" "$d/b.img"
+	for phase in format swapped; do
+		log "$kl/$c: assembly at boot, $phase"
+		if [ $phase = format ]; then
+			imgs=(--image "$d/a.img" --image "$d/b.img")
+		else
+			[ -f "$d/out/ckpttab" ] && [ -f "$d/out/images" ] || {
+				not_ok "$kl/$c assembly: the first boot left no ckpttab"; return; }
+			imgs=(--image "$d/b.img" --image "$d/a.img" --add "$d/out/ckpttab:/etc/ckpttab"
+				--add "$d/out/images")
 		fi
-		[ $counted -gt 0 ] || [ $rc -ne 0 ] || not_ok "$k/$c $name: no TAP results"
+		"$RUN" --kernel "$k" --cpu "$c" --log "$d/$phase.log" "${imgs[@]}" --out "$d/out" "${run_args[@]}" \
+			"$VM_DIR/guest/assembly.sh" $phase >"$d/$phase.out" 2>"$d/$phase.runner"
+		rc=$?
+		count_tap "$kl/$c assembly $phase" $rc "$d/$phase"
 	done
 }
 
 # The runner's boot-crash retry (scripts/vm/run): a guest that panics before
 # /init ran is booted again and reported, one that crashes after is not.
 harness_run() { # KERNEL DIR
-	local k=$1 d=$2 rc script=$2/harness-noop.sh
+	local k=$1 d=$2 rc script=$2/harness-noop.sh kl
+	kl=$(kernel_label "$k")
 	mkdir -p "$d"
 	printf '#!/bin/sh\necho harness\n' >"$script"
 	CKPT_VM_BOOT_RETRIES=1 "$RUN" --kernel "$k" --no-ckpt --quiet --timeout 120 --log "$d/boot.log" \
 		--append "init=/nonexistent rdinit=/nonexistent" "$script" 2>"$d/boot.runner"
 	rc=$?
 	if [ $rc = 123 ] && [ "$(grep -c 'RETRY 1/1' "$d/boot.runner")" = 1 ] && [ -f "$d/boot.log.boot-crash-1" ]; then
-		ok "$k harness: a guest that panics before /init is booted again once and reported"
+		ok "$kl harness: a guest that panics before /init is booted again once and reported"
 	else
-		not_ok "$k harness: boot-crash retry (status $rc, runner output $d/boot.runner)"
+		not_ok "$kl harness: boot-crash retry (status $rc, runner output $d/boot.runner)"
 	fi
 	printf '#!/bin/sh\necho c >/proc/sysrq-trigger\n' >"$script"
 	CKPT_VM_BOOT_RETRIES=1 "$RUN" --kernel "$k" --no-ckpt --quiet --timeout 120 --log "$d/late.log" \
 		"$script" 2>"$d/late.runner"
 	rc=$?
 	if [ $rc = 123 ] && ! grep -q RETRY "$d/late.runner" && [ ! -e "$d/late.log.boot-crash-1" ]; then
-		ok "$k harness: a crash after /init started is never retried"
+		ok "$kl harness: a crash after /init started is never retried"
 	else
-		not_ok "$k harness: a crash after /init was retried or not seen (status $rc, $d/late.runner)"
+		not_ok "$kl harness: a crash after /init was retried or not seen (status $rc, $d/late.runner)"
 	fi
 }
 
@@ -262,11 +304,12 @@ if [ $preflight_ok = 1 ]; then
 	for combo in $matrix; do
 		k=${combo%%:*} c=${combo#*:}
 		[ "$c" != "$combo" ] || c=max
+		kl=$(kernel_label "$k")
 		if ! kver=$(resolve_kernel "$k"); then
-			not_ok "$k/$c: kernel $k is not installed (scripts/deps.sh)"
+			not_ok "$kl/$c: kernel $k is not installed (scripts/deps.sh)"
 			continue
 		fi
-		d=$results/$k-$c
+		d=$results/$kl-$c
 		mkdir -p "$d"
 		ts=$SECONDS
 		if want kmod; then kmod_run "$k" "$c" "$d"; fi
@@ -280,20 +323,26 @@ if [ $preflight_ok = 1 ]; then
 			identity_run "$k" "$c" "$d" "$( (((n_combo + n_kernel) % 2)) && echo fp16 || echo bf16)"
 		fi
 		if want scripts && [ "$c" = max ]; then scripts_run "$k" "$c" "$d"; fi
-		log "$k/$c ($kver): $((SECONDS - ts)) s"
+		if want assembly && [ "$c" = max ] && [ -z "${assembly_done:-}" ]; then
+			assembly_run "$k" "$c" "$d"
+			assembly_done=1
+		fi
+		log "$kl/$c ($kver): $((SECONDS - ts)) s"
 	done
 fi
 
-echo "# ---- VM suite: matrix '$matrix', $((SECONDS - t0)) s, results in $results"
+matrix_label=$(for combo in $matrix; do printf '%s:%s ' "$(kernel_label "${combo%%:*}")" "${combo#*:}"; done)
+matrix_label=${matrix_label% }
+echo "# ---- VM suite: matrix '$matrix_label', $((SECONDS - t0)) s, results in $results"
 retried=$(find "$results" -name '*.boot-crash-*' ! -path '*/harness/*' | wc -l)
 echo "# guest boots retried after a crash before /init: $retried$([ "$retried" = 0 ] || echo " (logs: $(find "$results" -name '*.boot-crash-*' ! -path '*/harness/*' | tr '\n' ' '))")"
 [ $skip -eq 0 ] || echo "# $skip tests were skipped (ok # SKIP), counted as failed"
 for f in "${failures[@]}"; do echo "# FAILED: $f"; done
 # the whole suite's result goes to docs/reliability.md (scripts/reliability.py)
 if [ -z "$only" ]; then
-	"$ROOT/scripts/reliability.py" record --build "$BUILD_DIR" --name kernel-vm-suite \
-		--what "kernel target tests and kernel/engine byte identity in qemu ($matrix); $retried boot(s) retried" \
-		--count $((pass + fail)) --unit tests --lost $fail --target "make check-vm" ||
+	"$ROOT/scripts/reliability.py" record --build "$BUILD_DIR" --name "${CKPT_VM_RECORD_NAME:-kernel-vm-suite}" \
+		--what "${CKPT_VM_RECORD_WHAT:-kernel target tests and kernel/engine byte identity in qemu} ($matrix_label)${CKPT_VM_PROGRAMS:+, kmod programs $CKPT_VM_PROGRAMS only}; $retried boot(s) retried" \
+		--count $((pass + fail)) --unit tests --lost $fail --target "${CKPT_VM_RECORD_TARGET:-make check-vm}" ||
 		echo "# could not record the result for docs/reliability.md"
 fi
 echo "$pass passed, $fail failed"

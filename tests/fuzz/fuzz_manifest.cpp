@@ -5,8 +5,9 @@
 //
 // Input: JSON text. Parsed as a user layout and placed, it gives the
 // geometry and group table the same text is then decoded against as a
-// device's manifest (an encoded manifest is also a valid user layout: its
-// offset and numel are ignored there); otherwise a fixed small geometry.
+// device's manifest (which the strict reader refuses: a user layout lacks
+// the manifest's format, version, offset and numel); otherwise a fixed small
+// geometry, which a device's manifest (the corpus) is decoded against.
 #include <string>
 #include <string_view>
 
@@ -62,11 +63,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		FUZZ_ASSERT(p.group_table.size() == p.geo.n_chunks);
 		const uint64_t cp = uint64_t{1} << p.geo.chunk_shift;
 		if (p.geo.n_chunks <= (1u << 16)) {
-			const std::string enc = ckpt::Manifest::encode(p.tensors, p.geo.dtype, cp);
+			const std::string enc = ckpt::Manifest::encode(p.tensors, p.geo.dtype, cp, f.layout.hparams());
 			ckpt_layout l;
 			FUZZ_ASSERT(ckpt_layout_compute_features(&p.geo, CKPT_FEATURE_INCOMPAT_DEFAULT, &l) == 0);
 			const ckpt::Manifest m = ckpt::Manifest::decode(enc, l, p.geo, p.group_table);
 			FUZZ_ASSERT(m.tensors().size() == p.tensors.size());
+			FUZZ_ASSERT(m.hparams() == f.layout.hparams());
 			decode(text, p.geo, p.group_table);
 		}
 		return 0;

@@ -2,7 +2,9 @@
 // The safetensors reader ckptctl import and format --from-safetensors use
 // (safetensors::Reader, safetensors.cpp): the whole file as input, read
 // through the reader's own open (a memfd), then every float tensor
-// converted to fp32.
+// converted to fp32, and its __metadata__'s dm-ckpt.* keys parsed
+// (interchange.cpp). The same bytes are also parsed as a sharded
+// checkpoint's index (safetensors::parse_index).
 #include <string>
 
 #include <sys/mman.h>
@@ -10,6 +12,7 @@
 
 #include "ckpt_error.hpp"
 #include "fuzz_util.hpp"
+#include "interchange.hpp"
 #include "safetensors.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -37,6 +40,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			}
 		}
 		FUZZ_ASSERT(at == h.data_bytes);
+		if (const auto ix = ckpt::interchange::read(h.metadata, path)) {
+			FUZZ_ASSERT(ix->chunk_params && ix->n_groups && (ix->hparams.empty() ||
+									  ix->hparams.size() == ix->n_groups));
+			for (const auto &[name, g] : ix->tensor_group)
+				FUZZ_ASSERT(g < ix->n_groups);
+		}
+	} catch (const ckpt::Error &e) {
+		FUZZ_ASSERT(e.code() == CKPT_E_INVAL || e.code() == CKPT_E_IO);
+	}
+	try {
+		for (const auto &[name, shard] :
+		     ckpt::safetensors::parse_index({reinterpret_cast<const char *>(data), size}, "index"))
+			FUZZ_ASSERT(!name.empty() && !shard.empty() && shard.find('/') == std::string::npos &&
+				    shard != "." && shard != "..");
 	} catch (const ckpt::Error &e) {
 		FUZZ_ASSERT(e.code() == CKPT_E_INVAL || e.code() == CKPT_E_IO);
 	}

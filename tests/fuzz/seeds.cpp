@@ -10,6 +10,7 @@
 #include <string>
 
 #include "layout.hpp"
+#include "interchange.hpp"
 #include "safetensors.hpp"
 
 extern "C" {
@@ -155,10 +156,15 @@ void manifests()
 	for (uint32_t groups : {1u, 2u}) {
 		const ckpt::Layout::Placed p = small_layout(groups);
 		put("manifest", "placed-" + std::to_string(groups),
-		    ckpt::Manifest::encode(p.tensors, p.geo.dtype, uint64_t{1} << p.geo.chunk_shift));
+		    ckpt::Manifest::encode(p.tensors, p.geo.dtype, uint64_t{1} << p.geo.chunk_shift, {}));
 	}
 	put("manifest", "user", R"({"dtype": "fp16", "chunk_params": 4096, "tensors": [)"
 				R"({"name": "w", "shape": [64, 64], "group": 0}, {"name": "b", "shape": [64], "group": 1}]})");
+	put("manifest", "user-hparams", R"({"dtype": "fp16", "chunk_params": 4096, "tensors": [)"
+					R"({"name": "w", "shape": [64, 64], "group": 0}, {"name": "b", "shape": [64], "group": 1}],)"
+					R"("groups": [{"lr": 0.001, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.1,)"
+					R"("adam_l2": false}, {"lr": 0.002, "betas": [0.8, 0.95], "eps": 1e-6,)"
+					R"("weight_decay": 0, "adam_l2": true}]})");
 }
 
 void safetensors_files()
@@ -178,6 +184,23 @@ void safetensors_files()
 	ckpt::safetensors::Writer e((dir / "seed-empty-tensor").string(), {{"z", "F32", {0, 4}}}, {});
 	e.write(nullptr, 0);
 	e.finish();
+	// What export writes: the dm-ckpt.* metadata of two groups.
+	ckpt::interchange::Metadata ix;
+	ix.dtype = CKPT_DTYPE_BF16;
+	ix.chunk_params = 4096;
+	ix.step = 3;
+	ix.n_groups = 2;
+	ix.tensor_group = {{"w", 0}, {"b", 1}};
+	ix.hparams = {ckpt::GroupHparams{}, ckpt::GroupHparams{2e-3, 0.8, 0.95, 1e-6, 0, true}};
+	std::map<std::string, std::string> meta = {{"format", "pt"}};
+	ckpt::interchange::write(ix, meta);
+	ckpt::safetensors::Writer x((dir / "seed-dm-ckpt").string(), {{"w", "F32", {4, 4}}, {"b", "F32", {4}}},
+				    meta);
+	x.write(buf.data(), 64);
+	x.write(buf.data(), 16);
+	x.finish();
+	put("safetensors", "index", R"({"metadata": {"total_size": 80}, "weight_map": )"
+				    R"({"w": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}})");
 }
 
 } // namespace

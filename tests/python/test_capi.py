@@ -12,6 +12,7 @@ refused, by name, when they cannot cross into C unchanged (a NUL would cut
 Run: PYTHONPATH=<build>/python /usr/bin/python3 -m unittest -v test_capi
 """
 
+import io
 import os
 import sys
 import threading
@@ -232,6 +233,38 @@ if __name__ == "__main__":
     unittest.main()
 
 
+class TestProgress(DeviceCase):
+    """ckpt.format and Device.export show a tqdm bar fed by libckpt's
+    progress hook: with progress=True on any stderr, never when it is not
+    a terminal by default."""
+
+    def run_captured(self, f):
+        err, sys.stderr = sys.stderr, io.StringIO()
+        try:
+            f()
+            return sys.stderr.getvalue()
+        finally:
+            sys.stderr = err
+
+    def test_version(self):
+        self.assertRegex(ckpt.__version__, r"^[0-9]+\.[0-9]+\.[0-9]+$")
+
+    def test_format_and_export(self):
+        layout = ckpt.Layout()
+        for n, s in TENSORS:
+            layout.add(n, s)
+        img = os.path.join(self._tmp.name, "p.img")
+        out = self.run_captured(lambda: ckpt.format(img, layout, chunk_params=CHUNK, progress=True))
+        self.assertIn("format: ", out)
+        self.assertIn("65/65", out)  # every chunk: 64 of w, 1 of b
+        with ckpt.open(self.path) as dev:
+            st = os.path.join(self._tmp.name, "p.safetensors")
+            out = self.run_captured(lambda: dev.export(st, progress=True))
+            self.assertIn(f"{256 * 1024 + 1000}/{256 * 1024 + 1000}", out)
+            self.assertEqual(self.run_captured(lambda: dev.export(st)), "")  # not a terminal
+        self.assertEqual(self.run_captured(lambda: ckpt.format(img, layout, chunk_params=CHUNK)), "")
+
+
 class TestLibraryLists(unittest.TestCase):
     """The package's names and structs come from the library."""
 
@@ -347,3 +380,48 @@ class TestStatusUuidExport(DeviceCase):
             with self.assertRaises(ckpt.CkptError) as cm:
                 dev.export(out2)
             self.assertEqual(cm.exception.name, "E_STATE")
+
+    def test_safetensors_through_the_library(self):
+        # ckpt.safetensors reads what the C++ reader validated, as read-only
+        # memory maps; sharded checkpoints (an index, a model folder) too.
+        import json
+        from ckpt import safetensors
+        d = self._tmp.name
+        with ckpt.open(self.path) as dev:
+            out = os.path.join(d, "all.safetensors")
+            dev.export(out, with_optimizer=True)
+            with self.assertRaises(ckpt.CkptError) as e:
+                dev.export(out, metadata={"dm-ckpt.step": "9"})
+            self.assertIn("exporter's", str(e.exception))
+        whole, dtypes, meta = safetensors.load_file(out, with_metadata=True)
+        self.assertEqual((meta["dm-ckpt.format_version"], meta["dm-ckpt.step"]), ("1", "0"))
+        for a in whole.values():
+            self.assertIsInstance(a, np.memmap)
+            self.assertFalse(a.flags.writeable)
+        # Two shards and an index, written here with json alone.
+        names, wm = list(whole), {}
+        for k, part in enumerate((names[:3], names[3:])):
+            f = f"model-{k + 1:05d}-of-00002.safetensors"
+            hdr, blobs, off = {"__metadata__": meta}, [], 0
+            for n in part:
+                b = np.ascontiguousarray(whole[n]).tobytes()
+                hdr[n] = {"dtype": dtypes[n], "shape": list(whole[n].shape), "data_offsets": [off, off + len(b)]}
+                off += len(b)
+                blobs.append(b)
+                wm[n] = f
+            h = json.dumps(hdr).encode()
+            with open(os.path.join(d, f), "wb") as fh:
+                fh.write(len(h).to_bytes(8, "little") + h + b"".join(blobs))
+        with open(os.path.join(d, "model.safetensors.index.json"), "w") as fh:
+            json.dump({"metadata": {"total_size": 0}, "weight_map": wm}, fh)
+        for src in (d, os.path.join(d, "model.safetensors.index.json")):
+            shards = safetensors.load_file(src)
+            self.assertEqual(list(shards), names)
+            for n in names:
+                self.assertTrue(np.array_equal(shards[n], whole[n]), n)
+        with open(os.path.join(d, "bad.index.json"), "w") as fh:
+            json.dump({"weight_map": dict(wm, **{names[0]: "../" + wm[names[0]]})}, fh)
+        with self.assertRaises(ckpt.CkptError) as e:
+            safetensors.load_file(os.path.join(d, "bad.index.json"))
+        self.assertEqual(e.exception.name, "E_INVAL")
+        self.assertIn("not a file name in the index's folder", str(e.exception))

@@ -372,8 +372,8 @@ class OffloadAdamWTest(unittest.TestCase):
         sd_other = dict(sd, ckpt=dict(sd["ckpt"], step=0))
         with self.assertRaisesRegex(ValueError, "is of device"):
             other.load_state_dict(sd_other)
-        # and a plain torch state_dict
-        with self.assertRaisesRegex(ValueError, "not an OffloadAdamW state_dict"):
+        # a torch.optim.AdamW state_dict is imported (test_offload_torchapi), if it fits
+        with self.assertRaisesRegex(ValueError, "different number of parameter groups"):
             opt.load_state_dict(torch.optim.AdamW(model.parameters()).state_dict())
 
     def test_lr_schedulers_reach_the_device(self):

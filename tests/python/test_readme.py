@@ -36,6 +36,10 @@ class ReadmeExamples(unittest.TestCase):
         self.assertIn("run 0: steps 1..20", out)
         self.assertIn("run 1: steps 21..40", out)
 
+    def test_torch_state_moves(self):
+        out = self.run_in_tmp([sys.executable, "-c", blocks("python")[2]])
+        self.assertIn("moved at step 6 torch at 6", out)
+
     def test_ckptctl_examples(self):
         (script,) = blocks("sh")
         out = self.run_in_tmp(["sh", "-e", "-c", script])

@@ -165,6 +165,42 @@ if __name__ == "__main__":
     elif cmd == "step":  # step IN OUT STEP: IN with __metadata__ step STEP
         t, m = read(sys.argv[2])
         write(sys.argv[3], t, m | {"step": sys.argv[4]})
+    elif cmd == "setmeta":  # setmeta IN OUT KEY [VALUE]: IN with __metadata__ KEY set (or removed)
+        t, m = read(sys.argv[2])
+        m = dict(m)
+        if len(sys.argv) > 5:
+            m[sys.argv[4]] = sys.argv[5]
+        else:
+            m.pop(sys.argv[4], None)
+        write(sys.argv[3], t, m)
+    elif cmd == "sameexport":  # sameexport A B: same tensors, order, bytes and metadata (but the uuid)
+        a, ma = read(sys.argv[2])
+        b, mb = read(sys.argv[3])
+        assert list(a) == list(b), (list(a), list(b))
+        for k in a:
+            assert a[k][0] == b[k][0] and np.array_equal(a[k][1].view(np.uint8), b[k][1].view(np.uint8)), k
+        ma.pop("ckpt.uuid"), mb.pop("ckpt.uuid")
+        assert ma == mb, (ma, mb)
+        assert ma["dm-ckpt.tensor_group.ln"] == "1" and ma["dm-ckpt.group.1.flags"] == "1", ma
+    elif cmd == "samelayout":  # samelayout INFO_A INFO_B: same geometry and tensors
+        a, b = json.load(open(sys.argv[2])), json.load(open(sys.argv[3]))
+        for k in ("dtype", "chunk_params", "n_chunks", "n_groups", "tensors"):
+            assert a[k] == b[k], (k, a[k], b[k])
+    elif cmd == "shard":  # shard IN DIR N [INDEX]: IN split into N shards, with an index
+        import os
+        t, m = read(sys.argv[2])
+        n = int(sys.argv[4])
+        os.makedirs(sys.argv[3], exist_ok=True)
+        names, wm = list(t), {}
+        for i in range(n):
+            f = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+            part = names[i * len(names) // n:(i + 1) * len(names) // n]
+            write(os.path.join(sys.argv[3], f), {k: t[k] for k in part}, m)
+            wm |= {k: f for k in part}
+        idx = sys.argv[5] if len(sys.argv) > 5 else "model.safetensors.index.json"
+        json.dump({"metadata": {"total_size": 0}, "weight_map": wm}, open(os.path.join(sys.argv[3], idx), "w"))
+    elif cmd == "index":  # index FILE JSON: write an index as given
+        open(sys.argv[2], "w").write(sys.argv[3])
     elif cmd == "bad":  # headers that lie, one file each
         def raw(path, h, data=b"", hlen=None):
             with open(path, "wb") as f:
@@ -191,10 +227,52 @@ run_py() { "$py" st.py "$@"; }
 ok "fixtures: safetensors models (F32 with an I64 buffer, F16, BF16)" run_py models
 
 # ---------------------------------------------------------------- help
-for c in format info probe create remove status message import export verify restore; do
+for c in format info probe create remove status list message import export verify restore; do
 	ok "$c --help has a description, options and examples" sh -c \
 		"'$ctl' $c --help | grep -q EXAMPLES && '$ctl' $c --help | grep -q Options"
 done
+
+# ---------------------------------------------------------------- the command line
+version=$(sed -n 's/^CMAKE_PROJECT_VERSION:[A-Z]*=//p' "$1/CMakeCache.txt")
+ok "--version prints 'ckptctl <project version>'" sh -c "[ \"\$('$ctl' --version)\" = 'ckptctl $version' ] && [ -n '$version' ]"
+fails_with "an unknown command is named (exit 64: usage)" 64 "^ckptctl: unknown command 'bogus'; see ckptctl --help\$" "$ctl" bogus
+fails_with "no command at all" 64 "^ckptctl: a command is required; see ckptctl --help\$" "$ctl"
+fails_with "an unknown option names the command's help" 64 "^ckptctl info: .*--bogus.*; see ckptctl info --help\$" \
+	"$ctl" info --bogus x.img
+fails_with "a missing argument" 64 "^ckptctl verify: device is required; see ckptctl verify --help\$" "$ctl" verify
+ok "--help documents the exit statuses" sh -c "'$ctl' --help | grep -q '^  64  usage'"
+
+# Without device-mapper (no control node under DM_DEV_DIR, and none can be
+# made there), every command that needs it says so in one line.
+mkdir nodm && : >nodm/mapper
+if grep -q ' device-mapper$' /proc/misc; then
+	nodm="device-mapper is loaded, but its control node nodm/mapper/control is missing"
+else
+	nodm="^ckptctl: device-mapper is not available: load it with 'modprobe dm-mod'\$"
+fi
+for c in "status t0" "remove t0" "message t0 stats"; do
+	fails_with "$c without device-mapper" 1 "$nodm" env DM_DEV_DIR="$tmp/nodm" "$ctl" $c
+	ok "... in one line" sh -c "out=\$(DM_DEV_DIR='$tmp/nodm' '$ctl' $c 2>&1);
+		[ \$(printf '%s\n' \"\$out\" | wc -l) -eq 1 ] && printf '%s\n' \"\$out\" | grep -q \"$nodm\""
+done
+
+# ---------------------------------------------------------------- manifests, strictly
+manifest_fails() {	# manifest_fails DESCRIPTION PATTERN JSON
+	printf '%s\n' "$3" >strict.json
+	fails_with "$1" 1 "$2" "$ctl" format strict.img -m strict.json
+	ok "... in the project's words, and nothing made" sh -c \
+		"out=\$('$ctl' format strict.img -m strict.json 2>&1); [ \$? -eq 1 ] && [ ! -e strict.img ] &&
+		 printf '%s\n' \"\$out\" | grep -q '^ckptctl: strict.json: ' && ! printf '%s\n' \"\$out\" | grep -q json.exception"
+}
+manifest_fails "a misspelled key is refused with its path" \
+	"strict.json: \\$.tensors\\[0\\].shpe: unknown key 'shpe' (known keys here: name, shape, group)" \
+	'{"tensors": [{"name": "w", "shpe": [64]}]}'
+manifest_fails "a misspelled top-level key" "strict.json: \\$.chunk_param: unknown key 'chunk_param'" \
+	'{"chunk_param": 4096, "tensors": [{"name": "w", "shape": [64]}]}'
+manifest_fails "a missing key" "strict.json: tensor 'b': \\$.tensors\\[1\\]: missing key 'shape'" \
+	'{"tensors": [{"name": "w", "shape": [64]}, {"name": "b"}]}'
+manifest_fails "a wrong type" "strict.json: \\$.tensors\\[0\\].name: must be a string, not 7" \
+	'{"tensors": [{"name": 7, "shape": [64]}]}'
 
 # ---------------------------------------------------------------- format from safetensors
 ok "format --from-safetensors with groups" "$ctl" format m.img --from-safetensors f32.safetensors \
@@ -212,7 +290,7 @@ ok "format --include/--exclude" sh -c \
 	"'$ctl' format x.img --from-safetensors f32.safetensors --include 'layer0.*' --exclude '*.bias' --json |
 	 $py -c 'import json,sys; j=json.load(sys.stdin); assert [t[\"name\"] for t in j[\"tensors\"]] == [\"layer0.norm.weight\", \"layer0.attn.weight\"], j[\"tensors\"]'"
 fails_with "format --group with a bad spec" 1 "expected G:GLOB" "$ctl" format x.img --from-safetensors f32.safetensors --group 64:'*'
-fails_with "format without a manifest or safetensors" 1 "give --manifest" "$ctl" format x.img
+fails_with "format without a manifest or safetensors" 64 "give --manifest" "$ctl" format x.img
 fails_with "format from a missing safetensors file" 1 "cannot open" "$ctl" format x.img --from-safetensors nope.safetensors
 echo '{"tensors": [' >bad.json
 fails_with "format with a broken manifest" 1 "not a JSON object" "$ctl" format x.img -m bad.json
@@ -248,6 +326,89 @@ ok "... and the next step is bit-identical to the original device's" sh -c \
 ok "import without --with-optimizer ignores the moments" sh -c \
 	"'$ctl' format r2.img --from-safetensors s3.safetensors --chunk-params 4096 --dtype bf16 2>/dev/null | grep -q 'tensors         6' &&
 	 '$ctl' import r2.img --from s3.safetensors | grep -q 'ignored 12 exp_avg'"
+
+# ---------------------------------------------------------------- lossless interchange
+# export -> format --from-safetensors -> import -> export: the dm-ckpt.*
+# metadata carries the layout (interleaved groups, chunk size, dtype) and the
+# groups' hyperparameters.
+cat >ix.json <<'JSON'
+{"dtype": "fp16", "chunk_params": 2048,
+ "tensors": [{"name": "emb", "shape": [300, 70]}, {"name": "ln", "shape": [70], "group": 1},
+             {"name": "head", "shape": [70, 300]}],
+ "groups": [{"lr": 0.001, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1, "adam_l2": false},
+            {"lr": 0.002, "betas": [0.8, 0.999], "eps": 1e-6, "weight_decay": 0.0, "adam_l2": true}]}
+JSON
+ok "interchange: format with hyperparameters, train 3 steps, export" sh -c \
+	"'$ctl' format ix.img -m ix.json >/dev/null && '$bin/ckpt-trace' ix.img --steps 3 --seed 5 >/dev/null &&
+	 '$ctl' export ix.img --to ix.safetensors --with-optimizer >/dev/null"
+ok "... metadata has the version, dtype, chunk size, step, groups and hyperparameters" sh -c \
+	"for kv in format_version=1 dtype=fp16 chunk_params=2048 step=3 n_groups=2 tensor_group.emb=0 tensor_group.ln=1 \
+	   group.0.lr=0.001 group.0.beta2=0.95 group.0.weight_decay=0.1 group.0.flags=0 group.1.eps=1e-06 group.1.flags=1; do
+	   $py st.py meta ix.safetensors dm-ckpt.\${kv%%=*} \${kv#*=} || exit 1; done"
+ok "... format --from-safetensors gives the same layout" sh -c \
+	"'$ctl' format ix2.img --from-safetensors ix.safetensors >/dev/null 2>fmt.err && grep -q 'dm-ckpt metadata' fmt.err &&
+	 '$ctl' info --json ix.img >ixa.json && '$ctl' info --json ix2.img >ixb.json && $py st.py samelayout ixa.json ixb.json"
+ok "... import and export give the same bytes, groups and hyperparameters" sh -c \
+	"'$ctl' import ix2.img --from ix.safetensors --with-optimizer >/dev/null &&
+	 '$ctl' export ix2.img --to ix2.safetensors --with-optimizer >/dev/null && $py st.py sameexport ix.safetensors ix2.safetensors"
+ok "... a command-line flag overrides the file's, and says so" sh -c \
+	"'$ctl' format ix3.img --from-safetensors ix.safetensors --chunk-params 4096 --dtype bf16 2>fmt.err >/dev/null &&
+	 grep -q -- '--chunk-params 4096 overrides the file.s 2048' fmt.err && grep -q -- '--dtype bf16 overrides the file.s fp16' fmt.err &&
+	 '$ctl' info ix3.img | grep -q 'chunks of 4096, 2 groups, bf16'"
+for c in "dm-ckpt.colour=red:unknown dm-ckpt key" "dm-ckpt.chunk_params=02048:not an integer" \
+	"dm-ckpt.chunk_params=3000:not a power of two" "dm-ckpt.format_version=2:not the one this library reads" \
+	"dm-ckpt.dtype=fp8:not bf16 or fp16" "dm-ckpt.n_groups=3:the tensors use groups 0 to 1" \
+	"dm-ckpt.tensor_group.ln=2:not below" "dm-ckpt.tensor_group.nope=0:names no tensor" \
+	"dm-ckpt.group.1.lr=-0.5:lr = -0.5 is invalid" "dm-ckpt.group.1.eps=nan:not a finite number" \
+	"dm-ckpt.group.0.flags=2:unknown bits" "dm-ckpt.group.0.momentum=1:unknown key" \
+	"dm-ckpt.group.2.lr=1:group 2 is not below" "dm-ckpt.step=x:not an integer" \
+	"dm-ckpt.step:no dm-ckpt.step" "dm-ckpt.group.1.beta1:no dm-ckpt.group.1.beta1" \
+	"dm-ckpt.tensor_group.head:no dm-ckpt.tensor_group.head"; do
+	kv=${c%%:*}
+	if [ "$kv" = "${kv#*=}" ]; then run_py setmeta ix.safetensors bad.safetensors "$kv"
+	else run_py setmeta ix.safetensors bad.safetensors "${kv%%=*}" "${kv#*=}"; fi
+	fails_with "format refuses __metadata__ $kv" 1 "${c#*:}" "$ctl" format x.img --from-safetensors bad.safetensors
+done
+"$ctl" format ix4.img --from-safetensors ix.safetensors >/dev/null 2>&1
+run_py setmeta ix.safetensors bad.safetensors dm-ckpt.colour red
+fails_with "import refuses bad dm-ckpt metadata too" 1 "unknown dm-ckpt key" "$ctl" import ix4.img --from bad.safetensors
+run_py setmeta ix.safetensors bad.safetensors step 4
+fails_with "import refuses a step that disagrees with dm-ckpt.step" 1 "disagree" "$ctl" import ix4.img --from bad.safetensors --with-optimizer
+
+# ---------------------------------------------------------------- sharded checkpoints
+run_py shard f32.safetensors hf 3
+ok "sharded: format from a model folder (index)" sh -c \
+	"'$ctl' format sh.img --from-safetensors hf --chunk-params 4096 --dtype bf16 2>fmt.err >/dev/null && grep -q 'index.json: 6 tensors' fmt.err"
+ok "... import from the index, export equals the single file" sh -c \
+	"'$ctl' import sh.img --from hf/model.safetensors.index.json >/dev/null && '$ctl' export sh.img --to sh.safetensors >/dev/null &&
+	 $py st.py same f32.safetensors sh.safetensors"
+mkdir -p hf1 && cp f32.safetensors hf1/model.safetensors
+ok "... a folder with model.safetensors" sh -c "'$ctl' format sh1.img --from-safetensors hf1 --chunk-params 4096 >/dev/null 2>&1"
+run_py shard ix.safetensors ixs 2
+ok "... the lossless round trip through shards" sh -c \
+	"'$ctl' format ix5.img --from-safetensors ixs >/dev/null 2>&1 && '$ctl' import ix5.img --from ixs --with-optimizer >/dev/null &&
+	 '$ctl' export ix5.img --to ix5.safetensors --with-optimizer >/dev/null && $py st.py sameexport ix.safetensors ix5.safetensors"
+mkdir -p empty
+fails_with "sharded: a folder without a model" 1 "without model.safetensors" "$ctl" format x.img --from-safetensors empty
+cp -r hf hfb && cp f32.safetensors hfb/model.safetensors
+fails_with "sharded: a folder with both" 1 "holds both" "$ctl" format x.img --from-safetensors hfb
+idx=hf/model.safetensors.index.json
+wm=$("$py" -c "import json; print(json.dumps(json.load(open('$idx'))['weight_map']))")
+for c in "trav:{\"weight_map\": {\"head.bias\": \"../f32.safetensors\"}}:is not a file name in the index's folder" \
+	"abs:{\"weight_map\": {\"head.bias\": \"/etc/passwd\"}}:is not a file name" \
+	"dot:{\"weight_map\": {\"head.bias\": \"..\"}}:is not a file name" \
+	"dup:{\"weight_map\": {\"head.bias\": \"model-00001-of-00003.safetensors\", \"head.bias\": \"model-00002-of-00003.safetensors\"}}:names 'head.bias' twice" \
+	"nomap:{\"metadata\": {}}:no \"weight_map\"" "extra:{\"weight_map\": $wm, \"x\": 1}:unknown key 'x'" \
+	"json:{\"weight_map\": :not valid JSON" \
+	"wrong:$(echo "$wm" | sed 's/"head.bias": "model-00003/"head.bias": "model-00001/'):is in shard model-00003-of-00003.safetensors, the index names shard model-00001" \
+	"lacks:$(echo "$wm" | sed 's/"head.bias": "[^"]*", //; s/, "head.bias": "[^"]*"//'):which the index does not name" \
+	"more:$(echo "$wm" | sed 's/}$/, "ghost": "model-00001-of-00003.safetensors"}/'):puts tensor 'ghost' in shard"; do
+	name=${c%%:*}; rest=${c#*:}; body=${rest%:*}
+	case $name in wrong|lacks|more) body="{\"weight_map\": $body}";; esac
+	run_py index hf/$name.index.json "$body"
+	fails_with "sharded: index refused: $name" 1 "${rest##*:}" "$ctl" format x.img --from-safetensors hf/$name.index.json
+	fails_with "sharded: import refuses it too: $name" 1 "${rest##*:}" "$ctl" import ix4.img --from hf/$name.index.json
+done
 
 # ---------------------------------------------------------------- import errors
 "$ctl" format e.img --force --from-safetensors f32.safetensors --chunk-params 4096 >/dev/null 2>&1
@@ -549,6 +710,43 @@ else
 	ok "format on a full file system # SKIP needs root and tmpfs" true
 fi
 
+# ---------------------------------------------------------------- list
+mkdir imgs && cp f16.img imgs/b.img && cp h.img imgs/a.img && cp f16.safetensors imgs/ && mkdir imgs/sub
+ok "list PATH...: the images, fields chosen, joined by the separator" sh -c \
+	"'$ctl' list h.img f32.img -o path,committed_step,dtype --noheadings --separator '|' >list.out &&
+	 [ \"\$(head -1 list.out)\" = 'h.img|0|fp16' ] && grep -qx 'f32.img|[1-9][0-9]*|bf16' list.out &&
+	 [ \$(wc -l <list.out) -eq 2 ]"
+ok "list --images DIR: only the images in it, sorted, under a heading" sh -c \
+	"'$ctl' list --images imgs -o path,tensors >list.out && [ \"\$(sed 's/  */ /g' list.out)\" = 'path tensors
+imgs/a.img 6
+imgs/b.img 6' ]"
+ok "list -o +FIELD adds to the defaults" sh -c \
+	"'$ctl' list h.img -o +n_groups | head -1 | grep -q '^path  *committed_step  *dtype  *n_params  *uuid  *n_groups\$'"
+fails_with "list: a given path that is not an image is an error, after the rest" 1 \
+	"^ckptctl: f16.safetensors is not a usable dm-ckpt image" "$ctl" list --noheadings -o path f16.safetensors h.img
+ok "... which is still listed" sh -c "'$ctl' list --noheadings -o path f16.safetensors h.img 2>/dev/null | grep -qx h.img"
+fails_with "list: an unknown field is refused with the valid ones (exit 64)" 64 \
+	"^ckptctl list: unknown field 'bogus'; valid fields: path,uuid,committed_step,.*,warnings\$" "$ctl" list h.img -o path,bogus
+fails_with "status: an unknown field, refused before device-mapper is asked" 64 \
+	"^ckptctl status: unknown field 'bogus'; valid fields: name,node,backing,.*state" \
+	env DM_DEV_DIR="$tmp/nodm" "$ctl" status t0 -o bogus
+fails_with "list of the kernel targets without device-mapper" 1 "$nodm" env DM_DEV_DIR="$tmp/nodm" "$ctl" list
+
+# ---------------------------------------------------------------- progress
+echo '{"tensors": [{"name": "w", "shape": [1024, 1024]}], "chunk_params": 4096}' >p.json
+for c in "format p.img -m p.json --force" "verify p.img" "export p.img --to p.safetensors" "import p.img --from p.safetensors"; do
+	ok "${c%% *} --progress: a line per phase up to 100% on stderr, however short" sh -c \
+		"'$ctl' $c --progress 2>err >out && grep -q '^ckptctl ${c%% *}: \(check \)\?100% ([0-9]* s)\$' err &&
+		 ! grep -q '%' out"
+	ok "... and none when stderr is not a terminal" sh -c "'$ctl' $c 2>err >/dev/null && ! grep -q '%' err"
+done
+ok "on a terminal, a command shorter than a second shows no progress" sh -c \
+	"script -qec \"'$ctl' verify p.img\" /dev/null >tty.out && ! grep -q '%' tty.out"
+ok "... with --progress, a line redrawn in place and cleared at the end" sh -c \
+	"script -qec \"'$ctl' verify --progress p.img\" /dev/null >tty.out &&
+	 grep -q \"\$(printf '\\rckptctl verify: check 100%% ([0-9]* s)\\033\\[K\\r\\033\\[K')\" tty.out"
+fails_with "--progress and --no-progress exclude each other" 64 "excludes" "$ctl" verify --progress --no-progress p.img
+
 # ---------------------------------------------------------------- probe, create and friends off the VM
 fails_with "probe a regular file" 1 "not an NVMe namespace" "$ctl" probe f32.img
 fails_with "probe a character device" 1 "not an NVMe namespace" "$ctl" probe /dev/null
@@ -556,7 +754,49 @@ fails_with "probe a missing path" 1 "cannot open" "$ctl" probe /dev/nope
 fails_with "create on random bytes" 1 "no valid dm-ckpt superblock" "$ctl" create t0 random.img
 fails_with "create on a file" 1 "regular file" "$ctl" create t0 f32.img
 fails_with "create with a bad name" 1 "not a device-mapper name" "$ctl" create a/b f32.img
-fails_with "create with a bad queue depth" 1 "queue-depth" "$ctl" create t0 f32.img --queue-depth 0
+fails_with "create with a bad queue depth" 64 "queue-depth" "$ctl" create t0 f32.img --queue-depth 0
+
+# ---------------------------------------------------------------- ckpttab: the strict parse
+# Every bad line is refused with its file and line before anything is done
+# (no device-mapper needed: the parse comes first). The VM test
+# (scripts/vm/guest/assembly.sh) activates real ones.
+u=0f3c2a5e-7d41-4b8e-9a10-2c6f1e0d9b77
+tab() { printf '# name device options\n\nckpt0 UUID=%s queue_depth=16,staging_kb=2048,ro\n' $u >t.tab; printf '%s\n' "$@" >>t.tab; }
+tab 'ckpt1 UUID=nope'
+fails_with "ckpttab: a bad uuid, with its line" 1 "t.tab:4: 'UUID=nope' is not UUID=" "$ctl" activate --all --ckpttab t.tab
+tab 'ckpt1 nvme0n1'
+fails_with "ckpttab: a device neither UUID= nor a path" 1 "t.tab:4: device 'nvme0n1' is neither" "$ctl" activate --all --ckpttab t.tab
+tab 'ckpt1 /dev/x rw'
+fails_with "ckpttab: an unknown option" 1 "t.tab:4: unknown option 'rw'" "$ctl" activate --all --ckpttab t.tab
+tab 'ckpt1 /dev/x queue_depth=129'
+fails_with "ckpttab: queue_depth out of range" 1 "t.tab:4: queue_depth=129: not a number from 1 to 128" "$ctl" activate --all --ckpttab t.tab
+tab 'ckpt1 /dev/x ro,ro'
+fails_with "ckpttab: an option twice" 1 "t.tab:4: option 'ro' given twice" "$ctl" activate --all --ckpttab t.tab
+tab 'ckpt0 /dev/x'
+fails_with "ckpttab: a name twice" 1 "t.tab:4: the name ckpt0 is listed twice" "$ctl" activate --all --ckpttab t.tab
+tab "ckpt1 UUID=$(echo $u | tr a-f A-F)"
+fails_with "ckpttab: an image twice (uuids in any case)" 1 "t.tab:4: the image $u is listed twice" "$ctl" activate --all --ckpttab t.tab
+tab 'ckpt1 /dev/x - extra'
+fails_with "ckpttab: too many fields" 1 "t.tab:4: 4 fields; want NAME DEVICE" "$ctl" activate --all --ckpttab t.tab
+tab 'a/b /dev/x'
+fails_with "ckpttab: a bad name" 1 "t.tab:4: 'a/b' is not a device-mapper name" "$ctl" activate --all --ckpttab t.tab
+printf 'ckpt1 /dev/x\r\n' >t.tab
+fails_with "ckpttab: a control byte" 1 "t.tab:1: a control or non-ASCII byte (0x0d)" "$ctl" activate --all --ckpttab t.tab
+fails_with "ckpttab: a missing file" 1 "cannot read nope.tab" "$ctl" activate --all --ckpttab nope.tab
+fails_with "ckpttab: a directory" 1 "is not a regular file" "$ctl" activate --all --ckpttab .
+fails_with "activate needs one of --all, --uuid, --device" 1 "give one of" "$ctl" activate --ckpttab t.tab
+fails_with "activate --uuid needs a uuid" 1 "not a uuid" "$ctl" activate --uuid xyz --ckpttab t.tab
+tab 'ckpt1 /dev/x noauto'
+fails_with "activate --uuid of an image not listed" 1 "lists no image 11111111-" "$ctl" activate --uuid 11111111-2222-3333-4444-555555555555 --ckpttab t.tab
+
+# The boot units (scripts/systemd), pointed at this build's ckptctl:
+# systemd-analyze verify finds nothing wrong (package systemd, scripts/deps.sh).
+units=$(cd "$(dirname "$0")/../../scripts/systemd" && pwd)
+mkdir unit
+for f in "$units"/*.service; do sed "s|/usr/sbin/ckptctl|$ctl|" "$f" >"unit/${f##*/}"; done
+cp unit/dm-ckpt-activate@.service unit/dm-ckpt-activate@nvme0n1.service
+ok "systemd-analyze verify: dm-ckpt-activate.service and an instance of dm-ckpt-activate@" sh -c \
+	"out=\$(systemd-analyze verify unit/dm-ckpt-activate.service unit/dm-ckpt-activate@nvme0n1.service 2>&1) && echo \"\$out\" && [ -z \"\$out\" ]"
 
 echo "1..$n"
 echo "$((n - failed)) passed, $failed failed"

@@ -534,3 +534,72 @@ TEST(CapiConvert, LowpAndCrc)
 }
 
 } // namespace
+
+namespace {
+
+// ckpt_load_state: every tensor once, equal steps, sane values; anything
+// else is refused and the device keeps its state (step 0, zero moments).
+TEST_F(CapiTest, LoadStateWholeOrNothing)
+{
+	ckpt_device *d = open();
+	std::vector<float> pw(n_w, 0.25f), mw(n_w, 0.01f), vw(n_w, 0.04f);
+	std::vector<float> pb(n_b, -1.0f), mb(n_b, -0.5f), vb(n_b, 2.0f);
+	const char *names[] = {"w", "b"};
+	const float *p[] = {pw.data(), pb.data()}, *m[] = {mw.data(), mb.data()}, *v[] = {vw.data(), vb.data()};
+	uint64_t ns[] = {n_w, n_b}, steps[] = {7, 7};
+	auto refused = [&](const char *words) {
+		EXPECT_NE(std::string(ckpt_last_error()).find(words), std::string::npos) << ckpt_last_error();
+		struct ckpt_info info;
+		ASSERT_EQ(ckpt_info(d, &info), 0);
+		EXPECT_EQ(info.committed_step, 0u);
+		std::vector<float> sp(n_b), sm(n_b), sv(n_b);
+		ASSERT_EQ(ckpt_read_state(d, "b", sp.data(), sm.data(), sv.data(), n_b), 0);
+		EXPECT_EQ(sm, std::vector<float>(n_b, 0.0f));
+	};
+	EXPECT_EQ(ckpt_load_state(d, 2, names, p, m, nullptr, ns, steps, nullptr, 0), -CKPT_E_INVAL);
+	refused("v is NULL");
+	EXPECT_EQ(ckpt_load_state(d, 1, names, p, m, v, ns, steps, nullptr, 0), -CKPT_E_NAME);
+	refused("tensor 'b' of the device is not given");
+	const char *twice[] = {"w", "w"};
+	const float *pw2[] = {pw.data(), pw.data()}, *mw2[] = {mw.data(), mw.data()};
+	const float *vw2[] = {vw.data(), vw.data()};
+	uint64_t nw2[] = {n_w, n_w};
+	EXPECT_EQ(ckpt_load_state(d, 2, twice, pw2, mw2, vw2, nw2, steps, nullptr, 0), -CKPT_E_TWICE);
+	refused("tensor 'w' given twice");
+	uint64_t uneven[] = {7, 6};
+	EXPECT_EQ(ckpt_load_state(d, 2, names, p, m, v, ns, uneven, nullptr, 0), -CKPT_E_STEP);
+	refused("tensor 'b' is at step 6, 'w' at step 7");
+	vb[999] = -1.0f;
+	EXPECT_EQ(ckpt_load_state(d, 2, names, p, m, v, ns, steps, nullptr, 0), -CKPT_E_HPARAM);
+	refused("tensor 'b' exp_avg_sq element 999 is -1");
+	vb[999] = 2.0f;
+	uint64_t short_ns[] = {n_w, n_b - 1};
+	EXPECT_EQ(ckpt_load_state(d, 2, names, p, m, v, short_ns, steps, nullptr, 0), -CKPT_E_SIZE);
+	refused("tensor 'b' has 1000 elements, 999 given");
+	std::vector<uint8_t> big(CKPT_BLOB_MAX + 1);
+	EXPECT_EQ(ckpt_load_state(d, 2, names, p, m, v, ns, steps, big.data(), big.size()), -CKPT_E_BLOB);
+	refused("trainer blob");
+
+	ASSERT_EQ(ckpt_load_state(d, 2, names, p, m, v, ns, steps, "blob", 4), 0) << ckpt_last_error();
+	ckpt_close(d);
+	d = open();
+	struct ckpt_info info;
+	ASSERT_EQ(ckpt_info(d, &info), 0);
+	EXPECT_EQ(info.committed_step, 7u);
+	char blob[8] = {};
+	EXPECT_EQ(ckpt_blob(d, blob, sizeof(blob)), 4);
+	EXPECT_STREQ(blob, "blob");
+	std::vector<float> sp(n_b), sm(n_b), sv(n_b);
+	ASSERT_EQ(ckpt_read_state(d, "b", sp.data(), sm.data(), sv.data(), n_b), 0);
+	EXPECT_EQ(sp, pb);
+	EXPECT_EQ(sm, mb);
+	EXPECT_EQ(sv, vb);
+	// only before the first step
+	EXPECT_EQ(ckpt_load_state(d, 2, names, p, m, v, ns, steps, nullptr, 0), -CKPT_E_STATE);
+	EXPECT_NE(std::string(ckpt_last_error()).find("only before the first step (committed step is 7)"),
+		  std::string::npos)
+		<< ckpt_last_error();
+	ckpt_close(d);
+}
+
+} // namespace

@@ -197,7 +197,7 @@ TEST(Crc32c, Chaining)
 TEST(Crc32c, HardwareMatchesTable)
 {
 	if (!ckpt_crc32c_hw_available())
-		GTEST_SKIP() << "no SSE4.2 on this CPU";
+		GTEST_SKIP() << "no crc32c instruction on this CPU (SSE4.2, ARMv8 CRC32)";
 	std::mt19937_64 rng(42);
 	std::vector<uint8_t> data(70000 + 64);
 	for (auto &c : data)

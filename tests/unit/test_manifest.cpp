@@ -46,23 +46,54 @@ TEST(LayoutJson, NumbersMustBeIntegersInRange)
 	const struct {
 		std::string text, says;
 	} cases[] = {
-		{user("1e30", "[64]", "0"), "chunk_params must be an integer from 0 to 4294967295, not 1e+30"},
-		{user("4294971392", "[64]", "0"), "chunk_params must be an integer"},
-		{user("4096.5", "[64]", "0"), "chunk_params must be an integer"},
-		{user("-4096", "[64]", "0"), "chunk_params must be an integer"},
-		{user("4096", "[1.5]", "0"), "tensor 'w': a shape dimension must be an integer"},
-		{user("4096", "[-1]", "0"), "tensor 'w': a shape dimension must be an integer"},
-		{user("4096", "[1e300]", "0"), "tensor 'w': a shape dimension must be an integer"},
-		{user("4096", "64", "0"), "tensor 'w': shape must be an array"},
-		{user("4096", "[64]", "-1"), "tensor 'w': group must be an integer"},
-		{user("4096", "[64]", "0.5"), "tensor 'w': group must be an integer"},
-		{user("4096", "[64]", "4294967296"), "tensor 'w': group must be an integer"},
+		{user("1e30", "[64]", "0"), "$.chunk_params: must be an integer from 0 to 4294967295, not 1e+30"},
+		{user("4294971392", "[64]", "0"), "$.chunk_params: must be an integer"},
+		{user("4096.5", "[64]", "0"), "$.chunk_params: must be an integer"},
+		{user("-4096", "[64]", "0"), "$.chunk_params: must be an integer"},
+		{user("4096", "[1.5]", "0"), "tensor 'w': $.tensors[0].shape[0]: must be an integer"},
+		{user("4096", "[64, -1]", "0"), "tensor 'w': $.tensors[0].shape[1]: must be an integer"},
+		{user("4096", "[1e300]", "0"), "tensor 'w': $.tensors[0].shape[0]: must be an integer"},
+		{user("4096", "64", "0"), "tensor 'w': $.tensors[0].shape: must be an array"},
+		{user("4096", "[64]", "-1"), "tensor 'w': $.tensors[0].group: must be an integer"},
+		{user("4096", "[64]", "0.5"), "tensor 'w': $.tensors[0].group: must be an integer"},
+		{user("4096", "[64]", "4294967296"), "tensor 'w': $.tensors[0].group: must be an integer"},
 	};
 	for (const auto &c : cases) {
 		const auto [code, what] = layout_error(c.text);
 		EXPECT_EQ(code, CKPT_E_MANIFEST) << c.text;
 		EXPECT_NE(what.find(c.says), std::string::npos) << c.text << "\n" << what;
 		EXPECT_EQ(what.rfind("m.json: ", 0), 0u) << what;
+	}
+}
+
+// Every key is known, every required key is there, every value has its
+// type; the message names the key and its JSON path, in the project's
+// words (nlohmann's exception texts were passed through before).
+TEST(LayoutJson, StrictKeysAndTypes)
+{
+	const struct {
+		std::string text, says;
+	} cases[] = {
+		{R"({"dtype": "bf16", "chunk_param": 4096, "tensors": [{"name": "w", "shape": [64]}]})",
+		 "m.json: $.chunk_param: unknown key 'chunk_param' (known keys here: dtype, chunk_params, tensors)"},
+		{R"({"tensors": [{"name": "w", "shape": [64]}, {"name": "b", "shpe": [64]}]})",
+		 "m.json: $.tensors[1].shpe: unknown key 'shpe' (known keys here: name, shape, group)"},
+		{R"({"tensors": [{"name": "w", "shape": [64], "a b": 1}]})", "m.json: $.tensors[0][\"a b\"]: unknown key 'a b'"},
+		{R"({"tensors": [{"name": "w"}]})", "m.json: tensor 'w': $.tensors[0]: missing key 'shape'"},
+		{R"({"tensors": [{"shape": [64]}]})", "m.json: $.tensors[0]: missing key 'name'"},
+		{R"({"dtype": "bf16"})", "m.json: $: missing key 'tensors'"},
+		{R"({"tensors": [{"name": 5, "shape": [64]}]})", "m.json: $.tensors[0].name: must be a string, not 5"},
+		{R"({"dtype": 16, "tensors": [{"name": "w", "shape": [64]}]})", "m.json: $.dtype: must be a string, not 16"},
+		{R"({"tensors": {"name": "w"}})", "m.json: $.tensors: must be a non-empty array of tensors"},
+		{R"({"tensors": []})", "m.json: $.tensors: must be a non-empty array of tensors, not []"},
+		{R"({"tensors": ["w"]})", "m.json: $.tensors[0]: must be an object, not \"w\""},
+		{R"([1])", "m.json: not a JSON object"},
+	};
+	for (const auto &c : cases) {
+		const auto [code, what] = layout_error(c.text);
+		EXPECT_EQ(code, CKPT_E_MANIFEST) << c.text;
+		EXPECT_NE(what.find(c.says), std::string::npos) << c.text << "\n" << what;
+		EXPECT_EQ(what.find("json.exception"), std::string::npos) << what;
 	}
 }
 
@@ -97,12 +128,12 @@ TEST(ManifestJson, NumbersMustBeIntegersInRange)
 	const struct {
 		std::string text, says;
 	} cases[] = {
-		{d.manifest("0.5", "4096"), "offset must be an integer"},
-		{d.manifest("1e30", "4096"), "offset must be an integer"},
-		{d.manifest("-0", "4096"), "offset must be an integer"},
-		{d.manifest("0", "4096.0"), "numel must be an integer"},
-		{d.manifest("0", "4096", "0.0"), "group must be an integer"},
-		{d.manifest("0", "4096", "4294967296"), "group must be an integer"},
+		{d.manifest("0.5", "4096"), "$.tensors[0].offset: must be an integer"},
+		{d.manifest("1e30", "4096"), "$.tensors[0].offset: must be an integer"},
+		{d.manifest("-0", "4096"), "$.tensors[0].offset: must be an integer"},
+		{d.manifest("0", "4096.0"), "$.tensors[0].numel: must be an integer"},
+		{d.manifest("0", "4096", "0.0"), "$.tensors[0].group: must be an integer"},
+		{d.manifest("0", "4096", "4294967296"), "$.tensors[0].group: must be an integer"},
 	};
 	for (const auto &c : cases) {
 		try {
@@ -111,6 +142,37 @@ TEST(ManifestJson, NumbersMustBeIntegersInRange)
 		} catch (const ckpt::Error &e) {
 			EXPECT_EQ(e.code(), CKPT_E_MANIFEST);
 			EXPECT_NE(std::string(e.what()).find(c.says), std::string::npos) << c.text << "\n" << e.what();
+		}
+	}
+}
+
+TEST(ManifestJson, StrictKeysAndTypes)
+{
+	Device d;
+	std::string extra = d.manifest("0", "4096");
+	extra.insert(extra.find("\"offset\""), "\"stride\": 1, ");
+	std::string missing = d.manifest("0", "4096");
+	missing.erase(missing.find(", \"numel\""), 15);
+	std::string top = d.manifest("0", "4096");
+	top.insert(1, "\"comment\": \"x\", ");
+	std::string version = d.manifest("0", "4096");
+	version.replace(version.find("\"version\": 1"), 12, "\"version\": \"1\"");
+	const struct {
+		std::string text, says;
+	} cases[] = {
+		{extra, "tensor manifest: $.tensors[0].stride: unknown key 'stride'"},
+		{missing, "tensor manifest: $.tensors[0]: missing key 'numel'"},
+		{top, "tensor manifest: $.comment: unknown key 'comment'"},
+		{version, "tensor manifest: $.version: must be an integer from 0 to 4294967295, not \"1\""},
+	};
+	for (const auto &c : cases) {
+		try {
+			ckpt::Manifest::decode(c.text, d.l, d.geo, d.table);
+			ADD_FAILURE() << "accepted: " << c.text;
+		} catch (const ckpt::Error &e) {
+			EXPECT_EQ(e.code(), CKPT_E_MANIFEST);
+			EXPECT_NE(std::string(e.what()).find(c.says), std::string::npos) << c.text << "\n" << e.what();
+			EXPECT_EQ(std::string(e.what()).find("json.exception"), std::string::npos) << e.what();
 		}
 	}
 }

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "ckpt_error.hpp"
+#include "interchange.hpp"
 #include "safetensors.hpp"
 
 extern "C" {
@@ -196,4 +197,59 @@ TEST(Safetensors, NonFloatDoesNotConvert)
 	auto r = st::Reader::open(p);
 	EXPECT_THROW(r.read_f32(r.header().tensors[0]), ckpt::Error);
 	std::remove(p.c_str());
+}
+
+// The dm-ckpt.* metadata reads back exactly what was written, hyperparameters
+// to the last bit of their doubles; a file without the keys has none.
+TEST(Interchange, MetadataRoundTrip)
+{
+	namespace ix = ckpt::interchange;
+	ix::Metadata m;
+	m.dtype = CKPT_DTYPE_FP16;
+	m.chunk_params = 8192;
+	m.step = 123456789012ull;
+	m.n_groups = 2;
+	m.tensor_group = {{"a.weight", 0}, {"b.bias.group", 1}, {"dm-ckpt.odd", 0}};
+	m.hparams = {ckpt::GroupHparams{1.0 / 3, 0.9, 0.999, 1e-8, 0.1, false},
+		     ckpt::GroupHparams{2.5e-4, 0.0, 0.95, 0.0, 1e-300, true}};
+	std::map<std::string, std::string> meta = {{"format", "pt"}};
+	ix::write(m, meta);
+	const auto r = ix::read(meta, "f");
+	ASSERT_TRUE(r);
+	EXPECT_EQ(r->dtype, m.dtype);
+	EXPECT_EQ(r->chunk_params, m.chunk_params);
+	EXPECT_EQ(r->step, m.step);
+	EXPECT_EQ(r->n_groups, m.n_groups);
+	EXPECT_EQ(r->tensor_group, m.tensor_group);
+	EXPECT_EQ(r->hparams, m.hparams);
+	EXPECT_FALSE(ix::read({{"format", "pt"}, {"step", "3"}}, "f"));
+	for (const auto &[key, value] : std::map<std::string, std::string>{
+		     {"dm-ckpt.step", "+1"}, {"dm-ckpt.step", " 1"}, {"dm-ckpt.step", "9223372036854775808"},
+		     {"dm-ckpt.group.0.lr", "0x1p-3"}, {"dm-ckpt.group.0.lr", "1e999"},
+		     {"dm-ckpt.group.00.lr", "1"}, {"dm-ckpt.tensor_group.", "0"}}) {
+		auto bad = meta;
+		bad[key] = value;
+		try {
+			(void)ix::read(bad, "f");
+			ADD_FAILURE() << key << "=" << value << " was taken";
+		} catch (const ckpt::Error &e) {
+			EXPECT_EQ(e.code(), CKPT_E_INVAL) << e.what();
+			EXPECT_NE(std::string(e.what()).find("f: __metadata__"), std::string::npos) << e.what();
+		}
+	}
+}
+
+// A sharded checkpoint's index: plain shard names in its folder only.
+TEST(Interchange, IndexRefusesPathsOutOfItsFolder)
+{
+	EXPECT_EQ(st::parse_index(R"({"metadata": {"total_size": 8}, "weight_map": {"a": "s1", "b": "s2"}})", "i"),
+		  (std::map<std::string, std::string>{{"a", "s1"}, {"b", "s2"}}));
+	for (const char *text : {R"({"weight_map": {"a": "../s"}})", R"({"weight_map": {"a": "/etc/s"}})",
+				 R"({"weight_map": {"a": "d/s"}})", R"({"weight_map": {"a": ".."}})",
+				 R"({"weight_map": {"a": ""}})", R"({"weight_map": {"a": 1}})",
+				 R"({"weight_map": {"a": "s", "a": "t"}})", R"({"weight_map": {}})",
+				 R"({"weight_map": {"a": "s"}, "weight_map": {"b": "s"}})", R"({"metadata": []})",
+				 R"([])", R"({"weight_map": {"a": "s"}, "extra": 1})"}) {
+		EXPECT_THROW(st::parse_index(text, "i"), ckpt::Error) << text;
+	}
 }

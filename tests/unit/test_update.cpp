@@ -1,13 +1,23 @@
 // SPDX-License-Identifier: GPL-2.0 OR MIT
 //
 // The fused AdamW update and the fp16/bf16 conversions:
-//  - conversions against the CPU's F16C instructions (vcvtph2ps is exact,
-//    vcvtps2ph with round to nearest even) and against reference code for bf16;
+//  - conversions against the CPU's own instructions (x86-64: F16C, vcvtph2ps
+//    is exact, vcvtps2ph rounds to nearest even; aarch64: fcvt, the same) and
+//    against reference code for bf16;
 //  - every compiled variant of the one body bit-identical to the scalar build;
-//  - the math is what ckpt_update.h says (a plain float reference).
+//  - the math is what ckpt_update.h says (a plain float reference);
+//  - a long run's results hash to the value the x86-64 scalar build gives
+//    (UpdateGolden), so every architecture computes the same bits.
+//
+// Built with -ffp-contract=off (CMakeLists.txt): on aarch64, where
+// fused multiply-add is baseline, the float reference would otherwise be fused.
 #include <gtest/gtest.h>
 
+#if defined(__x86_64__)
 #include <immintrin.h>
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+#endif
 
 #include <cmath>
 #include <cstdint>
@@ -36,6 +46,7 @@ float fl(uint32_t u)
 	return f;
 }
 
+#if defined(__x86_64__)
 bool cpu_f16c()
 {
 	__builtin_cpu_init();
@@ -59,6 +70,34 @@ __attribute__((target("avx,f16c"))) void hw_f32_to_f16_x8(const uint32_t *f, uin
 	__m128i r = _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT);
 	_mm_storeu_si128((__m128i *)h, r);
 }
+#elif defined(__aarch64__)
+// fp16 <-> fp32 conversions (fcvt) are baseline aarch64; FPCR is Linux's
+// default, round to nearest even without flush-to-zero or default NaN.
+bool cpu_f16c()
+{
+	return true;
+}
+
+uint32_t hw_f16_to_f32(uint16_t h)
+{
+	float16x4_t x = vreinterpret_f16_u16(vdup_n_u16(h));
+	return vgetq_lane_u32(vreinterpretq_u32_f32(vcvt_f32_f16(x)), 0);
+}
+
+uint16_t hw_f32_to_f16(uint32_t f)
+{
+	float32x4_t x = vreinterpretq_f32_u32(vdupq_n_u32(f));
+	return vget_lane_u16(vreinterpret_u16_f16(vcvt_f16_f32(x)), 0);
+}
+
+void hw_f32_to_f16_x8(const uint32_t *f, uint16_t *h)
+{
+	float16x4_t lo = vcvt_f16_f32(vreinterpretq_f32_u32(vld1q_u32(f)));
+	float16x4_t hi = vcvt_f16_f32(vreinterpretq_f32_u32(vld1q_u32(f + 4)));
+	vst1_u16(h, vreinterpret_u16_f16(lo));
+	vst1_u16(h + 4, vreinterpret_u16_f16(hi));
+}
+#endif
 
 // Reference fp32 -> bf16: round to nearest even on the dropped 16 bits, NaN quieted
 // with its sign and top payload kept (what vcvtneps2bf16 does for NaN).
@@ -112,14 +151,15 @@ struct Variant {
 	bool available;
 };
 
+// Every vectorized build of this architecture and the dispatched one.
 std::vector<Variant> variants()
 {
-	return {
-		{"sse2", ckpt_update_chunk_sse2, true},
-		{"avx2", ckpt_update_chunk_avx2, ckpt_cpu_has_avx2() != 0},
-		{"avx512", ckpt_update_chunk_avx512, ckpt_cpu_has_avx512() != 0},
-		{"dispatched", ckpt_update_chunk, true},
-	};
+	ckpt_update_variant all[CKPT_UPDATE_VARIANTS_MAX];
+	unsigned n = ckpt_update_variants(all);
+	std::vector<Variant> out;
+	for (unsigned i = 1; i < n; i++) // [0] is the scalar reference itself
+		out.push_back({all[i].name, all[i].update, all[i].available != 0});
+	return out;
 }
 
 struct RoundVariant {
@@ -130,13 +170,12 @@ struct RoundVariant {
 
 std::vector<RoundVariant> round_variants()
 {
-	return {
-		{"scalar", ckpt_round_params_scalar, true},
-		{"sse2", ckpt_round_params_sse2, true},
-		{"avx2", ckpt_round_params_avx2, ckpt_cpu_has_avx2() != 0},
-		{"avx512", ckpt_round_params_avx512, ckpt_cpu_has_avx512() != 0},
-		{"dispatched", ckpt_round_params, true},
-	};
+	ckpt_update_variant all[CKPT_UPDATE_VARIANTS_MAX];
+	unsigned n = ckpt_update_variants(all);
+	std::vector<RoundVariant> out;
+	for (unsigned i = 0; i < n; i++)
+		out.push_back({all[i].name, all[i].round, all[i].available != 0});
+	return out;
 }
 
 // Hyperparameters as a client computes them (in double, like PyTorch).
@@ -607,4 +646,151 @@ TEST(UpdateMath, FirstStepByHand)
 	EXPECT_EQ(plo, ckpt_f32_to_f16(p));
 	EXPECT_EQ(fl(m), 0.1f);
 	EXPECT_EQ(fl(v), 0.001f);
+}
+
+// ---------------------------------------------------------------- across arches
+
+namespace {
+
+uint64_t splitmix64(uint64_t &s)
+{
+	uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+// FNV-1a over the bytes of an array.
+void fnv1a(uint64_t &h, const void *p, size_t len)
+{
+	const unsigned char *b = static_cast<const unsigned char *>(p);
+	for (size_t i = 0; i < len; i++)
+		h = (h ^ b[i]) * 0x100000001b3ull;
+}
+
+// A float in [2^lo_exp, 2^(lo_exp + span)) with a random mantissa, as bits.
+uint32_t rand_float(uint64_t &s, uint32_t lo_exp_biased, uint32_t span, bool sign)
+{
+	uint64_t r = splitmix64(s);
+	uint32_t e = lo_exp_biased + (uint32_t)(r % span);
+	uint32_t f = (e << 23) | (uint32_t)((r >> 8) & 0x7fffffu);
+	return f | (sign && (r >> 63) ? 0x80000000u : 0u);
+}
+
+// A gradient: mostly ordinary values, with zeros and subnormals mixed in,
+// built from integers only (no float arithmetic that could differ between
+// the machine that computed the golden hash and this one).
+uint16_t rand_grad(uint64_t &s, uint32_t dtype)
+{
+	uint64_t r = splitmix64(s);
+	uint16_t sign = (r >> 63) ? 0x8000u : 0u;
+	switch (r % 16) {
+	case 0:
+		return sign;
+	case 1: // subnormal
+		return (uint16_t)(sign | ((r >> 8) & (dtype == CKPT_DTYPE_FP16 ? 0x3ffu : 0x7fu)));
+	default:
+		if (dtype == CKPT_DTYPE_FP16) // 2^-14 .. 2^0
+			return (uint16_t)(sign | (1 + (r >> 8) % 15) << 10 | ((r >> 16) & 0x3ffu));
+		return (uint16_t)(sign | (113 + (r >> 8) % 15) << 7 | ((r >> 16) & 0x7fu));
+	}
+}
+
+// Hyperparameters of a step: arbitrary finite bits in the ranges a training
+// uses (the update takes them as bits; how a client computes them is not
+// what this checks).
+ckpt_hparams golden_hparams(uint64_t &s, bool l2)
+{
+	ckpt_hparams hp{};
+	hp.lr = rand_float(s, 127 - 17, 8, false);		// 2^-17 .. 2^-9
+	hp.beta1 = 0x3f666666u + (uint32_t)(splitmix64(s) % 0x100000u); // ~0.9
+	hp.beta2 = 0x3f7fbe77u + (uint32_t)(splitmix64(s) % 0x4000u);	 // ~0.999
+	hp.eps = rand_float(s, 127 - 30, 8, false);		// 2^-30 .. 2^-22
+	hp.weight_decay = rand_float(s, 127 - 8, 5, false);	// 2^-8 .. 2^-3
+	hp.one_minus_beta1 = rand_float(s, 127 - 4, 2, false);
+	hp.one_minus_beta2 = rand_float(s, 127 - 11, 2, false);
+	hp.step_size = rand_float(s, 127 - 14, 8, false);
+	hp.bc2_sqrt = rand_float(s, 127 - 6, 6, false);	// 2^-6 .. 1
+	hp.decay = 0x3f7f0000u + (uint32_t)(splitmix64(s) % 0x10000u);	// just below 1
+	hp.flags = l2 ? CKPT_GROUP_ADAM_L2 : 0;
+	return hp;
+}
+
+// kGoldenSteps steps of one chunk of kGoldenN params through fn, with an
+// overflowed gradient now and then (the step is skipped: the state goes back
+// to what it was, as the engine does); returns the hash of every step's flag
+// and state.
+constexpr size_t kGoldenN = 4099;	// not a multiple of any vector length
+constexpr int kGoldenSteps = 40;
+
+uint64_t golden_run(ckpt_update_fn fn, uint32_t dtype, bool l2)
+{
+	uint64_t s = 0x636b7074ull ^ (dtype << 8) ^ (l2 ? 1 : 0);
+	std::vector<uint32_t> p(kGoldenN), m(kGoldenN), v(kGoldenN);
+	std::vector<uint16_t> g(kGoldenN), plo(kGoldenN);
+	for (size_t i = 0; i < kGoldenN; i++) {
+		p[i] = rand_float(s, i % 64 ? 127 - 12 : 1, 12, true); // a few subnormal-range p
+		m[i] = i % 7 ? rand_float(s, 127 - 20, 10, true) : 0;
+		v[i] = i % 5 ? rand_float(s, 127 - 40, 20, false) : 0;
+	}
+	uint64_t h = 0xcbf29ce484222325ull;
+	const uint32_t scales[] = {0x3f800000u, 0x3eaaaaabu /* 1/3 */, 0x37800000u /* 2^-16 */,
+				   0x41800000u /* 16 */};
+	for (int step = 0; step < kGoldenSteps; step++) {
+		ckpt_hparams hp = golden_hparams(s, l2);
+		uint32_t scale = scales[splitmix64(s) % 4];
+		for (auto &x : g)
+			x = rand_grad(s, dtype);
+		if (step % 9 == 4) // Inf, then NaN: flagged, skipped
+			g[splitmix64(s) % kGoldenN] = dtype == CKPT_DTYPE_FP16
+							      ? (step % 2 ? 0x7e00u : 0xfc00u)
+							      : (step % 2 ? 0x7fc0u : 0xff80u);
+		std::vector<uint32_t> p0 = p, m0 = m, v0 = v;
+		uint32_t nf = fn(&hp, scale, dtype, g.data(), p.data(), m.data(), v.data(), plo.data(),
+				 kGoldenN);
+		fnv1a(h, &nf, sizeof(nf));
+		if (nf) {
+			p = p0, m = m0, v = v0;
+			continue;
+		}
+		fnv1a(h, p.data(), p.size() * 4);
+		fnv1a(h, m.data(), m.size() * 4);
+		fnv1a(h, v.data(), v.size() * 4);
+		fnv1a(h, plo.data(), plo.size() * 2);
+	}
+	return h;
+}
+
+} // namespace
+
+// What the x86-64 scalar build computes (tests/unit/test_update.cpp,
+// UpdateGolden.LongRunSameBitsAsX86Scalar prints it): a change of the loop's
+// arithmetic must change these on purpose, and every architecture's builds
+// must give them.
+TEST(UpdateGolden, LongRunSameBitsAsX86Scalar)
+{
+	struct Case {
+		uint32_t dtype;
+		bool l2;
+		uint64_t golden;
+	};
+	const Case cases[] = {
+		{CKPT_DTYPE_FP16, false, 0x336b30cf25078debull},
+		{CKPT_DTYPE_FP16, true, 0x13fd9bbbda306175ull},
+		{CKPT_DTYPE_BF16, false, 0x4b2224362b49b43aull},
+		{CKPT_DTYPE_BF16, true, 0xb6c250305b803642ull},
+	};
+	ckpt_update_variant all[CKPT_UPDATE_VARIANTS_MAX];
+	unsigned n = ckpt_update_variants(all);
+	int runs = 0;
+	for (const Case &c : cases)
+		for (unsigned i = 0; i < n; i++) {
+			if (!all[i].available)
+				continue;
+			uint64_t h = golden_run(all[i].update, c.dtype, c.l2);
+			EXPECT_EQ(h, c.golden) << all[i].name << (c.dtype == CKPT_DTYPE_BF16 ? " bf16" : " fp16")
+					       << (c.l2 ? " l2" : " adamw") << std::hex << ": hash 0x" << h;
+			runs++;
+		}
+	RecordProperty("runs", runs);
 }

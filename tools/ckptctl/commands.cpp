@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -45,6 +47,11 @@ void print_info(const json &j)
 {
 	fmt::print("{}: dm-ckpt format v{}, uuid {}\n", j["path"].get<std::string>(),
 		   j["format_version"].get<int>(), j["uuid"].get<std::string>());
+	if (j.contains("dm_uuid"))
+		fmt::print("  dm uuid         {}{}\n", j["dm_uuid"].get<std::string>(),
+			   !j.contains("dm_name")	 ? ""
+			   : j["dm_name"].is_null() ? " (no kernel target)"
+						    : " (kernel target " + j["dm_name"].get<std::string>() + ")");
 	fmt::print("  committed step  {} (slot {}, superblock sequence {}, blob {} bytes)\n",
 		   j["committed_step"].get<uint64_t>(), j["committed_slot"].get<int>(),
 		   j["sequence"].get<uint64_t>(), j["blob_bytes"].get<int>());
@@ -96,7 +103,17 @@ int cmd_format(const FormatArgs &a)
 
 int cmd_info(const std::string &device, bool as_json, bool table)
 {
-	const json j = report([&](char **out) { return ckpt_image_info(device.c_str(), out); });
+	json j = report([&](char **out) { return ckpt_image_info(device.c_str(), out); });
+	// The target's uuid, and its name when device-mapper can be asked (root).
+	j["dm_uuid"] = dm_uuid(j["uuid"]);
+	if (!table && access("/dev/mapper/control", R_OK | W_OK) == 0) {
+		try {
+			const dm::Info i = dm::info_by_uuid(j["dm_uuid"]);
+			j["dm_name"] = i.exists ? json(i.name) : json(nullptr);
+		} catch (const Error &) {
+			// no device-mapper in this kernel: say nothing about a target
+		}
+	}
 	const std::string path = j["path"].get<std::string>();
 	if (table || as_json)
 		print_warnings(path, j["warnings"]);
@@ -317,7 +334,7 @@ int cmd_restore(const std::string &device, bool do_rollback, bool as_json)
 
 // ------------------------------------------------------------ device-mapper
 
-int cmd_create(const CreateArgs &a)
+Created create_target(const CreateArgs &a)
 {
 	dm::check_name(a.name);
 	char *backing = nullptr;
@@ -338,6 +355,16 @@ int cmd_create(const CreateArgs &a)
 		fail(CKPT_E_INVAL, "refusing to create {} on {}: a regular file; the kernel target needs a block "
 				   "device (losetup --find --show {} gives one), or use the file directly with the "
 				   "userspace engine", a.name, a.device, a.device);
+	Created c;
+	c.image_uuid = info["uuid"];
+	c.uuid = dm_uuid(c.image_uuid);
+	if (!a.image_uuid.empty() && a.image_uuid != c.image_uuid)
+		fail(CKPT_E_STATE, "refusing to create {} on {}: it holds the image {}, not {}", a.name, a.device,
+		     c.image_uuid, a.image_uuid);
+	const dm::Info other = dm::info_by_uuid(c.uuid);
+	if (other.exists)
+		fail(CKPT_E_STATE, "refusing to create {} on {}: its image {} is active already as {}", a.name,
+		     a.device, c.image_uuid, dm::node(other.name, other));
 	std::string params = a.device;
 	std::vector<std::string> opts;
 	if (a.queue_depth)
@@ -350,16 +377,22 @@ int cmd_create(const CreateArgs &a)
 			params += " " + o;
 	}
 	const dm::Target t{0, info["virtual_sectors"].get<uint64_t>(), "ckpt", params};
-	const uint64_t step = info["committed_step"];
-	const std::string node = dm::create(a.name, t);
-	const dm::Info i = dm::info(a.name);
+	c.table = fmt::format("{} {} {} {}", t.start, t.length, t.type, t.params);
+	c.step = info["committed_step"];
+	c.node = dm::create(a.name, t, c.uuid, a.read_only);
+	c.info = dm::info(a.name);
+	return c;
+}
+
+int cmd_create(const CreateArgs &a)
+{
+	const Created c = create_target(a);
 	if (a.json)
-		print_json({{"name", a.name}, {"node", node}, {"major", i.major}, {"minor", i.minor},
-			    {"table", fmt::format("{} {} {} {}", t.start, t.length, t.type, t.params)},
-			    {"committed_step", step}});
+		print_json({{"name", a.name}, {"node", c.node}, {"major", c.info.major}, {"minor", c.info.minor},
+			    {"uuid", c.uuid}, {"read_only", a.read_only}, {"table", c.table}, {"committed_step", c.step}});
 	else
-		fmt::print("{}: created {} ({}:{}), table '{} {} {} {}', committed step {}\n", a.name, node, i.major,
-			   i.minor, t.start, t.length, t.type, t.params, step);
+		fmt::print("{}: created {} ({}:{}{}), uuid {}, table '{}', committed step {}\n", a.name, c.node,
+			   c.info.major, c.info.minor, a.read_only ? ", read-only" : "", c.uuid, c.table, c.step);
 	return exit_ok;
 }
 
@@ -393,37 +426,127 @@ json parse_status(const std::string &line, struct ckpt_device_status &st)
 
 } // namespace
 
-int cmd_status(const std::string &name, bool as_json)
+namespace {
+
+// A kernel target as status --json shows it; throws when name is not a
+// dm-ckpt device.
+struct TargetState {
+	dm::Info info;
+	dm::Target table, status;
+	struct ckpt_device_status s = {};
+	json j;
+};
+
+TargetState target_state(const std::string &name)
 {
-	const dm::Info i = dm::info(name);
-	if (!i.exists)
+	TargetState t;
+	t.info = dm::info(name);
+	if (!t.info.exists)
 		fail(CKPT_E_NAME, "no device-mapper device named '{}'", name);
 	const auto tt = dm::table(name);
 	const auto ss = dm::status(name);
 	if (tt.size() != 1 || tt[0].type != "ckpt" || ss.size() != 1)
 		fail(CKPT_E_INVAL, "{} is not a dm-ckpt device (its table has {} targets{})", name, tt.size(),
 		     tt.empty() ? "" : ", the first of type " + tt[0].type);
-	struct ckpt_device_status s = {};
-	json st = parse_status(ss[0].params, s);
-	json j = {{"name", name},
-		  {"node", dm::node(name, i)},
-		  {"major", i.major},
-		  {"minor", i.minor},
-		  {"open_count", i.open_count},
-		  {"suspended", i.suspended},
-		  {"sectors", tt[0].length},
-		  {"table", tt[0].params},
-		  {"status", st}};
+	t.table = tt[0];
+	t.status = ss[0];
+	const dm::Info &i = t.info;
+	t.j = {{"name", name},
+	       {"node", dm::node(name, i)},
+	       {"major", i.major},
+	       {"minor", i.minor},
+	       {"uuid", i.uuid},
+	       {"open_count", i.open_count},
+	       {"suspended", i.suspended},
+	       {"sectors", t.table.length},
+	       {"table", t.table.params},
+	       {"status", parse_status(t.status.params, t.s)}};
+	return t;
+}
+
+// The backing device of a table line ("MAJ:MIN ..."), as /dev/NAME when
+// sysfs knows it.
+std::string backing_of(const std::string &params)
+{
+	const std::string dev = params.substr(0, params.find(' '));
+	char buf[4096];
+	const ssize_t n = readlink(fmt::format("/sys/dev/block/{}", dev).c_str(), buf, sizeof(buf) - 1);
+	if (n <= 0)
+		return dev;
+	const std::string link(buf, static_cast<size_t>(n));
+	return "/dev/" + link.substr(link.rfind('/') + 1);
+}
+
+// status --json's object as one report row: the status fields beside the
+// device's.
+json target_row(const json &j)
+{
+	json row = j;
+	row.erase("status");
+	row["backing"] = backing_of(j["table"].get<std::string>());
+	for (const auto &[k, v] : j["status"].items())
+		row[k] = v;
+	return row;
+}
+
+const std::vector<std::string> image_fields = {
+	"path", "uuid", "committed_step", "dtype", "n_params", "n_chunks", "chunk_params", "n_groups",
+	"tensors", "device_bytes", "backing_bytes", "virtual_sectors", "format_version", "warnings"};
+
+json image_row(const json &info)
+{
+	json row;
+	for (const std::string &f : image_fields)
+		row[f] = info[f];
+	row["tensors"] = info["tensors"].size();
+	row["warnings"] = info["warnings"].size();
+	return row;
+}
+
+} // namespace
+
+ReportKind status_kind()
+{
+	std::vector<std::string> valid = {"name", "node", "backing", "major", "minor", "uuid", "open_count",
+					  "suspended", "sectors", "table", "raw"};
+	struct ckpt_device_status zero = {};
+	const json fields = report([&](char **out) { return ckpt_status_json(&zero, out); });
+	for (const auto &[k, v] : fields.items())
+		valid.push_back(k);
+	valid.push_back("first_io_error_name");
+	return {valid, "name,state,committed_step,open_step,chunks_done,n_chunks"};
+}
+
+ReportKind list_kind(bool images)
+{
+	if (images)
+		return {image_fields, "path,committed_step,dtype,n_params,uuid"};
+	return {status_kind().valid, "name,backing,committed_step,state"};
+}
+
+int cmd_status(const std::string &name, bool as_json, const ReportArgs &r)
+{
+	const std::vector<std::string> fields = report_fields(status_kind(), r.fields);
+	const TargetState t = target_state(name);
+	const json &j = t.j, &st = j["status"];
+	const dm::Info &i = t.info;
+	const struct ckpt_device_status &s = t.s;
 	if (as_json) {
 		print_json(j);
 		return exit_ok;
 	}
+	if (r.given()) {
+		print_report({target_row(j)}, fields, r);
+		return exit_ok;
+	}
 	fmt::print("{}: dm-ckpt device {} ({}:{}), {} sectors, {}, open count {}\n", name,
-		   j["node"].get<std::string>(), i.major, i.minor, tt[0].length, i.suspended ? "SUSPENDED" : "active",
+		   j["node"].get<std::string>(), i.major, i.minor, t.table.length, i.suspended ? "SUSPENDED" : "active",
 		   i.open_count);
-	fmt::print("  table           {}\n", tt[0].params);
+	fmt::print("  uuid            {}\n", i.uuid.empty() ? "none (not created by ckptctl)" : i.uuid);
+	fmt::print("  table           {}\n", t.table.params);
 	if (st.contains("parse_error")) {
-		fmt::print("  status          {} (unexpected format: {})\n", ss[0].params, st["parse_error"].get<std::string>());
+		fmt::print("  status          {} (unexpected format: {})\n", t.status.params,
+			   st["parse_error"].get<std::string>());
 		return exit_ok;
 	}
 	fmt::print("  state           {}, committed step {}", ckpt_state_name(static_cast<uint32_t>(s.state)),
@@ -439,6 +562,57 @@ int cmd_status(const std::string &name, bool as_json)
 	fmt::print("  I/O errors      {}{}\n", s.io_errors,
 		   s.first_io_error ? fmt::format(" (first: {})", st["first_io_error_name"].get<std::string>()) : "");
 	return exit_ok;
+}
+
+int cmd_list(const ListArgs &a)
+{
+	const bool images = !a.paths.empty() || !a.image_dirs.empty();
+	const std::vector<std::string> fields = report_fields(list_kind(images), a.report.fields);
+	std::vector<json> rows;
+	int rc = exit_ok;
+	if (!images) {
+		for (const std::string &name : dm::names()) {
+			try {
+				rows.push_back(target_row(target_state(name).j));
+			} catch (const Error &) {
+				// not a dm-ckpt device, or gone since the list
+			}
+		}
+	}
+	auto add_image = [&](const std::string &path, bool quiet) {
+		try {
+			rows.push_back(image_row(report([&](char **out) { return ckpt_image_info(path.c_str(), out); })));
+		} catch (const Error &e) {
+			const bool no_image = e.code() == CKPT_E_NO_SB || e.code() == CKPT_E_MAGIC ||
+					      e.code() == CKPT_E_TOO_SMALL;
+			if (!quiet || !no_image) {
+				const std::string what = e.what();
+				fmt::print(stderr, "ckptctl: {}{}\n", what.find(path) == std::string::npos ? path + ": " : "",
+					   what);
+				rc = exit_error;
+			}
+		}
+	};
+	for (const std::string &path : a.paths)
+		add_image(path, false);
+	for (const std::string &dir : a.image_dirs) {
+		namespace fs = std::filesystem;
+		std::error_code ec, ignored;
+		std::vector<std::string> entries;
+		for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+			if (it->is_regular_file(ignored) || it->is_block_file(ignored))
+				entries.push_back(it->path().string());
+		if (ec)
+			fail(CKPT_E_IO, "cannot list {}: {}", dir, ec.message());
+		std::sort(entries.begin(), entries.end());
+		for (const std::string &p : entries)
+			add_image(p, true);
+	}
+	if (a.json)
+		print_json(rows);
+	else
+		print_report(rows, fields, a.report);
+	return rc;
 }
 
 int cmd_message(const std::string &name, const std::vector<std::string> &words)

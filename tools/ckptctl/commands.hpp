@@ -8,6 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "dm.hpp"
+#include "report.hpp"
+
 namespace ckptctl {
 
 // Exit statuses.
@@ -15,6 +18,7 @@ constexpr int exit_ok = 0;
 constexpr int exit_error = 1;		// could not do what was asked
 constexpr int exit_corrupt = 2;		// verify/restore found damage or no rollback
 constexpr int exit_degraded = 3;	// verify: state intact, but a superblock or metadata copy is damaged
+constexpr int exit_usage = 64;		// a command line that cannot be parsed (sysexits.h EX_USAGE)
 
 struct FormatArgs {
 	std::string device, manifest, safetensors, dtype;
@@ -32,11 +36,45 @@ int cmd_probe(const std::string &device, uint32_t chunk_params, bool json);
 struct CreateArgs {
 	std::string name, device;
 	uint32_t queue_depth = 0, staging_kb = 0;
-	bool json = false;
+	bool read_only = false, json = false;
+	std::string image_uuid;	// if set, the image on device must have this uuid
 };
 int cmd_create(const CreateArgs &a);
+
+// The device-mapper uuid of the target of an image: "CKPT-" and the image's
+// uuid (the superblock's), so that one image has at most one target and a
+// target is found by its image whatever the kernel names its backing device.
+inline std::string dm_uuid(const std::string &image_uuid) { return "CKPT-" + image_uuid; }
+
+// What cmd_create and cmd_activate do: checks the image on a.device, refuses
+// an image that has a target already, creates the target.
+struct Created {
+	std::string node, uuid, image_uuid, table;
+	uint64_t step = 0;
+	dm::Info info;
+};
+Created create_target(const CreateArgs &a);
+
+// ckptctl activate / deactivate: the devices of a ckpttab (ckpttab.hpp).
+struct ActivateArgs {
+	std::string ckpttab = "/etc/ckpttab";
+	std::string uuid, device, name;	// one of these, or all
+	bool all = false, read_only = false;
+};
+int cmd_activate(const ActivateArgs &a);
+int cmd_deactivate(const ActivateArgs &a);
 int cmd_remove(const std::string &name, bool retry, bool force);
-int cmd_status(const std::string &name, bool json);
+int cmd_status(const std::string &name, bool json, const ReportArgs &r);
+// The fields of status -o and list -o (kernel targets, or images).
+ReportKind status_kind();
+ReportKind list_kind(bool images);
+
+struct ListArgs {
+	std::vector<std::string> paths, image_dirs;
+	ReportArgs report;
+	bool json = false;
+};
+int cmd_list(const ListArgs &a);
 int cmd_message(const std::string &name, const std::vector<std::string> &words);
 
 struct ImportArgs {

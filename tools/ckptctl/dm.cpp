@@ -33,8 +33,25 @@ void collect_log(int level, const char *, int, int, const char *f, ...)
 	g_log.emplace_back(buf);
 }
 
-// Once per process: our log function, and no udev synchronisation when no
-// udev is running (then libdevmapper makes the nodes itself, in dm_udev_wait).
+std::string control() { return fmt::format("{}/control", dm_dir()); }
+
+// Whether the kernel has registered device-mapper's misc device.
+bool dm_registered()
+{
+	FILE *f = fopen("/proc/misc", "re");
+	if (!f)
+		return false;
+	char line[128];
+	bool found = false;
+	while (!found && fgets(line, sizeof(line), f))
+		found = strstr(line, " device-mapper\n") != nullptr;
+	fclose(f);
+	return found;
+}
+
+// Once per process: our log function, the device directory (DM_DEV_DIR, as
+// dmsetup takes it; default /dev), and no udev synchronisation when no udev
+// is running (then libdevmapper makes the nodes itself, in dm_udev_wait).
 void setup()
 {
 	static bool done = false;
@@ -42,6 +59,8 @@ void setup()
 		return;
 	done = true;
 	dm_log_with_errno_init(collect_log);
+	if (const char *dir = getenv("DM_DEV_DIR"); dir && *dir && !dm_set_dev_dir(dir))
+		fail(CKPT_E_INVAL, "DM_DEV_DIR={} is not a usable device directory", dir);
 	if (access("/run/udev/control", F_OK) != 0)
 		dm_udev_set_sync_support(0);
 	std::atexit(dm_lib_release);
@@ -56,11 +75,24 @@ std::string logged()
 	return s;
 }
 
+// No control node: without device-mapper in the kernel, one clear line
+// instead of libdevmapper's messages; with it, the node could not be made.
+[[noreturn]] void unavailable()
+{
+	const std::string log = logged();
+	if (!dm_registered())
+		fail(CKPT_E_IO, "device-mapper is not available: load it with 'modprobe dm-mod'");
+	fail(CKPT_E_IO, "device-mapper is loaded, but its control node {} is missing and could not be made{}",
+	     control(), log.empty() ? "" : " (" + log + ")");
+}
+
 class Task {
 public:
 	Task(int type, const std::string &name) : t_(nullptr)
 	{
 		setup();
+		if (access(control().c_str(), F_OK) != 0 && !dm_registered())
+			unavailable();
 		g_log.clear();
 		t_ = dm_task_create(type);
 		if (!t_)
@@ -90,6 +122,9 @@ public:
 		if (with_cookie)
 			dm_udev_wait(cookie);
 		if (!ok) {
+			// libdevmapper could not open or make the control node
+			if (access(control().c_str(), F_OK) != 0)
+				unavailable();
 			std::string log = logged();
 			fail(err == ENXIO || err == ENODEV ? CKPT_E_NAME : CKPT_E_IO, "{} failed: {}{}", what,
 				   err ? strerror(err) : "error", log.empty() ? "" : " (" + log + ")");
@@ -136,14 +171,14 @@ void check_name(const std::string &name)
 			   DM_NAME_LEN - 1);
 }
 
-Info info(const std::string &name)
+namespace {
+
+Info info_of(Task &t, const std::string &what)
 {
-	check_name(name);
-	Task t(DM_DEVICE_INFO, name);
-	t.run(fmt::format("device-mapper info of {}", name), false);
+	t.run(fmt::format("device-mapper info of {}", what), false);
 	struct dm_info di {};
 	if (!dm_task_get_info(t.get(), &di))
-		fail(CKPT_E_IO, "device-mapper info of {}: no answer", name);
+		fail(CKPT_E_IO, "device-mapper info of {}: no answer", what);
 	Info i;
 	i.exists = di.exists;
 	if (!i.exists)
@@ -154,9 +189,47 @@ Info info(const std::string &name)
 	i.major = di.major;
 	i.minor = di.minor;
 	i.target_count = di.target_count;
+	if (const char *n = dm_task_get_name(t.get()))
+		i.name = n;
 	if (const char *u = dm_task_get_uuid(t.get()))
 		i.uuid = u;
 	return i;
+}
+
+} // namespace
+
+Info info(const std::string &name)
+{
+	check_name(name);
+	Task t(DM_DEVICE_INFO, name);
+	return info_of(t, name);
+}
+
+Info info_by_uuid(const std::string &uuid)
+{
+	if (uuid.empty() || uuid.size() >= DM_UUID_LEN)
+		fail(CKPT_E_INVAL, "'{}' is not a device-mapper uuid (1..{} bytes)", uuid, DM_UUID_LEN - 1);
+	Task t(DM_DEVICE_INFO, "");
+	if (!dm_task_set_uuid(t.get(), uuid.c_str()))
+		fail(CKPT_E_INVAL, "device-mapper: bad uuid '{}'", uuid);
+	return info_of(t, "uuid " + uuid);
+}
+
+std::vector<std::string> names()
+{
+	Task t(DM_DEVICE_LIST, "");
+	t.run("device-mapper device list", false);
+	std::vector<std::string> out;
+	const struct dm_names *n = dm_task_get_names(t.get());
+	if (!n || !n->dev)
+		return out;
+	for (;;) {
+		out.emplace_back(n->name);
+		if (!n->next)
+			break;
+		n = reinterpret_cast<const struct dm_names *>(reinterpret_cast<const char *>(n) + n->next);
+	}
+	return out;
 }
 
 std::vector<Target> table(const std::string &name) { return query(DM_DEVICE_TABLE, name, "table"); }
@@ -176,12 +249,16 @@ std::string node(const std::string &name, const Info &i)
 	return p;
 }
 
-std::string create(const std::string &name, const Target &tgt)
+std::string create(const std::string &name, const Target &tgt, const std::string &uuid, bool read_only)
 {
 	check_name(name);
 	if (info(name).exists)
 		fail(CKPT_E_STATE, "a device-mapper device named '{}' exists already", name);
 	Task t(DM_DEVICE_CREATE, name);
+	if (!uuid.empty() && !dm_task_set_uuid(t.get(), uuid.c_str()))
+		fail(CKPT_E_INVAL, "device-mapper: bad uuid '{}'", uuid);
+	if (read_only && !dm_task_set_ro(t.get()))
+		fail(CKPT_E_NOMEM, "device-mapper: cannot make the table read-only");
 	if (!dm_task_add_target(t.get(), tgt.start, tgt.length, tgt.type.c_str(), tgt.params.c_str()))
 		fail(CKPT_E_NOMEM, "device-mapper: cannot add the table line");
 	t.run(fmt::format("creating device-mapper device {} with table '{} {} {} {}' (the kernel log "

@@ -20,7 +20,7 @@ struct Info {
 	int32_t open_count = 0;
 	uint32_t major = 0, minor = 0;
 	uint32_t target_count = 0;
-	std::string uuid;
+	std::string name, uuid;
 };
 
 struct Target {
@@ -33,11 +33,17 @@ struct Target {
 void check_name(const std::string &name);
 
 Info info(const std::string &name);
+// The device whose device-mapper uuid is uuid (exists false when none).
+Info info_by_uuid(const std::string &uuid);
+// The names of all device-mapper devices.
+std::vector<std::string> names();
 // The live table (STATUSTYPE_TABLE) or status (STATUSTYPE_INFO) lines.
 std::vector<Target> table(const std::string &name);
 std::vector<Target> status(const std::string &name);
-// Creates and resumes a device with one target line; returns its node path.
-std::string create(const std::string &name, const Target &t);
+// Creates and resumes a device with one target line, with a device-mapper
+// uuid unless empty, read-only if asked; returns its node path.
+std::string create(const std::string &name, const Target &t, const std::string &uuid = "",
+		   bool read_only = false);
 void remove(const std::string &name, bool retry);
 // Sends a message to sector 0 of the device; returns the target's answer.
 std::string message(const std::string &name, const std::string &text);

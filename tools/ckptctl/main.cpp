@@ -4,6 +4,7 @@
 // commands.cpp, device-mapper in dm.cpp, NVMe identify in probe.cpp.
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #include <CLI/CLI.hpp>
@@ -11,6 +12,7 @@
 
 #include "commands.hpp"
 #include "fail.hpp"
+#include "progress.hpp"
 
 using namespace ckptctl;
 
@@ -41,19 +43,23 @@ const char *top_help =
 
 const char *top_footer =
 	"\nEXIT STATUS\n"
-	"  0  success\n"
-	"  1  error: bad arguments, unreadable or invalid input, device errors\n"
-	"  2  verify or restore found damage; restore --rollback found no usable previous step\n"
-	"  3  verify: DEGRADED: the committed state is intact, but a superblock copy\n"
-	"     or a copy of the group table or manifest is damaged (verify --repair\n"
-	"     rewrites a damaged metadata copy; the next commit, a superblock copy)\n"
+	"  0   success\n"
+	"  1   error: unreadable or invalid input, device errors, refused operations\n"
+	"  2   verify or restore found damage; restore --rollback found no usable previous step\n"
+	"  3   verify: DEGRADED: the committed state is intact, but a superblock copy\n"
+	"      or a copy of the group table or manifest is damaged (verify --repair\n"
+	"      rewrites a damaged metadata copy; the next commit, a superblock copy)\n"
+	"  64  usage: unknown command or option, missing or bad argument (EX_USAGE;\n"
+	"      not 2, which a script checking verify must not mistake for damage)\n"
 	"\nEXAMPLES\n"
 	"  ckptctl probe /dev/nvme0n1\n"
 	"  ckptctl format /dev/nvme0n1 --from-safetensors model.safetensors --group 1:'*.bias,*norm*'\n"
 	"  ckptctl import /dev/nvme0n1 --from model.safetensors\n"
 	"  ckptctl create ckpt0 /dev/nvme0n1 --queue-depth 8\n"
 	"  ckptctl status ckpt0\n"
+	"  ckptctl list -o name,backing,committed_step,state\n"
 	"  ckptctl remove ckpt0\n"
+	"  ckptctl activate --all                        # the devices of /etc/ckpttab\n"
 	"  ckptctl verify /dev/nvme0n1\n"
 	"  ckptctl export /dev/nvme0n1 --to step.safetensors --with-optimizer\n"
 	"\nRun 'ckptctl COMMAND --help' for a command's options and examples.";
@@ -75,13 +81,69 @@ public:
 	}
 };
 
+// The command a command line names: its first word that is not an option.
+std::string command_word(int argc, char **argv)
+{
+	for (int i = 1; i < argc; i++)
+		if (argv[i][0] != '-')
+			return argv[i];
+	return "";
+}
+
+// A command line CLI11 refused: one line that names the problem and where
+// help is, exit status 64.
+int usage_error(const CLI::App &app, const CLI::ParseError &e, int argc, char **argv)
+{
+	const std::string word = command_word(argc, argv);
+	const auto subs = app.get_subcommands([&](const CLI::App *s) { return s->get_name() == word; });
+	if (word.empty())
+		fmt::print(stderr, "ckptctl: a command is required; see ckptctl --help\n");
+	else if (subs.empty())
+		fmt::print(stderr, "ckptctl: unknown command '{}'; see ckptctl --help\n", word);
+	else
+		fmt::print(stderr, "ckptctl {}: {}; see ckptctl {} --help\n", word, e.what(), word);
+	return exit_usage;
+}
+
+// --progress and --no-progress of a long command.
+void add_progress_options(CLI::App *cmd, Progress::Mode &mode)
+{
+	auto *on = cmd->add_flag_callback("--progress", [&mode] { mode = Progress::Mode::always; },
+					  "show progress from the start, even when stderr is not a terminal\n"
+					  "(default: on a terminal, once the work takes a second)");
+	cmd->add_flag_callback("--no-progress", [&mode] { mode = Progress::Mode::off; }, "show no progress")
+		->excludes(on);
+}
+
+void add_report_options(CLI::App *cmd, ReportArgs &r)
+{
+	cmd->add_option("-o,--options", r.fields, "FIELD[,FIELD...]: the fields to show ('+F,...' adds to the\n"
+						   "defaults); an unknown one lists the valid ones");
+	cmd->add_flag("--noheadings", r.noheadings, "no heading line");
+	cmd->add_option("--separator", r.separator, "join the fields with this string instead of aligning them");
+}
+
+// A report's -o names only fields it has (before any device is touched).
+bool bad_fields(const char *cmd, const ReportKind &kind, const std::string &spec)
+{
+	try {
+		report_fields(kind, spec);
+		return false;
+	} catch (const Error &e) {
+		fmt::print(stderr, "ckptctl {}: {}\n", cmd, e.what());
+		return true;
+	}
+}
+
 } // namespace
 
 int main(int argc, char **argv)
 {
 	CLI::App app{top_help, "ckptctl"};
+	Progress::Mode progress = Progress::Mode::tty;
 	app.footer(top_footer);
 	app.require_subcommand(1);
+	app.set_version_flag("--version", fmt::format("ckptctl {}", ckpt_version()), "print 'ckptctl VERSION' and exit");
 	auto formatter = std::make_shared<Formatter>();
 	formatter->column_width(34);
 	app.formatter(formatter);
@@ -103,14 +165,24 @@ int main(int argc, char **argv)
 		"chunk. Load initial weights afterwards with 'ckptctl import'.\n\n"
 		"The manifest is JSON: {\"dtype\": \"bf16\", \"chunk_params\": 65536,\n"
 		"\"tensors\": [{\"name\": \"w\", \"shape\": [4096, 4096], \"group\": 0}, ...]}.\n"
-		"From a safetensors file, its floating-point tensors (F32, F16, BF16, F64) are\n"
-		"laid out in file order, grouped by --group; integer tensors, empty ones\n"
-		"and '<name>.exp_avg[_sq]' entries written by 'ckptctl export' are skipped.\n"
-		"The dtype is fp16 if every tensor is F16, else bf16 (--dtype overrides).");
+		"The manifest may record each group's hyperparameters for export:\n"
+		"\"groups\": [{\"lr\": 1e-3, \"betas\": [0.9, 0.999], \"eps\": 1e-8,\n"
+		"\"weight_decay\": 0.01, \"adam_l2\": false}, ...] (each step's begin still\n"
+		"gives the ones it applies).\n"
+		"From a safetensors checkpoint (a file, a sharded checkpoint's\n"
+		"model.safetensors.index.json, or a Hugging Face model folder holding\n"
+		"either), its floating-point tensors (F32, F16, BF16, F64) are laid out in\n"
+		"file order, grouped by --group; integer tensors, empty ones and\n"
+		"'<name>.exp_avg[_sq]' entries written by 'ckptctl export' are skipped.\n"
+		"The dtype is fp16 if every tensor is F16, else bf16 (--dtype overrides).\n"
+		"A file written by 'ckptctl export' (dm-ckpt.* metadata) gives the layout of\n"
+		"the image it came from: tensor order, groups, dtype, chunk size and the\n"
+		"groups' hyperparameters; --dtype, --chunk-params and --group override\n"
+		"them, and the summary says so.");
 	format->add_option("device", fa.device, "backing file (created if missing) or block device")->required();
 	auto *src_m = format->add_option("-m,--manifest", fa.manifest, "tensor manifest (JSON)");
 	auto *src_s = format->add_option("--from-safetensors", fa.safetensors,
-					 "take the tensors (names, shapes) of this safetensors file");
+					 "take the tensors (names, shapes) of this safetensors\nfile, index (.json) or model folder");
 	src_m->excludes(src_s);
 	format->add_option("--group", fa.groups,
 			   "G:GLOB[,GLOB...]: tensors whose names match a glob go to\n"
@@ -127,6 +199,7 @@ int main(int argc, char **argv)
 	format->add_option("--size", fa.size, "size of a file in bytes (default: what the layout needs)");
 	format->add_flag("--force", fa.force, "format over an existing dm-ckpt image or signature");
 	format->add_flag("--json", fa.json, "print the resulting geometry as JSON (as info --json)");
+	add_progress_options(format, progress);
 	format->footer(
 		"\nEXAMPLES\n"
 		"  ckptctl format model.img -m manifest.json\n"
@@ -177,7 +250,10 @@ int main(int argc, char **argv)
 		"refuses a device without a valid dm-ckpt image; computes the table line\n"
 		"'0 SECTORS ckpt DEV [#opts] [queue_depth N] [staging_kb K]' itself and\n"
 		"creates /dev/mapper/NAME through libdevmapper (without udev, libdevmapper\n"
-		"makes the node). Needs the dm-ckpt module loaded.");
+		"makes the node). Needs the dm-ckpt module loaded. The device-mapper uuid\n"
+		"of the target is CKPT-<image uuid> (the superblock's; 'ckptctl info' and\n"
+		"'status' show it): an image that has a target already is refused, under\n"
+		"any name or path.");
 	create->add_option("name", ca.name, "device-mapper name (/dev/mapper/NAME)")->required();
 	create->add_option("device", ca.device, "formatted backing block device")->required();
 	create->add_option("--queue-depth", ca.queue_depth, "chunks in flight in the target (1..128; default: the target's)")
@@ -185,6 +261,7 @@ int main(int argc, char **argv)
 	create->add_option("--staging-kb", ca.staging_kb,
 			   "memory for partially written chunks, KiB (1..4194304;\ndefault: the target's)")
 		->check(CLI::Range(1, 4194304));
+	create->add_flag("--readonly", ca.read_only, "load the table read-only: params can be read, no step taken");
 	create->add_flag("--json", ca.json, "print the result as JSON");
 	create->footer("\nEXAMPLES\n  ckptctl create ckpt0 /dev/nvme0n1\n"
 		       "  ckptctl create ckpt0 /dev/nvme0n1 --queue-depth 16 --staging-kb 131072");
@@ -201,14 +278,38 @@ int main(int argc, char **argv)
 	remove->add_flag("--force", force, "remove it even if it is not a dm-ckpt device");
 	remove->footer("\nEXAMPLES\n  ckptctl remove ckpt0");
 
+	ReportArgs status_report;
 	auto *status = app.add_subcommand("status",
 		"Show the state and counters of a dm-ckpt kernel target.\n\n"
 		"Parses the target's status line: state (idle/open/failed), committed and\n"
 		"open step, chunks applied, overflow, last result and error, step counts,\n"
-		"rejected commands, traffic and I/O errors; plus its table line.");
+		"rejected commands, traffic and I/O errors; plus its table line. With -o,\n"
+		"--noheadings or --separator: one report row of the chosen fields, as\n"
+		"'ckptctl list' prints them (as lvs -o).");
 	status->add_option("name", name, "device-mapper name")->required();
 	status->add_flag("--json", as_json, "print JSON (the raw status line is in status.raw)");
-	status->footer("\nEXAMPLES\n  ckptctl status ckpt0\n  ckptctl status --json ckpt0");
+	add_report_options(status, status_report);
+	status->footer("\nEXAMPLES\n  ckptctl status ckpt0\n  ckptctl status --json ckpt0\n"
+		       "  ckptctl status ckpt0 -o state,committed_step --noheadings");
+
+	ListArgs la;
+	auto *list = app.add_subcommand("list",
+		"List dm-ckpt kernel targets, or images.\n\n"
+		"Without arguments: every device-mapper device with a dm-ckpt table, with\n"
+		"its backing device, committed step and state (needs device-mapper). With\n"
+		"paths or --images DIR: those files or block devices, and the regular files\n"
+		"and block devices in DIR, that carry a dm-ckpt image (others in DIR are\n"
+		"skipped; a given path that is not an image is an error, exit 1, after the\n"
+		"list). -o FIELDS chooses the columns ('+F' adds to the defaults),\n"
+		"--noheadings drops the heading, --separator S joins the fields with S\n"
+		"instead of aligning them (as lvs).");
+	list->add_option("paths", la.paths, "image files or block devices");
+	list->add_option("--images", la.image_dirs, "list the images in this directory (repeatable)")
+		->check(CLI::ExistingDirectory);
+	list->add_flag("--json", la.json, "print the rows (every field) as a JSON array");
+	add_report_options(list, la.report);
+	list->footer("\nEXAMPLES\n  ckptctl list\n  ckptctl list -o name,committed_step --noheadings --separator :\n"
+		     "  ckptctl list --images /srv/ckpt -o +tensors\n  ckptctl list /dev/nvme0n1 /dev/nvme1n1");
 
 	std::vector<std::string> words;
 	auto *message = app.add_subcommand("message",
@@ -220,11 +321,61 @@ int main(int argc, char **argv)
 	message->add_option("words", words, "the message")->required();
 	message->footer("\nEXAMPLES\n  ckptctl message ckpt0 stats\n  ckptctl message ckpt0 abort");
 
+	// ---- activate / deactivate
+	ActivateArgs aa;
+	auto *activate = app.add_subcommand("activate",
+		"Create the kernel targets listed in /etc/ckpttab (assembly at boot).\n\n"
+		"Kernel names of block devices (/dev/nvme0n1) change between boots, so\n"
+		"ckpttab names a backing device by the uuid of its image (the superblock's,\n"
+		"'ckptctl info' shows it), or by a stable path such as /dev/disk/by-id/...\n"
+		"activate finds each image by reading the superblock of every block device\n"
+		"(/sys/class/block) and creates its target as 'ckptctl create' does, with\n"
+		"the device-mapper uuid CKPT-<image uuid>. A target that is active already\n"
+		"is left as it is (ok): running it again is harmless. The whole file is\n"
+		"checked first; a bad line is an error naming it (FILE:LINE) and nothing is\n"
+		"created. With several entries, each is tried; the exit status is 1 if any\n"
+		"failed (each failure is printed with its line).\n\n"
+		"ckpttab: one device a line, fields separated by blanks:\n"
+		"  NAME  DEVICE  [OPTIONS]\n"
+		"NAME is the device-mapper name (/dev/mapper/NAME). DEVICE is UUID=<image\n"
+		"uuid> or an absolute path. OPTIONS is '-' or 'defaults', or a comma-separated\n"
+		"list of: ro (read-only table), noauto (not activated by --all),\n"
+		"queue_depth=N (1..128), staging_kb=K (1..4194304). Lines starting with '#'\n"
+		"and blank lines are ignored. Names, uuids and paths must be unique.");
+	activate->add_flag("--all", aa.all, "every entry except those marked noauto");
+	activate->add_option("--uuid", aa.uuid, "the entry of this image uuid");
+	activate->add_option("--device", aa.device,
+					     "the entries whose image is on this block device (for udev:\n"
+					     "a device without a listed image is not an error)");
+	activate->add_flag("--readonly", aa.read_only, "load every table read-only (as option ro)");
+	activate->add_option("--ckpttab", aa.ckpttab, "the table to read (default /etc/ckpttab)");
+	activate->footer(
+		"\nEXAMPLES\n"
+		"  ckptctl info /dev/nvme0n1 | head -1          # the image uuid\n"
+		"  echo 'ckpt0 UUID=0f3c2a5e-7d41-4b8e-9a10-2c6f1e0d9b77 queue_depth=16' >>/etc/ckpttab\n"
+		"  ckptctl activate --all\n"
+		"  ckptctl activate --uuid 0f3c2a5e-7d41-4b8e-9a10-2c6f1e0d9b77 --readonly");
+
+	auto *deactivate = app.add_subcommand("deactivate",
+		"Remove the kernel targets of /etc/ckpttab (or one by name or image uuid).\n\n"
+		"With --all, the target of every entry of ckpttab; with --uuid, the target\n"
+		"of that image; with NAME, that target. A target that is not active is fine\n"
+		"(ok). A device that is open, or is not dm-ckpt, is left alone (exit 1).\n"
+		"The backing device keeps the last committed step.");
+	deactivate->add_option("name", aa.name, "device-mapper name");
+	deactivate->add_flag("--all", aa.all, "the targets of every entry of ckpttab");
+	deactivate->add_option("--uuid", aa.uuid, "the target of this image uuid");
+	deactivate->add_option("--ckpttab", aa.ckpttab, "the table to read (default /etc/ckpttab)");
+	deactivate->footer("\nEXAMPLES\n  ckptctl deactivate --all\n  ckptctl deactivate ckpt0");
+
 	// ---- import / export
 	ImportArgs ia;
 	uint64_t import_step = 0;
 	auto *import = app.add_subcommand("import",
-		"Load weights (and optimizer state) from a safetensors file.\n\n"
+		"Load weights (and optimizer state) from a safetensors checkpoint: a file,\n"
+		"a sharded checkpoint's model.safetensors.index.json (every tensor in the\n"
+		"shard its weight_map names, shards in the index's folder only), or a\n"
+		"Hugging Face model folder holding either.\n\n"
 		"Every tensor of the device is read from the file tensor of the same name\n"
 		"and shape (F32, F16, BF16 exactly; F64 rounded) into the fp32 master copy;\n"
 		"moments are zero. With --with-optimizer, '<name>.exp_avg' and\n"
@@ -235,7 +386,7 @@ int main(int argc, char **argv)
 		"is validated completely before anything is read or written; values must be\n"
 		"finite (exp_avg_sq not negative).");
 	import->add_option("device", ia.device, "backing file or block device (not a dm-ckpt device)")->required();
-	import->add_option("--from", ia.from, "safetensors file")->required();
+	import->add_option("--from", ia.from, "safetensors file, index (.json) or model folder")->required();
 	import->add_flag("--with-optimizer", ia.with_optimizer, "also load exp_avg/exp_avg_sq and the step");
 	auto *step_opt = import->add_option("--step", import_step,
 					    "optimizer step of the moments (default: the file's \"step\")")
@@ -243,7 +394,9 @@ int main(int argc, char **argv)
 	import->add_flag("--partial", ia.partial,
 			 "allow device tensors missing from the file (they keep their\n"
 			 "values) and skip file tensors the device lacks");
+	add_progress_options(import, progress);
 	import->footer("\nEXAMPLES\n  ckptctl import /dev/nvme0n1 --from model.safetensors\n"
+		       "  ckptctl import /dev/nvme0n1 --from ./Llama-3.2-1B      # a model folder\n"
 		       "  ckptctl import new.img --from step1000.safetensors --with-optimizer");
 
 	std::string to;
@@ -253,8 +406,12 @@ int main(int argc, char **argv)
 		"The fp32 master params of every tensor at the committed step, as F32 with\n"
 		"the manifest's shapes; with --with-optimizer also '<name>.exp_avg' and\n"
 		"'<name>.exp_avg_sq'. __metadata__ holds format=pt, step, ckpt.dtype,\n"
-		"ckpt.uuid and (with --with-optimizer) ckpt.trainer_blob in hex. Every record\n"
-		"read is checked (header and checksum). The file appears only when complete:\n"
+		"ckpt.uuid and (with --with-optimizer) ckpt.trainer_blob in hex, and the\n"
+		"image's layout for 'format --from-safetensors': dm-ckpt.format_version,\n"
+		"dtype, chunk_params, step, n_groups, tensor_group.NAME and, when the image\n"
+		"records them, group.G.lr, .beta1, .beta2, .eps, .weight_decay, .flags.\n"
+		"Every record read is checked (header and checksum). The file appears only\n"
+		"when complete:\n"
 		"it is written under a temporary name beside it, removed on any failure.\n"
 		"--to must be a new path or a regular file (which is replaced); a directory,\n"
 		"device node or FIFO is refused. A backing file shorter than its layout is\n"
@@ -263,6 +420,7 @@ int main(int argc, char **argv)
 	exportc->add_option("device", dev, "backing file or block device, or a dm-ckpt device")->required();
 	exportc->add_option("--to", to, "output safetensors file (new, or a regular file to replace)")->required();
 	exportc->add_flag("--with-optimizer", with_opt, "also write exp_avg and exp_avg_sq");
+	add_progress_options(exportc, progress);
 	exportc->footer("\nEXAMPLES\n  ckptctl export /dev/nvme0n1 --to weights.safetensors\n"
 			"  ckptctl export /dev/mapper/ckpt0 --to step.safetensors --with-optimizer");
 
@@ -295,6 +453,7 @@ int main(int argc, char **argv)
 	verify->add_flag("--repair", repair,
 			 "rewrite damaged group table/manifest copies from the\n"
 			 "intact ones; refused while a kernel target holds the device");
+	add_progress_options(verify, progress);
 	verify->footer("\nEXAMPLES\n  ckptctl verify /dev/nvme0n1\n  ckptctl verify --json model.img\n"
 		       "  ckptctl verify --repair model.img");
 
@@ -319,17 +478,32 @@ int main(int argc, char **argv)
 	try {
 		app.parse(argc, argv);
 	} catch (const CLI::ParseError &e) {
-		int rc = app.exit(e);
-		return rc == 0 ? 0 : exit_error;
+		return e.get_exit_code() == 0 ? app.exit(e) : usage_error(app, e, argc, argv);
 	}
 	if (*format && fa.manifest.empty() && fa.safetensors.empty()) {
-		fmt::print(stderr, "ckptctl format: give --manifest FILE or --from-safetensors FILE\n");
-		return exit_error;
+		fmt::print(stderr, "ckptctl format: give --manifest FILE or --from-safetensors FILE; see ckptctl "
+				   "format --help\n");
+		return exit_usage;
 	}
 	if (*step_opt)
 		ia.step = import_step;
+	if ((*status && bad_fields("status", status_kind(), status_report.fields)) ||
+	    (*list && bad_fields("list", list_kind(!la.paths.empty() || !la.image_dirs.empty()), la.report.fields)))
+		return exit_usage;
+	if (*activate && aa.all + !aa.uuid.empty() + !aa.device.empty() != 1) {
+		fmt::print(stderr, "ckptctl activate: give one of --all, --uuid UUID, --device DEV\n");
+		return exit_error;
+	}
+	if (*deactivate && aa.all + !aa.uuid.empty() + !aa.name.empty() != 1) {
+		fmt::print(stderr, "ckptctl deactivate: give one of --all, --uuid UUID, NAME\n");
+		return exit_error;
+	}
 
 	try {
+		std::optional<Progress> shown;
+		for (CLI::App *sub : {format, import, exportc, verify})
+			if (*sub)
+				shown.emplace(sub->get_name(), progress);
 		if (*format)
 			return cmd_format(fa);
 		if (*info)
@@ -340,8 +514,14 @@ int main(int argc, char **argv)
 			return cmd_create(ca);
 		if (*remove)
 			return cmd_remove(name, retry, force);
+		if (*activate)
+			return cmd_activate(aa);
+		if (*deactivate)
+			return cmd_deactivate(aa);
 		if (*status)
-			return cmd_status(name, as_json);
+			return cmd_status(name, as_json, status_report);
+		if (*list)
+			return cmd_list(la);
 		if (*message)
 			return cmd_message(name, words);
 		if (*import)

@@ -9,7 +9,9 @@
 #include <fcntl.h>
 #include <linux/fs.h>
 #include <sys/ioctl.h>
+#ifndef CKPT_NO_LIBNVME
 #include <libnvme.h>
+#endif
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
@@ -23,7 +25,7 @@ namespace ckptctl {
 
 namespace {
 
-std::string trimmed(const char *s, size_t n)
+[[maybe_unused]] std::string trimmed(const char *s, size_t n)
 {
 	std::string out(s, strnlen(s, n));
 	while (!out.empty() && (out.back() == ' ' || out.back() == '\0'))
@@ -31,7 +33,7 @@ std::string trimmed(const char *s, size_t n)
 	return out;
 }
 
-std::string sysfs(const std::string &dir, const char *file)
+[[maybe_unused]] std::string sysfs(const std::string &dir, const char *file)
 {
 	std::ifstream in(dir + "/" + file);
 	std::string v;
@@ -46,6 +48,14 @@ struct Fd {
 
 } // namespace
 
+#ifdef CKPT_NO_LIBNVME
+// A cross build without the target's libnvme (tools/CMakeLists.txt).
+json probe(const std::string &dev, uint32_t)
+{
+	fail(CKPT_E_INVAL, "cannot probe {}: this ckptctl was built without libnvme (a cross build); "
+			   "build ckptctl natively to read NVMe identify data", dev);
+}
+#else
 json probe(const std::string &dev, uint32_t want_chunk)
 {
 	struct stat st;
@@ -172,6 +182,7 @@ json probe(const std::string &dev, uint32_t want_chunk)
 	};
 	return j;
 }
+#endif
 
 void print_probe(const json &j)
 {

@@ -25,22 +25,48 @@ devices take and return numpy float16 (uint16 bit patterns work too).
 Everything here goes through libckpt's C ABI (ckpt.h): the error names, dtype
 codes and commit results are the library's, read at import; Device.status(),
 Device.uuid(), ckpt.image_uuid() and Device.export() (a safetensors file) are
-its entry points.
+its entry points, as are Device.load_state() (a whole optimizer state from
+outside) and ckpt.restore() (ckptctl restore's report, and its rollback).
 """
 
+import contextlib
 import ctypes
 import json
 import os
+import sys
 import warnings as _warnings
 
-__all__ = ["CkptError", "CkptWarning", "Layout", "Device", "format", "open", "image_uuid", "ERRORS"]
+__all__ = ["__version__", "CkptError", "CkptWarning", "Layout", "Device", "format", "open",
+           "image_uuid", "restore", "ERRORS"]
 
-_lib = ctypes.CDLL(os.path.join(os.path.dirname(os.path.abspath(__file__)), "libckpt.so"))
+
+def _load_library():
+    """libckpt: the copy beside this file (the package assembled in a build
+    tree), else the installed library by its SONAME through the dynamic
+    loader (`make install`; a `pip install` of the package)."""
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "libckpt.so")
+    name = here if os.path.exists(here) else "libckpt.so.0"
+    try:
+        return ctypes.CDLL(name)
+    except OSError as e:
+        raise ImportError(f"ckpt: cannot load libckpt ({e}); install it (make install, "
+                          "then ldconfig) or put its directory in LD_LIBRARY_PATH") from None
+
+
+_lib = _load_library()
+_lib.ckpt_version.restype = ctypes.c_char_p
+_lib.ckpt_version.argtypes = []
+# The library's version: the VERSION file of the tree it was built from (the
+# kernel module's and the C ABI's, ckpt_version()).
+__version__ = _lib.ckpt_version().decode()
 
 _lib.ckpt_err_name.restype = ctypes.c_char_p
 _lib.ckpt_err_name.argtypes = [ctypes.c_int]
 _lib.ckpt_abi_count.restype = ctypes.c_uint32
 _lib.ckpt_abi_count.argtypes = [ctypes.c_char_p]
+_lib.ckpt_version.restype = ctypes.c_char_p
+
+__version__ = _lib.ckpt_version().decode()  # libckpt's, the project's version
 
 # The library's error names (enum ckpt_err): ERRORS[code] == "E_TWICE".
 ERRORS = [_lib.ckpt_err_name(_i).decode() for _i in range(_lib.ckpt_abi_count(b"errors"))]
@@ -121,6 +147,10 @@ for _name, _res, _args in [
     ("ckpt_warning", _int, [_vp, _u32, ctypes.POINTER(_cp)]),
     ("ckpt_tensor", _int, [_vp, _u32, ctypes.POINTER(_TensorInfo)]),
     ("ckpt_load_params_multi", _int, [_vp, _u32, ctypes.POINTER(_cp), ctypes.POINTER(_f32p), _u64p]),
+    ("ckpt_load_state", _int, [_vp, _u32, ctypes.POINTER(_cp), ctypes.POINTER(_f32p), ctypes.POINTER(_f32p),
+                               ctypes.POINTER(_f32p), _u64p, _u64p, ctypes.c_char_p, ctypes.c_size_t]),
+    ("ckpt_restore", _int, [_cp, _u32, ctypes.POINTER(_vp)]),
+    ("ckpt_free", None, [_vp]),
     ("ckpt_begin", _int, [_vp, ctypes.POINTER(_HParams), _u32, ctypes.c_double]),
     ("ckpt_write_grad", _int, [_vp, _cp, _u16p, _u64]),
     ("ckpt_skip", _int, [_vp, _cp]),
@@ -170,6 +200,7 @@ def _constant(name):
 
 # ckpt_export flags
 _EXPORT_LOWP, _EXPORT_OPTIMIZER = _constant("CKPT_EXPORT_LOWP"), _constant("CKPT_EXPORT_OPTIMIZER")
+_RESTORE_ROLLBACK = _constant("CKPT_RESTORE_ROLLBACK")
 
 
 def _c_string(b, what, value):
@@ -218,13 +249,54 @@ class Layout:
             self._h = None
 
 
-def format(path, layout, dtype="bf16", chunk_params=65536, size=None):
-    """Create or format a backing file or block device for layout."""
+# libckpt's progress hook (ckpt_set_progress): fn(ctx, what, done, total).
+_PROGRESS_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint64, ctypes.c_uint64)
+_lib.ckpt_set_progress.restype = None
+_lib.ckpt_set_progress.argtypes = [_PROGRESS_FN, ctypes.c_void_p]
+
+
+@contextlib.contextmanager
+def _progress(desc, progress):
+    """A tqdm bar on stderr fed by libckpt's progress hook while the block
+    runs: progress=None shows it when stderr is a terminal, True always,
+    False never."""
+    if progress is None:
+        progress = sys.stderr.isatty()
+    if not progress:
+        yield
+        return
+    from tqdm import tqdm  # Debian's python3-tqdm
+    bars = {}
+
+    def hook(_ctx, what, done, total):
+        name = what.decode()
+        bar = bars.get(name)
+        if bar is None or done < bar.n:  # a phase that starts (again)
+            if bar is not None:
+                bar.close()
+            bar = bars[name] = tqdm(total=total, desc=f"{desc}: {name}" if name != desc else desc,
+                                    unit="", file=sys.stderr)
+        bar.update(done - bar.n)
+
+    fn = _PROGRESS_FN(hook)
+    _lib.ckpt_set_progress(fn, None)
+    try:
+        yield
+    finally:
+        _lib.ckpt_set_progress(_PROGRESS_FN(), None)
+        for bar in bars.values():
+            bar.close()
+
+
+def format(path, layout, dtype="bf16", chunk_params=65536, size=None, progress=None):
+    """Create or format a backing file or block device for layout.
+    progress: a tqdm bar on stderr (None: when stderr is a terminal)."""
     if dtype not in _DTYPES:
         raise CkptError(ERRORS.index("E_DTYPE"),
                         f"unknown dtype {dtype!r}: use {' or '.join(repr(d) for d in _DTYPES)}")
-    _check(_lib.ckpt_format(_path_bytes(path), layout._h, _DTYPES[dtype], int(chunk_params),
-                            int(size or 0)))
+    with _progress("format", progress):
+        _check(_lib.ckpt_format(_path_bytes(path), layout._h, _DTYPES[dtype], int(chunk_params),
+                                int(size or 0)))
 
 
 def _uuid_text(u):
@@ -239,6 +311,21 @@ def image_uuid(path):
     u = (ctypes.c_uint8 * 16)()
     _check(_lib.ckpt_image_uuid(_path_bytes(path), u))
     return _uuid_text(u)
+
+
+def restore(path, rollback=False):
+    """What `ckptctl restore [--rollback] --json` reports about the image at
+    path, as a dict (ckpt_restore in ckpt.h): "report" (committed step, blob,
+    damage, whether the previous step can be rolled back to and why not),
+    "refused" (rollback asked for, but no previous step to go back to).
+    rollback=True makes the previous committed step the committed one; the
+    device must not be open (by an optimizer, the kernel target or ckptctl)."""
+    out = ctypes.c_void_p()
+    _check(_lib.ckpt_restore(_path_bytes(path), _RESTORE_ROLLBACK if rollback else 0, ctypes.byref(out)))
+    try:
+        return json.loads(ctypes.string_at(out.value).decode())
+    finally:
+        _lib.ckpt_free(out)
 
 
 def open(path):  # noqa: A001 - the module's verb, like the builtin for files
@@ -327,19 +414,21 @@ class Device:
         _check(_lib.ckpt_uuid(self._handle(), u))
         return _uuid_text(u)
 
-    def export(self, out, what="master", with_optimizer=False, metadata=None):
+    def export(self, out, what="master", with_optimizer=False, metadata=None, progress=None):
         """Writes the committed step to the safetensors file out (see
         ckpt_export in ckpt.h): what="master", the fp32 master params (F32),
         or "lowp", the params in the device dtype (F16/BF16); with_optimizer
         adds NAME.exp_avg and NAME.exp_avg_sq. metadata: {str: str} added to
-        (and replacing entries of) the file's __metadata__. Returns out."""
+        (and replacing entries of) the file's __metadata__. progress: a tqdm
+        bar on stderr (None: when stderr is a terminal). Returns out."""
         if what not in ("master", "lowp"):
             raise ValueError("what must be 'master' or 'lowp'")
         flags = (_EXPORT_LOWP if what == "lowp" else 0) | (_EXPORT_OPTIMIZER if with_optimizer else 0)
         meta = None
         if metadata:
             meta = json.dumps({str(k): str(v) for k, v in metadata.items()}).encode()
-        _check(_lib.ckpt_export(self._handle(), _path_bytes(out), flags, meta))
+        with _progress("export", progress):
+            _check(_lib.ckpt_export(self._handle(), _path_bytes(out), flags, meta))
         return out
 
     @property
@@ -381,6 +470,28 @@ class Device:
         c_vals = (_f32p * n)(*[a.ctypes.data_as(_f32p) for a in arrays])
         c_ns = (ctypes.c_uint64 * n)(*[a.size for a in arrays])
         _check(_lib.ckpt_load_params_multi(self._handle(), n, c_names, c_vals, c_ns))
+
+    def load_state(self, state, blob=b""):
+        """A whole optimizer state from outside: {name: (param, exp_avg,
+        exp_avg_sq, step)} for every tensor of the device (fp32 arrays, step
+        an int), committed at once as that step with the trainer blob. Only
+        before the first step; the steps must be equal (see ckpt_load_state)."""
+        names, arrays, steps = [], [], []
+        for name, (p, m, v, step) in state.items():
+            names.append(_name_bytes(name))
+            arrays.append([np.ascontiguousarray(np.asarray(x, dtype=np.float32)).reshape(-1) for x in (p, m, v)])
+            steps.append(int(step))
+        n = len(names)
+        ptrs = [(_f32p * n)(*[a[k].ctypes.data_as(_f32p) for a in arrays]) for k in range(3)]
+        sizes = [a[0].size for a in arrays]
+        for name, a in zip(state, arrays):
+            if a[1].size != a[0].size or a[2].size != a[0].size:
+                raise CkptError(ERRORS.index("E_SIZE"), f"{name!r}: param, exp_avg and exp_avg_sq "
+                                f"have {a[0].size}, {a[1].size} and {a[2].size} elements")
+        blob = bytes(blob)
+        _check(_lib.ckpt_load_state(self._handle(), n, (ctypes.c_char_p * n)(*names), *ptrs,
+                                    (ctypes.c_uint64 * n)(*sizes), (ctypes.c_uint64 * n)(*steps),
+                                    blob, len(blob)))
 
     def begin(self, groups, grad_scale=1.0):
         """Open step committed_step + 1 with one dict of hyperparameters per group."""

@@ -1,25 +1,23 @@
 # SPDX-License-Identifier: MIT
-"""A minimal reader of the safetensors format, with no dependency but numpy.
+"""safetensors checkpoints read through libckpt, without reading them into memory.
 
-The format (https://github.com/huggingface/safetensors, "Format"): an 8-byte
-little-endian unsigned header length N, then N bytes of JSON header, then the
-raw tensor data. The header maps each tensor name to {"dtype", "shape",
-"data_offsets": [begin, end]} (offsets relative to the start of the data,
-little-endian, C order, no gaps, no overlaps), plus an optional
-"__metadata__" map of str to str. Writers pad the header with spaces so the data
-starts 8-byte aligned.
+The header is parsed and validated by the library (ckpt_safetensors_header in
+ckpt.h, the reader `ckptctl import` and `format --from-safetensors` use): a
+single file, a sharded checkpoint's model.safetensors.index.json, or a Hugging
+Face model folder holding either. The tensors are numpy.memmap views of the
+files (read-only): nothing is read until a tensor is used.
 
 bf16 has no numpy dtype: it is read back as uint16 bit patterns.
-
-The writer is libckpt's (Device.export, ckpt_export in ckpt.h), the one
-`ckptctl export` uses; this reader serves `ckpt.torch.load_safetensors_into`.
 """
 
+import ctypes
 import json
 
 import numpy as np
 
-__all__ = ["load_file", "DTYPES"]
+from . import _check, _lib, _path_bytes
+
+__all__ = ["load_file", "header", "DTYPES"]
 
 # safetensors dtype name -> numpy dtype (BF16 travels as uint16 bits).
 DTYPES = {
@@ -28,27 +26,34 @@ DTYPES = {
     "U64": np.uint64, "U32": np.uint32, "U16": np.uint16, "U8": np.uint8, "BOOL": np.bool_,
 }
 
+_lib.ckpt_safetensors_header.restype = ctypes.c_int
+_lib.ckpt_safetensors_header.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
+_lib.ckpt_free.restype = None
+_lib.ckpt_free.argtypes = [ctypes.c_void_p]
+
+
+def header(path):
+    """The library's validated header of a file, index or model folder:
+    {"path", "files", "tensors": [{"name", "dtype", "shape", "file", "offset",
+    "bytes"}], "metadata"}. Raises ckpt.CkptError (E_INVAL) for a bad one."""
+    out = ctypes.c_void_p()
+    _check(_lib.ckpt_safetensors_header(_path_bytes(path), ctypes.byref(out)))
+    try:
+        return json.loads(ctypes.string_at(out.value).decode())
+    finally:
+        _lib.ckpt_free(out)
+
+
 def load_file(path, with_metadata=False):
-    """Reads a safetensors file: {name: numpy array} (BF16 as uint16 bits), and the
-    header's dtype names and metadata if with_metadata (then returns a triple)."""
-    with open(path, "rb") as f:
-        raw = f.read()
-    if len(raw) < 8:
-        raise ValueError(f"{path}: too short for a safetensors file")
-    n = int.from_bytes(raw[:8], "little")
-    if n > len(raw) - 8:
-        raise ValueError(f"{path}: header length {n} runs past the end of the file")
-    header = json.loads(raw[8:8 + n].decode("utf-8"))
-    data = memoryview(raw)[8 + n:]
-    meta = header.pop("__metadata__", {}) or {}
+    """A checkpoint's tensors: {name: read-only numpy.memmap view} (BF16 as
+    uint16 bits), in file order, and the dtype names and metadata if
+    with_metadata (then returns a triple)."""
+    h = header(path)
+    maps = [np.memmap(f, dtype=np.uint8, mode="r") for f in h["files"]]
     out, dtypes = {}, {}
-    for name, e in header.items():
-        b, end = e["data_offsets"]
-        dt = np.dtype(DTYPES[e["dtype"]]).newbyteorder("<")
-        shape = tuple(e["shape"])
-        count = int(np.prod(shape, dtype=np.int64))
-        if not (0 <= b <= end <= len(data)) or end - b != count * dt.itemsize:
-            raise ValueError(f"{path}: tensor {name!r}: bad data_offsets {e['data_offsets']}")
-        out[name] = np.frombuffer(data[b:end], dtype=dt).reshape(shape).copy()
-        dtypes[name] = e["dtype"]
-    return (out, dtypes, meta) if with_metadata else out
+    for t in h["tensors"]:
+        dt = np.dtype(DTYPES[t["dtype"]]).newbyteorder("<")
+        raw = maps[t["file"]][t["offset"]:t["offset"] + t["bytes"]]
+        out[t["name"]] = raw.view(dt).reshape(t["shape"])
+        dtypes[t["name"]] = t["dtype"]
+    return (out, dtypes, h["metadata"]) if with_metadata else out

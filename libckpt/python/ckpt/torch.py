@@ -2,21 +2,26 @@
 """PyTorch integration: an AdamW whose state and step live on a dm-ckpt device.
 
     import ckpt.torch
-    opt = ckpt.torch.OffloadAdamW(model.named_parameters(), "state.img", lr=3e-4)
-    for batch in data:
-        loss = model(batch)
-        loss.backward()
-        opt.step(blob=trainer_state_bytes)      # writes grads, commits, reads params back
-        opt.zero_grad()
+    with ckpt.torch.OffloadAdamW(model.named_parameters(), "state.img", lr=3e-4) as opt:
+        for batch in data:
+            loss = model(batch)
+            loss.backward()
+            opt.step(blob=trainer_state_bytes)  # writes grads, commits, reads params back
+            opt.zero_grad()
 
-OffloadAdamW is a torch.optim.Optimizer: param_groups (lr, betas, eps,
-weight_decay are read from them at every step, so LR schedulers work),
-zero_grad, state_dict/load_state_dict, step(closure). The fp32 master params
-and the moments are on the device; the model holds the low-precision params
-(bf16/fp16 values, in whatever dtype its tensors have). Every committed step is
-a checkpoint: constructing the optimizer again on the same device resumes from
+OffloadAdamW is a torch.optim.Optimizer with torch.optim.AdamW's arguments
+(maximize; foreach, fused, capturable, differentiable accepted; amsgrad
+refused): param_groups (lr, betas, eps, weight_decay, maximize are read from
+them at every step, so LR schedulers work), zero_grad,
+state_dict/load_state_dict, step(closure). The fp32 master params and the
+moments are on the device; the model holds the low-precision params (bf16/fp16
+values, in whatever dtype its tensors have). Every committed step is a
+checkpoint: constructing the optimizer again on the same device resumes from
 its committed step (and `optimizer.blob()` returns the trainer blob that
 committed with it).
+
+A torch.optim.AdamW's state moves onto a device with load_state_dict(), and
+back with to_torch_state_dict().
 
 LossScaler is torch.cuda.amp.GradScaler's dynamic loss scaling for fp16
 devices, where the device itself detects non-finite gradients.
@@ -33,26 +38,40 @@ import torch
 from . import CkptError, Device, Layout
 from . import format as _format
 from . import open as _open
+from . import restore as _restore
 from . import safetensors as _safetensors
 
-__all__ = ["OffloadAdamW", "LossScaler", "LayoutMismatchError", "export_safetensors",
-           "load_safetensors_into", "lowp_to_torch", "torch_to_lowp"]
+__all__ = ["OffloadAdamW", "LossScaler", "LayoutMismatchError", "PrecisionWarning", "export_safetensors",
+           "load_safetensors_into", "lowp_to_torch", "torch_to_lowp", "to_torch_state_dict"]
 
+# What the device applies; maximize is applied to the gradient on its way there.
 _HPARAM_KEYS = ("lr", "betas", "eps", "weight_decay", "adam_l2")
+
+_AMSGRAD_REFUSED = ("amsgrad=True is not supported: AMSGrad divides by the running maximum of "
+                    "exp_avg_sq (max_exp_avg_sq), and the device keeps only exp_avg and exp_avg_sq "
+                    "per param")
 
 
 class LayoutMismatchError(ValueError):
     """The device holds other tensors (names, shapes or groups) than the optimizer's params."""
 
 
+class PrecisionWarning(UserWarning):
+    """The model's params are in another dtype than the device's (warned once per optimizer)."""
+
+
 # ------------------------------------------------------------------ conversions
 
-def torch_to_lowp(t, dtype):
+def torch_to_lowp(t, dtype, negate=False):
     """A tensor as the device's gradient words: bf16 -> uint16 bit patterns, fp16 ->
-    numpy float16. Rounding is torch's (round to nearest even)."""
+    numpy float16. Rounding is torch's (round to nearest even). negate: -t, as
+    maximize=True wants; negation is exact in bf16/fp16, so it follows the rounding."""
+    lowp = torch.bfloat16 if dtype == "bf16" else torch.float16
+    x = t.detach().to("cpu", lowp)
+    x = (x.neg() if negate else x).contiguous()
     if dtype == "bf16":
-        return t.detach().to("cpu", torch.bfloat16).contiguous().view(torch.int16).numpy().view(np.uint16)
-    return t.detach().to("cpu", torch.float16).contiguous().numpy()
+        return x.view(torch.int16).numpy().view(np.uint16)
+    return x.numpy()
 
 
 def lowp_to_torch(a, dtype):
@@ -65,6 +84,13 @@ def lowp_to_torch(a, dtype):
 
 
 # ------------------------------------------------------------------ the optimizer
+
+def _check_group(g, where=""):
+    """A param group's hyperparameters as torch.optim.AdamW checks them, and no amsgrad."""
+    _check_hparams(g["lr"], g["betas"], g["eps"], g["weight_decay"], where)
+    if g.get("amsgrad"):
+        raise ValueError(where + _AMSGRAD_REFUSED)
+
 
 def _check_hparams(lr, betas, eps, weight_decay, where=""):
     """torch.optim.AdamW's checks, with its messages (NaN fails them all)."""
@@ -134,12 +160,30 @@ class OffloadAdamW(torch.optim.Optimizer):
           allowed while the device is at step 0 (e.g. formatted by ckptctl).
     dtype: "bf16" or "fp16" when formatting (default "bf16"); for an existing
         device, None (the default) accepts its dtype and a value must match it.
-    lr, betas, eps, weight_decay: per-group defaults as in torch.optim.AdamW;
-        adam_l2=True gives Adam with L2 weight decay (torch.optim.Adam).
+    lr, betas, eps, weight_decay, maximize: per-group defaults as in
+        torch.optim.AdamW (maximize=True negates the gradient before the update,
+        as torch does); adam_l2=True gives Adam with L2 weight decay
+        (torch.optim.Adam).
+    foreach, fused, capturable, differentiable: accepted, and kept in
+        param_groups, so that code written for torch.optim.AdamW runs; they choose
+        among torch's implementations of one algorithm and do not change the
+        result here (the device runs its own). capturable=True is refused for
+        params that are not on CUDA, as torch refuses it.
+    amsgrad=True is refused (ValueError): the device keeps no max_exp_avg_sq.
+
+    A PrecisionWarning (once per optimizer) says what it costs when the params
+    are not in the device's dtype. `with OffloadAdamW(...) as opt:` closes the
+    device at the end of the block (close()).
+
+    state_dict() points at the device's committed step; load_state_dict()
+    takes one of those (the hyperparameters; one of the step before the
+    committed one rolls the device back with rollback=True), or a
+    torch.optim.AdamW state_dict, whose moments and steps it imports onto a
+    device before its first step. to_torch_state_dict(opt) is the way back.
 
     step(closure=None, *, grad_scale=None, blob=None) writes every p.grad in the
-    device's dtype (a param whose .grad is None gets a zero gradient: the device
-    updates every param at every step), multiplied on the device by
+    device's dtype (a param whose .grad is None is skipped as torch skips it;
+    images formatted before per-block step counts give it a zero gradient), multiplied on the device by
     grad_scale x the clip coefficient of clip_grad_norm_(); commits with the
     trainer blob; reads the params back into the model. `last_result` is the
     commit's result: "committed", or "overflow" (a non-finite gradient: the step
@@ -147,27 +191,37 @@ class OffloadAdamW(torch.optim.Optimizer):
     """
 
     def __init__(self, params, device_or_path, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
-                 weight_decay=1e-2, dtype=None, chunk_params=65536, *, adam_l2=False,
-                 size=None, init_from_model=False):
+                 weight_decay=1e-2, dtype=None, chunk_params=65536, *, amsgrad=False,
+                 maximize=False, foreach=None, capturable=False, differentiable=False, fused=None,
+                 adam_l2=False, size=None, init_from_model=False):
         _check_hparams(lr, betas, eps, weight_decay)
+        if amsgrad:
+            raise ValueError(_AMSGRAD_REFUSED)
         if dtype not in (None, "bf16", "fp16"):
             raise ValueError(f"dtype must be 'bf16' or 'fp16', not {dtype!r}")
         groups, names = _split_names(params)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
-                        adam_l2=bool(adam_l2))
+                        amsgrad=False, maximize=bool(maximize), foreach=foreach,
+                        capturable=bool(capturable), differentiable=bool(differentiable),
+                        fused=fused, adam_l2=bool(adam_l2))
         self._frozen = False
         super().__init__(groups, defaults)
         self._frozen = True
         self._names = names
+        for i, g in enumerate(self.param_groups):
+            _check_group(g, f"param group {i}: ")
         flat = [(n, p, gi) for gi, (g, ns) in enumerate(zip(self.param_groups, names))
                 for n, p in zip(ns, g["params"])]
         seen = set()
-        for n, p, _ in flat:
+        for n, p, gi in flat:
             if n in seen:
                 raise ValueError(f"two params are named {n!r}")
             seen.add(n)
             if p.is_sparse:
                 raise ValueError(f"{n!r}: sparse params are not supported")
+            if self.param_groups[gi]["capturable"] and not p.is_cuda:
+                raise ValueError(f"capturable=True: {n!r} is on {p.device}; torch.optim.AdamW "
+                                 f"refuses it too (params must be CUDA tensors)")
         self._flat = flat
         self._layout = [(n, tuple(int(d) for d in p.shape), gi) for n, p, gi in flat]
 
@@ -176,6 +230,7 @@ class OffloadAdamW(torch.optim.Optimizer):
         self._clip_coef = 1.0       # from clip_grad_norm_, for the next step
         self._blob_hook = None
         self._owned = False
+        self._precision_warned = False
         self.path = None
 
         if isinstance(device_or_path, Device):
@@ -204,6 +259,7 @@ class OffloadAdamW(torch.optim.Optimizer):
                 self._resumed_step = self.device.committed_step
             self.uuid = self.device.uuid()
             self._read_back()
+            self._check_precision()
         except BaseException:
             self.close()
             raise
@@ -265,6 +321,39 @@ class OffloadAdamW(torch.optim.Optimizer):
                                   f"device, {len(self._layout)} params): " + "; ".join(problems[:8])
                                   + ("; ..." if len(problems) > 8 else ""))
 
+    def _check_precision(self):
+        """A PrecisionWarning, once, when params are not in the device's dtype."""
+        if self._precision_warned:
+            return
+        dtype = self.device.dtype
+        lowp = torch.bfloat16 if dtype == "bf16" else torch.float16
+        other = {}
+        for n, p, _ in self._flat:
+            if p.dtype != lowp:
+                other.setdefault(p.dtype, []).append(n)
+        if not other:
+            return
+        self._precision_warned = True
+        costs = []
+        for d, ns in other.items():
+            what = f"{len(ns)} params ({_short(ns, 3)}) are {d} on a {dtype} device: "
+            if d in (torch.float32, torch.float64):
+                what += (f"every step reads them back rounded to {dtype} (the fp32 masters stay on the "
+                         f"device), so they keep {dtype}'s precision in {torch.finfo(d).bits // 8} bytes a param "
+                         f"instead of 2")
+            elif d == torch.bfloat16:
+                what += ("gradients lose bf16's range on their way to the device (beyond 65504 they "
+                         "overflow and the step is skipped, below 6e-8 they flush to zero), and the "
+                         "params come back rounded from fp16's 11 significant bits to bf16's 8")
+            elif d == torch.float16:
+                what += ("gradients lose 3 of fp16's 11 significant bits on their way to the device, "
+                         "and params beyond fp16's range (65504) come back as inf")
+            else:
+                what += f"every step reads them back as {dtype} values"
+            costs.append(what)
+        warnings.warn("; ".join(costs) + f". A model in {lowp} matches the device.",
+                      PrecisionWarning, stacklevel=3)
+
     def add_param_group(self, param_group):
         if getattr(self, "_frozen", False):
             raise RuntimeError("OffloadAdamW: the device's layout is fixed when it is formatted; "
@@ -312,6 +401,12 @@ class OffloadAdamW(torch.optim.Optimizer):
             self.device.close()
         self._owned = False
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
     # -- gradient scale
     def set_grad_unscale(self, factor):
         """The inverse loss scale the next step multiplies gradients by (LossScaler.unscale_)."""
@@ -357,7 +452,8 @@ class OffloadAdamW(torch.optim.Optimizer):
         # A scheduler or a per-group value may have set what the constructor
         # refuses; the device would refuse it too (E_HPARAM), this says why.
         for i, g in enumerate(self.param_groups):
-            _check_hparams(g["lr"], g["betas"], g["eps"], g["weight_decay"], f"param group {i}: ")
+            _check_group(g, f"param group {i}: ")
+        self._check_precision()
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -370,7 +466,7 @@ class OffloadAdamW(torch.optim.Optimizer):
         groups = [{k: g[k] for k in _HPARAM_KEYS} for g in self.param_groups]
         dev.begin(groups, grad_scale=scale)
         try:
-            for n, p, _ in self._flat:
+            for n, p, gi in self._flat:
                 if p.grad is None:
                     # torch skips it: no decay, no moment decay, its own step count
                     try:
@@ -383,7 +479,7 @@ class OffloadAdamW(torch.optim.Optimizer):
                 elif p.grad.is_sparse:
                     raise RuntimeError(f"{n!r}: OffloadAdamW does not support sparse gradients")
                 else:
-                    g = torch_to_lowp(p.grad, dtype)
+                    g = torch_to_lowp(p.grad, dtype, negate=self.param_groups[gi]["maximize"])
                 dev.write_grad(n, g)
             if blob is None:
                 blob = self._blob_hook() if callable(self._blob_hook) else self._blob_hook
@@ -409,10 +505,15 @@ class OffloadAdamW(torch.optim.Optimizer):
                 "dtype": self.device.dtype,
                 "layout": [[n, list(s), g] for n, s, g in self._layout]}
 
+    def _param_steps(self):
+        """The step count of every param (order of param_groups): the device keeps one."""
+        return [int(self.device.committed_step)] * len(self._flat)
+
     def state_dict(self):
         """torch's format, pointing at the device: {"state": {}, "param_groups": [...],
         "ckpt": {"step", "path", "uuid", "dtype", "layout"}}. The tensors stay on
-        the device; the dict says which device and which committed step it means."""
+        the device; the dict says which device and which committed step it means.
+        to_torch_state_dict(opt) is a torch.optim.AdamW state_dict with the tensors."""
         groups, index = [], 0
         for g, ns in zip(self.param_groups, self._names):
             d = {k: v for k, v in g.items() if k != "params"}
@@ -423,13 +524,28 @@ class OffloadAdamW(torch.optim.Optimizer):
         return {"state": {}, "param_groups": groups,
                 "ckpt": dict(self._identity(), step=int(self.device.committed_step))}
 
-    def load_state_dict(self, state_dict):
-        """Restores the hyperparameters of a state_dict() of this device at its
-        committed step; refuses one of another device, layout or step."""
-        meta = state_dict.get("ckpt")
-        if meta is None:
-            raise ValueError("not an OffloadAdamW state_dict (no 'ckpt' entry): the fp32 state "
-                             "of an OffloadAdamW lives on its device")
+    def load_state_dict(self, state_dict, *, rollback=False):
+        """Loads a state_dict() of this device, or imports a torch.optim.AdamW state_dict.
+
+        A state_dict() of this device (its "ckpt" entry): at the committed step,
+        its hyperparameters come back into param_groups; of the step before the
+        committed one, rollback=True makes that step the committed one again (the
+        device keeps the previous step until the next one commits; the optimizer
+        must have opened the device from its path), and the model gets its params.
+        A state_dict of another device, layout or step is refused.
+
+        A torch.optim.AdamW state_dict (no "ckpt" entry): its exp_avg, exp_avg_sq
+        and step of every param and its param groups' hyperparameters. The fp32
+        masters are the model's params (a param the model still holds as the
+        device's rounding keeps the device's master: the model's fp32 values when
+        the optimizer formatted the device), and the model gets their rounding
+        back; fp32 weights hand over exactly. Only into a device before its first
+        step (a new path); every param at the same step (the device keeps one
+        step count).
+        """
+        if "ckpt" not in state_dict:
+            return self._import_torch(state_dict)
+        meta = state_dict["ckpt"]
         mine = self._identity()
         if meta.get("uuid") and mine["uuid"] and meta["uuid"] != mine["uuid"]:
             raise ValueError(f"state_dict is of device {meta['uuid']} ({meta.get('path')}), "
@@ -439,19 +555,109 @@ class OffloadAdamW(torch.optim.Optimizer):
                           f"{mine['path']} (no uuid to compare)")
         if meta.get("dtype") != mine["dtype"] or meta.get("layout") != mine["layout"]:
             raise ValueError("state_dict is of another layout or dtype than this device's")
-        step = int(self.device.committed_step)
-        if int(meta.get("step", -1)) != step:
+        saved = self._saved_groups(state_dict)
+        step, want = int(self.device.committed_step), int(meta.get("step", -1))
+        if want == step - 1 and step > 0:
+            if not rollback:
+                raise ValueError(self._rollback_offer(want, step))
+            self._rollback(want)
+        elif want != step:
             raise ValueError(f"state_dict is of step {meta.get('step')}, the device is at committed "
-                             f"step {step}: the device holds one state, reopen the device "
-                             f"instead of loading an older state_dict")
+                             f"step {step}: the device holds one state (and the one before it), reopen "
+                             f"the device instead of loading an older state_dict")
+        self._set_groups(saved)
+
+    def _saved_groups(self, state_dict):
+        """state_dict's param groups, checked as torch checks them, and their values."""
         saved = state_dict["param_groups"]
-        if len(saved) != len(self.param_groups) or any(
-                len(s["params"]) != len(g["params"]) for s, g in zip(saved, self.param_groups)):
-            raise ValueError("state_dict has other param groups than this optimizer")
+        if len(saved) != len(self.param_groups):
+            raise ValueError("loaded state dict has a different number of parameter groups")
+        for i, (s, g) in enumerate(zip(saved, self.param_groups)):
+            if len(s["params"]) != len(g["params"]):
+                raise ValueError("loaded state dict contains a parameter group that doesn't match "
+                                 "the size of optimizer's group")
+            _check_group(dict(g, **{k: v for k, v in s.items() if k != "params"}),
+                         f"state_dict param group {i}: ")
+        return saved
+
+    def _set_groups(self, saved):
         for s, g in zip(saved, self.param_groups):
             for k, v in s.items():
                 if k not in ("params", "names"):
                     g[k] = tuple(v) if k == "betas" else v
+
+    def _rollback_offer(self, want, step):
+        why = ""
+        if self.path:
+            rb = _restore(self.path)["report"]["rollback"]
+            if not rb["available"]:
+                why = f"; but it cannot: {rb['reason']}"
+        return (f"state_dict is of step {want}, the device is at committed step {step}: "
+                f"load_state_dict(state_dict, rollback=True) rolls the device back to step {want}, "
+                f"dropping step {step}{why}")
+
+    def _rollback(self, want):
+        if not self._owned:
+            raise ValueError("rollback: this optimizer drives a Device it did not open; close it "
+                             "and call ckpt.restore(path, rollback=True), then open it again")
+        self.device.close()
+        try:
+            report = _restore(self.path, rollback=True)
+        finally:
+            self.device = _open(self.path)
+        if report["refused"]:
+            raise ValueError(f"rollback to step {want} refused: {report['report']['rollback']['reason']}")
+        self._check_layout(None)
+        self._read_back()
+
+    def _masters_for_import(self):
+        """{name: fp32 masters}: the device's, for a param the model still holds as
+        their rounding (the device has the model's values at full precision); the
+        model's, for one it has changed since (its weights loaded after the optimizer
+        was made)."""
+        dtype, out = self.device.dtype, {}
+        for n, p, _ in self._flat:
+            rounded = lowp_to_torch(self.device.read_params(n), dtype).view(p.shape).to(p.dtype)
+            if torch.equal(p.detach().cpu(), rounded):
+                out[n] = self.device.read_state(n)[0]
+            else:
+                out[n] = p.detach().to(torch.float32).cpu().numpy()
+        return out
+
+    def _import_torch(self, state_dict):
+        """load_state_dict of a torch.optim.AdamW state_dict (see there)."""
+        if "param_groups" not in state_dict or "state" not in state_dict:
+            raise ValueError("not a state_dict of an OffloadAdamW (no 'ckpt' entry) or of a "
+                             "torch.optim.AdamW (no 'state' and 'param_groups')")
+        saved = self._saved_groups(state_dict)
+        committed = int(self.device.committed_step)
+        if committed != 0:
+            raise ValueError(f"a torch.optim.AdamW state_dict is imported only into a device before "
+                             f"its first step; {self.path or 'the device'} is at committed step "
+                             f"{committed} (give the optimizer a new path, then load_state_dict)")
+        masters = self._masters_for_import()
+        state = {}
+        for s, g, ns in zip(saved, self.param_groups, self._names):
+            for pid, p, n in zip(s["params"], g["params"], ns):
+                st = state_dict["state"].get(pid, {})
+                if "max_exp_avg_sq" in st:
+                    raise ValueError(f"{n!r}: " + _AMSGRAD_REFUSED)
+                if not st:      # torch has no state for a param before its first update
+                    z = np.zeros(p.numel(), np.float32)
+                    state[n] = (masters[n], z, z, 0)
+                    continue
+                missing = [k for k in ("step", "exp_avg", "exp_avg_sq") if k not in st]
+                if missing:
+                    raise ValueError(f"{n!r}: the state_dict's state of param {pid} has no {missing}")
+                step = float(st["step"])
+                if not (step >= 0 and step == int(step)):
+                    raise ValueError(f"{n!r}: step {step} is not a step count")
+                m, v = (torch.as_tensor(st[k]).detach().to("cpu", torch.float32).numpy()
+                        for k in ("exp_avg", "exp_avg_sq"))
+                state[n] = (masters[n], m, v, int(step))
+        self.device.load_state(state, self.device.blob())
+        self._set_groups(saved)
+        self._read_back()
 
     def __repr__(self):
         r = super().__repr__()
@@ -462,6 +668,34 @@ class OffloadAdamW(torch.optim.Optimizer):
 def _short(names, n=6):
     s = ", ".join(repr(x) for x in names[:n])
     return s + (f", ... ({len(names)} in all)" if len(names) > n else "")
+
+
+def to_torch_state_dict(opt):
+    """The committed state of an OffloadAdamW as a torch.optim.AdamW state_dict.
+
+    {"state": {i: {"step", "exp_avg", "exp_avg_sq"}}, "param_groups": [...]}
+    with fp32 moments read from the device and param indices in the order of
+    opt.param_groups, which torch.optim.AdamW(...).load_state_dict() accepts
+    for the same params. torch's state_dict holds no params: give the torch
+    model the fp32 masters, opt.master_params() (the model on the device holds
+    their rounding). torch then starts from the device's state bit for bit (and
+    goes on as the device would, to the rounding of its own order of operations).
+    A group with adam_l2=True (torch.optim.Adam's algorithm) is refused.
+    """
+    groups, state, index = [], {}, 0
+    steps = opt._param_steps()
+    for gi, (g, ns) in enumerate(zip(opt.param_groups, opt._names)):
+        if g.get("adam_l2"):
+            raise ValueError(f"param group {gi} has adam_l2=True: that is torch.optim.Adam's "
+                             f"algorithm, not AdamW's")
+        d = {k: v for k, v in g.items() if k not in ("params", "adam_l2")}
+        d["params"] = list(range(index, index + len(ns)))
+        for i, n in zip(d["params"], ns):
+            _, m, v = opt.read_state(n)
+            state[i] = {"step": torch.tensor(float(steps[i])), "exp_avg": m, "exp_avg_sq": v}
+        index += len(ns)
+        groups.append(d)
+    return {"state": state, "param_groups": groups}
 
 
 # ------------------------------------------------------------------ loss scaling
@@ -637,10 +871,12 @@ def export_safetensors(device_or_path, out, what="master", metadata=None):
 
 
 def load_safetensors_into(module, path, strict=True):
-    """Loads a safetensors file (F32/F16/BF16) into module's params by name."""
+    """Loads a safetensors checkpoint (F32/F16/BF16; a file, a sharded one's
+    index or a model folder) into module's params by name."""
     arrays, dtypes, _ = _safetensors.load_file(path, with_metadata=True)
     state = {}
     for n, a in arrays.items():
+        a = np.array(a)  # out of the read-only map, one tensor at a time
         t = lowp_to_torch(a, "bf16") if dtypes[n] == "BF16" else torch.from_numpy(a)
         state[n] = t
     return module.load_state_dict(state, strict=strict)
