@@ -398,6 +398,7 @@ static void dmckpt_free(struct dm_ckpt *c)
 	kvfree(c->mem.stage_of);
 	kvfree(c->mem.claimed);
 	kvfree(c->mem.applied);
+	kvfree(c->mem.modes);
 	kfree(c->mem.spare);
 	kfree(c->mem.cmd);
 	kvfree(c->groups);
@@ -470,6 +471,14 @@ static int dmckpt_alloc(struct dm_ckpt *c, char **error)
 	if (!mem->claimed || !mem->applied || !mem->stage_of) {
 		*error = "Cannot allocate the per-chunk bitmaps";
 		return -ENOMEM;
+	}
+	if (c->sb->feature_incompat & CKPT_FEATURE_INCOMPAT_COUNTS) {
+		/* what the open step does with each block (1 B per 2048 params) */
+		mem->modes = kvzalloc(ckpt_step_blocks(&c->layout), DM_CKPT_GFP_BIG);
+		if (!mem->modes) {
+			*error = "Cannot allocate the per-block step modes";
+			return -ENOMEM;
+		}
 	}
 	mem->cmd = kzalloc(sizeof(*mem->cmd), GFP_KERNEL);
 	if (!mem->cmd) {

@@ -45,7 +45,7 @@ struct dm_ckpt_job {
 	struct ckpt_rec src;	/* the record it reads: the committed one */
 	struct ckpt_rec dst;	/* the record it writes: the open step's */
 	u32 incompat;		/* the image's incompat feature bits */
-	struct ckpt_hparams hp;
+	u32 group;
 	u8 *rec;		/* record_bytes: 4 KiB header, fp32 p, m, v */
 	u16 *plo;		/* plo_chunk_bytes */
 	u16 *grad;		/* plo_chunk_bytes */
@@ -114,8 +114,13 @@ void dm_ckpt_upd_drain(struct dm_ckpt *c)
 	wait_event(c->upd.job_wait, upd_idle(&c->upd));
 }
 
-static u32 run_update(struct dm_ckpt_job *j, u32 *p, u32 *m, u32 *v, u64 n)
+/* The update of params [first, first + n) of the job's chunk with hp. */
+static u32 run_update(struct dm_ckpt_job *j, const struct ckpt_hparams *hp, u64 first, u64 n)
 {
+	const u64 cp = j->c->layout.chunk_params;
+	u32 *p = (u32 *)(j->rec + CKPT_BLOCK) + first;
+	u32 *m = p + cp, *v = p + 2 * cp;
+	u16 *grad = j->grad + first, *plo = j->plo + first;
 	u32 nonfinite = 0;
 	u64 i, k;
 
@@ -123,15 +128,37 @@ static u32 run_update(struct dm_ckpt_job *j, u32 *p, u32 *m, u32 *v, u64 n)
 		k = min_t(u64, n - i, CKPT_FPU_SLICE);
 		kernel_fpu_begin();
 		if (ckpt_use_avx2)
-			nonfinite |= dm_ckpt_update_avx2(&j->hp, j->grad_scale, j->c->dtype,
-							 j->grad + i, p + i, m + i, v + i,
-							 j->plo + i, k);
+			nonfinite |= dm_ckpt_update_avx2(hp, j->grad_scale, j->c->dtype,
+							 grad + i, p + i, m + i, v + i,
+							 plo + i, k);
 		else
-			nonfinite |= dm_ckpt_update_sse2(&j->hp, j->grad_scale, j->c->dtype,
-							 j->grad + i, p + i, m + i, v + i,
-							 j->plo + i, k);
+			nonfinite |= dm_ckpt_update_sse2(hp, j->grad_scale, j->c->dtype,
+							 grad + i, p + i, m + i, v + i,
+							 plo + i, k);
 		kernel_fpu_end();
 		cond_resched();
+	}
+	return nonfinite;
+}
+
+/*
+ * The chunk's update in the core's runs (ckpt_step_run): skipped blocks keep
+ * p, m, v and get their p_lo rounded again (integer code, no FPU); the others
+ * are updated with their run's bias correction.
+ */
+static u32 run_chunk(struct dm_ckpt_job *j)
+{
+	const u32 *p = (const u32 *)(j->rec + CKPT_BLOCK);
+	struct ckpt_run run;
+	u32 nonfinite = 0;
+	u64 pos = 0;
+
+	while (ckpt_step_run(&j->c->step, j->chunk, j->group, &pos, &run)) {
+		if (run.skip)
+			ckpt_round_params_int(j->c->dtype, p + run.first, j->plo + run.first,
+					      run.n);
+		else
+			nonfinite |= run_update(j, &run.hp, run.first, run.n);
 	}
 	return nonfinite;
 }
@@ -223,7 +250,6 @@ static void job_work(struct work_struct *work)
 	struct dm_ckpt_job *j = container_of(work, struct dm_ckpt_job, work);
 	struct dm_ckpt *c = j->c;
 	const struct ckpt_layout *l = &c->layout;
-	const u64 cp = l->chunk_params;
 	u32 *p = (u32 *)(j->rec + CKPT_BLOCK);
 	blk_status_t status = BLK_STS_OK;
 	u32 nonfinite;
@@ -240,8 +266,15 @@ static void job_work(struct work_struct *work)
 	ret = check_record(c, j);
 	if (ret)
 		goto fail;
+	if (ckpt_step_counts(&c->step, j->chunk, j->rec)) {
+		/* Bias-corrected for another count: not written, COMMIT refuses. */
+		spin_lock(&c->sm_lock);
+		ckpt_sm_count_fault(&c->step.sm, j->chunk);
+		spin_unlock(&c->sm_lock);
+		goto out;
+	}
 
-	nonfinite = run_update(j, p, p + cp, p + 2 * cp, cp);
+	nonfinite = run_chunk(j);
 	if (nonfinite) {
 		/* The step will be skipped: this chunk is not written. */
 		spin_lock(&c->sm_lock);
@@ -286,7 +319,7 @@ void dm_ckpt_upd_dispatch(struct dm_ckpt *c, struct bio *bio, u32 chunk,
 	ckpt_rec_committed(c->sb, chunk, &j->src);
 	ckpt_rec_next(c->sb, chunk, c->step.sm.open_step, &j->dst);
 	j->grad_scale = c->step.sm.grad_scale;
-	j->hp = c->step.sm.groups[c->groups[chunk]];
+	j->group = c->groups[chunk];
 	spin_unlock(&c->sm_lock);
 	atomic_inc(&dm_ckpt_io_of(bio)->pending);
 	queue_work(c->upd.wq, &j->work);

@@ -167,6 +167,8 @@ int ckpt_layout_compute_features(const struct ckpt_geometry *g, u32 incompat,
 		return ret;
 	if (incompat & ~CKPT_FEATURE_INCOMPAT_SUPP)
 		return -CKPT_E_FEATURE;
+	if ((incompat & CKPT_FEATURE_INCOMPAT_COUNTS) && g->chunk_shift > CKPT_COUNTS_MAX_SHIFT)
+		return -CKPT_E_FEATURE;
 
 	memset(l, 0, sizeof(*l));
 	/*
@@ -533,11 +535,12 @@ void ckpt_sb_first(struct ckpt_sb *sb, const u8 *uuid, const struct ckpt_geometr
 
 /* ---------------- state record header ---------------- */
 
-void ckpt_rec_encode(const struct ckpt_rec *r, void *block)
+/* The header fields, with the bytes of struct ckpt_rec_disk; the rest is kept. */
+static void ckpt_rec_encode_header(const struct ckpt_rec *r, void *block)
 {
 	struct ckpt_rec_disk *d = block;
 
-	memset(block, 0, CKPT_BLOCK);
+	memset(block, 0, sizeof(*d));
 	d->magic = cpu_to_le32(CKPT_REC_MAGIC);
 	d->data_crc = cpu_to_le32(r->data_crc);
 	d->chunk = cpu_to_le32(r->chunk);
@@ -546,7 +549,14 @@ void ckpt_rec_encode(const struct ckpt_rec *r, void *block)
 	d->slot = cpu_to_le32(r->slot);
 	d->chunk_shift = cpu_to_le32(r->chunk_shift);
 	d->plo_crc = cpu_to_le32(r->plo_crc);
+	d->count_crc = cpu_to_le32(r->count_crc);
 	d->crc32c = cpu_to_le32(ckpt_crc_skip(block, sizeof(*d), CKPT_REC_CRC_OFF));
+}
+
+void ckpt_rec_encode(const struct ckpt_rec *r, void *block)
+{
+	memset(block, 0, CKPT_BLOCK);
+	ckpt_rec_encode_header(r, block);
 }
 
 /*
@@ -577,6 +587,7 @@ int ckpt_rec_decode(const void *block, struct ckpt_rec *r)
 	r->chunk_shift = shift;
 	r->data_crc = le32_to_cpu(d->data_crc);
 	r->plo_crc = le32_to_cpu(d->plo_crc);
+	r->count_crc = le32_to_cpu(d->count_crc);
 	r->step = le64_to_cpu(d->step);
 	r->sequence = le64_to_cpu(d->sequence);
 	return 0;
@@ -587,11 +598,49 @@ u32 ckpt_plo_crc(const void *plo, u32 chunk_shift)
 	return ckpt_crc32c(plo, (size_t)2 << chunk_shift);
 }
 
+#define CKPT_REC_COUNTS_OFF	((u32)sizeof(struct ckpt_rec_disk))
+
+_Static_assert(sizeof(struct ckpt_rec_disk) +
+	       (8u << (CKPT_COUNTS_MAX_SHIFT - CKPT_BLOCK_SHIFT)) <= CKPT_BLOCK,
+	       "block counts fit the record header");
+
+static u32 ckpt_rec_count_crc(const void *header, u32 chunk_shift)
+{
+	return ckpt_crc32c((const u8 *)header + CKPT_REC_COUNTS_OFF,
+			   (size_t)8 << (chunk_shift - CKPT_BLOCK_SHIFT));
+}
+
+u64 ckpt_rec_count(const void *header, u32 block)
+{
+	const __le64 *c = (const __le64 *)((const u8 *)header + CKPT_REC_COUNTS_OFF);
+
+	return le64_to_cpu(c[block]);
+}
+
+void ckpt_rec_set_count(void *header, u32 block, u64 count)
+{
+	__le64 *c = (__le64 *)((u8 *)header + CKPT_REC_COUNTS_OFF);
+
+	c[block] = cpu_to_le64(count);
+}
+
+void ckpt_rec_set_counts(void *header, u32 chunk_shift, u64 count)
+{
+	u32 b;
+
+	for (b = 0; b < 1u << (chunk_shift - CKPT_BLOCK_SHIFT); b++)
+		ckpt_rec_set_count(header, b, count);
+}
+
 enum ckpt_rec_fault ckpt_rec_check(const void *header, const void *data,
 				   const void *plo, const struct ckpt_rec *want,
 				   u32 incompat, struct ckpt_rec *got)
 {
 	if (ckpt_rec_decode(header, got) < 0)
+		return CKPT_REC_HEADER;
+	if ((incompat & CKPT_FEATURE_INCOMPAT_COUNTS) &&
+	    (got->chunk_shift > CKPT_COUNTS_MAX_SHIFT ||
+	     ckpt_rec_count_crc(header, got->chunk_shift) != got->count_crc))
 		return CKPT_REC_HEADER;
 	if (got->chunk != want->chunk || got->slot != want->slot ||
 	    got->chunk_shift != want->chunk_shift)
@@ -628,6 +677,7 @@ void ckpt_rec_seal(void *header, const void *data, const void *plo,
 		   const struct ckpt_rec *id, u32 incompat)
 {
 	struct ckpt_rec r = *id;
+	u32 n;
 
 	if (data)
 		r.data_crc = ckpt_crc32c(data, (size_t)12 << r.chunk_shift);
@@ -635,7 +685,16 @@ void ckpt_rec_seal(void *header, const void *data, const void *plo,
 		r.plo_crc = 0;
 	else if (plo)
 		r.plo_crc = ckpt_plo_crc(plo, r.chunk_shift);
-	ckpt_rec_encode(&r, header);
+	if (!(incompat & CKPT_FEATURE_INCOMPAT_COUNTS) || r.chunk_shift > CKPT_COUNTS_MAX_SHIFT) {
+		r.count_crc = 0;
+		ckpt_rec_encode(&r, header);
+		return;
+	}
+	/* The counts stay; the rest of the block after them is zero. */
+	n = CKPT_REC_COUNTS_OFF + (8u << (r.chunk_shift - CKPT_BLOCK_SHIFT));
+	memset((u8 *)header + n, 0, CKPT_BLOCK - n);
+	r.count_crc = ckpt_rec_count_crc(header, r.chunk_shift);
+	ckpt_rec_encode_header(&r, header);
 }
 
 const char *ckpt_rec_fault_str(enum ckpt_rec_fault f)
@@ -661,6 +720,10 @@ const char *ckpt_rec_fault_str(enum ckpt_rec_fault f)
 
 #define CKPT_CMD_HDR	((u32)sizeof(struct ckpt_cmd_disk))
 #define CKPT_HP_BYTES	((u32)sizeof(struct ckpt_hparams_disk))
+#define CKPT_RANGE_BYTES	((u32)sizeof(struct ckpt_range_disk))
+
+_Static_assert(sizeof(struct ckpt_cmd_disk) + CKPT_MAX_RANGES * sizeof(struct ckpt_range_disk) <=
+	       CKPT_BLOCK, "largest RANGE fits a block");
 
 /* ---------------- hyperparameters ---------------- */
 
@@ -812,6 +875,11 @@ int ckpt_cmd_encode(const struct ckpt_cmd *cmd, void *buf)
 	case CKPT_OP_ABORT:
 		len = CKPT_CMD_HDR;
 		break;
+	case CKPT_OP_RANGE:
+		if (cmd->n_ranges < 1 || cmd->n_ranges > CKPT_MAX_RANGES)
+			return -CKPT_E_LENGTH;
+		len = CKPT_CMD_HDR + cmd->n_ranges * CKPT_RANGE_BYTES;
+		break;
 	default:
 		return -CKPT_E_OPCODE;
 	}
@@ -831,6 +899,19 @@ int ckpt_cmd_encode(const struct ckpt_cmd *cmd, void *buf)
 	} else if (cmd->opcode == CKPT_OP_COMMIT) {
 		d->blob_len = cpu_to_le32(cmd->blob_len);
 		memcpy(payload, cmd->blob, cmd->blob_len);
+	} else if (cmd->opcode == CKPT_OP_RANGE) {
+		d->n_groups = cpu_to_le32(cmd->n_ranges);
+		for (i = 0; i < cmd->n_ranges; i++) {
+			struct ckpt_range_disk *rd = (struct ckpt_range_disk *)payload + i;
+			const struct ckpt_range *r = &cmd->ranges[i];
+
+			rd->off = cpu_to_le64(r->off);
+			rd->len = cpu_to_le64(r->len);
+			rd->count = cpu_to_le64(r->count);
+			rd->step_size = cpu_to_le32(r->step_size);
+			rd->bc2_sqrt = cpu_to_le32(r->bc2_sqrt);
+			rd->flags = cpu_to_le32(r->flags);
+		}
 	}
 	d->crc32c = cpu_to_le32(ckpt_crc_skip(buf, len, CKPT_CMD_CRC_OFF));
 	return (int)len;
@@ -880,6 +961,12 @@ int ckpt_cmd_decode(const void *buf, u32 len, struct ckpt_cmd *cmd)
 	case CKPT_OP_ABORT:
 		want = CKPT_CMD_HDR;
 		break;
+	case CKPT_OP_RANGE:
+		n_groups = le32_to_cpu(d->n_groups);
+		if (n_groups < 1 || n_groups > CKPT_MAX_RANGES)
+			return -CKPT_E_LENGTH;
+		want = CKPT_CMD_HDR + n_groups * CKPT_RANGE_BYTES;
+		break;
 	default:
 		return -CKPT_E_OPCODE;
 	}
@@ -898,6 +985,19 @@ int ckpt_cmd_decode(const void *buf, u32 len, struct ckpt_cmd *cmd)
 	} else if (opcode == CKPT_OP_COMMIT) {
 		cmd->blob_len = blob_len;
 		memcpy(cmd->blob, payload, blob_len);
+	} else if (opcode == CKPT_OP_RANGE) {
+		cmd->n_ranges = n_groups;
+		for (i = 0; i < n_groups; i++) {
+			const struct ckpt_range_disk *rd = (const struct ckpt_range_disk *)payload + i;
+			struct ckpt_range *r = &cmd->ranges[i];
+
+			r->off = le64_to_cpu(rd->off);
+			r->len = le64_to_cpu(rd->len);
+			r->count = le64_to_cpu(rd->count);
+			r->step_size = le32_to_cpu(rd->step_size);
+			r->bc2_sqrt = le32_to_cpu(rd->bc2_sqrt);
+			r->flags = le32_to_cpu(rd->flags);
+		}
 	}
 	return 0;
 }

@@ -55,6 +55,10 @@ extern "C" {
 #define CKPT_MANIFEST_MAX	(64u << 20)
 /* Tensors start at multiples of this many params (4 KiB of fp16/bf16). */
 #define CKPT_TENSOR_ALIGN	2048u
+/* A block: CKPT_TENSOR_ALIGN params, the unit of step counts and skips. */
+#define CKPT_BLOCK_SHIFT	11u
+/* COUNTS: the largest chunk whose block counts fit its record header. */
+#define CKPT_COUNTS_MAX_SHIFT	19u
 
 enum ckpt_optimizer {
 	CKPT_OPT_ADAM = 1,	/* state: fp32 p, exp_avg, exp_avg_sq */
@@ -72,15 +76,26 @@ enum ckpt_optimizer {
  * manifest (meta2_off), and the superblock carries a crc32c of the group
  * table (group_crc). A reader takes the first copy whose checksum matches.
  *
- * Both are set by format for new images; images without them open and work
- * as before, without those checks (one metadata copy, no group table or
- * p_lo checksum).
+ * COUNTS: every block of CKPT_TENSOR_ALIGN params (a tensor owns whole
+ * blocks) has its own step count, the number of steps that updated it, in
+ * its record header (after struct ckpt_rec_disk, le64 each, checksummed by
+ * count_crc). A step may skip blocks (CKPT_OP_RANGE): they keep p, m, v and
+ * their count; an updated block's count must be the one its bias correction
+ * is for. Needs chunk_shift <= CKPT_COUNTS_MAX_SHIFT (the counts fit the
+ * header block). Without it a block's count is its record's step and
+ * CKPT_OP_RANGE is refused.
+ *
+ * All are set by format for new images (COUNTS where the chunk size allows);
+ * images without them open and work as before, without those checks (one
+ * metadata copy, no group table or p_lo checksum, no skipping).
  */
 #define CKPT_FEATURE_INCOMPAT_PLO_CRC	(1u << 0)
 #define CKPT_FEATURE_INCOMPAT_META2	(1u << 1)
+#define CKPT_FEATURE_INCOMPAT_COUNTS	(1u << 2)
 
-/* What format sets on new images. */
-#define CKPT_FEATURE_INCOMPAT_DEFAULT	(CKPT_FEATURE_INCOMPAT_PLO_CRC | CKPT_FEATURE_INCOMPAT_META2)
+/* What format sets on new images (minus COUNTS for chunks too large for it). */
+#define CKPT_FEATURE_INCOMPAT_DEFAULT	(CKPT_FEATURE_INCOMPAT_PLO_CRC | CKPT_FEATURE_INCOMPAT_META2 | \
+					 CKPT_FEATURE_INCOMPAT_COUNTS)
 
 #define CKPT_FEATURE_COMPAT_SUPP	0u
 #define CKPT_FEATURE_INCOMPAT_SUPP	CKPT_FEATURE_INCOMPAT_DEFAULT
@@ -296,8 +311,9 @@ struct ckpt_rec_disk {
 	__le32 slot;
 	__le32 chunk_shift;
 	__le32 plo_crc;		/* PLO_CRC: crc32c of the chunk's p_lo; else 0 */
-	__le32 reserved0;
+	__le32 count_crc;	/* COUNTS: crc32c of the block counts; else 0 */
 	__le64 reserved[2];
+	/* COUNTS: __le64 count[2^(chunk_shift - CKPT_BLOCK_SHIFT)] follows */
 } __packed;
 
 struct ckpt_rec {
@@ -306,10 +322,21 @@ struct ckpt_rec {
 	u32 chunk_shift;
 	u32 data_crc;
 	u32 plo_crc;
+	u32 count_crc;
 	u64 step;
 	u64 sequence;
 };
 
+/*
+ * COUNTS: the step count of block (index in the chunk) in a record header
+ * block, and setting every block's count to count (a load of state). The
+ * header's seal (ckpt_rec_seal) checksums them.
+ */
+u64 ckpt_rec_count(const void *header, u32 block);
+void ckpt_rec_set_count(void *header, u32 block, u64 count);
+void ckpt_rec_set_counts(void *header, u32 chunk_shift, u64 count);
+
+/* Encode r into a CKPT_BLOCK header block, zeroed first (no block counts). */
 void ckpt_rec_encode(const struct ckpt_rec *r, void *block);
 int ckpt_rec_decode(const void *block, struct ckpt_rec *r);
 
@@ -331,7 +358,8 @@ enum ckpt_rec_fault {
  * at data, then step and sequence; with PLO_CRC in incompat (the image's
  * feature bits), the checksum of the chunk's p_lo (2 B * 2^chunk_shift at
  * plo). data or plo NULL: that checksum is not checked (a reader of p_lo
- * alone needs only the header).
+ * alone needs only the header). With COUNTS the block counts' checksum is
+ * part of the header's (CKPT_REC_HEADER).
  *
  * Returns the first fault found (CKPT_REC_OK if none); *got holds the
  * decoded header unless the fault is CKPT_REC_HEADER. A caller accepting
@@ -359,8 +387,10 @@ void ckpt_rec_next(const struct ckpt_sb *sb, u32 chunk, u64 step, struct ckpt_re
  * Seal a record: write its header block (CKPT_BLOCK bytes at header, zeroed
  * first) with id's identity, the crc32c of the 12 B * 2^chunk_shift of
  * p, m, v at data and, with PLO_CRC in incompat, of the chunk's p_lo at plo
- * (else plo_crc is 0). data or plo NULL: id's checksum is kept (a re-stamp
- * of a header whose data did not change).
+ * (else plo_crc is 0), and with COUNTS of the block counts in the header
+ * block (kept as they are, the rest of the block zeroed; without COUNTS
+ * the whole block is zeroed first and count_crc is 0). data or plo NULL: id's
+ * checksum is kept (a re-stamp of a header whose data did not change).
  */
 void ckpt_rec_seal(void *header, const void *data, const void *plo,
 		   const struct ckpt_rec *id, u32 incompat);
@@ -376,7 +406,38 @@ enum ckpt_opcode {
 	CKPT_OP_BEGIN = 1,
 	CKPT_OP_COMMIT = 2,
 	CKPT_OP_ABORT = 3,
+	CKPT_OP_RANGE = 4,	/* COUNTS: skip or bias-correct ranges of the open step */
 };
+
+/*
+ * One range of a CKPT_OP_RANGE command: len bytes at off of the GRAD window
+ * (whole blocks: 4 KiB aligned). CKPT_RANGE_SKIP: the step leaves its
+ * params, moments and counts as they are (the gradient written there is
+ * ignored). Else its blocks are updated with step_size and bc2_sqrt
+ * (fp32 bits) instead of their group's: the bias correction of a block
+ * whose new count is count (each such block's count must be count - 1).
+ */
+#define CKPT_RANGE_SKIP		(1u << 0)
+#define CKPT_MAX_RANGES		64u
+
+struct ckpt_range {
+	u64 off;
+	u64 len;
+	u64 count;
+	u32 step_size;
+	u32 bc2_sqrt;
+	u32 flags;
+};
+
+struct ckpt_range_disk {
+	__le64 off;
+	__le64 len;
+	__le64 count;
+	__le32 step_size;
+	__le32 bc2_sqrt;
+	__le32 flags;
+	__le32 reserved;
+} __packed;
 
 #define CKPT_GROUP_ADAM_L2	(1u << 0)	/* Adam with L2 instead of AdamW */
 
@@ -440,12 +501,15 @@ struct ckpt_cmd_disk {
 	__le32 crc32c;		/* of the first `length` bytes with this field zero */
 	__le32 opcode;
 	__le32 length;		/* header + payload bytes, <= CKPT_BLOCK */
-	__le32 n_groups;	/* BEGIN */
+	__le32 n_groups;	/* BEGIN; RANGE: number of ranges */
 	__le32 grad_scale;	/* BEGIN: fp32 bits, multiplies every gradient */
 	__le32 blob_len;	/* COMMIT */
 	__le64 step;
 	__le64 reserved[3];
-	/* BEGIN: struct ckpt_hparams_disk[n_groups]; COMMIT: blob[blob_len] */
+	/*
+	 * BEGIN: struct ckpt_hparams_disk[n_groups]; COMMIT: blob[blob_len];
+	 * RANGE: struct ckpt_range_disk[n_groups]
+	 */
 } __packed;
 
 struct ckpt_cmd {
@@ -456,6 +520,8 @@ struct ckpt_cmd {
 	struct ckpt_hparams groups[CKPT_MAX_GROUPS];
 	u32 blob_len;
 	u8 blob[CKPT_BLOB_MAX];
+	u32 n_ranges;		/* RANGE: 1..CKPT_MAX_RANGES */
+	struct ckpt_range ranges[CKPT_MAX_RANGES];
 };
 
 /* Encode into buf (CKPT_BLOCK bytes, zeroed by the callee); returns the length or -err. */

@@ -44,6 +44,7 @@ struct ckpt_step_sm {
 	u64 chunks_claimed;
 	u64 chunks_applied;
 	u32 overflow;
+	u32 count_fault;	/* COUNTS: a block's count did not match its update */
 	u32 grad_scale;		/* fp32 bits */
 	struct ckpt_hparams groups[CKPT_MAX_GROUPS];
 	/* what the status page reports */
@@ -82,6 +83,12 @@ void ckpt_sm_clear_bitmaps(struct ckpt_step_sm *sm, u64 *claimed, u64 *applied);
 int ckpt_sm_claim(struct ckpt_step_sm *sm, u32 chunk);
 /* After the chunk's new state is on the backing device (or skipped on overflow). */
 void ckpt_sm_applied(struct ckpt_step_sm *sm, u32 chunk, bool nonfinite, bool written);
+/*
+ * Instead of ckpt_sm_applied: the chunk was not written because a block's
+ * step count is not the one its update's bias correction is for
+ * (ckpt_step_counts); COMMIT refuses the step (E_STEP), ABORT ends it.
+ */
+void ckpt_sm_count_fault(struct ckpt_step_sm *sm, u32 chunk);
 /*
  * COMMIT: returns CKPT_RESULT_COMMITTED when the host must now flush and write
  * the superblock (then call ckpt_sm_committed), CKPT_RESULT_OVERFLOW when the
@@ -234,6 +241,28 @@ struct ckpt_step_ops {
 };
 
 #define CKPT_STAGE_FREE		0xffffffffu
+
+/* A RANGE's bias correction: step_size and bc2_sqrt for blocks reaching count. */
+struct ckpt_bias {
+	u64 count;
+	u32 step_size;
+	u32 bc2_sqrt;
+};
+
+#define CKPT_BIAS_MAX		254u
+#define CKPT_MODE_SKIP		0xffu
+
+/*
+ * One run of a chunk's update (ckpt_step_run): n params from first (in the
+ * chunk) that the update skips (their p, m, v stay; p_lo is rounded from
+ * p) or updates with hp.
+ */
+struct ckpt_run {
+	u64 first;
+	u64 n;
+	bool skip;
+	struct ckpt_hparams hp;
+};
 /* Default staging memory for partial chunks (the target's staging_kb). */
 #define CKPT_STAGING_DEFAULT	(64ULL << 20)
 
@@ -262,6 +291,7 @@ struct ckpt_stage_buf {
 struct ckpt_step_mem {
 	u64 *claimed;
 	u64 *applied;
+	u8 *modes;		/* COUNTS: ckpt_step_blocks() entries, else NULL */
 	struct ckpt_stage_buf *stages;
 	u32 n_stages;
 	u32 *stage_of;
@@ -284,7 +314,22 @@ struct ckpt_step {
 	u32 done_first;		/* stages completed by the current write */
 	/* the image's layout: constant (a restart keeps the geometry), read unlocked */
 	struct ckpt_layout layout;
+	/*
+	 * COUNTS: what the open step does with each block (mem.modes: 0 an
+	 * update with its group's hyperparameters, CKPT_MODE_SKIP, or 1 + an
+	 * index into bias), set by RANGE commands before the block's chunk is
+	 * claimed and cleared by BEGIN; under the command lock. An update
+	 * reads them unlocked: they do not change while its chunk is claimed.
+	 */
+	u32 n_bias;
+	struct ckpt_bias bias[CKPT_BIAS_MAX];
 };
+
+/* Blocks (CKPT_TENSOR_ALIGN params) of an image: the size of mem.modes. */
+static inline u64 ckpt_step_blocks(const struct ckpt_layout *l)
+{
+	return l->n_params >> CKPT_BLOCK_SHIFT;
+}
 
 /* Start from superblock sb (the host's, kept up to date by commits). */
 void ckpt_step_init(struct ckpt_step *cs, const struct ckpt_step_ops *ops, void *host,
@@ -325,6 +370,29 @@ int ckpt_step_command(struct ckpt_step *cs, const void *buf, u32 len);
  * Caller holds the command lock.
  */
 int ckpt_step_exec(struct ckpt_step *cs, const struct ckpt_cmd *cmd, int *io_errno);
+
+/*
+ * The update of a claimed chunk of the open step, whose group is group, in
+ * runs: *pos starts at 0; each call fills run with the next run and returns
+ * true, false after the last. Without COUNTS, or with no RANGE over the
+ * chunk, one run: the whole chunk with the group's hyperparameters. The
+ * host's update calls it after ckpt_step_counts.
+ */
+bool ckpt_step_run(const struct ckpt_step *cs, u32 chunk, u32 group, u64 *pos,
+		   struct ckpt_run *run);
+
+/*
+ * COUNTS: check and advance the block counts of a claimed chunk's record
+ * header (read from the committed slot and checked): every updated block's
+ * count must be one less than the count its bias correction is for (the
+ * open step, or its RANGE's count), and goes up by one; a skipped block's
+ * stays. Returns 0, or -CKPT_E_STEP with the header untouched (the host
+ * then calls ckpt_sm_count_fault). Without COUNTS: 0, nothing done.
+ */
+int ckpt_step_counts(const struct ckpt_step *cs, u32 chunk, void *header);
+
+/* Round n fp32 params (bits) to dtype with integer arithmetic only (any context). */
+void ckpt_round_params_int(u32 dtype, const u32 *p, u16 *plo, u64 n);
 
 /*
  * Commit: flush, then the superblock after cs->sb committing step in slot

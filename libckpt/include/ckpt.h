@@ -269,6 +269,18 @@ int ckpt_write_grad(ckpt_device *d, const char *name, const uint16_t *grad, uint
  * ckpt_block_size(d), any order, as a trainer writing the device would.
  */
 int ckpt_write_grad_window(ckpt_device *d, uint64_t off, const void *buf, uint64_t len);
+/*
+ * Leave tensor name as it is in the open step: its params, both moments and
+ * its step count (torch's param whose .grad is None). Instead of its
+ * gradient, not with it. CKPT_E_FEATURE on an image formatted without
+ * per-block step counts.
+ */
+int ckpt_skip(ckpt_device *d, const char *name);
+/*
+ * *step: the number of committed steps that updated tensor name (torch's
+ * state["step"]); on an image without per-block counts, the committed step.
+ */
+int ckpt_tensor_step(ckpt_device *d, const char *name, uint64_t *step);
 /* The device's write unit (512, or 4096 on a 4Kn device). */
 int ckpt_block_size(ckpt_device *d);
 /* Returns CKPT_COMMITTED or CKPT_OVERFLOW (step skipped). */

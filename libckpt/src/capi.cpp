@@ -668,6 +668,25 @@ int ckpt_write_grad(ckpt_device *d, const char *name, const uint16_t *grad, uint
 	});
 }
 
+int ckpt_skip(ckpt_device *d, const char *name)
+{
+	return with_device(d, [&](ckpt::Device &dev) {
+		need(name, "name");
+		dev.skip(name);
+		return 0;
+	});
+}
+
+int ckpt_tensor_step(ckpt_device *d, const char *name, uint64_t *step)
+{
+	return with_device(d, [&](ckpt::Device &dev) {
+		need(name, "name");
+		need(step, "step");
+		*step = dev.tensor_step(name);
+		return 0;
+	});
+}
+
 int ckpt_write_grad_window(ckpt_device *d, uint64_t off, const void *buf, uint64_t len)
 {
 	return with_device(d, [&](ckpt::Device &dev) {

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 #include "device.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -116,6 +117,12 @@ void Device::begin(std::span<const GroupHparams> groups, double grad_scale)
 			     groups[i].weight_decay);
 	}
 	send(cmd);
+	groups_.assign(groups.begin(), groups.end());
+	if (counts_at_ != st.committed_step)
+		counts_.clear();
+	counts_at_ = st.committed_step;
+	pending_.clear();
+	open_step_ = cmd.step;
 }
 
 CommitResult Device::commit(std::span<const uint8_t> blob)
@@ -130,9 +137,20 @@ CommitResult Device::commit(std::span<const uint8_t> blob)
 	cmd.blob_len = static_cast<uint32_t>(blob.size());
 	if (!blob.empty())
 		std::memcpy(cmd.blob, blob.data(), blob.size());
-	send(cmd);
+	try {
+		send(cmd);
+	} catch (const Error &e) {
+		if (e.code() == CKPT_E_STEP && has_counts() && status().state == CKPT_STATE_OPEN)
+			fail(CKPT_E_STEP, "commit: a block's step count is not the one its update was "
+					  "bias-corrected for (the GRAD window was written around the "
+					  "tensors' counts); abort the step");
+		throw;
+	}
 	if (status().last_result == CKPT_RESULT_OVERFLOW)
 		return CommitResult::overflow;
+	counts_ = std::move(pending_);	// untouched tensors are read again
+	pending_.clear();
+	counts_at_ = cmd.step;
 	// The step wrote every chunk's p_lo, rounded from checked state.
 	plo_checked_.assign(plo_checked_.size(), true);
 	return CommitResult::committed;
@@ -162,6 +180,14 @@ const Tensor &Device::tensor(const std::string &name, uint64_t n)
 void Device::write_grad(const std::string &name, const uint16_t *grad, uint64_t n)
 {
 	const Tensor &t = tensor(name, n);
+	uint64_t next = open_step_;
+	if (has_counts()) {
+		// A tensor skipped before lags: its update is bias-corrected for
+		// its own count, as torch's per-param state["step"].
+		next = read_count(t) + 1;
+		if (next != open_step_)
+			send_range(t, 0, next);
+	}
 	const struct ckpt_layout &l = layout();
 	const uint64_t base = l.grad_off + t.offset * 2;
 	const uint64_t bs = target_->block_size();	// extents are 4 KiB multiples
@@ -175,6 +201,78 @@ void Device::write_grad(const std::string &name, const uint16_t *grad, uint64_t 
 		target_->write(base, grad, body);
 	if (tail)
 		target_->write(base + body, tail_.as(), tail);
+	pending_[name] = next;
+}
+
+uint64_t Device::read_count(const Tensor &t)
+{
+	if (auto it = counts_.find(t.name); it != counts_.end() && counts_at_ != ~0ULL)
+		return it->second;
+	const uint64_t count = tensor_step(t.name);
+	counts_[t.name] = count;
+	return count;
+}
+
+uint64_t Device::tensor_step(const std::string &name)
+{
+	const Tensor &t = manifest().find(name);
+	if (backing_)	// the kernel may have committed since
+		backing_->reload_superblock();
+	const Image &img = image();
+	const struct ckpt_sb &sb = img.sb;
+	if (!has_counts())
+		return sb.committed_step;
+	const struct ckpt_layout &l = sb.layout;
+	const uint32_t chunk = static_cast<uint32_t>(t.offset / l.chunk_params);
+	Buffer header(CKPT_BLOCK);
+	img.file.pread_all(header.as(), CKPT_BLOCK, ckpt_record_offset(&l, sb.committed_slot, chunk));
+	img.check_record(header.as(), chunk, sb.committed_slot, sb.committed_step, sb.sequence, false);
+	return ckpt_rec_count(header.as(), static_cast<uint32_t>((t.offset % l.chunk_params) >> CKPT_BLOCK_SHIFT));
+}
+
+void Device::send_range(const Tensor &t, uint32_t flags, uint64_t count)
+{
+	struct ckpt_cmd &cmd = *cmd_;
+	cmd = {};
+	cmd.opcode = CKPT_OP_RANGE;
+	cmd.step = open_step_;
+	cmd.n_ranges = 1;
+	struct ckpt_range &r = cmd.ranges[0];
+	r.off = t.offset * 2;
+	r.len = t.extent * 2;
+	r.flags = flags;
+	if (!(flags & CKPT_RANGE_SKIP)) {
+		if (t.group >= groups_.size())
+			fail(CKPT_E_STATE, "tensor '{}': no open step", t.name);
+		const struct ckpt_hparams h = hparams_for_step(groups_[t.group], count);
+		r.count = count;
+		r.step_size = h.step_size;
+		r.bc2_sqrt = h.bc2_sqrt;
+	}
+	send(cmd);
+}
+
+// The tensor's blocks keep their state: the target copies them to the
+// step's slot unchanged. Their chunks still need a write of the GRAD
+// window to complete (zeros, ignored).
+void Device::skip(const std::string &name)
+{
+	const Tensor &t = manifest().find(name);
+	if (!has_counts())
+		fail(CKPT_E_FEATURE, "skip '{}': the image has no per-block step counts (formatted "
+				     "without the COUNTS feature); write a zero gradient instead", name);
+	send_range(t, CKPT_RANGE_SKIP, 0);
+	const struct ckpt_layout &l = layout();
+	const uint64_t cb = l.plo_chunk_bytes;
+	if (!zeros_.size())
+		zeros_ = Buffer(cb);
+	for (uint64_t off = t.offset * 2, end = off + t.extent * 2; off < end;) {
+		const uint64_t n = std::min(end - off, cb - off % cb);	// up to a chunk end
+		target_->write(l.grad_off + off, zeros_.as(), n);
+		off += n;
+	}
+	if (!pending_.count(name))
+		pending_[name] = read_count(t);
 }
 
 void Device::write_grad_window(uint64_t off, const void *buf, uint64_t len)

@@ -9,6 +9,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "engine.hpp"
@@ -54,7 +55,15 @@ public:
 	const Image &image() const { return engine_ ? engine_->image() : *backing_; }
 
 	void begin(std::span<const GroupHparams> groups, double grad_scale);
+	// A tensor's gradient; a tensor whose step count lags the open step
+	// (skipped before) is bias-corrected with its own count.
 	void write_grad(const std::string &name, const uint16_t *grad, uint64_t n);
+	// Leave the tensor as it is in the open step: params, moments and step
+	// count (torch's param without a gradient). Needs the COUNTS feature.
+	void skip(const std::string &name);
+	// The number of committed steps that updated the tensor (COUNTS), else
+	// the committed step.
+	uint64_t tensor_step(const std::string &name);
 	// Raw bytes at an offset of the GRAD window: sector-aligned, any order.
 	void write_grad_window(uint64_t off, const void *buf, uint64_t len);
 	CommitResult commit(std::span<const uint8_t> blob);
@@ -71,6 +80,17 @@ private:
 	void send(const struct ckpt_cmd &cmd);
 	const Tensor &tensor(const std::string &name, uint64_t n);
 	void check_params(const Tensor &t);
+	bool has_counts() const { return image().sb.feature_incompat & CKPT_FEATURE_INCOMPAT_COUNTS; }
+	uint64_t read_count(const Tensor &t);
+	void send_range(const Tensor &t, uint32_t flags, uint64_t count);
+
+	// The open step's groups and step, and each tensor's step count as of
+	// counts_at_ (its committed step), with this step's changes in pending_.
+	std::vector<GroupHparams> groups_;
+	uint64_t open_step_ = 0;
+	uint64_t counts_at_ = ~0ULL;
+	std::unordered_map<std::string, uint64_t> counts_, pending_;
+	Buffer zeros_;		// one chunk of zero gradients, for skip
 
 	// Chunks whose committed p_lo was checked against its record (PLO_CRC
 	// images), once per open: every committed step writes all of them anew.

@@ -81,8 +81,11 @@ void Engine::start(const std::string &path)
 		stages_[i].cover = stage_cover_.data() + i * cover_words;
 	}
 	stage_of_.assign(n_chunks, CKPT_STAGE_FREE);
+	if (img_.sb.feature_incompat & CKPT_FEATURE_INCOMPAT_COUNTS)
+		modes_.assign(ckpt_step_blocks(&l), 0);
 	const struct ckpt_step_mem mem = {
-		.claimed = claimed_.data(), .applied = applied_.data(), .stages = stages_.data(),
+		.claimed = claimed_.data(), .applied = applied_.data(),
+		.modes = modes_.empty() ? nullptr : modes_.data(), .stages = stages_.data(),
 		.n_stages = n_stages, .stage_of = stage_of_.data(), .spare = spare_.get(),
 		.block = block_.as(), .cmd = cmd_.get(),
 	};
@@ -414,11 +417,29 @@ void Engine::worker_main(Worker &w)
 						}
 					}
 					ckpt_round_params(img_.sb.geo.dtype, p, s.plo.as<uint16_t>(), cp);
+					if (img_.sb.feature_incompat & CKPT_FEATURE_INCOMPAT_COUNTS)
+						ckpt_rec_set_counts(s.rec.as(), img_.sb.geo.chunk_shift, step);
+				} else if (ckpt_step_counts(&step_, chunk, s.rec.as())) {
+					std::lock_guard lk(mu_);
+					ckpt_sm_count_fault(&step_.sm, chunk);
+					s.job = nullptr;
+					continue;
 				} else {
-					const struct ckpt_hparams *hp = &step_.sm.groups[img_.group_table[chunk]];
-					nonfinite = ckpt_update_chunk(hp, step_.sm.grad_scale, img_.sb.geo.dtype, s.job->grad,
-								      p, p + cp, p + 2 * cp,
-								      s.plo.as<uint16_t>(), cp);
+					// The core says which blocks are skipped and which
+					// bias correction the others take.
+					uint16_t *plo = s.plo.as<uint16_t>();
+					uint64_t pos = 0;
+					struct ckpt_run run;
+					while (ckpt_step_run(&step_, chunk, img_.group_table[chunk], &pos, &run)) {
+						const uint64_t f = run.first;
+						if (run.skip)
+							ckpt_round_params_int(img_.sb.geo.dtype, p + f, plo + f, run.n);
+						else
+							nonfinite |= ckpt_update_chunk(&run.hp, step_.sm.grad_scale,
+										       img_.sb.geo.dtype, s.job->grad + f,
+										       p + f, p + cp + f, p + 2 * cp + f,
+										       plo + f, run.n);
+					}
 				}
 				if (nonfinite) {	// the step will be skipped: write nothing
 					std::lock_guard lk(mu_);

@@ -118,6 +118,7 @@ private:
 	std::vector<Buffer> stage_grad_;
 	std::vector<uint64_t> stage_cover_;
 	std::vector<uint32_t> stage_of_;	// chunk -> stage index or CKPT_STAGE_FREE
+	std::vector<uint8_t> modes_;		// COUNTS: what the open step does per block
 	Buffer block_;				// superblock/status/bounce
 	Buffer bounce_;				// PARAM reads, read_state
 	uint64_t param_bytes_ = 0;

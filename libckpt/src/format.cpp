@@ -179,8 +179,13 @@ void format(const std::string &path_arg, const Layout &layout, const FormatOptio
 	if (opts.incompat & ~CKPT_FEATURE_INCOMPAT_SUPP)
 		fail(CKPT_E_FEATURE, "unknown incompat feature bits {:#x}", opts.incompat);
 	const Layout::Placed placed = layout.place(static_cast<uint32_t>(__builtin_ctz(cp)), opts.dtype);
+	// Block counts fit the record header of chunks up to 2^CKPT_COUNTS_MAX_SHIFT
+	// params; larger chunks get the other default features.
+	uint32_t incompat = opts.incompat;
+	if (incompat == CKPT_FEATURE_INCOMPAT_DEFAULT && placed.geo.chunk_shift > CKPT_COUNTS_MAX_SHIFT)
+		incompat &= ~CKPT_FEATURE_INCOMPAT_COUNTS;
 	struct ckpt_layout l;
-	check_core(ckpt_layout_compute_features(&placed.geo, opts.incompat, &l), "layout");
+	check_core(ckpt_layout_compute_features(&placed.geo, incompat, &l), "layout");
 	const std::string manifest = Manifest::encode(placed.tensors, opts.dtype, cp, layout.hparams());
 
 	// A symlink stands for the file it names: that file is replaced.
@@ -212,7 +217,7 @@ void format(const std::string &path_arg, const Layout &layout, const FormatOptio
 	if (old.block_device) {	// formatted in place: no rename for a device
 		if (old.size < l.dev_bytes)
 			fail(CKPT_E_TOO_SMALL, "{} has {} bytes: this layout needs {}", path, old.size, l.dev_bytes);
-		write_image(old, placed, l, manifest, opts.incompat);
+		write_image(old, placed, l, manifest, incompat);
 		return;
 	}
 	if (opts.size && opts.size < l.dev_bytes)
@@ -220,7 +225,7 @@ void format(const std::string &path_arg, const Layout &layout, const FormatOptio
 		     l.dev_bytes);
 	NewFile file(path, exists ? &st : nullptr);
 	file.reserve(std::max(opts.size, l.dev_bytes));
-	write_image(BackingFile::open(file.tmp(), true), placed, l, manifest, opts.incompat);
+	write_image(BackingFile::open(file.tmp(), true), placed, l, manifest, incompat);
 	file.replace();
 }
 

@@ -65,7 +65,8 @@ struct Attempt {
 	std::vector<ckpt::GroupHparams> groups;
 	double grad_scale;
 	Bytes grad;
-	std::vector<std::pair<uint64_t, uint64_t>> pieces;
+	std::vector<std::pair<uint64_t, uint64_t>> pieces;	// all but tensor b
+	bool skip_b = false;	// b has no gradient: skipped (else written whole)
 	Bytes blob;
 };
 
@@ -115,7 +116,8 @@ Bytes lowp(uint32_t dtype, const std::vector<float> &f)
 }
 
 // Steps 1..p.steps; step t%5 == 2 first overflows (the fp16 loss scale
-// halves, as GradScaler does), step t%5 == 4 is first aborted halfway.
+// halves, as GradScaler does), step t%5 == 4 is first aborted halfway, step
+// t%5 == 3 skips tensor b (which shares a chunk with a).
 Trace make_trace(uint32_t dtype, const std::vector<ckpt::Tensor> &tensors, uint64_t window_bytes,
 		 uint32_t n_groups, const Params &p)
 {
@@ -153,11 +155,19 @@ Trace make_trace(uint32_t dtype, const std::vector<ckpt::Tensor> &tensors, uint6
 			const uint16_t inf = dtype == CKPT_DTYPE_FP16 ? 0x7c00 : 0x7f80;
 			std::memcpy(&a.grad[(tensors[1].offset + 7) * 2], &inf, 2);
 		}
+		// Tensor b goes through write_grad or skip (it lags behind the step
+		// once skipped: its updates carry their own bias correction), the
+		// rest of the window in random pieces around it.
+		const uint64_t bo = tensors[1].offset * 2, be = bo + tensors[1].extent * 2;
 		for (uint64_t off = 0; off < window_bytes;) {
 			const uint64_t n = std::min<uint64_t>(window_bytes - off, (1 + rng() % 24) * CKPT_SECTOR);
-			a.pieces.emplace_back(off, n);
+			if (off < bo)
+				a.pieces.emplace_back(off, std::min(off + n, bo) - off);
+			if (off + n > be)
+				a.pieces.emplace_back(std::max(off, be), off + n - std::max(off, be));
 			off += n;
 		}
+		a.skip_b = t % 5 == 3 && kind == Attempt::commit;
 		std::shuffle(a.pieces.begin(), a.pieces.end(), rng);
 		if (kind == Attempt::abort)
 			a.pieces.resize(a.pieces.size() / 2);
@@ -201,6 +211,11 @@ void run_unit(ckpt::Device &d, const Trace &tr, size_t u)
 	}
 	for (const Attempt &a : unit.attempts) {
 		d.begin(a.groups, a.grad_scale);
+		const ckpt::Tensor &b = tr.tensors[1];
+		if (a.skip_b)
+			d.skip(b.name);
+		else
+			d.write_grad(b.name, reinterpret_cast<const uint16_t *>(a.grad.data() + b.offset * 2), b.numel);
 		for (auto [off, len] : a.pieces)
 			d.write_grad_window(off, a.grad.data() + off, len);
 		if (a.kind == Attempt::abort) {

@@ -335,6 +335,7 @@ static CK_UNUSED struct ckpt_geometry ck_geo(uint32_t n_chunks, uint32_t shift,
 static CK_UNUSED void ck_record_block(const struct ck_model *m, int slot, uint32_t c,
 				      uint8_t *out)
 {
+	memset(out, 0, CKPT_BLOCK);	/* no block counts: zeros after the header */
 	ckpt_rec_encode(&m->rec[slot][c], out);
 	memcpy(out + CKPT_BLOCK, m->state[slot] + (size_t)c * 3 * m->cp, 12 * (size_t)m->cp);
 }

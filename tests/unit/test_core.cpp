@@ -85,8 +85,17 @@ TEST(CoreRecord, SealThenCheckRoundTrip)
 			x = uint8_t(rng());
 		ckpt_rec id, got;
 		ckpt_rec_next(&sb, 3, 1, &id);
+		// With COUNTS the block counts follow the header and are kept; the
+		// rest of the header block is zero.
+		const size_t counts = (incompat & CKPT_FEATURE_INCOMPAT_COUNTS) ?
+			8 << (sb.geo.chunk_shift - CKPT_BLOCK_SHIFT) : 0;
+		if (counts)
+			for (uint32_t b = 0; b < counts / 8; b++)
+				ckpt_rec_set_count(rec.data(), b, 7 + b);
 		ckpt_rec_seal(rec.data(), rec.data() + CKPT_BLOCK, plo.data(), &id, incompat);
-		for (size_t i = sizeof(ckpt_rec_disk); i < CKPT_BLOCK; i++)
+		for (uint32_t b = 0; b < counts / 8; b++)
+			ASSERT_EQ(ckpt_rec_count(rec.data(), b), 7u + b) << "block count " << b;
+		for (size_t i = sizeof(ckpt_rec_disk) + counts; i < CKPT_BLOCK; i++)
 			ASSERT_EQ(rec[i], 0) << "header block not zeroed at " << i;
 		EXPECT_EQ(ckpt_rec_check(rec.data(), rec.data() + CKPT_BLOCK, plo.data(), &id, incompat, &got),
 			  CKPT_REC_OK);
@@ -639,6 +648,7 @@ struct Proto {
 	std::vector<std::vector<uint8_t>> grads;
 	std::vector<uint32_t> stage_of;
 	std::vector<uint8_t> block = std::vector<uint8_t>(CKPT_BLOCK);
+	std::vector<uint8_t> modes;
 	ckpt_step cs{};
 	uint64_t cb;
 
@@ -658,8 +668,10 @@ struct Proto {
 			stages[i].grad = grads[i].data();
 		}
 		stage_of.resize(n);
+		modes.assign(ckpt_step_blocks(&sb.layout), 0);
 		const ckpt_step_mem mem = {
-			.claimed = claimed.data(), .applied = applied.data(), .stages = stages.data(),
+			.claimed = claimed.data(), .applied = applied.data(), .modes = modes.data(),
+			.stages = stages.data(),
 			.n_stages = n_stages, .stage_of = stage_of.data(), .spare = spare.get(),
 			.block = block.data(), .cmd = cmd.get(),
 		};
@@ -1142,7 +1154,10 @@ TEST(CoreRoute, LargestGeometry)
 	g.optimizer = CKPT_OPT_ADAM;
 	g.manifest_bytes = CKPT_BLOCK;
 	ckpt_layout l{};
-	ASSERT_EQ(ckpt_layout_compute_features(&g, CKPT_FEATURE_INCOMPAT_DEFAULT, &l), 0);
+	// block counts do not fit the header of chunks this large: no COUNTS
+	EXPECT_EQ(ckpt_layout_compute_features(&g, CKPT_FEATURE_INCOMPAT_DEFAULT, &l), -CKPT_E_FEATURE);
+	ASSERT_EQ(ckpt_layout_compute_features(&g, CKPT_FEATURE_INCOMPAT_DEFAULT & ~CKPT_FEATURE_INCOMPAT_COUNTS,
+					       &l), 0);
 	const uint64_t cb = l.plo_chunk_bytes;
 	Routed x = route(l, l.virt_bytes - cb + 4096, 3 * cb);
 	EXPECT_EQ(x.ret, -CKPT_E_RANGE);

@@ -471,6 +471,231 @@ TEST_F(EngineTest, BeginRefusesWhatTorchRefuses)
 	EXPECT_EQ(st.last_error, CKPT_E_HPARAM);
 }
 
+// ---- skipping tensors and per-block step counts (COUNTS)
+
+struct TensorState {
+	std::vector<float> p, m, v;
+	bool operator==(const TensorState &o) const
+	{
+		auto same = [](const std::vector<float> &a, const std::vector<float> &b) {
+			return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+		};
+		return same(p, o.p) && same(m, o.m) && same(v, o.v);
+	}
+};
+
+static TensorState state_of(ckpt::Device &d, const std::string &name)
+{
+	const uint64_t n = d.manifest().find(name).numel;
+	TensorState s{std::vector<float>(n), std::vector<float>(n), std::vector<float>(n)};
+	d.read_state(name, s.p.data(), s.m.data(), s.v.data(), n);
+	return s;
+}
+
+// Gradients of one step: a distinct value per tensor and step (fp16 bits).
+static std::vector<uint16_t> grad_of(ckpt::Device &d, const std::string &name, int step)
+{
+	const uint64_t n = d.manifest().find(name).numel;
+	std::vector<uint16_t> g(n);
+	for (uint64_t i = 0; i < n; i++)
+		g[i] = static_cast<uint16_t>(0x3000 + (i * 7 + name[0] * 13 + step * 101) % 0x0c00);
+	return g;
+}
+
+static void load_masters(ckpt::Device &d)
+{
+	std::vector<std::pair<std::string, std::vector<float>>> vals;
+	for (const char *name : {"a", "b", "c"}) {
+		const uint64_t n = d.manifest().find(name).numel;
+		std::vector<float> v(n);
+		for (uint64_t i = 0; i < n; i++)
+			v[i] = 0.25f + static_cast<float>(i % 97) / 128.0f;
+		vals.emplace_back(name, std::move(v));
+	}
+	std::vector<std::pair<std::string, std::span<const float>>> spans;
+	for (auto &[n, v] : vals)
+		spans.emplace_back(n, v);
+	d.load_params(spans);
+}
+
+// One step: write the tensors in `write`, skip the rest.
+static ckpt::CommitResult step_with(ckpt::Device &d, int step, std::initializer_list<const char *> write)
+{
+	std::vector<ckpt::GroupHparams> gs(2);
+	for (auto &g : gs) {
+		g.lr = 1e-2;
+		g.weight_decay = 0.1;
+	}
+	d.begin(gs, 1.0);
+	for (const char *name : {"a", "b", "c"}) {
+		if (std::find_if(write.begin(), write.end(), [&](const char *w) {
+			    return std::string(w) == name;
+		    }) != write.end()) {
+			const std::vector<uint16_t> g = grad_of(d, name, step);
+			d.write_grad(name, g.data(), g.size());
+		} else {
+			d.skip(name);
+		}
+	}
+	return d.commit({});
+}
+
+// b shares chunk 1 with a: a skipped b keeps p, m, v and its count bit for
+// bit while a, in the same chunk, is updated.
+TEST_F(EngineTest, SkippedTensorKeepsItsStateBitForBit)
+{
+	auto d = open();
+	load_masters(*d);
+	ASSERT_EQ(step_with(*d, 1, {"a", "b", "c"}), ckpt::CommitResult::committed);
+	const TensorState b1 = state_of(*d, "b"), a1 = state_of(*d, "a");
+	std::vector<uint16_t> plo1(d->manifest().find("b").numel);
+	d->read_params("b", plo1.data(), plo1.size());
+	ASSERT_EQ(step_with(*d, 2, {"a", "c"}), ckpt::CommitResult::committed);
+	EXPECT_TRUE(state_of(*d, "b") == b1);
+	EXPECT_FALSE(state_of(*d, "a") == a1);
+	std::vector<uint16_t> plo2(plo1.size());
+	d->read_params("b", plo2.data(), plo2.size());
+	EXPECT_EQ(plo1, plo2);
+	EXPECT_EQ(d->tensor_step("a"), 2u);
+	EXPECT_EQ(d->tensor_step("b"), 1u);
+	EXPECT_EQ(d->tensor_step("c"), 2u);
+	d.reset();
+	auto again = open();	// the counts are on the device
+	EXPECT_EQ(again->tensor_step("b"), 1u);
+	EXPECT_TRUE(state_of(*again, "b") == b1);
+}
+
+// A tensor updated after being skipped is bias-corrected with its own count:
+// b skipped at step 1 and given gradient G at step 2 ends where a device
+// that gave b the same G at step 1 ends, bit for bit.
+TEST_F(EngineTest, UpdateAfterSkipUsesTheTensorsOwnCount)
+{
+	auto d = open();
+	load_masters(*d);
+	ASSERT_EQ(step_with(*d, 1, {"a", "c"}), ckpt::CommitResult::committed);
+	EXPECT_EQ(d->tensor_step("b"), 0u);
+	d->begin(std::vector<ckpt::GroupHparams>(2, {1e-2, 0.9, 0.999, 1e-8, 0.1, false}), 1.0);
+	const std::vector<uint16_t> g = grad_of(*d, "b", 7);
+	d->write_grad("b", g.data(), g.size());
+	d->skip("a");
+	d->skip("c");
+	ASSERT_EQ(d->commit({}), ckpt::CommitResult::committed);
+	EXPECT_EQ(d->tensor_step("b"), 1u);
+	const TensorState late = state_of(*d, "b");
+	d.reset();
+
+	fs::remove(path_);
+	{
+		ckpt::Layout l;
+		l.add("a", {5000}, 0);
+		l.add("b", {3000}, 0);
+		l.add("c", {1000}, 1);
+		ckpt::FormatOptions o;
+		o.chunk_params = 4096;
+		ckpt::format(path_, l, o);
+	}
+	auto fresh = open();
+	load_masters(*fresh);
+	fresh->begin(std::vector<ckpt::GroupHparams>(2, {1e-2, 0.9, 0.999, 1e-8, 0.1, false}), 1.0);
+	fresh->write_grad("b", g.data(), g.size());
+	fresh->skip("a");
+	fresh->skip("c");
+	ASSERT_EQ(fresh->commit({}), ckpt::CommitResult::committed);
+	EXPECT_TRUE(state_of(*fresh, "b") == late);
+}
+
+// A write that ignores a lagging block's count (no bias correction for it)
+// is caught at the update: COMMIT refuses (E_STEP), ABORT ends the step.
+TEST_F(EngineTest, CountMismatchRefusesTheCommit)
+{
+	auto d = open();
+	load_masters(*d);
+	ASSERT_EQ(step_with(*d, 1, {"a", "c"}), ckpt::CommitResult::committed);
+	const TensorState b0 = state_of(*d, "b");
+	const struct ckpt_layout &l = d->layout();
+	std::vector<uint16_t> g(l.n_params, 0x3c00);
+	d->begin(groups(), 1.0);
+	d->write_grad_window(0, g.data(), l.window_bytes);	// b at the group's step 2
+	EXPECT_EQ(code_of([&] { d->commit({}); }), CKPT_E_STEP);
+	EXPECT_EQ(d->status().state, CKPT_STATE_OPEN);
+	d->abort();
+	EXPECT_EQ(d->status().committed_step, 1u);
+	EXPECT_TRUE(state_of(*d, "b") == b0);
+	ASSERT_EQ(step_with(*d, 2, {"a", "b", "c"}), ckpt::CommitResult::committed);
+	EXPECT_EQ(d->tensor_step("b"), 1u);
+}
+
+// RANGE is checked whole before anything changes.
+TEST_F(EngineTest, RangeCommandIsChecked)
+{
+	auto d = open();
+	struct ckpt_cmd cmd = {};
+	cmd.opcode = CKPT_OP_RANGE;
+	cmd.step = 1;
+	cmd.n_ranges = 1;
+	cmd.ranges[0] = {0, 4096, 0, 0, 0, CKPT_RANGE_SKIP};
+	std::vector<uint8_t> page(CKPT_BLOCK);
+	auto send = [&] {
+		const int len = ckpt_cmd_encode(&cmd, page.data());
+		ASSERT_GT(len, 0);
+		d->engine()->write(0, page.data(), (static_cast<uint64_t>(len) + 511) / 512 * 512);
+	};
+	EXPECT_EQ(code_of(send), CKPT_E_STATE);	// no open step
+	d->begin(groups(), 1.0);
+	cmd.step = 2;
+	EXPECT_EQ(code_of(send), CKPT_E_STEP);
+	cmd.step = 1;
+	cmd.ranges[0].len = 512;
+	EXPECT_EQ(code_of(send), CKPT_E_ALIGN);
+	cmd.ranges[0].len = d->layout().window_bytes + 4096;
+	EXPECT_EQ(code_of(send), CKPT_E_RANGE);
+	cmd.ranges[0] = {0, 4096, 1, 0x3f800000u, 0x3f800000u, 0};
+	cmd.ranges[0].count = 2;	// beyond the open step
+	EXPECT_EQ(code_of(send), CKPT_E_STEP);
+	cmd.ranges[0].count = 1;
+	cmd.ranges[0].bc2_sqrt = 0;	// outside (0, 1]
+	EXPECT_EQ(code_of(send), CKPT_E_HPARAM);
+	cmd.ranges[0] = {0, 8192, 0, 0, 0, CKPT_RANGE_SKIP};
+	cmd.ranges[1] = {4096, 4096, 0, 0, 0, CKPT_RANGE_SKIP};
+	cmd.n_ranges = 2;
+	EXPECT_EQ(code_of(send), CKPT_E_TWICE);	// overlapping
+	cmd.n_ranges = 1;
+	send();
+	EXPECT_EQ(code_of(send), CKPT_E_TWICE);	// already skipped
+	const std::vector<uint16_t> g(4096, 0x3c00);
+	d->write_grad_window(8192, g.data(), 8192);	// chunk 1 claimed
+	cmd.ranges[0] = {8192, 4096, 0, 0, 0, CKPT_RANGE_SKIP};
+	EXPECT_EQ(code_of(send), CKPT_E_TWICE);
+	EXPECT_EQ(d->status().last_error, CKPT_E_TWICE);
+}
+
+// An image formatted before COUNTS opens and steps as before; skipping is
+// refused there and the write of zeros remains the way.
+TEST_F(EngineTest, ImageWithoutCountsKeepsWorking)
+{
+	fs::remove(path_);
+	ckpt::Layout l;
+	l.add("a", {5000}, 0);
+	l.add("b", {3000}, 0);
+	l.add("c", {1000}, 1);
+	ckpt::FormatOptions o;
+	o.chunk_params = 4096;
+	o.incompat = CKPT_FEATURE_INCOMPAT_PLO_CRC | CKPT_FEATURE_INCOMPAT_META2;
+	ckpt::format(path_, l, o);
+	auto d = open();
+	load_masters(*d);
+	step(*d);
+	EXPECT_EQ(d->tensor_step("b"), 1u);
+	d->begin(groups(), 1.0);
+	EXPECT_EQ(code_of([&] { d->skip("b"); }), CKPT_E_FEATURE);
+	d->abort();
+	step(*d);
+	d.reset();
+	const ckpt::Image img = ckpt::Image::open(path_, false);
+	EXPECT_EQ(img.sb.feature_incompat & CKPT_FEATURE_INCOMPAT_COUNTS, 0u);
+	EXPECT_EQ(img.sb.committed_step, 2u);
+}
+
 } // namespace
 
 // The engine's I/O ring and its fallback where io_uring cannot be had

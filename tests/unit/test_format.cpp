@@ -481,10 +481,11 @@ TEST(Superblock, HeaderCorruptions)
 		put32(b, offsetof(ckpt_sb_disk, feature_incompat), 1u << bit);
 		recrc_block(b);
 		// META2 changes the layout the stored offsets must match; PLO_CRC
-		// changes only what records carry.
+		// and COUNTS change only what records carry.
 		const uint32_t f = 1u << bit;
 		EXPECT_EQ(decode_sb(b, dev), f == CKPT_FEATURE_INCOMPAT_META2 ? -CKPT_E_LAYOUT
-					     : f == CKPT_FEATURE_INCOMPAT_PLO_CRC ? 0
+					     : f == CKPT_FEATURE_INCOMPAT_PLO_CRC ||
+							       f == CKPT_FEATURE_INCOMPAT_COUNTS ? 0
 					     : -CKPT_E_FEATURE)
 			<< "incompat " << bit;
 		b = good;
@@ -1108,7 +1109,7 @@ TEST(Command, EncodeRejectsBadCommands)
 	c = abort_cmd(1);
 	c->opcode = 0;
 	EXPECT_EQ(ckpt_cmd_encode(c.get(), b.data()), -CKPT_E_OPCODE);
-	c->opcode = 4;
+	c->opcode = 5;
 	EXPECT_EQ(ckpt_cmd_encode(c.get(), b.data()), -CKPT_E_OPCODE);
 	EXPECT_EQ(ckpt_cmd_encode(nullptr, b.data()), -CKPT_E_INVAL);
 }
@@ -1155,7 +1156,7 @@ TEST(Command, Corruptions)
 		EXPECT_EQ(decode_cmd(b, CKPT_BLOCK), -CKPT_E_VERSION);
 	}
 	// opcode
-	for (uint32_t op : {0u, 4u, 0x100u, 0xffffffffu}) {
+	for (uint32_t op : {0u, 5u, 0x100u, 0xffffffffu}) {
 		Block b = abort;
 		put32(b, offsetof(ckpt_cmd_disk, opcode), op);
 		recrc_cmd(b);

@@ -153,6 +153,8 @@ for _name, _res, _args in [
     ("ckpt_free", None, [_vp]),
     ("ckpt_begin", _int, [_vp, ctypes.POINTER(_HParams), _u32, ctypes.c_double]),
     ("ckpt_write_grad", _int, [_vp, _cp, _u16p, _u64]),
+    ("ckpt_skip", _int, [_vp, _cp]),
+    ("ckpt_tensor_step", _int, [_vp, _cp, _u64p]),
     ("ckpt_commit", _int, [_vp, ctypes.c_char_p, ctypes.c_size_t]),
     ("ckpt_abort", _int, [_vp]),
     ("ckpt_read_params", _int, [_vp, _cp, _u16p, _u64]),
@@ -509,6 +511,18 @@ class Device:
         c_name = _name_bytes(name)
         a = self._lowp_in(name, array)
         _check(_lib.ckpt_write_grad(self._handle(), c_name, a.ctypes.data_as(_u16p), a.size))
+
+    def skip(self, name):
+        """Leave tensor name as it is in the open step (params, moments, step count).
+
+        Instead of write_grad; E_FEATURE on an image without per-block step counts."""
+        _check(_lib.ckpt_skip(self._handle(), _name_bytes(name)))
+
+    def tensor_step(self, name):
+        """The number of committed steps that updated tensor name (torch's state["step"])."""
+        out = ctypes.c_uint64()
+        _check(_lib.ckpt_tensor_step(self._handle(), _name_bytes(name), ctypes.byref(out)))
+        return out.value
 
     def commit(self, blob=b""):
         """Returns "committed", or "overflow" when a non-finite gradient skipped the step."""

@@ -182,8 +182,8 @@ class OffloadAdamW(torch.optim.Optimizer):
     device before its first step. to_torch_state_dict(opt) is the way back.
 
     step(closure=None, *, grad_scale=None, blob=None) writes every p.grad in the
-    device's dtype (a param whose .grad is None gets a zero gradient: the device
-    updates every param at every step), multiplied on the device by
+    device's dtype (a param whose .grad is None is skipped as torch skips it;
+    images formatted before per-block step counts give it a zero gradient), multiplied on the device by
     grad_scale x the clip coefficient of clip_grad_norm_(); commits with the
     trainer blob; reads the params back into the model. `last_result` is the
     commit's result: "committed", or "overflow" (a non-finite gradient: the step
@@ -468,6 +468,13 @@ class OffloadAdamW(torch.optim.Optimizer):
         try:
             for n, p, gi in self._flat:
                 if p.grad is None:
+                    # torch skips it: no decay, no moment decay, its own step count
+                    try:
+                        dev.skip(n)
+                        continue
+                    except CkptError as e:
+                        if e.name != "E_FEATURE":  # an image formatted before skips
+                            raise
                     g = np.zeros(p.numel(), dtype=np.float16 if dtype == "fp16" else np.uint16)
                 elif p.grad.is_sparse:
                     raise RuntimeError(f"{n!r}: OffloadAdamW does not support sparse gradients")
