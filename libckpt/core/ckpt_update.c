@@ -40,7 +40,16 @@ CKPT_SCALAR void ckpt_round_params_scalar(u32 dtype, const u32 *p, u16 *plo, u64
  * x86-64: the dispatched entry points are target_clones of the baseline
  * (SSE2), AVX2 and x86-64-v4 (AVX-512) builds.
  */
+#if defined(__SANITIZE_THREAD__)
+/*
+ * Under ThreadSanitizer the clones' resolvers would run, instrumented, while
+ * the program is relocated, before the TSan runtime is up (the static
+ * library puts them in the executable): one build, the baseline.
+ */
+#define CKPT_CLONES
+#else
 #define CKPT_CLONES __attribute__((target_clones("default", "avx2", "arch=x86-64-v4")))
+#endif
 
 CKPT_CLONES u32 ckpt_update_chunk(CKPT_UPDATE_ARGS)
 {

@@ -218,16 +218,7 @@ uint64_t Device::tensor_step(const std::string &name)
 	const Tensor &t = manifest().find(name);
 	if (backing_)	// the kernel may have committed since
 		backing_->reload_superblock();
-	const Image &img = image();
-	const struct ckpt_sb &sb = img.sb;
-	if (!has_counts())
-		return sb.committed_step;
-	const struct ckpt_layout &l = sb.layout;
-	const uint32_t chunk = static_cast<uint32_t>(t.offset / l.chunk_params);
-	Buffer header(CKPT_BLOCK);
-	img.file.pread_all(header.as(), CKPT_BLOCK, ckpt_record_offset(&l, sb.committed_slot, chunk));
-	img.check_record(header.as(), chunk, sb.committed_slot, sb.committed_step, sb.sequence, false);
-	return ckpt_rec_count(header.as(), static_cast<uint32_t>((t.offset % l.chunk_params) >> CKPT_BLOCK_SHIFT));
+	return image().tensor_count(image().sb, t);
 }
 
 void Device::send_range(const Tensor &t, uint32_t flags, uint64_t count)

@@ -417,8 +417,20 @@ void Engine::worker_main(Worker &w)
 						}
 					}
 					ckpt_round_params(img_.sb.geo.dtype, p, s.plo.as<uint16_t>(), cp);
-					if (img_.sb.feature_incompat & CKPT_FEATURE_INCOMPAT_COUNTS)
+					if (img_.sb.feature_incompat & CKPT_FEATURE_INCOMPAT_COUNTS) {
 						ckpt_rec_set_counts(s.rec.as(), img_.sb.geo.chunk_shift, step);
+						// a tensor that lags the step keeps its own count
+						// in each block it owns
+						for (const StateSpan &span : *s.job->load) {
+							const uint64_t lo = std::max(span.offset, chunk * cp);
+							const uint64_t hi = std::min(span.offset + span.n, (chunk + 1) * cp);
+							if (span.count == ~0ULL || lo >= hi)
+								continue;
+							for (uint64_t b = (lo - chunk * cp) >> CKPT_BLOCK_SHIFT;
+							     b <= (hi - 1 - chunk * cp) >> CKPT_BLOCK_SHIFT; b++)
+								ckpt_rec_set_count(s.rec.as(), static_cast<uint32_t>(b), span.count);
+						}
+					}
 				} else if (ckpt_step_counts(&step_, chunk, s.rec.as())) {
 					std::lock_guard lk(mu_);
 					ckpt_sm_count_fault(&step_.sm, chunk);

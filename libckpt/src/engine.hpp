@@ -56,6 +56,7 @@ struct StateSpan {
 	const float *p;
 	const float *m;
 	const float *v;
+	uint64_t count = ~0ULL;	// its step count (COUNTS); ~0: the loaded step
 };
 
 class Engine : public Target {

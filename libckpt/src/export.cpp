@@ -49,6 +49,7 @@ struct Source {
 	std::span<const uint8_t> blob;
 	std::function<void(const Tensor &, float *, float *, float *)> state;
 	std::function<void(const Tensor &, uint16_t *)> lowp;
+	std::function<uint64_t(const Tensor &)> count;	// the tensor's step count
 };
 
 std::map<std::string, std::string> metadata(const Source &src, uint32_t flags, const std::string &meta_json)
@@ -64,8 +65,11 @@ std::map<std::string, std::string> metadata(const Source &src, uint32_t flags, c
 	ix.chunk_params = static_cast<uint32_t>(src.sb->layout.chunk_params);
 	ix.step = src.step;
 	ix.n_groups = src.sb->geo.n_groups;
-	for (const Tensor &t : src.manifest->tensors())
+	for (const Tensor &t : src.manifest->tensors()) {
 		ix.tensor_group[t.name] = t.group;
+		if (const uint64_t n = src.count(t); n != src.step)
+			ix.tensor_step[t.name] = n;
+	}
 	ix.hparams = src.manifest->hparams();
 	interchange::write(ix, meta);
 	if (flags & CKPT_EXPORT_LOWP)
@@ -150,7 +154,7 @@ ExportReport export_device(Device &dev, const std::string &out, uint32_t flags, 
 	if (st.state == CKPT_STATE_OPEN)
 		fail(CKPT_E_STATE, "export: step {} is open: commit or abort it first", st.open_step);
 	check_not_image(dev.image(), out, "export: the output ");
-	Source src{&dev.manifest(), &dev.image().sb, st.committed_step, {st.blob, st.blob_len}, {}, {}};
+	Source src{&dev.manifest(), &dev.image().sb, st.committed_step, {st.blob, st.blob_len}, {}, {}, {}};
 	std::vector<float> scratch;
 	src.state = [&](const Tensor &t, float *p, float *m, float *v) {
 		if (!m) {
@@ -161,6 +165,7 @@ ExportReport export_device(Device &dev, const std::string &out, uint32_t flags, 
 		dev.read_state(t.name, p, m, v, t.numel);
 	};
 	src.lowp = [&](const Tensor &t, uint16_t *lo) { dev.read_params(t.name, lo, t.numel); };
+	src.count = [&](const Tensor &t) { return dev.tensor_step(t.name); };
 	ExportReport r = write(src, out, flags, meta_json);
 	r.path = dev.image().file.path;
 	return r;
@@ -176,7 +181,8 @@ ExportReport export_image(const std::string &path, const std::string &out, uint3
 	const struct ckpt_sb sb = img.sb;
 	Buffer bounce(sb.layout.record_bytes);
 	std::vector<float> scratch;
-	Source src{&img.manifest, &sb, sb.committed_step, {sb.blob, sb.blob_len}, {}, {}};
+	Source src{&img.manifest, &sb, sb.committed_step, {sb.blob, sb.blob_len}, {}, {}, {}};
+	src.count = [&](const Tensor &t) { return img.tensor_count(sb, t); };
 	// Every record header is checked against the superblock read at the
 	// start: if a live target commits meanwhile, the export fails rather
 	// than mixing steps.

@@ -267,6 +267,18 @@ void Image::read_state(uint32_t slot, uint64_t step, uint64_t sequence, uint64_t
 	read_state(identity(sb, 0, slot, step, sequence), offset, n, p, m, v, bounce);
 }
 
+uint64_t Image::tensor_count(const struct ckpt_sb &at, const Tensor &t) const
+{
+	if (!(at.feature_incompat & CKPT_FEATURE_INCOMPAT_COUNTS))
+		return at.committed_step;
+	const struct ckpt_layout &l = at.layout;
+	const uint32_t chunk = static_cast<uint32_t>(t.offset / l.chunk_params);
+	Buffer header(CKPT_BLOCK);
+	file.pread_all(header.as(), CKPT_BLOCK, ckpt_record_offset(&l, at.committed_slot, chunk));
+	check_record(header.as(), chunk, at.committed_slot, at.committed_step, at.sequence, false);
+	return ckpt_rec_count(header.as(), static_cast<uint32_t>((t.offset % l.chunk_params) >> CKPT_BLOCK_SHIFT));
+}
+
 void Image::check_record(const uint8_t *block, uint32_t chunk, uint32_t slot, uint64_t step,
 			 uint64_t sequence, bool data, const uint8_t *plo) const
 {

@@ -64,6 +64,10 @@ struct Image {
 			float *p, float *m, float *v, Buffer &bounce) const;
 	void check_record(const uint8_t *block, uint32_t chunk, uint32_t slot, uint64_t step,
 			  uint64_t sequence, bool data, const uint8_t *plo = nullptr) const;
+	// Tensor t's step count in the state sb commits (the committed steps that
+	// updated it), from its first block's count in the checked record
+	// header; sb's committed step on an image without COUNTS.
+	uint64_t tensor_count(const struct ckpt_sb &at, const Tensor &t) const;
 	// The names of the tensors with params in chunk, quoted, for messages.
 	std::string tensors_of_chunk(uint32_t chunk) const;
 };

@@ -21,6 +21,7 @@ namespace {
 
 const std::string pre = prefix;
 const std::string tensor_pre = pre + "tensor_group.";
+const std::string tensor_step_pre = pre + "tensor_step.";
 const std::string group_pre = pre + "group.";
 const char *const hparam_keys[] = {"lr", "beta1", "beta2", "eps", "weight_decay", "flags"};
 
@@ -81,6 +82,8 @@ void write(const Metadata &m, std::map<std::string, std::string> &meta)
 	meta[pre + "n_groups"] = std::to_string(m.n_groups);
 	for (const auto &[name, g] : m.tensor_group)
 		meta[tensor_pre + name] = std::to_string(g);
+	for (const auto &[name, n] : m.tensor_step)
+		meta[tensor_step_pre + name] = std::to_string(n);
 	for (size_t g = 0; g < m.hparams.size(); g++) {
 		const GroupHparams &h = m.hparams[g];
 		const std::string k = fmt::format("{}{}.", group_pre, g);
@@ -100,6 +103,7 @@ std::optional<Metadata> read(const std::map<std::string, std::string> &meta, con
 	Metadata m;
 	std::map<std::string, const std::string *> scalars;	// format_version, dtype, ...
 	std::map<uint64_t, std::map<std::string, const std::string *>> groups;
+	std::map<std::string, const std::string *> tensor_steps;
 	bool any = false;
 	for (const auto &[key, value] : meta) {
 		if (key.compare(0, pre.size(), pre) != 0)
@@ -111,6 +115,8 @@ std::optional<Metadata> read(const std::map<std::string, std::string> &meta, con
 			if (name.empty())
 				p.bad(key, "no tensor name after the prefix");
 			m.tensor_group[name] = static_cast<uint32_t>(p.uint(key, value, CKPT_MAX_GROUPS - 1));
+		} else if (key.compare(0, tensor_step_pre.size(), tensor_step_pre) == 0) {
+			tensor_steps[key.substr(tensor_step_pre.size())] = &value;
 		} else if (key.compare(0, group_pre.size(), group_pre) == 0) {
 			const std::string g = key.substr(group_pre.size());
 			const size_t dot = g.find('.');
@@ -160,6 +166,14 @@ std::optional<Metadata> read(const std::map<std::string, std::string> &meta, con
 	if (top + 1 != m.n_groups)
 		fail(CKPT_E_INVAL, "{}: __metadata__ {}n_groups is {}, but the tensors use groups 0 to {}", what, pre,
 		     m.n_groups, top);
+	for (const auto &[name, value] : tensor_steps) {
+		const std::string key = tensor_step_pre + name;
+		if (!m.tensor_group.count(name))
+			p.bad(key, fmt::format("names no tensor of {}NAME", tensor_pre));
+		const uint64_t n = p.uint(key, *value, m.step);	// a tensor cannot be ahead of the step
+		if (n != m.step)	// written only where it lags
+			m.tensor_step[name] = n;
+	}
 	if (groups.empty())
 		return m;
 	for (uint32_t g = 0; g < m.n_groups; g++) {

@@ -9,6 +9,10 @@
 //   dm-ckpt.step                 the committed step exported
 //   dm-ckpt.n_groups             "2"
 //   dm-ckpt.tensor_group.NAME    each tensor's group, "0".."n_groups-1"
+//   dm-ckpt.tensor_step.NAME     a tensor's own step count (the committed
+//                                steps that updated it), only where it lags
+//                                dm-ckpt.step (a param skipped for want of a
+//                                gradient); absent: dm-ckpt.step
 //   dm-ckpt.group.G.lr, .beta1, .beta2, .eps, .weight_decay, .flags
 //                                each group's hyperparameters (flags: 1 for
 //                                Adam with L2), when the image records them
@@ -36,6 +40,7 @@ struct Metadata {
 	uint64_t step = 0;
 	uint32_t n_groups = 0;
 	std::map<std::string, uint32_t> tensor_group;
+	std::map<std::string, uint64_t> tensor_step;	// only the tensors that lag step
 	std::vector<GroupHparams> hparams;	// n_groups entries, or none
 };
 

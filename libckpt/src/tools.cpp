@@ -644,6 +644,20 @@ std::string import_safetensors(const std::string &device, const std::string &fro
 		std::vector<StateSpan> spans;
 		for (size_t i = 0; i < items.size(); i++)
 			spans.push_back({items[i].dev->offset, items[i].dev->numel, p[i].data(), m[i].data(), v[i].data()});
+		// Tensors that lagged the step where they were exported keep their
+		// own step count: their next bias correction is the original's.
+		if (ix && !a.step) {
+			for (size_t i = 0; i < items.size(); i++) {
+				auto it = ix->tensor_step.find(items[i].p->name);
+				if (it == ix->tensor_step.end())
+					continue;
+				if (!(dev->image().sb.feature_incompat & CKPT_FEATURE_INCOMPAT_COUNTS))
+					fail(CKPT_E_FEATURE, "{}: tensor '{}' was updated in {} of the {} steps, and {} keeps "
+							     "no per-tensor step counts (format it with chunks of at most "
+							     "2^19 params)", a.from, items[i].p->name, it->second, step, a.device);
+				spans[i].count = it->second;
+			}
+		}
 		dev->engine()->load_state(spans, step, blob);
 	} else {
 		std::vector<std::pair<std::string, std::span<const float>>> values;

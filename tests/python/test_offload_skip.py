@@ -80,6 +80,11 @@ class OffloadSkipTest(unittest.TestCase):
         self.assertEqual(opt.device.tensor_step(sometimes), 20)
         self.assertEqual(opt.device.tensor_step("3.weight"), 30)
         self.assertLess(worst, 1.0)
+        # the exported torch state_dict carries each param's own step
+        exported = ckpt.torch.to_torch_state_dict(opt)["state"]
+        for i, n in enumerate(names):
+            st = ref_opt.state.get(ref[n], {})
+            self.assertEqual(int(exported[i]["step"]), int(st["step"]) if st else 0, n)
 
 
 if __name__ == "__main__":

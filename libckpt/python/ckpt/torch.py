@@ -506,8 +506,10 @@ class OffloadAdamW(torch.optim.Optimizer):
                 "layout": [[n, list(s), g] for n, s, g in self._layout]}
 
     def _param_steps(self):
-        """The step count of every param (order of param_groups): the device keeps one."""
-        return [int(self.device.committed_step)] * len(self._flat)
+        """The step count of every param (order of param_groups), torch's
+        state["step"]: the committed steps that updated it (a param skipped for
+        want of a gradient does not count)."""
+        return [int(self.device.tensor_step(n)) for n, _, _ in self._flat]
 
     def state_dict(self):
         """torch's format, pointing at the device: {"state": {}, "param_groups": [...],
