@@ -16,8 +16,8 @@
 # A finished build is not built again. A new HASH (a changed fragment) starts
 # from a copy of the obj/ of the newest finished build of the same source,
 # not from nothing: kbuild's fixdep dependencies on include/config/ rebuild
-# only what the changed options touch (minutes for a few drivers, against an
-# hour for the whole kernel). The last line of output is the directory.
+# only what the changed options touch (minutes for a few drivers; an option
+# that common headers test, like CONFIG_NET, reaches nearly every object). The last line of output is the directory.
 # KDEBUG_SRC_TAR: another linux-source tarball; KDEBUG_JOBS: make -j
 # (default 2).
 set -euo pipefail
@@ -66,6 +66,7 @@ fi
 
 t0=$SECONDS
 obj=$dir/obj
+mkdir -p "$dir"
 if [ ! -e "$obj" ]; then
 	seed=""
 	for d in $(ls -1td "$top"/*/done 2>/dev/null); do
