@@ -1,8 +1,8 @@
 #!/bin/bash
 # Build the debug kernel of make kernel-debug: Debian's linux-source-6.12,
 # `make tinyconfig` plus scripts/vm/kdebug.config (KASAN, lockdep, KFENCE,
-# DEBUG_OBJECTS, DEBUG_ATOMIC_SLEEP, and the VM's devices built in), merged
-# with the kernel's scripts/kconfig/merge_config.sh.
+# DEBUG_OBJECTS, DEBUG_ATOMIC_SLEEP, and the VM's devices and 9p built in),
+# merged with the kernel's scripts/kconfig/merge_config.sh.
 #
 #   scripts/vm/kdebug.sh
 #
