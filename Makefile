@@ -117,7 +117,13 @@ CKPT_CRASH_SEED ?= 1
 crash-campaign: crash-campaign-userspace crash-campaign-kernel
 
 # the kernel's part: the VM suite on every kernel and CPU model, 200 power
-# cuts, and the log replay of a longer trace on both kernels
+# cuts, and the log replay of a longer trace on both kernels. About 7 hours
+# on the shared 2-core machine (load ~20), from its parts measured there: the
+# suite ~14 min per kernel/CPU model (~1 h for the four); a power cut ~90 s
+# (the boot to stepping ~55 s, the cut, verify and export ~35 s;
+# `powercut.sh --cuts 1 --params 65536 --steps 60` took 225 s with its
+# reference and the run to step 60), ~5.5 h for 200 with the boots that run
+# to step 60 uncut; `logreplay.sh --steps 24` 12 min (48 states), twice.
 crash-campaign-kernel:
 	$(MAKE) all
 	$(MAKE) kmod
