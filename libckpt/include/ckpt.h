@@ -239,8 +239,11 @@ int ckpt_load_params_multi(ckpt_device *d, uint32_t count, const char *const *na
  * trainer blob (blob_len <= 2 KiB). p and m finite, v finite and >= 0.
  * Only before the first step (committed step 0, else CKPT_E_STATE), with
  * the userspace engine: a kernel target's backing device is loaded before
- * the target is created on it (the image is the same). The format keeps one
- * step count for all tensors: the steps must be equal (CKPT_E_STEP).
+ * the target is created on it (the image is the same). The state is
+ * committed as the largest of the steps; a tensor at a smaller step (torch's
+ * AdamW counts only the steps that gave a param a gradient) keeps its own
+ * count, which its next bias correction uses: that needs an image with
+ * per-block step counts (feature COUNTS, else CKPT_E_FEATURE).
  */
 int ckpt_load_state(ckpt_device *d, uint32_t count, const char *const *names, const float *const *p,
 		    const float *const *m, const float *const *v, const uint64_t *ns, const uint64_t *steps,

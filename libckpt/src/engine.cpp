@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 
 #include <cfenv>
@@ -34,7 +35,7 @@ public:
 		int writes = 0;
 	};
 
-	Worker(const struct ckpt_layout &l, unsigned depth) : ring(depth * 2 + 2)
+	Worker(const struct ckpt_layout &l, unsigned depth, Ring::Mode io) : ring(depth * 2 + 2, io)
 	{
 		slots.resize(depth);
 		for (Slot &s : slots) {
@@ -96,7 +97,7 @@ void Engine::start(const std::string &path)
 	unsigned n = opts_.workers ? opts_.workers
 				   : std::clamp(std::thread::hardware_concurrency(), 1u, 4u);
 	for (unsigned i = 0; i < n; i++)
-		workers_.push_back(std::make_unique<Worker>(l, std::max(1u, opts_.depth)));
+		workers_.push_back(std::make_unique<Worker>(l, std::max(1u, opts_.depth), opts_.io));
 	for (unsigned i = 0; i < n; i++)
 		threads_.emplace_back([this, i] { worker_main(*workers_[i]); });
 }
@@ -423,7 +424,8 @@ void Engine::worker_main(Worker &w)
 						// in each block it owns
 						for (const StateSpan &span : *s.job->load) {
 							const uint64_t lo = std::max(span.offset, chunk * cp);
-							const uint64_t hi = std::min(span.offset + span.n, (chunk + 1) * cp);
+							const uint64_t hi = std::min(span.offset + std::max(span.n, span.extent),
+										     (chunk + 1) * cp);
 							if (span.count == ~0ULL || lo >= hi)
 								continue;
 							for (uint64_t b = (lo - chunk * cp) >> CKPT_BLOCK_SHIFT;
@@ -530,6 +532,25 @@ void Engine::read_state(uint64_t offset, uint64_t n, float *p, float *m, float *
 }
 
 // ---------------------------------------------------------------- load_state
+
+void check_state_span(const StateSpan &s, uint64_t step, bool counts, const std::string &what)
+{
+	const struct {
+		const float *x;
+		const char *name;
+	} parts[] = {{s.p, "param"}, {s.m, "exp_avg"}, {s.v, "exp_avg_sq"}};
+	for (const auto &[x, name] : parts)
+		for (uint64_t k = 0; x && k < s.n; k++)
+			if (!std::isfinite(x[k]) || (x == s.v && x[k] < 0))
+				fail(CKPT_E_HPARAM, "{} {} element {} is {}", what, name, k, x[k]);
+	if (s.count == ~0ULL || s.count == step)
+		return;
+	if (s.count > step)
+		fail(CKPT_E_STEP, "{} is at step {}, beyond the step {} the state is loaded as", what, s.count, step);
+	if (!counts)
+		fail(CKPT_E_FEATURE, "{} was updated in {} of the {} steps, and the image keeps no per-tensor step "
+				     "counts (format it with chunks of at most 2^19 params)", what, s.count, step);
+}
 
 void Engine::load_state(const std::vector<StateSpan> &spans, uint64_t step, std::span<const uint8_t> blob)
 {

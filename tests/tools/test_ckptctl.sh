@@ -809,8 +809,19 @@ printf 'ckpt1 /dev/x\r\n' >t.tab
 fails_with "ckpttab: a control byte" 1 "t.tab:1: a control or non-ASCII byte (0x0d)" "$ctl" activate --all --ckpttab t.tab
 fails_with "ckpttab: a missing file" 1 "cannot read nope.tab" "$ctl" activate --all --ckpttab nope.tab
 fails_with "ckpttab: a directory" 1 "is not a regular file" "$ctl" activate --all --ckpttab .
-fails_with "activate needs one of --all, --uuid, --device" 1 "give one of" "$ctl" activate --ckpttab t.tab
-fails_with "activate --uuid needs a uuid" 1 "not a uuid" "$ctl" activate --uuid xyz --ckpttab t.tab
+fails_with "activate needs one of --all, --uuid, --device (exit 64: usage)" 64 \
+	"^ckptctl activate: give one of --all, --uuid UUID, --device DEV; see ckptctl activate --help\$" \
+	"$ctl" activate --ckpttab t.tab
+fails_with "activate: two of --all, --uuid, --device" 64 "give one of" "$ctl" activate --all --device /dev/x --ckpttab t.tab
+fails_with "activate --uuid needs a uuid (exit 64)" 64 "^ckptctl activate: .*not a uuid.*; see ckptctl activate --help\$" \
+	"$ctl" activate --uuid xyz --ckpttab t.tab
+fails_with "deactivate needs one of --all, --uuid, NAME (exit 64)" 64 \
+	"^ckptctl deactivate: give one of --all, --uuid UUID, NAME; see ckptctl deactivate --help\$" \
+	"$ctl" deactivate --ckpttab t.tab
+fails_with "deactivate: NAME and --all" 64 "give one of" "$ctl" deactivate --all ckpt0 --ckpttab t.tab
+fails_with "deactivate --uuid needs a uuid (exit 64)" 64 "not a uuid" "$ctl" deactivate --uuid xyz
+fails_with "deactivate: an unknown option (exit 64)" 64 "^ckptctl deactivate: .*--bogus.*; see ckptctl deactivate --help\$" \
+	"$ctl" deactivate --bogus
 tab 'ckpt1 /dev/x noauto'
 fails_with "activate --uuid of an image not listed" 1 "lists no image 11111111-" "$ctl" activate --uuid 11111111-2222-3333-4444-555555555555 --ckpttab t.tab
 

@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "ckpttab.hpp"
 #include "commands.hpp"
 #include "fail.hpp"
 #include "plan.hpp"
@@ -345,7 +346,11 @@ int main(int argc, char **argv)
 		"queue_depth=N (1..128), staging_kb=K (1..4194304). Lines starting with '#'\n"
 		"and blank lines are ignored. Names, uuids and paths must be unique.");
 	activate->add_flag("--all", aa.all, "every entry except those marked noauto");
-	activate->add_option("--uuid", aa.uuid, "the entry of this image uuid");
+	// a uuid that is not one is a usage error (exit 64), found before ckpttab is read
+	const CLI::Validator uuid_check(
+		[](std::string &u) { return canonical_uuid(u).empty() ? "not a uuid (xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)" : ""; },
+		"UUID");
+	activate->add_option("--uuid", aa.uuid, "the entry of this image uuid")->check(uuid_check);
 	activate->add_option("--device", aa.device,
 					     "the entries whose image is on this block device (for udev:\n"
 					     "a device without a listed image is not an error)");
@@ -366,7 +371,7 @@ int main(int argc, char **argv)
 		"The backing device keeps the last committed step.");
 	deactivate->add_option("name", aa.name, "device-mapper name");
 	deactivate->add_flag("--all", aa.all, "the targets of every entry of ckpttab");
-	deactivate->add_option("--uuid", aa.uuid, "the target of this image uuid");
+	deactivate->add_option("--uuid", aa.uuid, "the target of this image uuid")->check(uuid_check);
 	deactivate->add_option("--ckpttab", aa.ckpttab, "the table to read (default /etc/ckpttab)");
 	deactivate->footer("\nEXAMPLES\n  ckptctl deactivate --all\n  ckptctl deactivate ckpt0");
 
@@ -539,12 +544,14 @@ int main(int argc, char **argv)
 		}
 	}
 	if (*activate && aa.all + !aa.uuid.empty() + !aa.device.empty() != 1) {
-		fmt::print(stderr, "ckptctl activate: give one of --all, --uuid UUID, --device DEV\n");
-		return exit_error;
+		fmt::print(stderr, "ckptctl activate: give one of --all, --uuid UUID, --device DEV; see ckptctl "
+				   "activate --help\n");
+		return exit_usage;
 	}
 	if (*deactivate && aa.all + !aa.uuid.empty() + !aa.name.empty() != 1) {
-		fmt::print(stderr, "ckptctl deactivate: give one of --all, --uuid UUID, NAME\n");
-		return exit_error;
+		fmt::print(stderr, "ckptctl deactivate: give one of --all, --uuid UUID, NAME; see ckptctl "
+				   "deactivate --help\n");
+		return exit_usage;
 	}
 
 	try {

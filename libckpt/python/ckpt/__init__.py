@@ -474,8 +474,9 @@ class Device:
     def load_state(self, state, blob=b""):
         """A whole optimizer state from outside: {name: (param, exp_avg,
         exp_avg_sq, step)} for every tensor of the device (fp32 arrays, step
-        an int), committed at once as that step with the trainer blob. Only
-        before the first step; the steps must be equal (see ckpt_load_state)."""
+        an int), committed at once as the largest step with the trainer blob, a
+        tensor at a smaller step keeping its own count. Only before the first
+        step (see ckpt_load_state)."""
         names, arrays, steps = [], [], []
         for name, (p, m, v, step) in state.items():
             names.append(_name_bytes(name))

@@ -542,8 +542,8 @@ class OffloadAdamW(torch.optim.Optimizer):
         device's rounding keeps the device's master: the model's fp32 values when
         the optimizer formatted the device), and the model gets their rounding
         back; fp32 weights hand over exactly. Only into a device before its first
-        step (a new path); every param at the same step (the device keeps one
-        step count).
+        step (a new path). A param at a smaller step than the others (frozen, or
+        without a gradient in some steps) keeps its own step count.
         """
         if "ckpt" not in state_dict:
             return self._import_torch(state_dict)
