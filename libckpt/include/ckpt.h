@@ -289,6 +289,15 @@ int ckpt_block_size(ckpt_device *d);
 /* Returns CKPT_COMMITTED or CKPT_OVERFLOW (step skipped). */
 int ckpt_commit(ckpt_device *d, const void *blob, size_t blob_len);
 int ckpt_abort(ckpt_device *d);
+/*
+ * Make the previous step the committed one again, with its params, moments
+ * and trainer blob: the format keeps step t-1 readable until the next BEGIN.
+ * *step (if not NULL) gets the step now committed. Refused with no change:
+ * CKPT_E_STATE while a step is open, CKPT_E_ROLLBACK when there is nothing
+ * to go back to (step 0, a step began since the last commit, or the device
+ * went back once already: never two steps), CKPT_E_FAILED on a failed device.
+ */
+int ckpt_rollback(ckpt_device *d, uint64_t *step);
 
 int ckpt_read_params(ckpt_device *d, const char *name, uint16_t *out, uint64_t n);
 int ckpt_read_state(ckpt_device *d, const char *name, float *p, float *m, float *v,

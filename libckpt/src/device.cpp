@@ -167,6 +167,20 @@ void Device::abort()
 	send(cmd);
 }
 
+uint64_t Device::rollback()
+{
+	if (!engine_)
+		fail(CKPT_E_STATE, "rollback: this device is served by the kernel target; send it the "
+				   "'rollback' message (or deactivate it and run ckptctl restore --rollback)");
+	const uint64_t step = engine_->rollback();
+	// The committed state changed under the caches of the newer one.
+	counts_at_ = ~0ULL;
+	counts_.clear();
+	pending_.clear();
+	plo_checked_.assign(plo_checked_.size(), false);
+	return step;
+}
+
 const Tensor &Device::tensor(const std::string &name, uint64_t n)
 {
 	const Tensor &t = manifest().find(name);

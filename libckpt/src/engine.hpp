@@ -90,6 +90,11 @@ public:
 	// slot, flush, then a superblock with committed_step = step and the
 	// trainer blob), so a crash keeps either the old or the new state.
 	void load_state(const std::vector<StateSpan> &spans, uint64_t step, std::span<const uint8_t> blob);
+	// Makes the previous step the committed one again (the core's rollback:
+	// ckpt_step_rollback_*): only with no step open, once (never two steps
+	// back), and only while the other slot still holds that step intact.
+	// Returns the step now committed.
+	uint64_t rollback();
 	// fp32 p, m, v of n params at param offset, checksums verified.
 	void read_state(uint64_t offset, uint64_t n, float *p, float *m, float *v);
 

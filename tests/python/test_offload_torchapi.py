@@ -476,7 +476,7 @@ class TorchApiTest(unittest.TestCase):
         opt.step()   # the optimizer still drives the device
         self.assertEqual(opt.committed_step, 3)
 
-    def test_rollback_needs_the_path(self):
+    def test_rollback_of_a_device_it_did_not_open(self):
         model = make_model()
         OffloadAdamW(model.named_parameters(), self.path()).close()
         dev = ckpt.open(self.path())
@@ -485,10 +485,15 @@ class TorchApiTest(unittest.TestCase):
         loss_of(model, *batch(np.random.default_rng(0))).backward()
         opt.step()
         sd = opt.state_dict()
+        params = [p.detach().clone() for p in model.parameters()]
         opt.step()
-        with self.assertRaisesRegex(ValueError, "did not open; close it and call ckpt.restore"):
-            opt.load_state_dict(sd, rollback=True)
-        self.assertEqual(opt.committed_step, 2)
+        opt.load_state_dict(sd, rollback=True)   # the live device rolls back (ckpt_rollback)
+        self.assertEqual(opt.committed_step, 1)
+        for p, q in zip(model.parameters(), params):
+            self.assertTrue(torch.equal(p, q))
+        with self.assertRaisesRegex(ValueError, "rollback to step 0 refused: .*once"):
+            opt.load_state_dict(dict(sd, ckpt=dict(sd["ckpt"], step=0)), rollback=True)
+        self.assertEqual(opt.committed_step, 1)
 
     # ------------------------------------------------------------ context manager, warnings
 
