@@ -32,7 +32,11 @@ static bool force_sse2;
 module_param(force_sse2, bool, 0444);
 MODULE_PARM_DESC(force_sse2, "Use the SSE2 update even on an AVX2/F16C CPU");
 
-static bool ckpt_use_avx2;
+static bool force_avx2;
+module_param(force_avx2, bool, 0444);
+MODULE_PARM_DESC(force_avx2, "Use the AVX2/F16C update even on an AVX-512 CPU");
+
+static bool ckpt_use_avx2, ckpt_use_avx512;
 
 /* One chunk buffer and the update that uses it. */
 struct dm_ckpt_job {
@@ -59,11 +63,18 @@ void dm_ckpt_upd_init(void)
 	ckpt_use_avx2 = !force_sse2 && boot_cpu_has(X86_FEATURE_AVX2) &&
 			boot_cpu_has(X86_FEATURE_F16C) &&
 			cpu_has_xfeatures(XFEATURE_MASK_SSE | XFEATURE_MASK_YMM, NULL);
+	/* what userspace's x86-64-v4 build needs, and the kernel saving the state */
+	ckpt_use_avx512 = ckpt_use_avx2 && !force_avx2 &&
+			  boot_cpu_has(X86_FEATURE_FMA) && boot_cpu_has(X86_FEATURE_AVX512F) &&
+			  boot_cpu_has(X86_FEATURE_AVX512BW) && boot_cpu_has(X86_FEATURE_AVX512CD) &&
+			  boot_cpu_has(X86_FEATURE_AVX512DQ) && boot_cpu_has(X86_FEATURE_AVX512VL) &&
+			  cpu_has_xfeatures(XFEATURE_MASK_SSE | XFEATURE_MASK_YMM |
+					    XFEATURE_MASK_AVX512, NULL);
 }
 
 const char *dm_ckpt_upd_fpu_name(void)
 {
-	return ckpt_use_avx2 ? "avx2" : "sse2";
+	return ckpt_use_avx512 ? "avx512" : ckpt_use_avx2 ? "avx2" : "sse2";
 }
 
 static bool job_available(struct dm_ckpt_update *u)
@@ -127,7 +138,11 @@ static u32 run_update(struct dm_ckpt_job *j, const struct ckpt_hparams *hp, u64 
 	for (i = 0; i < n; i += k) {
 		k = min_t(u64, n - i, CKPT_FPU_SLICE);
 		kernel_fpu_begin();
-		if (ckpt_use_avx2)
+		if (ckpt_use_avx512)
+			nonfinite |= dm_ckpt_update_avx512(hp, j->grad_scale, j->c->dtype,
+							   grad + i, p + i, m + i, v + i,
+							   plo + i, k);
+		else if (ckpt_use_avx2)
 			nonfinite |= dm_ckpt_update_avx2(hp, j->grad_scale, j->c->dtype,
 							 grad + i, p + i, m + i, v + i,
 							 plo + i, k);

@@ -11,6 +11,9 @@
  */
 #ifndef __KERNEL__
 
+#if defined(__x86_64__)
+#define CKPT_UPDATE_F16C	/* the F16C variants below */
+#endif
 #include "ckpt_update.h"
 #include "ckpt_update_impl.h"
 #include "ckpt_update_variants.h"
@@ -37,8 +40,11 @@ CKPT_SCALAR void ckpt_round_params_scalar(u32 dtype, const u32 *p, u16 *plo, u64
 #if defined(__x86_64__)
 
 /*
- * x86-64: the dispatched entry points are target_clones of the baseline
- * (SSE2), AVX2 and x86-64-v4 (AVX-512) builds.
+ * x86-64: the update and the rounding dispatch to the baseline (SSE2) build
+ * or to the AVX2 or x86-64-v4 (AVX-512) build with F16C conversions; the
+ * array conversion is target_clones of the baseline, AVX2 and x86-64-v4
+ * builds. The AVX2 and AVX-512 builds with the emulated conversions stay for
+ * the tests and the benchmark.
  */
 #if defined(__SANITIZE_THREAD__)
 /*
@@ -51,14 +57,37 @@ CKPT_SCALAR void ckpt_round_params_scalar(u32 dtype, const u32 *p, u16 *plo, u64
 #define CKPT_CLONES __attribute__((target_clones("default", "avx2", "arch=x86-64-v4")))
 #endif
 
-CKPT_CLONES u32 ckpt_update_chunk(CKPT_UPDATE_ARGS)
+/*
+ * The update and the rounding: the F16C builds where the CPU has AVX2 (or
+ * AVX-512) and F16C, else the baseline; chosen at the first call (a data
+ * race on a pointer every thread computes the same, made atomic for TSan).
+ */
+u32 ckpt_update_chunk(CKPT_UPDATE_ARGS)
 {
-	return ckpt_update_chunk_body(CKPT_UPDATE_CALL);
+	static ckpt_update_fn chosen;
+	ckpt_update_fn f = __atomic_load_n(&chosen, __ATOMIC_RELAXED);
+
+	if (!f) {
+		f = ckpt_cpu_has_avx512() ? ckpt_update_chunk_avx512_f16c
+		    : ckpt_cpu_has_f16c() ? ckpt_update_chunk_avx2_f16c
+					  : ckpt_update_chunk_sse2;
+		__atomic_store_n(&chosen, f, __ATOMIC_RELAXED);
+	}
+	return f(CKPT_UPDATE_CALL);
 }
 
-CKPT_CLONES void ckpt_round_params(u32 dtype, const u32 *p, u16 *plo, u64 n)
+void ckpt_round_params(u32 dtype, const u32 *p, u16 *plo, u64 n)
 {
-	ckpt_round_params_body(dtype, p, plo, n);
+	static ckpt_round_fn chosen;
+	ckpt_round_fn f = __atomic_load_n(&chosen, __ATOMIC_RELAXED);
+
+	if (!f) {
+		f = ckpt_cpu_has_avx512() ? ckpt_round_params_avx512_f16c
+		    : ckpt_cpu_has_f16c() ? ckpt_round_params_avx2_f16c
+					  : ckpt_round_params_sse2;
+		__atomic_store_n(&chosen, f, __ATOMIC_RELAXED);
+	}
+	f(dtype, p, plo, n);
 }
 
 CKPT_CLONES void ckpt_f16_to_f32_array(const u16 *h, u32 *f, u64 n)
@@ -79,6 +108,29 @@ __attribute__((target("avx2"))) u32 ckpt_update_chunk_avx2(CKPT_UPDATE_ARGS)
 __attribute__((target("arch=x86-64-v4"))) u32 ckpt_update_chunk_avx512(CKPT_UPDATE_ARGS)
 {
 	return ckpt_update_chunk_body(CKPT_UPDATE_CALL);
+}
+
+/* the F16C conversions (ckpt_update_impl.h) in the AVX2 and AVX-512 builds */
+__attribute__((target("avx2,f16c"))) u32 ckpt_update_chunk_avx2_f16c(CKPT_UPDATE_ARGS)
+{
+	return ckpt_update_chunk_f16c_body(CKPT_UPDATE_CALL);
+}
+
+__attribute__((target("arch=x86-64-v4"))) u32 ckpt_update_chunk_avx512_f16c(CKPT_UPDATE_ARGS)
+{
+	return ckpt_update_chunk_f16c_body(CKPT_UPDATE_CALL);
+}
+
+__attribute__((target("avx2,f16c")))
+void ckpt_round_params_avx2_f16c(u32 dtype, const u32 *p, u16 *plo, u64 n)
+{
+	ckpt_round_params_f16c_body(dtype, p, plo, n);
+}
+
+__attribute__((target("arch=x86-64-v4")))
+void ckpt_round_params_avx512_f16c(u32 dtype, const u32 *p, u16 *plo, u64 n)
+{
+	ckpt_round_params_f16c_body(dtype, p, plo, n);
 }
 
 void ckpt_round_params_sse2(u32 dtype, const u32 *p, u16 *plo, u64 n)
@@ -104,6 +156,12 @@ int ckpt_cpu_has_avx2(void)
 	return __builtin_cpu_supports("avx2");
 }
 
+int ckpt_cpu_has_f16c(void)
+{
+	__builtin_cpu_init();
+	return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+}
+
 int ckpt_cpu_has_avx512(void)
 {
 	__builtin_cpu_init();
@@ -116,7 +174,10 @@ unsigned int ckpt_update_variants(struct ckpt_update_variant *out)
 		{"scalar", ckpt_update_chunk_scalar, ckpt_round_params_scalar, 1},
 		{"sse2", ckpt_update_chunk_sse2, ckpt_round_params_sse2, 1},
 		{"avx2", ckpt_update_chunk_avx2, ckpt_round_params_avx2, ckpt_cpu_has_avx2()},
+		{"avx2+f16c", ckpt_update_chunk_avx2_f16c, ckpt_round_params_avx2_f16c, ckpt_cpu_has_f16c()},
 		{"avx512", ckpt_update_chunk_avx512, ckpt_round_params_avx512, ckpt_cpu_has_avx512()},
+		{"avx512+f16c", ckpt_update_chunk_avx512_f16c, ckpt_round_params_avx512_f16c,
+		 ckpt_cpu_has_avx512()},
 		{"dispatched", ckpt_update_chunk, ckpt_round_params, 1},
 	};
 

@@ -8,7 +8,9 @@
  * Every variant must produce the same bits, so:
  *
  *  - plain C, no intrinsics, no libm: sqrt is __builtin_sqrtf, which is the
- *    sqrtss/sqrtps instruction under -fno-math-errno (enforced below);
+ *    sqrtss/sqrtps instruction under -fno-math-errno (enforced below); the
+ *    one exception, opt-in (CKPT_UPDATE_F16C, x86-64), converts fp16 with
+ *    the F16C instructions the integer conversions are exact to;
  *  - no FMA contraction: the including TU must be compiled with
  *    -ffp-contract=off (the kernel and libckpt CMake do; the unit tests compare
  *    every variant, including x86-64-v4 which has FMA, to the scalar one);
@@ -216,11 +218,15 @@ struct ckpt_upd_k {
 
 /*
  * bf16 and l2 are compile-time constants at every call site, so each of the
- * four combinations is its own branch-free loop.
+ * combinations is its own branch-free loop. bf16 == CKPT_SRC_F32: the
+ * gradients come already converted to fp32 bits in g32 (grad unused), and
+ * the loop leaves plo to the caller (the F16C path below).
  */
+#define CKPT_SRC_F32 2
+
 static __always_inline u32 ckpt_update_loop(const struct ckpt_upd_k *k, const int bf16, const int l2,
-			     const u16 *__restrict grad, u32 *__restrict p,
-			     u32 *__restrict m, u32 *__restrict v,
+			     const u16 *__restrict grad, const u32 *__restrict g32,
+			     u32 *__restrict p, u32 *__restrict m, u32 *__restrict v,
 			     u16 *__restrict plo, u64 n)
 {
 	const float scale = k->scale, beta1 = k->beta1, beta2 = k->beta2;
@@ -230,8 +236,9 @@ static __always_inline u32 ckpt_update_loop(const struct ckpt_upd_k *k, const in
 	u64 i;
 
 	for (i = 0; i < n; i++) {
-		u32 gb = bf16 ? ckpt_bf16_to_f32_vec(grad[i])
-			      : ckpt_f16_to_f32_vec(grad[i]);
+		u32 gb = bf16 == CKPT_SRC_F32 ? g32[i]
+			 : bf16 ? ckpt_bf16_to_f32_vec(grad[i])
+				: ckpt_f16_to_f32_vec(grad[i]);
 		float g = ckpt_as_f(gb) * scale;
 		float pp = ckpt_as_f(p[i]);
 		float mm, vv, denom;
@@ -252,10 +259,26 @@ static __always_inline u32 ckpt_update_loop(const struct ckpt_upd_k *k, const in
 		p[i] = ckpt_as_u(pp);
 		m[i] = ckpt_as_u(mm);
 		v[i] = ckpt_as_u(vv);
-		plo[i] = (u16)(bf16 ? ckpt_f32_to_bf16_vec(ckpt_as_u(pp))
-				    : ckpt_f32_to_f16_vec(ckpt_as_u(pp)));
+		if (bf16 != CKPT_SRC_F32)
+			plo[i] = (u16)(bf16 ? ckpt_f32_to_bf16_vec(ckpt_as_u(pp))
+					    : ckpt_f32_to_f16_vec(ckpt_as_u(pp)));
 	}
 	return nf >> 31;
+}
+
+static __always_inline void ckpt_upd_k_init(struct ckpt_upd_k *k, const struct ckpt_hparams *hp,
+					    u32 grad_scale)
+{
+	k->scale = ckpt_as_f(grad_scale);
+	k->beta1 = ckpt_as_f(hp->beta1);
+	k->beta2 = ckpt_as_f(hp->beta2);
+	k->eps = ckpt_as_f(hp->eps);
+	k->wd = ckpt_as_f(hp->weight_decay);
+	k->omb1 = ckpt_as_f(hp->one_minus_beta1);
+	k->omb2 = ckpt_as_f(hp->one_minus_beta2);
+	k->step_size = ckpt_as_f(hp->step_size);
+	k->bc2 = ckpt_as_f(hp->bc2_sqrt);
+	k->decay = ckpt_as_f(hp->decay);
 }
 
 /* The body of ckpt_update_chunk (same arguments and result). */
@@ -267,22 +290,12 @@ static __always_inline u32 ckpt_update_chunk_body(const struct ckpt_hparams *hp,
 	int bf16 = dtype == CKPT_DTYPE_BF16;
 	int l2 = (hp->flags & CKPT_GROUP_ADAM_L2) != 0;
 
-	k.scale = ckpt_as_f(grad_scale);
-	k.beta1 = ckpt_as_f(hp->beta1);
-	k.beta2 = ckpt_as_f(hp->beta2);
-	k.eps = ckpt_as_f(hp->eps);
-	k.wd = ckpt_as_f(hp->weight_decay);
-	k.omb1 = ckpt_as_f(hp->one_minus_beta1);
-	k.omb2 = ckpt_as_f(hp->one_minus_beta2);
-	k.step_size = ckpt_as_f(hp->step_size);
-	k.bc2 = ckpt_as_f(hp->bc2_sqrt);
-	k.decay = ckpt_as_f(hp->decay);
-
+	ckpt_upd_k_init(&k, hp, grad_scale);
 	if (bf16)
-		return l2 ? ckpt_update_loop(&k, 1, 1, grad, p, m, v, plo, n)
-			  : ckpt_update_loop(&k, 1, 0, grad, p, m, v, plo, n);
-	return l2 ? ckpt_update_loop(&k, 0, 1, grad, p, m, v, plo, n)
-		  : ckpt_update_loop(&k, 0, 0, grad, p, m, v, plo, n);
+		return l2 ? ckpt_update_loop(&k, 1, 1, grad, NULL, p, m, v, plo, n)
+			  : ckpt_update_loop(&k, 1, 0, grad, NULL, p, m, v, plo, n);
+	return l2 ? ckpt_update_loop(&k, 0, 1, grad, NULL, p, m, v, plo, n)
+		  : ckpt_update_loop(&k, 0, 0, grad, NULL, p, m, v, plo, n);
 }
 
 /* The body of ckpt_round_params. */
@@ -309,6 +322,99 @@ static __always_inline void ckpt_f16_to_f32_array_body(const u16 *__restrict h, 
 	for (i = 0; i < n; i++)
 		f[i] = ckpt_f16_to_f32_vec(h[i]);
 }
+
+#ifdef CKPT_UPDATE_F16C
+/* ------------------------------------------------------------------------ */
+/* x86-64 with F16C: fp16 conversions by vcvtph2ps/vcvtps2ph.               */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Below AVX-512 the emulated fp16 conversions above are most of the loop's
+ * work. A TU that defines CKPT_UPDATE_F16C (and calls these only on a CPU
+ * with AVX and F16C) gets a path that converts with the instructions the
+ * emulation is bit-identical to (the unit tests check every fp16 input and
+ * every fp32 one against them): in blocks of CKPT_F16C_BLOCK params, the
+ * gradients to fp32 into a buffer on the stack, the fused loop on fp32
+ * gradients (no conversion left in it, so it vectorizes like any float
+ * loop), then the new params of the block, still in L1, to fp16. The bytes
+ * moved to and from memory are the same. vcvtps2ph's immediate 0 is round
+ * to nearest even whatever MXCSR says. Compiler builtins, not
+ * <immintrin.h>: the kernel cannot include it.
+ */
+#define CKPT_F16C_TARGET __attribute__((target("avx,f16c")))
+#ifndef CKPT_F16C_BLOCK
+#define CKPT_F16C_BLOCK 256
+#endif
+
+static __always_inline CKPT_F16C_TARGET void ckpt_f16_to_f32_f16c(const u16 *__restrict h,
+								  u32 *__restrict f, u64 n)
+{
+	u64 i;
+
+	for (i = 0; i + 8 <= n; i += 8) {
+		short x __attribute__((vector_size(16)));
+		float y __attribute__((vector_size(32)));
+
+		__builtin_memcpy(&x, h + i, sizeof(x));
+		y = __builtin_ia32_vcvtph2ps256(x);
+		__builtin_memcpy(f + i, &y, sizeof(y));
+	}
+	for (; i < n; i++)
+		f[i] = ckpt_f16_to_f32_vec(h[i]);
+}
+
+static __always_inline CKPT_F16C_TARGET void ckpt_f32_to_f16_f16c(const u32 *__restrict f,
+								  u16 *__restrict h, u64 n)
+{
+	u64 i;
+
+	for (i = 0; i + 8 <= n; i += 8) {
+		float x __attribute__((vector_size(32)));
+		short y __attribute__((vector_size(16)));
+
+		__builtin_memcpy(&x, f + i, sizeof(x));
+		y = __builtin_ia32_vcvtps2ph256(x, 0);
+		__builtin_memcpy(h + i, &y, sizeof(y));
+	}
+	for (; i < n; i++)
+		h[i] = (u16)ckpt_f32_to_f16_vec(f[i]);
+}
+
+/* ckpt_update_chunk_body with the F16C conversions for fp16 (bf16: as there). */
+static __always_inline CKPT_F16C_TARGET u32 ckpt_update_chunk_f16c_body(const struct ckpt_hparams *hp,
+									u32 grad_scale, u32 dtype,
+									const u16 *grad, u32 *p, u32 *m,
+									u32 *v, u16 *plo, u64 n)
+{
+	u32 g32[CKPT_F16C_BLOCK];
+	struct ckpt_upd_k k;
+	int l2 = (hp->flags & CKPT_GROUP_ADAM_L2) != 0;
+	u32 nf = 0;
+	u64 off, len;
+
+	if (dtype == CKPT_DTYPE_BF16)
+		return ckpt_update_chunk_body(hp, grad_scale, dtype, grad, p, m, v, plo, n);
+	ckpt_upd_k_init(&k, hp, grad_scale);
+	for (off = 0; off < n; off += len) {
+		len = n - off < CKPT_F16C_BLOCK ? n - off : CKPT_F16C_BLOCK;
+		ckpt_f16_to_f32_f16c(grad + off, g32, len);
+		nf |= l2 ? ckpt_update_loop(&k, CKPT_SRC_F32, 1, NULL, g32, p + off, m + off, v + off, NULL, len)
+			 : ckpt_update_loop(&k, CKPT_SRC_F32, 0, NULL, g32, p + off, m + off, v + off, NULL, len);
+		ckpt_f32_to_f16_f16c(p + off, plo + off, len);
+	}
+	return nf;
+}
+
+/* ckpt_round_params_body with the F16C conversion for fp16. */
+static __always_inline CKPT_F16C_TARGET void ckpt_round_params_f16c_body(u32 dtype, const u32 *__restrict p,
+									 u16 *__restrict plo, u64 n)
+{
+	if (dtype == CKPT_DTYPE_BF16)
+		ckpt_round_params_body(dtype, p, plo, n);
+	else
+		ckpt_f32_to_f16_f16c(p, plo, n);
+}
+#endif /* CKPT_UPDATE_F16C */
 
 #undef CKPT_MASK
 

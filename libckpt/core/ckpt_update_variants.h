@@ -54,11 +54,20 @@ u32 ckpt_update_chunk_avx2(const struct ckpt_hparams *hp, u32 grad_scale, u32 dt
 u32 ckpt_update_chunk_avx512(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
 			     const u16 *grad, u32 *p, u32 *m, u32 *v, u16 *plo, u64 n);
 
+/* the same with the F16C conversions (CKPT_UPDATE_F16C in ckpt_update_impl.h) */
+u32 ckpt_update_chunk_avx2_f16c(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
+				const u16 *grad, u32 *p, u32 *m, u32 *v, u16 *plo, u64 n);
+u32 ckpt_update_chunk_avx512_f16c(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
+				  const u16 *grad, u32 *p, u32 *m, u32 *v, u16 *plo, u64 n);
+
 void ckpt_round_params_sse2(u32 dtype, const u32 *p, u16 *plo, u64 n);
+void ckpt_round_params_avx2_f16c(u32 dtype, const u32 *p, u16 *plo, u64 n);
+void ckpt_round_params_avx512_f16c(u32 dtype, const u32 *p, u16 *plo, u64 n);
 void ckpt_round_params_avx2(u32 dtype, const u32 *p, u16 *plo, u64 n);
 void ckpt_round_params_avx512(u32 dtype, const u32 *p, u16 *plo, u64 n);
 
 int ckpt_cpu_has_avx2(void);
+int ckpt_cpu_has_f16c(void);	/* AVX2 and F16C */
 int ckpt_cpu_has_avx512(void);	/* everything x86-64-v4 needs */
 #elif defined(__aarch64__)
 /* Baseline aarch64: Advanced SIMD (NEON). */

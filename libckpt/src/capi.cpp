@@ -743,6 +743,16 @@ int ckpt_abort(ckpt_device *d)
 	});
 }
 
+int ckpt_rollback(ckpt_device *d, uint64_t *step)
+{
+	return with_device(d, [&](ckpt::Device &dev) {
+		const uint64_t s = dev.rollback();
+		if (step)
+			*step = s;
+		return 0;
+	});
+}
+
 int ckpt_read_params(ckpt_device *d, const char *name, uint16_t *out, uint64_t n)
 {
 	return with_device(d, [&](ckpt::Device &dev) {

@@ -3,11 +3,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 
 #include <cfenv>
 
 #include "ckpt_error.hpp"
+#include "verify.hpp"
 
 extern "C" {
 #include "ckpt_update.h"
@@ -34,7 +36,7 @@ public:
 		int writes = 0;
 	};
 
-	Worker(const struct ckpt_layout &l, unsigned depth) : ring(depth * 2 + 2)
+	Worker(const struct ckpt_layout &l, unsigned depth, Ring::Mode io) : ring(depth * 2 + 2, io)
 	{
 		slots.resize(depth);
 		for (Slot &s : slots) {
@@ -96,7 +98,7 @@ void Engine::start(const std::string &path)
 	unsigned n = opts_.workers ? opts_.workers
 				   : std::clamp(std::thread::hardware_concurrency(), 1u, 4u);
 	for (unsigned i = 0; i < n; i++)
-		workers_.push_back(std::make_unique<Worker>(l, std::max(1u, opts_.depth)));
+		workers_.push_back(std::make_unique<Worker>(l, std::max(1u, opts_.depth), opts_.io));
 	for (unsigned i = 0; i < n; i++)
 		threads_.emplace_back([this, i] { worker_main(*workers_[i]); });
 }
@@ -423,7 +425,8 @@ void Engine::worker_main(Worker &w)
 						// in each block it owns
 						for (const StateSpan &span : *s.job->load) {
 							const uint64_t lo = std::max(span.offset, chunk * cp);
-							const uint64_t hi = std::min(span.offset + span.n, (chunk + 1) * cp);
+							const uint64_t hi = std::min(span.offset + std::max(span.n, span.extent),
+										     (chunk + 1) * cp);
 							if (span.count == ~0ULL || lo >= hi)
 								continue;
 							for (uint64_t b = (lo - chunk * cp) >> CKPT_BLOCK_SHIFT;
@@ -531,6 +534,25 @@ void Engine::read_state(uint64_t offset, uint64_t n, float *p, float *m, float *
 
 // ---------------------------------------------------------------- load_state
 
+void check_state_span(const StateSpan &s, uint64_t step, bool counts, const std::string &what)
+{
+	const struct {
+		const float *x;
+		const char *name;
+	} parts[] = {{s.p, "param"}, {s.m, "exp_avg"}, {s.v, "exp_avg_sq"}};
+	for (const auto &[x, name] : parts)
+		for (uint64_t k = 0; x && k < s.n; k++)
+			if (!std::isfinite(x[k]) || (x == s.v && x[k] < 0))
+				fail(CKPT_E_HPARAM, "{} {} element {} is {}", what, name, k, x[k]);
+	if (s.count == ~0ULL || s.count == step)
+		return;
+	if (s.count > step)
+		fail(CKPT_E_STEP, "{} is at step {}, beyond the step {} the state is loaded as", what, s.count, step);
+	if (!counts)
+		fail(CKPT_E_FEATURE, "{} was updated in {} of the {} steps, and the image keeps no per-tensor step "
+				     "counts (format it with chunks of at most 2^19 params)", what, s.count, step);
+}
+
 void Engine::load_state(const std::vector<StateSpan> &spans, uint64_t step, std::span<const uint8_t> blob)
 {
 	std::lock_guard call(call_mu_);
@@ -568,6 +590,60 @@ void Engine::load_state(const std::vector<StateSpan> &spans, uint64_t step, std:
 	io_message_.clear();
 	if (ckpt_step_load_commit(&step_, step, blob.data(), static_cast<uint32_t>(blob.size())) < 0)
 		throw Error(CKPT_E_IO, io_message_.empty() ? "loading state: commit failed" : io_message_);
+}
+
+// ---------------------------------------------------------------- rollback
+
+uint64_t Engine::rollback()
+{
+	std::lock_guard call(call_mu_);
+	const struct ckpt_sb &sb = img_.sb;
+	const auto copies = inspect_superblocks(img_.file);
+	const SuperblockCopy &older = copies[(sb.sequence + 1) & 1];
+	switch (const int ret = ckpt_step_rollback_check(&step_, older.valid ? &older.sb : nullptr); -ret) {
+	case 0:
+		break;
+	case CKPT_E_FAILED:
+		fail(-ret, "rollback: the device failed earlier; no changes accepted");
+	case CKPT_E_STATE:
+		fail(-ret, "rollback: step {} is open; commit or abort it first", step_.sm.open_step);
+	case CKPT_E_ROLLBACK:
+		if (!sb.committed_step)
+			fail(-ret, "rollback: the committed step is 0: there is no previous step");
+		if (!older.valid)
+			fail(-ret, "rollback: the older superblock copy ({}) is {}: step {} is not readable",
+			     older.index, older.blank ? "blank" : "invalid", sb.committed_step - 1);
+		fail(-ret, "rollback: the older superblock copy commits step {} (sequence {}), not step {} "
+			   "(sequence {}): a rollback goes back one step, once",
+		     older.sb.committed_step, older.sb.sequence, sb.committed_step - 1, sb.sequence - 1);
+	default:
+		fail(-ret, "rollback refused: {}", ckpt_strerror(-ret));
+	}
+	const struct ckpt_sb prev = older.sb;
+	const struct ckpt_layout &l = sb.layout;
+	Buffer rec(l.record_bytes), plo(l.plo_chunk_bytes);
+	for (uint32_t c = 0; c < sb.geo.n_chunks; c++) {
+		const uint64_t off = ckpt_record_offset(&l, prev.committed_slot, c);
+		img_.file.pread_all(rec.as(), l.record_bytes, off);
+		img_.file.pread_all(plo.as(), l.plo_chunk_bytes, ckpt_plo_offset(&l, prev.committed_slot, c));
+		const int ret = ckpt_step_rollback_rec(&step_, &prev, c, rec.as(), rec.as() + CKPT_BLOCK, plo.as());
+		if (ret < 0) {
+			struct ckpt_rec r;
+			if (!ckpt_rec_decode(rec.as(), &r) && r.step > sb.committed_step)
+				fail(CKPT_E_ROLLBACK, "rollback: chunk {} of slot {} was overwritten by step {} (a "
+						      "step began after step {} committed): step {} is gone",
+				     c, prev.committed_slot, r.step, sb.committed_step, prev.committed_step);
+			fail(CKPT_E_ROLLBACK, "rollback: chunk {} of slot {} does not hold step {} intact (a "
+					      "damaged record)",
+			     c, prev.committed_slot, prev.committed_step);
+		}
+		if (ret)
+			img_.file.pwrite_all(rec.as(), CKPT_BLOCK, off);
+	}
+	io_message_.clear();
+	if (ckpt_step_rollback_commit(&step_, &prev) < 0)
+		throw Error(CKPT_E_IO, io_message_.empty() ? "rollback: commit failed" : io_message_);
+	return sb.committed_step;
 }
 
 } // namespace ckpt

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <span>
 #include <vector>
 
@@ -540,6 +541,83 @@ static ckpt::CommitResult step_with(ckpt::Device &d, int step, std::initializer_
 	return d.commit({});
 }
 
+// Rollback: step 2 committed, rolled back to step 1 with step 1's state,
+// counts, p_lo and blob bit for bit; the next step 2 is the one an unrolled
+// device takes; refused with nothing to go back to, with a step open, and a
+// second time (never two steps); kept across a reopen.
+TEST_F(EngineTest, RollbackGoesBackOneStepOnce)
+{
+	auto d = open();
+	EXPECT_EQ(code_of([&] { d->rollback(); }), CKPT_E_ROLLBACK);	// step 0
+	load_masters(*d);
+	ASSERT_EQ(step_with(*d, 1, {"a", "c"}), ckpt::CommitResult::committed);
+	std::map<std::string, TensorState> s1;
+	std::map<std::string, std::vector<uint16_t>> plo1;
+	for (const char *n : {"a", "b", "c"}) {
+		s1[n] = state_of(*d, n);
+		plo1[n].resize(d->manifest().find(n).numel);
+		d->read_params(n, plo1[n].data(), plo1[n].size());
+	}
+	ASSERT_EQ(step_with(*d, 2, {"a", "b", "c"}), ckpt::CommitResult::committed);
+	EXPECT_FALSE(state_of(*d, "a") == s1["a"]);
+	d->begin(groups(), 1.0);
+	EXPECT_EQ(code_of([&] { d->rollback(); }), CKPT_E_STATE);	// a step is open
+	d->abort();	// it wrote nothing: the previous slot is intact
+	EXPECT_EQ(d->rollback(), 1u);
+	EXPECT_EQ(d->status().committed_step, 1u);
+	for (const char *n : {"a", "b", "c"}) {
+		EXPECT_TRUE(state_of(*d, n) == s1[n]) << n;
+		std::vector<uint16_t> plo(plo1[n].size());
+		d->read_params(n, plo.data(), plo.size());
+		EXPECT_EQ(plo, plo1[n]) << n;
+	}
+	EXPECT_EQ(d->tensor_step("b"), 0u);
+	EXPECT_EQ(d->tensor_step("a"), 1u);
+	const std::string twice = message_of([&] { d->rollback(); });
+	EXPECT_NE(twice.find("once"), std::string::npos) << twice;
+	EXPECT_EQ(code_of([&] { d->rollback(); }), CKPT_E_ROLLBACK);
+
+	// The step after the rollback is the step 2 a device that never went
+	// back takes, and the image is the same byte for byte.
+	ASSERT_EQ(step_with(*d, 2, {"a", "b", "c"}), ckpt::CommitResult::committed);
+	const TensorState a2 = state_of(*d, "a");
+	d.reset();
+	auto again = open();
+	EXPECT_EQ(again->status().committed_step, 2u);
+	EXPECT_TRUE(state_of(*again, "a") == a2);
+	// A step written over the previous slot and aborted: nothing to go back to.
+	std::vector<uint16_t> g(again->layout().n_params, 0x3c00);
+	again->begin(groups(), 1.0);
+	again->write_grad_window(0, g.data(), again->layout().window_bytes);
+	again->abort();
+	EXPECT_EQ(code_of([&] { again->rollback(); }), CKPT_E_ROLLBACK);
+	EXPECT_EQ(again->status().committed_step, 2u);
+}
+
+// A rollback survives a reopen, and a reopened device can roll back.
+TEST_F(EngineTest, RollbackAcrossReopen)
+{
+	{
+		auto d = open();
+		load_masters(*d);
+		ASSERT_EQ(step_with(*d, 1, {"a", "b", "c"}), ckpt::CommitResult::committed);
+	}
+	TensorState a1;
+	{
+		auto d = open();
+		a1 = state_of(*d, "a");
+		ASSERT_EQ(step_with(*d, 2, {"a", "b", "c"}), ckpt::CommitResult::committed);
+	}
+	{
+		auto d = open();
+		EXPECT_EQ(d->rollback(), 1u);
+	}
+	auto d = open();
+	EXPECT_EQ(d->status().committed_step, 1u);
+	EXPECT_TRUE(state_of(*d, "a") == a1);
+	EXPECT_EQ(code_of([&] { d->rollback(); }), CKPT_E_ROLLBACK);
+}
+
 // b shares chunk 1 with a: a skipped b keeps p, m, v and its count bit for
 // bit while a, in the same chunk, is updated.
 TEST_F(EngineTest, SkippedTensorKeepsItsStateBitForBit)
@@ -697,6 +775,36 @@ TEST_F(EngineTest, ImageWithoutCountsKeepsWorking)
 }
 
 } // namespace
+
+// The engine on the fallback (as where io_uring cannot be had, forced here):
+// the same steps leave the same bytes on the device as with io_uring.
+TEST_F(EngineTest, PreadFallbackWritesTheSameBytes)
+{
+	const std::string other = (dir_ / "sync.img").string();
+	fs::copy_file(path_, other);
+	for (const auto &[path, io] : {std::pair{path_, ckpt::Ring::Mode::Auto}, {other, ckpt::Ring::Mode::Sync}}) {
+		ckpt::EngineOptions o;
+		o.io = io;
+		o.workers = 2;
+		auto d = ckpt::Device::open(path, o);
+		load_masters(*d);
+		for (int i = 0; i < 3; i++)
+			step(*d);
+		d->begin(groups(), 1.0);
+		d->skip("b");
+		for (const char *name : {"a", "c"}) {
+			const uint64_t n = d->manifest().find(name).numel;
+			std::vector<uint16_t> g(n, 0xbf00);
+			d->write_grad(name, g.data(), n);
+		}
+		ASSERT_EQ(d->commit({}), ckpt::CommitResult::committed);
+	}
+	auto bytes = [](const std::string &p) {
+		std::ifstream f(p, std::ios::binary);
+		return std::string(std::istreambuf_iterator<char>(f), {});
+	};
+	EXPECT_TRUE(bytes(path_) == bytes(other));
+}
 
 // The engine's I/O ring and its fallback where io_uring cannot be had
 // (io_uring_setup refused: containers' seccomp profiles, qemu-user): the same

@@ -157,6 +157,7 @@ for _name, _res, _args in [
     ("ckpt_tensor_step", _int, [_vp, _cp, _u64p]),
     ("ckpt_commit", _int, [_vp, ctypes.c_char_p, ctypes.c_size_t]),
     ("ckpt_abort", _int, [_vp]),
+    ("ckpt_rollback", _int, [_vp, ctypes.POINTER(ctypes.c_uint64)]),
     ("ckpt_read_params", _int, [_vp, _cp, _u16p, _u64]),
     ("ckpt_read_state", _int, [_vp, _cp, _f32p, _f32p, _f32p, _u64]),
     ("ckpt_blob", _int, [_vp, _vp, ctypes.c_size_t]),
@@ -474,8 +475,9 @@ class Device:
     def load_state(self, state, blob=b""):
         """A whole optimizer state from outside: {name: (param, exp_avg,
         exp_avg_sq, step)} for every tensor of the device (fp32 arrays, step
-        an int), committed at once as that step with the trainer blob. Only
-        before the first step; the steps must be equal (see ckpt_load_state)."""
+        an int), committed at once as the largest step with the trainer blob, a
+        tensor at a smaller step keeping its own count. Only before the first
+        step (see ckpt_load_state)."""
         names, arrays, steps = [], [], []
         for name, (p, m, v, step) in state.items():
             names.append(_name_bytes(name))
@@ -532,6 +534,16 @@ class Device:
 
     def abort(self):
         _check(_lib.ckpt_abort(self._handle()))
+
+    def rollback(self):
+        """Make the previous step the committed one again; returns it.
+
+        Refused (ckpt.Error, nothing changed) while a step is open, or when
+        there is nothing to go back to: step 0, a step began since the last
+        commit, or the device already went back once (never two steps)."""
+        out = ctypes.c_uint64()
+        _check(_lib.ckpt_rollback(self._handle(), ctypes.byref(out)))
+        return out.value
 
     def read_params(self, name):
         c_name = _name_bytes(name)
