@@ -8,6 +8,8 @@ fp32 state and one with 8-bit state, for STEPS steps. Asserted band: the mean
 noise of the loss there (its standard deviation around a moving average, as
 the demo measures it against torch), both curves learn, and the first step's
 loss is the same (same init). The 8-bit image's records are half the size.
+Measured: 0.0033 against a noise of 0.067 (0.05 x noise; final losses 2.8835
+fp32, 2.8848 8-bit), about 30 s on the 2-core build machine.
 
 Run: PYTHONPATH=<build>/python /usr/bin/python3 -m unittest -v test_offload_8bit
 """
@@ -24,7 +26,7 @@ sys.path.insert(0, HERE)
 from ckpt_testlib import tempdir  # noqa: E402
 
 STEPS = 60
-BAND = 1.0
+BAND = 0.5
 
 
 def demo():
