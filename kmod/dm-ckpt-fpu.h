@@ -21,4 +21,12 @@ u32 dm_ckpt_update_avx2(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype
 u32 dm_ckpt_update_avx512(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
 			  const u16 *grad, u32 *p, u32 *m, u32 *v, u16 *plo, u64 n);
 
+/* The same on 8-bit moments (feature Q8): ckpt_update_chunk_q8. */
+u32 dm_ckpt_update_q8_sse2(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
+			   const u16 *grad, u32 *p, const struct ckpt_q8_state *s, u32 *tmp,
+			   u16 *plo, u64 n);
+u32 dm_ckpt_update_q8_avx2(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
+			   const u16 *grad, u32 *p, const struct ckpt_q8_state *s, u32 *tmp,
+			   u16 *plo, u64 n);
+
 #endif /* DM_CKPT_FPU_H */

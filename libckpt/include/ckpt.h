@@ -125,6 +125,17 @@ int ckpt_layout_add(ckpt_layout_builder *l, const char *name, const uint64_t *sh
 int ckpt_format(const char *path, const ckpt_layout_builder *l, int dtype,
 		uint32_t chunk_params, uint64_t size);
 
+/* ckpt_format_opts flags */
+#define CKPT_FORMAT_STATE_8BIT	(1u << 0)	/* 8-bit moments (feature Q8) */
+
+/*
+ * ckpt_format with flags: CKPT_FORMAT_STATE_8BIT stores exp_avg and
+ * exp_avg_sq as block-wise 8-bit codes with a scale per 256 params (6 B of
+ * state per param instead of 12; docs/design.md, "8-bit moments").
+ */
+int ckpt_format_opts(const char *path, const ckpt_layout_builder *l, int dtype,
+		     uint32_t chunk_params, uint64_t size, uint32_t flags);
+
 int ckpt_open(const char *path, ckpt_device **out);
 /*
  * ckpt_open with the userspace engine's worker threads (0: one per CPU) and

@@ -22,6 +22,47 @@ namespace {
 uint64_t align_down(uint64_t v, uint64_t a) { return v / a * a; }
 uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
+// A load of state into one chunk's record data (fp32 p, m, v; a span
+// without m or v loads zeros). With Q8 the moments of the quantization
+// blocks a span touches are decoded into tmp, overwritten and encoded again;
+// tensors start at multiples of CKPT_TENSOR_ALIGN, so no two spans share a
+// block, and blocks no span touches keep their bytes.
+void load_spans(const std::vector<StateSpan> &spans, uint32_t chunk, uint32_t shift, bool q8,
+		uint8_t *data, std::vector<uint32_t> &tmp)
+{
+	const uint64_t cp = 1ull << shift;
+	auto *p = reinterpret_cast<uint32_t *>(data);
+	for (const StateSpan &span : spans) {
+		const uint64_t lo = std::max(span.offset, chunk * cp);
+		const uint64_t hi = std::min(span.offset + span.n, (chunk + 1) * cp);
+		if (lo >= hi)
+			continue;
+		const uint64_t in = lo - chunk * cp, from = lo - span.offset;
+		uint32_t *m = p + cp + in, *v = p + 2 * cp + in;
+		struct ckpt_q8_state q;
+		uint64_t qlo = 0, qn = 0;
+		if (q8) {
+			qlo = align_down(in, CKPT_Q8_BLOCK);
+			qn = align_up(hi - chunk * cp, CKPT_Q8_BLOCK) - qlo;
+			tmp.resize(2 * qn);
+			ckpt_q8_state_at(data, shift, qlo, &q);
+			ckpt_q8_decode(&q, tmp.data(), tmp.data() + qn, qn);
+			m = tmp.data() + (in - qlo);
+			v = tmp.data() + qn + (in - qlo);
+		}
+		const float *src_of[3] = {span.p, span.m, span.v};
+		uint32_t *to_of[3] = {p + in, m, v};
+		for (int k = 0; k < 3; k++) {
+			if (src_of[k])
+				std::memcpy(to_of[k], src_of[k] + from, (hi - lo) * 4);
+			else
+				std::memset(to_of[k], 0, (hi - lo) * 4);
+		}
+		if (q8)
+			ckpt_q8_encode(&q, tmp.data(), tmp.data() + qn, qn);
+	}
+}
+
 } // namespace
 
 // One worker thread's pipeline: its own ring and `depth` chunk buffers, so the
@@ -47,6 +88,9 @@ public:
 
 	Ring ring;
 	std::vector<Slot> slots;
+	// Q8: the update's scratch, and a load's decoded moments
+	std::vector<uint32_t> q8 = std::vector<uint32_t>(CKPT_Q8_TMP_WORDS);
+	std::vector<uint32_t> load;
 };
 
 Engine::Engine(const EngineOptions &opts) : opts_(opts) {}
@@ -331,6 +375,7 @@ void Engine::worker_main(Worker &w)
 	const struct ckpt_layout &l = img_.sb.layout;
 	const uint64_t cp = l.chunk_params;
 	const int fd = img_.file.fd.get();
+	const bool q8 = img_.sb.feature_incompat & CKPT_FEATURE_INCOMPAT_Q8;
 	uint64_t seen = 0;
 
 	// The update must give the kernel's bits: round to nearest, no flush of
@@ -403,21 +448,8 @@ void Engine::worker_main(Worker &w)
 				auto *p = reinterpret_cast<uint32_t *>(s.rec.as() + CKPT_BLOCK);
 				uint32_t nonfinite = 0;
 				if (load) {
-					for (const StateSpan &span : *s.job->load) {
-						uint64_t lo = std::max(span.offset, chunk * cp);
-						uint64_t hi = std::min(span.offset + span.n, (chunk + 1) * cp);
-						if (lo >= hi)
-							continue;
-						const uint64_t in = lo - chunk * cp, from = lo - span.offset;
-						const float *src_of[3] = {span.p, span.m, span.v};
-						for (int k = 0; k < 3; k++) {
-							uint32_t *to = p + k * cp + in;
-							if (src_of[k])
-								std::memcpy(to, src_of[k] + from, (hi - lo) * 4);
-							else
-								std::memset(to, 0, (hi - lo) * 4);
-						}
-					}
+					load_spans(*s.job->load, chunk, img_.sb.geo.chunk_shift, q8,
+						   s.rec.as() + CKPT_BLOCK, w.load);
 					ckpt_round_params(img_.sb.geo.dtype, p, s.plo.as<uint16_t>(), cp);
 					if (img_.sb.feature_incompat & CKPT_FEATURE_INCOMPAT_COUNTS) {
 						ckpt_rec_set_counts(s.rec.as(), img_.sb.geo.chunk_shift, step);
@@ -449,7 +481,14 @@ void Engine::worker_main(Worker &w)
 						const uint64_t f = run.first;
 						if (run.skip)
 							ckpt_round_params_int(img_.sb.geo.dtype, p + f, plo + f, run.n);
-						else
+						else if (q8) {
+							struct ckpt_q8_state q;
+							ckpt_q8_state_at(p, img_.sb.geo.chunk_shift, f, &q);
+							nonfinite |= ckpt_update_chunk_q8(&run.hp, step_.sm.grad_scale,
+											  img_.sb.geo.dtype,
+											  s.job->grad + f, p + f, &q,
+											  w.q8.data(), plo + f, run.n);
+						} else
 							nonfinite |= ckpt_update_chunk(&run.hp, step_.sm.grad_scale,
 										       img_.sb.geo.dtype, s.job->grad + f,
 										       p + f, p + cp + f, p + 2 * cp + f,

@@ -114,6 +114,7 @@ json image_json(const ckpt::Image &img)
 		{"device_bytes", img.file.size},
 		{"virtual_sectors", l.virt_bytes / CKPT_SECTOR},
 		{"feature_incompat", sb.feature_incompat},
+		{"state", (sb.feature_incompat & CKPT_FEATURE_INCOMPAT_Q8) ? "8bit" : "fp32"},
 		{"superblock_copy", img.sb_copy},
 		{"metadata_copies", ckpt_meta_copies(&l)},
 		{"warnings", img.warnings()},
@@ -133,6 +134,7 @@ struct FormatArgs {
 	uint32_t chunk_params = 0;
 	uint64_t size = 0;
 	bool force = false;
+	std::string state;	// "fp32" (default) or "8bit"
 };
 
 // A tensor manifest from a user (ckpt::parse_layout_json).
@@ -481,6 +483,9 @@ std::string format_manifest(const std::string &device, const std::string &opts_j
 	a.chunk_params = opt<uint32_t>(o, "chunk_params", 0, "format");
 	a.size = opt<uint64_t>(o, "size", 0, "format");
 	a.force = opt<bool>(o, "force", false, "format");
+	a.state = opt<std::string>(o, "state", "fp32", "format");
+	if (a.state != "fp32" && a.state != "8bit")
+		fail(CKPT_E_INVAL, "format: state '{}': use fp32 or 8bit", a.state);
 	if (a.manifest.empty() == a.safetensors.empty())
 		fail(CKPT_E_INVAL, "format: give a manifest or a safetensors file, one of them");
 	json summary = json::array();
@@ -490,6 +495,7 @@ std::string format_manifest(const std::string &device, const std::string &opts_j
 	fo.chunk_params = a.chunk_params ? a.chunk_params : m.chunk_params;
 	fo.size = a.size;
 	fo.force = a.force;
+	fo.q8 = a.state == "8bit";
 	check_unused(device, "format");
 	format(device, m.layout, fo);
 	json j = image_json(Image::open(device, false));

@@ -352,6 +352,20 @@ ok "import without --with-optimizer ignores the moments" sh -c \
 	"'$ctl' format r2.img --from-safetensors s3.safetensors --chunk-params 4096 --dtype bf16 2>/dev/null | grep -q 'tensors         6' &&
 	 '$ctl' import r2.img --from s3.safetensors | grep -q 'ignored 12 exp_avg'"
 
+# ---------------------------------------------------------------- 8-bit moments
+ok "8bit: format --state 8bit" sh -c \
+	"'$ctl' format q.img --from-safetensors f32.safetensors --chunk-params 4096 --dtype bf16 --state 8bit |
+	 grep -q 'bf16, 8bit moments'"
+ok "8bit: the records are half the size" sh -c "[ \$(stat -c %s q.img) -lt \$(stat -c %s r.img) ]"
+ok "8bit: import --with-optimizer encodes the moments" sh -c \
+	"'$ctl' import q.img --from s3.safetensors --with-optimizer | grep -q 'committed step 3'"
+ok "8bit: verify" "$ctl" verify q.img
+ok "8bit: two steps (ckpt-trace)" "$bin/ckpt-trace" q.img --steps 2 --seed 5
+ok "8bit: export --with-optimizer decodes them to F32" sh -c \
+	"'$ctl' export q.img --to q5.safetensors --with-optimizer >/dev/null &&
+	 $py st.py meta q5.safetensors step 5 && $py st.py nonzero q5.safetensors head.weight.exp_avg_sq"
+fails_with "format --state refuses other states" any "4bit not in" "$ctl" format q2.img -m bad.json --state 4bit
+
 # ---------------------------------------------------------------- lossless interchange
 # export -> format --from-safetensors -> import -> export: the dm-ckpt.*
 # metadata carries the layout (interleaved groups, chunk size, dtype) and the

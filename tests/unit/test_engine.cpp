@@ -4,12 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
+#include <random>
 #include <span>
 #include <vector>
 
@@ -21,6 +23,11 @@
 #include "device.hpp"
 #include "format.hpp"
 #include "io.hpp"
+#include "tools.hpp"
+
+extern "C" {
+#include "ckpt_update.h"
+}
 
 namespace {
 
@@ -809,6 +816,103 @@ TEST_F(EngineTest, PreadFallbackWritesTheSameBytes)
 // The engine's I/O ring and its fallback where io_uring cannot be had
 // (io_uring_setup refused: containers' seccomp profiles, qemu-user): the same
 // completions, tags and results, -errno included.
+// 8-bit moments (feature Q8): the record holds fp32 p and 8-bit codes with a
+// scale per 256 params; the first step from zero moments gives the fp32
+// image's params bit for bit (the update uses the new fp32 moments), later
+// ones stay close; a load of state encodes, a read decodes, verify checks
+// the smaller records.
+TEST_F(EngineTest, EightBitMomentsStepLoadAndRead)
+{
+	const std::string q8 = (dir_ / "q8.img").string();
+	ckpt::Layout lay;
+	lay.add("a", {5000}, 0);
+	lay.add("b", {3000}, 0);
+	lay.add("c", {1000}, 1);
+	ckpt::FormatOptions o;
+	o.chunk_params = 4096;
+	o.q8 = true;
+	ckpt::format(q8, lay, o);
+	auto d32 = open();
+	auto d8 = ckpt::Device::open(q8, {});
+	ASSERT_TRUE(d8->image().sb.feature_incompat & CKPT_FEATURE_INCOMPAT_Q8);
+	EXPECT_FALSE(d32->image().sb.feature_incompat & CKPT_FEATURE_INCOMPAT_Q8);
+	// 4 KiB header + 6 B * 4096 + 2 * 4 B * 16 scales, in 4 KiB blocks
+	EXPECT_EQ(d8->layout().record_bytes, 4096u + 28672u);
+	EXPECT_EQ(d32->layout().record_bytes, 4096u + 12u * 4096u);
+
+	std::mt19937_64 rng(12);
+	std::normal_distribution<float> nd(0.0f, 1.0f);
+	std::vector<float> a(5000), b(3000), c(1000);
+	for (auto *t : {&a, &b, &c})
+		for (float &x : *t)
+			x = nd(rng) * 0.02f;
+	for (auto *d : {d32.get(), d8.get()})
+		d->load_params({{"a", a}, {"b", b}, {"c", c}});
+
+	const struct ckpt_layout &l = d8->layout();
+	std::vector<float> p32(5000), m32(5000), v32(5000), p8(5000), m8(5000), v8(5000);
+	for (int step = 1; step <= 8; step++) {
+		std::vector<uint16_t> g(l.n_params);
+		for (uint16_t &x : g)
+			x = ckpt_f32_to_bf16(std::bit_cast<uint32_t>(nd(rng) * 1e-3f));
+		for (auto *d : {d32.get(), d8.get()}) {
+			d->begin(groups(), 1.0);
+			d->write_grad_window(0, g.data(), l.window_bytes);
+			ASSERT_EQ(d->commit({}), ckpt::CommitResult::committed);
+		}
+		d32->read_state("a", p32.data(), m32.data(), v32.data(), 5000);
+		d8->read_state("a", p8.data(), m8.data(), v8.data(), 5000);
+		if (step == 1) {
+			EXPECT_EQ(0, std::memcmp(p32.data(), p8.data(), 5000 * 4));
+		}
+		double dp = 0, dm = 0, mm = 0;
+		for (size_t i = 0; i < 5000; i++) {
+			dp = std::max(dp, (double)std::fabs(p8[i] - p32[i]));
+			dm = std::max(dm, (double)std::fabs(m8[i] - m32[i]));
+			mm = std::max(mm, (double)std::fabs(m32[i]));
+		}
+		// lr 1e-3: each step moves a param by about 1e-3 at most
+		EXPECT_LT(dp, 2e-3 * step) << "step " << step;
+		EXPECT_LT(dm, 0.07 * mm) << "step " << step;
+	}
+
+	// load_state encodes, read_state decodes: within the map's resolution
+	std::vector<float> m(5000), v(5000);
+	for (size_t i = 0; i < 5000; i++) {
+		m[i] = nd(rng) * 1e-3f;
+		v[i] = m[i] * m[i];
+	}
+	d8.reset();
+	d8 = ckpt::Device::open(q8, {});
+	std::vector<float> pb(3000), mb(3000), vb(3000), pc(1000), mc(1000), vc(1000);
+	d8->read_state("b", pb.data(), mb.data(), vb.data(), 3000);
+	d8->read_state("c", pc.data(), mc.data(), vc.data(), 1000);
+	EXPECT_EQ(d8->status().committed_step, 8u);
+	d8.reset();
+	const std::string fresh = (dir_ / "fresh.img").string();
+	ckpt::format(fresh, lay, o);
+	d8 = ckpt::Device::open(fresh, {});
+	d8->load_state({{"a", p8, m, v, 3}, {"b", pb, mb, vb, 3}, {"c", pc, mc, vc, 3}}, {});
+	std::vector<float> p2(5000), m2(5000), v2(5000);
+	d8->read_state("a", p2.data(), m2.data(), v2.data(), 5000);
+	EXPECT_EQ(p2, p8);
+	for (size_t i = 0; i < 5000; i++) {
+		const size_t blk = i / CKPT_Q8_BLOCK * CKPT_Q8_BLOCK;
+		float am = 0, av = 0;
+		for (size_t k = blk; k < std::min<size_t>(blk + CKPT_Q8_BLOCK, 5000); k++) {
+			am = std::max(am, std::fabs(m[k]));
+			av = std::max(av, v[k]);
+		}
+		ASSERT_LE(std::fabs(m2[i] - m[i]), 0.0072 * am) << i;
+		ASSERT_LE(std::fabs(v2[i] - v[i]), 0.0036 * av) << i;
+	}
+	EXPECT_EQ(d8->status().committed_step, 3u);
+	d8.reset();
+	const std::string report = ckpt::verify_report(fresh, false);
+	EXPECT_NE(report.find("\"records_checked\":4,"), std::string::npos) << report;
+	EXPECT_NE(report.find("\"damage\":[]"), std::string::npos) << report;
+}
+
 TEST(Ring, SyncFallbackCompletesLikeIoUring)
 {
 	const fs::path path = fs::temp_directory_path() / fmt::format("ckpt-ring-{}", getpid());

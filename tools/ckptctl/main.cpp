@@ -200,6 +200,11 @@ int main(int argc, char **argv)
 	format->add_option("--chunk-params", fa.chunk_params,
 			   "params per chunk, a power of two from 2048 to 4194304\n(default: the manifest's, else 65536)");
 	format->add_option("--size", fa.size, "size of a file in bytes (default: what the layout needs)");
+	format->add_option("--state", fa.state,
+			   "optimizer state: fp32 (default) or 8bit (exp_avg and\n"
+			   "exp_avg_sq as block-wise 8-bit codes: 6 B of state per\n"
+			   "param instead of 12; an image older tools refuse)")
+		->check(CLI::IsMember({"fp32", "8bit"}));
 	format->add_flag("--force", fa.force, "format over an existing dm-ckpt image or signature");
 	format->add_flag("--json", fa.json, "print the resulting geometry as JSON (as info --json)");
 	add_progress_options(format, progress);

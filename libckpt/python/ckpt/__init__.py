@@ -141,6 +141,7 @@ for _name, _res, _args in [
     ("ckpt_layout_free", None, [_vp]),
     ("ckpt_layout_add", _int, [_vp, _cp, _u64p, _u32, _u32]),
     ("ckpt_format", _int, [_cp, _vp, _int, _u32, _u64]),
+    ("ckpt_format_opts", _int, [_cp, _vp, _int, _u32, _u64, _u32]),
     ("ckpt_open", _int, [_cp, ctypes.POINTER(_vp)]),
     ("ckpt_close", None, [_vp]),
     ("ckpt_info", _int, [_vp, ctypes.POINTER(_Info)]),
@@ -289,15 +290,22 @@ def _progress(desc, progress):
             bar.close()
 
 
-def format(path, layout, dtype="bf16", chunk_params=65536, size=None, progress=None):
+_STATES = {"fp32": 0, "8bit": 1}  # CKPT_FORMAT_STATE_8BIT
+
+
+def format(path, layout, dtype="bf16", chunk_params=65536, size=None, progress=None, state="fp32"):
     """Create or format a backing file or block device for layout.
+    state: "fp32", or "8bit" for exp_avg and exp_avg_sq as block-wise 8-bit
+    codes (6 B of state per param instead of 12).
     progress: a tqdm bar on stderr (None: when stderr is a terminal)."""
     if dtype not in _DTYPES:
         raise CkptError(ERRORS.index("E_DTYPE"),
                         f"unknown dtype {dtype!r}: use {' or '.join(repr(d) for d in _DTYPES)}")
+    if state not in _STATES:
+        raise CkptError(ERRORS.index("E_INVAL"), f"unknown state {state!r}: use 'fp32' or '8bit'")
     with _progress("format", progress):
-        _check(_lib.ckpt_format(_path_bytes(path), layout._h, _DTYPES[dtype], int(chunk_params),
-                                int(size or 0)))
+        _check(_lib.ckpt_format_opts(_path_bytes(path), layout._h, _DTYPES[dtype], int(chunk_params),
+                                     int(size or 0), _STATES[state]))
 
 
 def _uuid_text(u):
