@@ -120,10 +120,11 @@ CKPT_CRASH_SEED ?= 1
 
 crash-campaign: crash-campaign-userspace crash-campaign-kernel
 
-# the kernel's part: the VM suite on every kernel and CPU model, 200 power
-# cuts, and the log replay of a longer trace on both kernels. About 7 hours
+# the kernel's part: the VM suite on every kernel and CPU model (and 8-bit
+# moments on both kernels), 200 power cuts, and the log replay of a longer
+# trace on both kernels. About 7 hours
 # on the shared 2-core machine (load ~20), from its parts measured there: the
-# suite ~14 min per kernel/CPU model (~1 h for the four); a power cut ~90 s
+# suite ~14 min per kernel/CPU model (~1.4 h for the six); a power cut ~90 s
 # (the boot to stepping ~55 s, the cut, verify and export ~35 s;
 # `powercut.sh --cuts 1 --params 65536 --steps 60` took 225 s with its
 # reference and the run to step 60), ~5.5 h for 200 with the boots that run
@@ -131,7 +132,7 @@ crash-campaign: crash-campaign-userspace crash-campaign-kernel
 crash-campaign-kernel:
 	$(MAKE) all
 	$(MAKE) kmod
-	BUILD=$(BUILD) CKPT_VM_MATRIX="6.1:max 6.1:qemu64 6.12:max 6.12:qemu64" scripts/vm/tests.sh
+	BUILD=$(BUILD) CKPT_VM_MATRIX="6.1:max 6.1:qemu64 6.12:max 6.12:qemu64 6.1:max:8bit 6.12:qemu64:8bit" scripts/vm/tests.sh
 	BUILD=$(BUILD) scripts/vm/powercut.sh --cuts 200 --params 65536 --steps 60
 	BUILD=$(BUILD) scripts/vm/logreplay.sh --steps 24 --kernel 6.12
 	BUILD=$(BUILD) scripts/vm/logreplay.sh --steps 24 --kernel 6.1
@@ -185,8 +186,8 @@ kmod:
 	BUILD=$(BUILD) scripts/vm/build-kmod.sh
 
 # every tests/kmod program and the byte-identity check, for each kernel/CPU of
-# CKPT_VM_MATRIX (default "6.1:max 6.12:max 6.12:qemu64"; the crash campaign
-# adds 6.1:qemu64)
+# CKPT_VM_MATRIX (default "6.1:max 6.12:max 6.12:qemu64:8bit", the last with
+# 8-bit moments; the crash campaign adds 6.1:qemu64)
 check-vm: deps
 	$(MAKE) all
 	$(MAKE) kmod

@@ -11,13 +11,14 @@
 # failure. The last line is "N passed, N failed"; the exit status is non-zero
 # if anything failed.
 #
-#   scripts/vm/tests.sh [--matrix "6.1:max 6.1:qemu64 6.12:max"]
+#   scripts/vm/tests.sh [--matrix "6.1:max 6.1:qemu64 6.12:max:8bit"]
 #                       [--params N] [--steps N] [--seed N] [--presteps N] [--state fp32|8bit]
 #                       [--only harness|kmod|identity|scripts|assembly]
 # --presteps N: the host commits the first N steps (default 0) with the
 # userspace engine before the image is copied; both sides then continue from
 # step N+1 (so the kernel starts from a state the userspace engine wrote).
-# --state 8bit: the byte identity image keeps 8-bit moments (feature Q8).
+# --state 8bit: the byte identity image keeps 8-bit moments (feature Q8);
+# a matrix entry KERNEL:CPU:STATE sets it for that entry alone.
 # Environment: CKPT_VM_MATRIX, CKPT_VM_PARAMS, CKPT_VM_STEPS, CKPT_VM_SEED,
 # CKPT_VM_PRESTEPS, CKPT_VM_STATE,
 # CKPT_VM_PROGRAMS (only these tests/kmod programs),
@@ -36,8 +37,9 @@ set -uo pipefail
 
 # The default leaves out 6.1:qemu64: the SSE2 path is the same source on both
 # kernels and 6.12:qemu64 runs it, which keeps make check within its budget;
-# the crash campaign runs the whole matrix.
-matrix=${CKPT_VM_MATRIX:-"6.1:max 6.12:max 6.12:qemu64"}
+# the crash campaign runs the whole matrix. 6.12:qemu64 proves the 8-bit
+# moments (feature Q8) byte for byte, the max entries the fp32 state.
+matrix=${CKPT_VM_MATRIX:-"6.1:max 6.12:max 6.12:qemu64:8bit"}
 params=${CKPT_VM_PARAMS:-1000000}
 steps=${CKPT_VM_STEPS:-200}
 seed=${CKPT_VM_SEED:-}
@@ -165,8 +167,8 @@ kmod_run() { # KERNEL CPU DIR
 	[ $counted -gt 0 ] || [ $rc -ne 0 ] || not_ok "$kl/$c kmod tests: no TAP results"
 }
 
-identity_run() { # KERNEL CPU DIR DTYPE
-	local k=$1 c=$2 d=$3 dtype=$4 rc hrc kimg uimg
+identity_run() { # KERNEL CPU DIR DTYPE STATE
+	local k=$1 c=$2 d=$3 dtype=$4 state=$5 rc hrc kimg uimg
 	kimg=$d/kernel.img uimg=$d/user.img
 	log "$kl/$c: byte identity, $dtype, $state state, $params params, $presteps step(s) on the host then $steps steps in both${seed:+, seed $seed}"
 	if ! "$TRACE" "$kimg" --format --dtype "$dtype" --state "$state" --params "$params" --steps 0 \
@@ -309,8 +311,11 @@ fi
 
 if [ $preflight_ok = 1 ]; then
 	for combo in $matrix; do
-		k=${combo%%:*} c=${combo#*:}
+		# KERNEL[:CPU[:STATE]]: STATE (fp32 or 8bit) overrides --state for
+		# this entry's byte identity run
+		k=${combo%%:*} c=${combo#*:} entry_state=$state
 		[ "$c" != "$combo" ] || c=max
+		case $c in *:*) entry_state=${c#*:} c=${c%%:*} ;; esac
 		kl=$(kernel_label "$k")
 		if ! kver=$(resolve_kernel "$k"); then
 			not_ok "$kl/$c: kernel $k is not installed (scripts/deps.sh)"
@@ -327,7 +332,8 @@ if [ $preflight_ok = 1 ]; then
 		last_k=$k
 		n_combo=$((n_combo + 1))
 		if want identity; then
-			identity_run "$k" "$c" "$d" "$( (((n_combo + n_kernel) % 2)) && echo fp16 || echo bf16)"
+			identity_run "$k" "$c" "$d" "$( (((n_combo + n_kernel) % 2)) && echo fp16 || echo bf16)" \
+				"$entry_state"
 		fi
 		if want scripts && [ "$c" = max ]; then scripts_run "$k" "$c" "$d"; fi
 		if want assembly && [ "$c" = max ] && [ -z "${assembly_done:-}" ]; then
