@@ -1,8 +1,8 @@
 #!/bin/bash
 # Build the debug kernel of make kernel-debug: Debian's linux-source-6.12,
 # `make tinyconfig` plus scripts/vm/kdebug.config (KASAN, lockdep, KFENCE,
-# DEBUG_OBJECTS, DEBUG_ATOMIC_SLEEP, and the VM's devices built in), merged
-# with the kernel's scripts/kconfig/merge_config.sh.
+# DEBUG_OBJECTS, DEBUG_ATOMIC_SLEEP, and the VM's devices and 9p built in),
+# merged with the kernel's scripts/kconfig/merge_config.sh.
 #
 #   scripts/vm/kdebug.sh
 #
@@ -13,9 +13,13 @@
 #   root/lib/modules/KVER   modules.builtin and modules.dep (modprobe -d root)
 #   obj/            the O= build tree: the headers dm-ckpt.ko builds against
 #                   (make -C kmod KDIR=BUILD/kdebug/HASH/obj)
-# A finished build is not built again. The last line of output is the
-# directory. KDEBUG_SRC_TAR: another
-# linux-source tarball; KDEBUG_JOBS: make -j (default 2).
+# A finished build is not built again. A new HASH (a changed fragment) starts
+# from a copy of the obj/ of the newest finished build of the same source,
+# not from nothing: kbuild's fixdep dependencies on include/config/ rebuild
+# only what the changed options touch (minutes for a few drivers; an option
+# that common headers test, like CONFIG_NET, reaches nearly every object). The last line of output is the directory.
+# KDEBUG_SRC_TAR: another linux-source tarball; KDEBUG_JOBS: make -j
+# (default 2).
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 {
@@ -62,6 +66,28 @@ fi
 
 t0=$SECONDS
 obj=$dir/obj
+mkdir -p "$dir"
+if [ ! -e "$obj" ]; then
+	seed=""
+	for d in $(ls -1td "$top"/*/done 2>/dev/null); do
+		d=${d%/done}
+		# the build tree's Makefile names its source tree
+		if grep -qxF "include $src/Makefile" "$d/obj/Makefile" 2>/dev/null; then
+			seed=$d
+			break
+		fi
+	done
+	if [ -n "$seed" ]; then
+		note "kdebug: starting from a copy of $seed/obj"
+		rm -rf "$obj.tmp"
+		cp -a "$seed/obj" "$obj.tmp"
+		# objtool's own build records absolute paths: left as they are,
+		# it is rebuilt, and every object depends on its mtime
+		grep -rlF --include="*.cmd" "$seed/obj" "$obj.tmp/tools" |
+			xargs -r sed -i "s|$seed/obj|$obj|g"
+		mv "$obj.tmp" "$obj"
+	fi
+fi
 mkdir -p "$obj"
 kmake() { nice -n 10 make -C "$src" O="$obj" ARCH=x86_64 "$@"; }
 kmake -s tinyconfig

@@ -17,7 +17,8 @@ VM_OPTIONAL_MODULES="dm-flakey dm-log-writes dm-delay dm-thin-pool"
 # The output disk (--out) is virtio-blk, /dev/vda: a second NVMe namespace or
 # controller would race the first for the name nvme0n1 (6.12 scans async).
 VM_OUT_MODULES="virtio_pci virtio_blk"
-# --hostfs: the host's / over virtio-9p (netfs/fscache come as dependencies)
+# --hostfs: the host's / over virtio-9p (netfs/fscache come as dependencies;
+# a kernel that builds them in, like make kernel-debug's, loads none)
 VM_HOSTFS_MODULES="virtio_pci 9pnet_virtio 9p"
 
 die() { echo "vm: error: $*" >&2; exit 2; }
