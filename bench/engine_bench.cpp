@@ -2,13 +2,18 @@
 // The userspace engine against the raw bandwidth of the same file, in one run.
 //
 // For each directory given: format a file for one tensor of N params, then
-// alternate (a) a raw pass that moves exactly the bytes of a step (read every
-// state record of the committed slot, write every record and p_lo of the
-// other) through io_uring with the same buffers and queue depth, no math, and
-// (b) a real step (begin, gradient write, commit). Prints both and their
-// ratio; the best of several rounds, as the machine is shared and noisy.
+// interleave, round after round, (a) fio on the same file moving the bytes of
+// a step (reading the committed slot's records, writing the other slot's
+// records and p_lo: three concurrent streams with the engine's block sizes,
+// queue depth and O_DIRECT or not, then fsync): the device's own figure;
+// (b) the same pass through the engine's io_uring code with its buffers, no
+// math; (c) a real step (begin, gradient write, commit). Prints medians with
+// min..max of each (the machine is shared and noisy) and the engine's
+// fraction of the device (fio): above 1 (the step or the I/O pass), the
+// reference is wrong, and it says so. The last line is JSON: engine_fraction_of_device_LABEL per directory.
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <thread>
@@ -16,6 +21,7 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "device.hpp"
 #include "format.hpp"
@@ -87,25 +93,86 @@ double raw_pass(const ckpt::BackingFile &f, const struct ckpt_layout &l, uint32_
 	return seconds_since(t0);
 }
 
+constexpr unsigned fio_loops = 3;
+
+struct Spread {
+	double med, min, max;
+};
+
+Spread spread(std::vector<double> v)
+{
+	std::sort(v.begin(), v.end());
+	const size_t n = v.size();
+	return {n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2, v.front(), v.back()};
+}
+
+// fio over the step's I/O on the same file: reads of the src slot's records,
+// writes of the other slot's records and p_lo, concurrently, each stream with
+// the engine's block size and its queue depth (workers x chunks in flight),
+// fsync at the end as the engine's commit flushes; fio_loops passes in one
+// run, so that the first touch of fio's fresh buffers (slow on these VMs)
+// weighs little, as the engine's buffers are reused. Returns the seconds the
+// slowest stream took for one pass; throws if fio is missing or fails.
+double fio_pass(const std::string &path, const struct ckpt_layout &l, uint32_t n_chunks, uint32_t src,
+		bool direct, unsigned qd)
+{
+	const uint32_t dst = src ^ 1;
+	const std::string cmd = fmt::format(
+		"fio --output-format=json --ioengine=io_uring --direct={} --allow_file_create=0 --filename={} "
+		"--end_fsync=1 --iodepth={} --loops={} "
+		"--name=records-read --rw=read --bs={} --offset={} --size={} "
+		"--name=records-write --rw=write --bs={} --offset={} --size={} "
+		"--name=plo-write --rw=write --bs={} --offset={} --size={} 2>&1",
+		direct ? 1 : 0, path, qd, fio_loops, l.record_bytes, ckpt_record_offset(&l, src, 0), n_chunks * l.record_bytes,
+		l.record_bytes, ckpt_record_offset(&l, dst, 0), n_chunks * l.record_bytes, l.plo_chunk_bytes,
+		ckpt_plo_offset(&l, dst, 0), n_chunks * l.plo_chunk_bytes);
+	std::unique_ptr<FILE, decltype(&pclose)> pipe(popen(cmd.c_str(), "r"), pclose);
+	if (!pipe)
+		ckpt::fail(CKPT_E_IO, "cannot run fio: {}", strerror(errno));
+	std::string out;
+	char buf[4096];
+	for (size_t got; (got = fread(buf, 1, sizeof(buf), pipe.get())) > 0;)
+		out.append(buf, got);
+	const int status = pclose(pipe.release());
+	const size_t brace = out.find('{');
+	if (status != 0 || brace == std::string::npos)
+		ckpt::fail(CKPT_E_IO, "fio failed (is it installed? scripts/deps.sh installs it): {}", out);
+	const auto j = nlohmann::json::parse(out.substr(brace));
+	double ms = 0;
+	uint64_t bytes = 0;
+	for (const auto &job : j.at("jobs")) {
+		ms = std::max(ms, job.at("job_runtime").get<double>());
+		bytes += job.at("read").at("io_bytes").get<uint64_t>() + job.at("write").at("io_bytes").get<uint64_t>();
+	}
+	const uint64_t want = fio_loops * n_chunks * (2 * l.record_bytes + l.plo_chunk_bytes);
+	if (bytes != want || ms <= 0)
+		ckpt::fail(CKPT_E_IO, "fio moved {} bytes in {} ms, not the {} of {} steps", bytes, ms, want, fio_loops);
+	return ms / 1e3 / fio_loops;
+}
+
 } // namespace
 
 int main(int argc, char **argv)
 {
-	CLI::App app{"engine_bench: the userspace engine against raw file bandwidth"};
+	CLI::App app{"engine_bench: the userspace engine against fio on the same file"};
 	std::vector<std::string> dirs{"/dev/shm"};
 	uint64_t params = 64ull << 20;
-	unsigned rounds = 3, workers = 0;
-	app.add_option("dirs", dirs, "directories to put the backing file in");
-	app.add_option("--params", params, "params of the tensor");
-	app.add_option("--rounds", rounds, "rounds (best is reported)");
-	app.add_option("--workers", workers, "engine worker threads (0: one per CPU)");
+	unsigned rounds = 5, workers = 0;
+	app.add_option("dirs", dirs, "[LABEL=]DIR: directories to put the backing file in (LABEL names it in the JSON)");
+	app.add_option("--params", params, "params of the tensor")->check(CLI::Range(1ull << 16, 1ull << 32));
+	app.add_option("--rounds", rounds, "interleaved rounds (medians are reported)")->check(CLI::Range(1, 100));
+	app.add_option("--workers", workers, "engine worker threads (0: one per CPU)")->check(CLI::Range(0, 64));
 	CLI11_PARSE(app, argc, argv);
 
 	std::vector<uint16_t> grad(params);
 	for (size_t i = 0; i < grad.size(); i++)
 		grad[i] = static_cast<uint16_t>(0x3c00 ^ (i * 2654435761u >> 20 & 0x3ff));	// bf16 around 0.01
 
-	for (const std::string &dir : dirs) {
+	nlohmann::json result = nlohmann::json::object();
+	for (const std::string &arg : dirs) {
+		const size_t eq = arg.find('=');
+		const std::string label = eq == std::string::npos ? arg : arg.substr(0, eq);
+		const std::string dir = eq == std::string::npos ? arg : arg.substr(eq + 1);
 		std::string path = (std::filesystem::path(dir) / "ckpt-engine-bench.img").string();
 		ckpt::Layout layout;
 		layout.add("w", {params}, 0);
@@ -139,25 +206,47 @@ int main(int argc, char **argv)
 				plo[t].emplace_back(l.plo_chunk_bytes);
 			}
 		std::vector<ckpt::GroupHparams> groups(1);
-		double best_raw = 1e30, best_step = 1e30;
+		std::vector<double> t_fio, t_raw, t_step;
 		for (unsigned r = 0; r < rounds; r++) {
-			best_raw = std::min(best_raw, raw_pass(raw, l, n_chunks, dev->status().committed_slot, rec, plo));
+			const uint32_t committed = dev->status().committed_slot;
+			t_fio.push_back(fio_pass(path, l, n_chunks, committed, raw.direct, threads * opts.depth));
+			t_raw.push_back(raw_pass(raw, l, n_chunks, committed, rec, plo));
 			auto t0 = clock_type::now();
 			dev->begin(groups, 1.0);
 			dev->write_grad("w", grad.data(), grad.size());
 			if (dev->commit({}) != ckpt::CommitResult::committed)
 				ckpt::fail(CKPT_E_INVAL, "benchmark step overflowed");
-			best_step = std::min(best_step, seconds_since(t0));
+			t_step.push_back(seconds_since(t0));
 		}
-		const double raw_bw = static_cast<double>(step_bytes) / best_raw;
-		const double eng_bw = static_cast<double>(step_bytes) / best_step;
-		fmt::print("engine on {:<10} {:>8.1f} Mparams/s  {:>6.2f} GB/s moved   raw read+write {:>6.2f} GB/s"
-			   "   ratio {:.2f} of raw  ({}, {} params, {})\n",
-			   dir, static_cast<double>(params) / best_step / 1e6, eng_bw / 1e9, raw_bw / 1e9,
-			   eng_bw / raw_bw, raw.direct ? "O_DIRECT" : "buffered", params,
-			   fmt::format("{} rounds", rounds));
+		// GB/s of a step's bytes: median (at the median time), and the range
+		const auto gbs = [&](const std::vector<double> &t) {
+			const Spread s = spread(t);
+			const double b = static_cast<double>(step_bytes) / 1e9;
+			return std::make_tuple(b / s.med, b / s.max, b / s.min);
+		};
+		const auto [fio_med, fio_lo, fio_hi] = gbs(t_fio);
+		const auto [raw_med, raw_lo, raw_hi] = gbs(t_raw);
+		const auto [eng_med, eng_lo, eng_hi] = gbs(t_step);
+		const double frac = eng_med / fio_med;
+		fmt::print("{} ({}, {} params, {} B/param moved, {}, {} streams x qd {}, median (min..max) of {} "
+			   "interleaved rounds)\n",
+			   label, dir, params, static_cast<double>(step_bytes) / params,
+			   raw.direct ? "O_DIRECT" : "buffered", 3, threads * opts.depth, rounds);
+		fmt::print("  device (fio)            {:6.2f} GB/s ({:.2f}..{:.2f})\n", fio_med, fio_lo, fio_hi);
+		fmt::print("  engine's I/O, no math   {:6.2f} GB/s ({:.2f}..{:.2f})  {:.2f} of the device\n", raw_med,
+			   raw_lo, raw_hi, raw_med / fio_med);
+		fmt::print("  engine step             {:6.2f} GB/s ({:.2f}..{:.2f})  {:.2f} of the device  "
+			   "{:.1f} Mparams/s\n",
+			   eng_med, eng_lo, eng_hi, frac, eng_med * 1e9 / (static_cast<double>(step_bytes) / params) / 1e6);
+		if (frac > 1 || raw_med > fio_med)
+			fmt::print("  WARNING: the engine {} is faster than the device reference ({:.2f} > 1): the fio "
+				   "reference is wrong here\n",
+				   frac > 1 ? "step" : "I/O pass", std::max(frac, raw_med / fio_med));
+		result["engine_fraction_of_device_" + label] = std::round(frac * 1e4) / 1e4;
+		result["device_gb_s_" + label] = std::round(fio_med * 1e3) / 1e3;
 		dev.reset();
 		std::filesystem::remove(path);
 	}
+	fmt::print("{}\n", result.dump());
 	return 0;
 }

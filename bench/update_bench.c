@@ -11,9 +11,12 @@
  *            same arrays, in chunks of 65536 params.
  *
  * 64 Mi params, buffers allocated once with MADV_HUGEPAGE and touched before
- * timing; every measurement repeated several times, interleaved, best kept.
+ * timing; every measurement repeated several times, interleaved (A B C A B C
+ * ...), each reported as its median with min and max. The fraction of the
+ * ceiling is of medians. The last line is JSON: loop_fraction_of_bound (the
+ * dispatched fp16 update) and each variant's.
  *
- * usage: ckpt_bench_update [n_params_log2 (26)] [repeats (5)]
+ * usage: ckpt_bench_update [n_params_log2 (26)] [repeats (7)]
  */
 #define _GNU_SOURCE
 #include <stdint.h>
@@ -105,19 +108,50 @@ struct meas {
 	ckpt_update_fn ufn;
 	u32 dtype;
 	int ok;
-	double best;
+	double t[64];	/* each repeat's time */
+	double med, min, max;
 };
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return (x > y) - (x < y);
+}
+
+/* median, min and max of x->t[0..n) */
+static void summarize(struct meas *x, int n)
+{
+	double s[64];
+
+	memcpy(s, x->t, n * sizeof(s[0]));
+	qsort(s, n, sizeof(s[0]), cmp_double);
+	x->min = s[0];
+	x->max = s[n - 1];
+	x->med = n % 2 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
+}
 
 int main(int argc, char **argv)
 {
 	unsigned lg = argc > 1 ? (unsigned)atoi(argv[1]) : 26;
-	int reps = argc > 2 ? atoi(argv[2]) : 5;
+	int reps = argc > 2 ? atoi(argv[2]) : 7;
 	u64 n = 1ull << lg;
-	u16 *g = big_alloc(n * 2), *gb = big_alloc(n * 2), *plo = big_alloc(n * 2);
-	u32 *p = big_alloc(n * 4), *m = big_alloc(n * 4), *v = big_alloc(n * 4);
+	u16 *g, *gb, *plo;
+	u32 *p, *m, *v;
 	struct ckpt_hparams hp;
 	u32 scale = fbits(1.0f);
 	u32 seed = 12345;
+
+	if (lg < 16 || lg > 32 || reps < 1 || reps > 64) {
+		fprintf(stderr, "usage: ckpt_bench_update [n_params_log2 16..32 (26)] [repeats 1..64 (7)]\n");
+		return 64;
+	}
+	g = big_alloc(n * 2);
+	gb = big_alloc(n * 2);
+	plo = big_alloc(n * 2);
+	p = big_alloc(n * 4);
+	m = big_alloc(n * 4);
+	v = big_alloc(n * 4);
 
 	/* touch everything; realistic magnitudes (no denormals in the math) */
 	for (u64 i = 0; i < n; i++) {
@@ -149,35 +183,36 @@ int main(int argc, char **argv)
 	struct ckpt_update_variant var[CKPT_UPDATE_VARIANTS_MAX];
 	unsigned int nv = ckpt_update_variants(var);
 	u32 flags = 0;
-	double ceiling = 1e30;
+	double ceiling = 1e30, dispatched = 0;
 
 #if defined(__x86_64__)
-	ms[nm++] = (struct meas){"ceiling[sse2]", 0, ceiling_sse2, NULL, 0, 1, 1e30};
-	ms[nm++] = (struct meas){"ceiling[avx2]", 0, ceiling_avx2, NULL, 0, ckpt_cpu_has_avx2(), 1e30};
-	ms[nm++] = (struct meas){"ceiling[avx512]", 0, ceiling_avx512, NULL, 0, ckpt_cpu_has_avx512(),
-				 1e30};
+	ms[nm++] = (struct meas){"ceiling[sse2]", 0, ceiling_sse2, NULL, 0, 1};
+	ms[nm++] = (struct meas){"ceiling[avx2]", 0, ceiling_avx2, NULL, 0, ckpt_cpu_has_avx2()};
+	ms[nm++] = (struct meas){"ceiling[avx512]", 0, ceiling_avx512, NULL, 0, ckpt_cpu_has_avx512()};
 #elif defined(__aarch64__)
-	ms[nm++] = (struct meas){"ceiling[neon]", 0, ceiling_neon, NULL, 0, 1, 1e30};
-	ms[nm++] = (struct meas){"ceiling[sve]", 0, ceiling_sve, NULL, 0, ckpt_cpu_has_sve(), 1e30};
+	ms[nm++] = (struct meas){"ceiling[neon]", 0, ceiling_neon, NULL, 0, 1};
+	ms[nm++] = (struct meas){"ceiling[sve]", 0, ceiling_sve, NULL, 0, ckpt_cpu_has_sve()};
 #endif
 	for (unsigned int i = 0; i < nv; i++) {
 		static char names[CKPT_UPDATE_VARIANTS_MAX][40];
 
 		snprintf(names[i], sizeof(names[i]), "update[%s]", var[i].name);
 		ms[nm++] = (struct meas){names[i], 1, NULL, var[i].update, CKPT_DTYPE_FP16,
-					 var[i].available, 1e30};
+					 var[i].available};
 	}
 	ms[nm++] = (struct meas){"update[dispatched,bf16]", 1, NULL, ckpt_update_chunk,
-				 CKPT_DTYPE_BF16, 1, 1e30};
+				 CKPT_DTYPE_BF16, 1};
 #ifdef CKPT_BENCH_KMOD_FPU
 	ms[nm++] = (struct meas){"update[kmod sse2]", 1, NULL, dm_ckpt_update_sse2, CKPT_DTYPE_FP16,
-				 1, 1e30};
+				 1};
 	ms[nm++] = (struct meas){"update[kmod avx2+f16c]", 1, NULL, dm_ckpt_update_avx2,
-				 CKPT_DTYPE_FP16, ckpt_cpu_has_avx2(), 1e30};
+				 CKPT_DTYPE_FP16, ckpt_cpu_has_f16c()};
+	ms[nm++] = (struct meas){"update[kmod avx512+f16c]", 1, NULL, dm_ckpt_update_avx512,
+				 CKPT_DTYPE_FP16, ckpt_cpu_has_avx512()};
 #endif
 
 	printf("ckpt_bench_update: %llu params (%.0f MiB touched per pass, 28 B/param), "
-	       "chunks of %u, best of %d, 1 thread\n",
+	       "chunks of %u, median (min..max) of %d interleaved runs, 1 thread\n",
 	       (unsigned long long)n, n * 28.0 / (1 << 20), CHUNK, reps);
 	for (int r = 0; r < reps; r++) {
 		for (int j = 0; j < nm; j++) {
@@ -200,13 +235,16 @@ int main(int argc, char **argv)
 				}
 			}
 			t = now() - t0;
-			if (t < x->best)
-				x->best = t;
+			x->t[r] = t;
 		}
 	}
-	for (int j = 0; j < nm; j++)
-		if (ms[j].ok && ms[j].kind == 0 && ms[j].best < ceiling)
-			ceiling = ms[j].best;
+	for (int j = 0; j < nm; j++) {
+		if (!ms[j].ok)
+			continue;
+		summarize(&ms[j], reps);
+		if (ms[j].kind == 0 && ms[j].med < ceiling)
+			ceiling = ms[j].med;
+	}
 	for (int j = 0; j < nm; j++) {
 		struct meas *x = &ms[j];
 
@@ -214,10 +252,30 @@ int main(int argc, char **argv)
 			printf("%-34s (not supported by this CPU)\n", x->name);
 			continue;
 		}
-		printf("%-34s %6.3f Gparams/s  %5.1f GB/s  %.2f of ceiling\n", x->name,
-		       n / x->best * 1e-9, n * 28.0 / x->best * 1e-9, ceiling / x->best);
+		printf("%-34s %6.3f Gparams/s (%.3f..%.3f)  %5.1f GB/s  %.2f of ceiling\n", x->name,
+		       n / x->med * 1e-9, n / x->max * 1e-9, n / x->min * 1e-9, n * 28.0 / x->med * 1e-9,
+		       ceiling / x->med);
 	}
 	if (flags)
 		printf("(note: a non-finite gradient was flagged)\n");
+	/* the JSON line: the dispatched fp16 update, then every variant */
+	for (int j = 0; j < nm; j++)
+		if (ms[j].ok && !strcmp(ms[j].name, "update[dispatched]"))
+			dispatched = ceiling / ms[j].med;
+	printf("{\"loop_fraction_of_bound\": %.4f, \"loop_bound_gparams_s\": %.4f", dispatched, n / ceiling * 1e-9);
+	for (int j = 0; j < nm; j++) {
+		char key[64];
+		const char *c = ms[j].name + strlen("update[");
+		size_t k = 0;
+
+		if (!ms[j].ok || ms[j].kind != 1)
+			continue;
+		/* update[avx2+f16c] -> loop_fraction_of_bound_avx2_f16c */
+		for (; *c && *c != ']' && k < sizeof(key) - 1; c++)
+			key[k++] = (*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9') ? *c : '_';
+		key[k] = '\0';
+		printf(", \"loop_fraction_of_bound_%s\": %.4f", key, ceiling / ms[j].med);
+	}
+	printf("}\n");
 	return 0;
 }

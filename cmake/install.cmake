@@ -58,7 +58,7 @@ set(man ${PROJECT_BINARY_DIR}/man)
 add_custom_command(OUTPUT ${man}/ckptctl.8
   COMMAND ${CMAKE_COMMAND} -E make_directory ${man}
   COMMAND ${CKPT_PYTHON} ${PROJECT_SOURCE_DIR}/man/ckptctl-man.py $<TARGET_FILE:ckptctl>
-          ${PROJECT_SOURCE_DIR}/man/ckptctl.8.rst ${man}/ckptctl.8.rst
+          ${PROJECT_SOURCE_DIR}/man/ckptctl.8.rst ${man}/ckptctl.8.rst ${CMAKE_CROSSCOMPILING_EMULATOR}
   COMMAND ${RST2MAN} --halt=warning ${man}/ckptctl.8.rst ${man}/ckptctl.8
   DEPENDS ckptctl ${PROJECT_SOURCE_DIR}/man/ckptctl.8.rst ${PROJECT_SOURCE_DIR}/man/ckptctl-man.py
   COMMENT "Generating man page ckptctl.8")

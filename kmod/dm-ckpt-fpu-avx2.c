@@ -2,16 +2,25 @@
 /*
  * dm-ckpt float code, AVX2 and F16C, chosen at load time when the CPU has both.
  *
- * The body is the core's, unchanged (libckpt/core/ckpt_update_impl.h), so this build
- * gives the same bits as every other variant and as the userspace engine.
- * Compiled with the kernel's float flags (see Kbuild); only ever called
- * between kernel_fpu_begin() and kernel_fpu_end() by dm-ckpt-update.c.
+ * The body is the core's, unchanged (libckpt/core/ckpt_update_impl.h), with
+ * its F16C conversions (CKPT_UPDATE_F16C), so this build gives the same bits
+ * as every other variant and as the userspace engine. Compiled with the
+ * kernel's float flags (see Kbuild); only ever called between
+ * kernel_fpu_begin() and kernel_fpu_end() by dm-ckpt-update.c.
  */
+#define CKPT_UPDATE_F16C
 #include "dm-ckpt-fpu.h"
 #include "ckpt_update_impl.h"
 
 u32 dm_ckpt_update_avx2(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
 			const u16 *grad, u32 *p, u32 *m, u32 *v, u16 *plo, u64 n)
 {
-	return ckpt_update_chunk_body(hp, grad_scale, dtype, grad, p, m, v, plo, n);
+	return ckpt_update_chunk_f16c_body(hp, grad_scale, dtype, grad, p, m, v, plo, n);
+}
+
+u32 dm_ckpt_update_q8_avx2(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
+			   const u16 *grad, u32 *p, const struct ckpt_q8_state *s, u32 *tmp,
+			   u16 *plo, u64 n)
+{
+	return ckpt_update_chunk_q8_body(hp, grad_scale, dtype, grad, p, s, tmp, plo, n);
 }

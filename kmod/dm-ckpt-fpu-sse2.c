@@ -15,3 +15,10 @@ u32 dm_ckpt_update_sse2(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype
 {
 	return ckpt_update_chunk_body(hp, grad_scale, dtype, grad, p, m, v, plo, n);
 }
+
+u32 dm_ckpt_update_q8_sse2(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
+			   const u16 *grad, u32 *p, const struct ckpt_q8_state *s, u32 *tmp,
+			   u16 *plo, u64 n)
+{
+	return ckpt_update_chunk_q8_body(hp, grad_scale, dtype, grad, p, s, tmp, plo, n);
+}

@@ -831,13 +831,89 @@ static int __dmckpt_parse_message(struct dm_ckpt *c, unsigned int argc, char **a
 			goto usage;
 		return 0;
 	}
-	DMWARN_LIMIT("%s: unknown message '%s' (begin, commit, abort, stats)", dm_ckpt_name(c),
+	DMWARN_LIMIT("%s: unknown message '%s' (begin, commit, abort, rollback, stats)", dm_ckpt_name(c),
 		     argv[0]);
 	return -EINVAL;
 usage:
 	DMWARN_LIMIT("%s: usage: begin <step> <scale> <g>..., commit <step> [<blob>], abort [<step>]",
 		     dm_ckpt_name(c));
 	return -EINVAL;
+}
+
+/*
+ * The rollback message: the previous step committed again, by the core's
+ * rule (ckpt_step_rollback_*): the older superblock copy must commit it and
+ * every record of the other slot must still hold it intact; the records are
+ * re-stamped, flushed, then the superblock is written. Nothing changes on a
+ * refusal. Answers "rolled_back <step>".
+ */
+static int dmckpt_rollback(struct dm_ckpt *c, char *result, unsigned int maxlen)
+{
+	const struct ckpt_layout *l = &c->layout;
+	u64 dev_bytes = bdev_nr_bytes(c->md.dev->bdev);
+	unsigned int sz = 0;
+	struct ckpt_sb *prev;
+	bool valid;
+	u8 *rec;
+	u64 off;
+	u32 ch;
+	int ret;
+
+	prev = kvmalloc(sizeof(*prev), GFP_KERNEL);
+	rec = kvmalloc(l->record_bytes + l->plo_chunk_bytes, DM_CKPT_GFP_BIG);
+	if (!prev || !rec) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	mutex_lock(&c->cmd_lock);
+	ret = dm_ckpt_md_io(&c->md, REQ_OP_READ | REQ_SYNC, c->page,
+			    ckpt_sb_next_offset(c->sb), CKPT_BLOCK);
+	if (ret)
+		goto unlock;
+	valid = !ckpt_sb_decode(c->page, dev_bytes, prev);
+	ret = ckpt_step_rollback_check(&c->step, valid ? prev : NULL);
+	if (ret) {
+		DMWARN_LIMIT("%s: message rollback refused: %s (committed step %llu)",
+			     dm_ckpt_name(c), ckpt_strerror(ret), c->sb->committed_step);
+		ret = -ckpt_err_errno(ret);
+		goto unlock;
+	}
+	for (ch = 0; ch < c->step.sm.n_chunks; ch++) {
+		off = ckpt_record_offset(l, prev->committed_slot, ch);
+		ret = dm_ckpt_md_io(&c->md, REQ_OP_READ | REQ_SYNC, rec, off, l->record_bytes);
+		if (!ret)
+			ret = dm_ckpt_md_io(&c->md, REQ_OP_READ | REQ_SYNC, rec + l->record_bytes,
+					    ckpt_plo_offset(l, prev->committed_slot, ch),
+					    l->plo_chunk_bytes);
+		if (ret)
+			goto unlock;
+		ret = ckpt_step_rollback_rec(&c->step, prev, ch, rec, rec + CKPT_BLOCK,
+					     rec + l->record_bytes);
+		if (ret < 0) {
+			DMWARN_LIMIT("%s: message rollback refused: chunk %u of slot %u no longer holds step %llu",
+				     dm_ckpt_name(c), ch, prev->committed_slot,
+				     prev->committed_step);
+			ret = -ckpt_err_errno(ret);
+			goto unlock;
+		}
+		if (ret) {
+			ret = dm_ckpt_md_io(&c->md, REQ_OP_WRITE | REQ_SYNC, rec, off, CKPT_BLOCK);
+			if (ret)
+				goto unlock;
+		}
+	}
+	ret = ckpt_step_rollback_commit(&c->step, prev);
+	if (!ret) {
+		DMINFO("%s: rolled back to step %llu", dm_ckpt_name(c), c->sb->committed_step);
+		DMEMIT("rolled_back %llu", c->sb->committed_step);
+		ret = 1;
+	}
+unlock:
+	mutex_unlock(&c->cmd_lock);
+out:
+	kvfree(rec);
+	kvfree(prev);
+	return ret;
 }
 
 static int dmckpt_message(struct dm_target *ti, unsigned int argc, char **argv,
@@ -860,6 +936,11 @@ static int dmckpt_message(struct dm_target *ti, unsigned int argc, char **argv,
 		DMWARN_LIMIT("%s: message %s refused: the table is read-only",
 			     dm_ckpt_name(c), argv[0]);
 		return -EROFS;
+	}
+	if (!strcasecmp(argv[0], "rollback")) {
+		if (argc != 1)
+			return -EINVAL;
+		return dmckpt_rollback(c, result, maxlen);
 	}
 	mutex_lock(&c->cmd_lock);
 	if (__dmckpt_parse_message(c, argc, argv)) {

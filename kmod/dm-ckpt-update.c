@@ -32,7 +32,11 @@ static bool force_sse2;
 module_param(force_sse2, bool, 0444);
 MODULE_PARM_DESC(force_sse2, "Use the SSE2 update even on an AVX2/F16C CPU");
 
-static bool ckpt_use_avx2;
+static bool force_avx2;
+module_param(force_avx2, bool, 0444);
+MODULE_PARM_DESC(force_avx2, "Use the AVX2/F16C update even on an AVX-512 CPU");
+
+static bool ckpt_use_avx2, ckpt_use_avx512;
 
 /* One chunk buffer and the update that uses it. */
 struct dm_ckpt_job {
@@ -46,12 +50,13 @@ struct dm_ckpt_job {
 	struct ckpt_rec dst;	/* the record it writes: the open step's */
 	u32 incompat;		/* the image's incompat feature bits */
 	u32 group;
-	u8 *rec;		/* record_bytes: 4 KiB header, fp32 p, m, v */
+	u8 *rec;		/* record_bytes: 4 KiB header, then the state */
 	u16 *plo;		/* plo_chunk_bytes */
 	u16 *grad;		/* plo_chunk_bytes */
 	atomic_t writes;
 	int write_error;
 	struct completion done;
+	u32 q8_tmp[CKPT_Q8_TMP_WORDS];	/* Q8: the update's scratch */
 };
 
 void dm_ckpt_upd_init(void)
@@ -59,11 +64,18 @@ void dm_ckpt_upd_init(void)
 	ckpt_use_avx2 = !force_sse2 && boot_cpu_has(X86_FEATURE_AVX2) &&
 			boot_cpu_has(X86_FEATURE_F16C) &&
 			cpu_has_xfeatures(XFEATURE_MASK_SSE | XFEATURE_MASK_YMM, NULL);
+	/* what userspace's x86-64-v4 build needs, and the kernel saving the state */
+	ckpt_use_avx512 = ckpt_use_avx2 && !force_avx2 &&
+			  boot_cpu_has(X86_FEATURE_FMA) && boot_cpu_has(X86_FEATURE_AVX512F) &&
+			  boot_cpu_has(X86_FEATURE_AVX512BW) && boot_cpu_has(X86_FEATURE_AVX512CD) &&
+			  boot_cpu_has(X86_FEATURE_AVX512DQ) && boot_cpu_has(X86_FEATURE_AVX512VL) &&
+			  cpu_has_xfeatures(XFEATURE_MASK_SSE | XFEATURE_MASK_YMM |
+					    XFEATURE_MASK_AVX512, NULL);
 }
 
 const char *dm_ckpt_upd_fpu_name(void)
 {
-	return ckpt_use_avx2 ? "avx2" : "sse2";
+	return ckpt_use_avx512 ? "avx512" : ckpt_use_avx2 ? "avx2" : "sse2";
 }
 
 static bool job_available(struct dm_ckpt_update *u)
@@ -114,27 +126,45 @@ void dm_ckpt_upd_drain(struct dm_ckpt *c)
 	wait_event(c->upd.job_wait, upd_idle(&c->upd));
 }
 
-/* The update of params [first, first + n) of the job's chunk with hp. */
-static u32 run_update(struct dm_ckpt_job *j, const struct ckpt_hparams *hp, u64 first, u64 n)
+/* One FPU slice of the update: params [at, at + k) of the chunk. */
+static u32 update_slice(struct dm_ckpt_job *j, const struct ckpt_hparams *hp, u64 at, u64 k)
 {
 	const u64 cp = j->c->layout.chunk_params;
-	u32 *p = (u32 *)(j->rec + CKPT_BLOCK) + first;
-	u32 *m = p + cp, *v = p + 2 * cp;
-	u16 *grad = j->grad + first, *plo = j->plo + first;
+	u32 *p = (u32 *)(j->rec + CKPT_BLOCK);
+	u16 *grad = j->grad + at, *plo = j->plo + at;
+	struct ckpt_q8_state q;
+
+	if (j->incompat & CKPT_FEATURE_INCOMPAT_Q8) {
+		ckpt_q8_state_at(p, j->c->sb->geo.chunk_shift, at, &q);
+		if (ckpt_use_avx2)
+			return dm_ckpt_update_q8_avx2(hp, j->grad_scale, j->c->dtype, grad, p + at,
+						      &q, j->q8_tmp, plo, k);
+		return dm_ckpt_update_q8_sse2(hp, j->grad_scale, j->c->dtype, grad, p + at, &q,
+					      j->q8_tmp, plo, k);
+	}
+	if (ckpt_use_avx512)
+		return dm_ckpt_update_avx512(hp, j->grad_scale, j->c->dtype, grad, p + at,
+					     p + cp + at, p + 2 * cp + at, plo, k);
+	if (ckpt_use_avx2)
+		return dm_ckpt_update_avx2(hp, j->grad_scale, j->c->dtype, grad, p + at,
+					   p + cp + at, p + 2 * cp + at, plo, k);
+	return dm_ckpt_update_sse2(hp, j->grad_scale, j->c->dtype, grad, p + at, p + cp + at,
+				   p + 2 * cp + at, plo, k);
+}
+
+/*
+ * The update of params [first, first + n) of the job's chunk with hp, in
+ * slices (whole Q8 blocks: runs are whole blocks of CKPT_TENSOR_ALIGN).
+ */
+static u32 run_update(struct dm_ckpt_job *j, const struct ckpt_hparams *hp, u64 first, u64 n)
+{
 	u32 nonfinite = 0;
 	u64 i, k;
 
 	for (i = 0; i < n; i += k) {
 		k = min_t(u64, n - i, CKPT_FPU_SLICE);
 		kernel_fpu_begin();
-		if (ckpt_use_avx2)
-			nonfinite |= dm_ckpt_update_avx2(hp, j->grad_scale, j->c->dtype,
-							 grad + i, p + i, m + i, v + i,
-							 plo + i, k);
-		else
-			nonfinite |= dm_ckpt_update_sse2(hp, j->grad_scale, j->c->dtype,
-							 grad + i, p + i, m + i, v + i,
-							 plo + i, k);
+		nonfinite |= update_slice(j, hp, first + i, k);
 		kernel_fpu_end();
 		cond_resched();
 	}
@@ -173,7 +203,7 @@ static int check_record(struct dm_ckpt *c, struct dm_ckpt_job *j)
 {
 	struct ckpt_rec got;
 	enum ckpt_rec_fault f = ckpt_rec_check(j->rec, j->rec + CKPT_BLOCK, NULL,
-						&j->src, 0, &got);
+						&j->src, j->incompat, &got);
 
 	if (f == CKPT_REC_OK)
 		return 0;

@@ -4,15 +4,20 @@
 --help (every command's usage, description, options and examples), so the
 man page lists exactly the commands of the ckptctl it is built with.
 
-    ckptctl-man.py CKPTCTL TEMPLATE OUT
+    ckptctl-man.py CKPTCTL TEMPLATE OUT [EMULATOR ARGS...]
+
+(EMULATOR: what runs CKPTCTL in a cross build, e.g. qemu-aarch64 -L DIR.)
 """
 import re
 import subprocess
 import sys
 
 
+RUNNER = sys.argv[4:]
+
+
 def help_text(ckptctl, *args):
-    return subprocess.run([ckptctl, *args, "--help"], check=True, capture_output=True,
+    return subprocess.run([*RUNNER, ckptctl, *args, "--help"], check=True, capture_output=True,
                           text=True).stdout
 
 

@@ -53,7 +53,8 @@
 	X(E_MANIFEST,	"corrupt or invalid tensor manifest", EINVAL)	\
 	X(E_RECORD,	"corrupt state record", EINVAL)			\
 	X(E_NOMEM,	"out of memory", ENOMEM)			\
-	X(E_BLOB,	"trainer blob too large", EINVAL)
+	X(E_BLOB,	"trainer blob too large", EINVAL)		\
+	X(E_ROLLBACK,	"no previous step to roll back to", EINVAL)
 
 /* X(NAME, code, name, safetensors dtype): enum ckpt_dtype (CKPT_DTYPE_*). */
 #define CKPT_DTYPES(X)				\

@@ -178,7 +178,8 @@ int ckpt_layout_compute_features(const struct ckpt_geometry *g, u32 incompat,
 	l->chunk_params = (u64)1 << g->chunk_shift;
 	l->n_params = (u64)g->n_chunks << g->chunk_shift;
 	l->plo_chunk_bytes = l->chunk_params << 1;
-	l->record_bytes = CKPT_BLOCK + 12 * l->chunk_params;
+	l->record_bytes = CKPT_BLOCK +
+		ckpt_round_up_block(ckpt_rec_data_bytes(g->chunk_shift, incompat));
 	plo_slot = l->n_params << 1;
 	rec_slot = (u64)g->n_chunks * l->record_bytes;
 
@@ -645,7 +646,8 @@ enum ckpt_rec_fault ckpt_rec_check(const void *header, const void *data,
 	if (got->chunk != want->chunk || got->slot != want->slot ||
 	    got->chunk_shift != want->chunk_shift)
 		return CKPT_REC_PLACE;
-	if (data && ckpt_crc32c(data, (size_t)12 << want->chunk_shift) != got->data_crc)
+	if (data && ckpt_crc32c(data, ckpt_rec_data_bytes(want->chunk_shift, incompat)) !=
+		    got->data_crc)
 		return CKPT_REC_DATA;
 	if (got->step != want->step || got->sequence != want->sequence)
 		return CKPT_REC_STEP;
@@ -680,7 +682,7 @@ void ckpt_rec_seal(void *header, const void *data, const void *plo,
 	u32 n;
 
 	if (data)
-		r.data_crc = ckpt_crc32c(data, (size_t)12 << r.chunk_shift);
+		r.data_crc = ckpt_crc32c(data, ckpt_rec_data_bytes(r.chunk_shift, incompat));
 	if (!(incompat & CKPT_FEATURE_INCOMPAT_PLO_CRC))
 		r.plo_crc = 0;
 	else if (plo)

@@ -17,7 +17,9 @@
  *            and the manifest (same sizes, same content), after everything
  *            else so that no offset of a v1 image moves
  *
- * A record is a 4 KiB header block followed by fp32 p[cp], m[cp], v[cp].
+ * A record is a 4 KiB header block followed by fp32 p[cp], m[cp], v[cp]
+ * (with Q8: fp32 p[cp], u8 m[cp], u8 v[cp], fp32 m_scale[cp / 256],
+ * fp32 v_scale[cp / 256], zero-padded to 4 KiB).
  * A step reads the committed slot and writes the other one; the committed slot
  * is never written, so a crash at any point leaves the committed state intact.
  *
@@ -59,6 +61,9 @@ extern "C" {
 #define CKPT_BLOCK_SHIFT	11u
 /* COUNTS: the largest chunk whose block counts fit its record header. */
 #define CKPT_COUNTS_MAX_SHIFT	19u
+/* Q8: params per quantization block (one scale per moment). */
+#define CKPT_Q8_SHIFT		8u
+#define CKPT_Q8_BLOCK		(1u << CKPT_Q8_SHIFT)
 
 enum ckpt_optimizer {
 	CKPT_OPT_ADAM = 1,	/* state: fp32 p, exp_avg, exp_avg_sq */
@@ -85,20 +90,26 @@ enum ckpt_optimizer {
  * header block). Without it a block's count is its record's step and
  * CKPT_OP_RANGE is refused.
  *
- * All are set by format for new images (COUNTS where the chunk size allows);
- * images without them open and work as before, without those checks (one
- * metadata copy, no group table or p_lo checksum, no skipping).
+ * Q8: exp_avg and exp_avg_sq are stored as 8-bit codes of the dynamic
+ * quantization maps (ckpt_q8_tables.h), each block of CKPT_Q8_BLOCK params
+ * with its own fp32 scale (the block's largest magnitude): 6 B per param of
+ * state instead of 12. Opt-in at format time (not in the default).
+ *
+ * The others are set by format for new images (COUNTS where the chunk size
+ * allows); images without them open and work as before, without those
+ * checks (one metadata copy, no group table or p_lo checksum, no skipping).
  */
 #define CKPT_FEATURE_INCOMPAT_PLO_CRC	(1u << 0)
 #define CKPT_FEATURE_INCOMPAT_META2	(1u << 1)
 #define CKPT_FEATURE_INCOMPAT_COUNTS	(1u << 2)
+#define CKPT_FEATURE_INCOMPAT_Q8	(1u << 3)
 
 /* What format sets on new images (minus COUNTS for chunks too large for it). */
 #define CKPT_FEATURE_INCOMPAT_DEFAULT	(CKPT_FEATURE_INCOMPAT_PLO_CRC | CKPT_FEATURE_INCOMPAT_META2 | \
 					 CKPT_FEATURE_INCOMPAT_COUNTS)
 
 #define CKPT_FEATURE_COMPAT_SUPP	0u
-#define CKPT_FEATURE_INCOMPAT_SUPP	CKPT_FEATURE_INCOMPAT_DEFAULT
+#define CKPT_FEATURE_INCOMPAT_SUPP	(CKPT_FEATURE_INCOMPAT_DEFAULT | CKPT_FEATURE_INCOMPAT_Q8)
 #define CKPT_FEATURE_RO_COMPAT_SUPP	0u
 
 /* Errors of the core (enum ckpt_err, ckpt_abi.h), returned negated. */
@@ -129,7 +140,7 @@ struct ckpt_layout {
 	u64 chunk_params;
 	u64 n_params;		/* n_chunks * chunk_params */
 	u64 plo_chunk_bytes;	/* chunk_params * 2 */
-	u64 record_bytes;	/* 4 KiB header + 12 B * chunk_params */
+	u64 record_bytes;	/* 4 KiB header + ckpt_rec_data_bytes, 4 KiB aligned */
 	u64 group_off, group_bytes;
 	u64 manifest_off, manifest_bytes;
 	u64 plo_off[2];
@@ -169,6 +180,40 @@ static inline u64 ckpt_manifest_offset(const struct ckpt_layout *l, u32 copy)
 static inline u64 ckpt_plo_offset(const struct ckpt_layout *l, u32 slot, u64 chunk)
 {
 	return l->plo_off[slot] + chunk * l->plo_chunk_bytes;
+}
+
+/*
+ * The bytes of a record's state after its header, which its data checksum
+ * covers: 12 B per param (fp32 p, m, v), with Q8 6 B per param and 8 B per
+ * CKPT_Q8_BLOCK params (ckpt_q8_state).
+ */
+static inline u64 ckpt_rec_data_bytes(u32 chunk_shift, u32 incompat)
+{
+	if (incompat & CKPT_FEATURE_INCOMPAT_Q8)
+		return ((u64)6 << chunk_shift) + ((u64)8 << (chunk_shift - CKPT_Q8_SHIFT));
+	return (u64)12 << chunk_shift;
+}
+
+/*
+ * Q8: where the 8-bit state of params [first, first + n) of a chunk lies in
+ * its record's data (after the fp32 p[cp]); first a multiple of
+ * CKPT_Q8_BLOCK. m and v are code indexes, the scales fp32 bits.
+ */
+struct ckpt_q8_state {
+	u8 *m, *v;
+	u32 *m_scale, *v_scale;
+};
+
+static inline void ckpt_q8_state_at(void *data, u32 chunk_shift, u64 first,
+				    struct ckpt_q8_state *s)
+{
+	u8 *d = (u8 *)data;
+	u64 cp = (u64)1 << chunk_shift, nb = cp >> CKPT_Q8_SHIFT;
+
+	s->m = d + 4 * cp + first;
+	s->v = d + 5 * cp + first;
+	s->m_scale = (u32 *)(d + 6 * cp) + (first >> CKPT_Q8_SHIFT);
+	s->v_scale = (u32 *)(d + 6 * cp) + nb + (first >> CKPT_Q8_SHIFT);
 }
 
 static inline u64 ckpt_record_offset(const struct ckpt_layout *l, u32 slot, u64 chunk)
@@ -354,8 +399,8 @@ enum ckpt_rec_fault {
  * The one check of a state record read from the place of chunk want->chunk
  * in slot want->slot, used by both targets before a step builds upon it and
  * by every reader: the header (magic, crc), its place (chunk, slot,
- * chunk_shift), the data checksum over the 12 B * 2^chunk_shift of p, m, v
- * at data, then step and sequence; with PLO_CRC in incompat (the image's
+ * chunk_shift), the data checksum over the state at data
+ * (ckpt_rec_data_bytes), then step and sequence; with PLO_CRC in incompat (the image's
  * feature bits), the checksum of the chunk's p_lo (2 B * 2^chunk_shift at
  * plo). data or plo NULL: that checksum is not checked (a reader of p_lo
  * alone needs only the header). With COUNTS the block counts' checksum is
@@ -385,8 +430,8 @@ void ckpt_rec_next(const struct ckpt_sb *sb, u32 chunk, u64 step, struct ckpt_re
 
 /*
  * Seal a record: write its header block (CKPT_BLOCK bytes at header, zeroed
- * first) with id's identity, the crc32c of the 12 B * 2^chunk_shift of
- * p, m, v at data and, with PLO_CRC in incompat, of the chunk's p_lo at plo
+ * first) with id's identity, the crc32c of the state at data
+ * (ckpt_rec_data_bytes) and, with PLO_CRC in incompat, of the chunk's p_lo at plo
  * (else plo_crc is 0), and with COUNTS of the block counts in the header
  * block (kept as they are, the rest of the block zeroed; without COUNTS
  * the whole block is zeroed first and count_crc is 0). data or plo NULL: id's

@@ -510,6 +510,42 @@ int ckpt_step_load_span(const struct ckpt_step *cs, u64 offset, u64 n);
  */
 int ckpt_step_load_commit(struct ckpt_step *cs, u64 step, const void *blob, u32 blob_len);
 
+/* ---------------- rollback: the previous step committed again ---------------- */
+
+/*
+ * A commit leaves the previous step whole in the other slot until the next
+ * BEGIN writes there, and the older superblock copy commits it. A rollback
+ * makes it the committed step again, in three parts (like a load):
+ *
+ * ckpt_step_rollback_check: may the device go back to prev, the older
+ * superblock copy as the host read and decoded it (NULL: that copy is not
+ * valid)? -CKPT_E_FAILED (failed device), -CKPT_E_STATE (a step is open),
+ * -CKPT_E_ROLLBACK (committed step 0, or prev is not the commit of step
+ * committed - 1 in the other slot at sequence - 1 of the same image: there
+ * is nothing to go back to, or the device went back once already: a
+ * rollback never goes two steps). Changes nothing, records nothing. Takes
+ * the sm lock; caller holds the command lock.
+ *
+ * ckpt_step_rollback_rec: the record of chunk in the other slot as the host
+ * read it (header block, the 12 B * chunk params of data, the chunk's p_lo):
+ * it must be prev's record of that chunk, intact (ckpt_rec_check), or one
+ * an interrupted rollback already re-stamped. Returns 1 when header was
+ * re-stamped (the host writes it back), 0 when it is already right, or
+ * -CKPT_E_ROLLBACK when a later step overwrote it (a BEGIN wrote there, an
+ * aborted or crashed step) or it is damaged: nothing to go back to.
+ *
+ * ckpt_step_rollback_commit: after every chunk passed and the re-stamped
+ * headers are written, the commit of prev's step in its slot with its blob
+ * (ckpt_step_write_sb: flush, then the superblock), then the machine starts
+ * over from it (ckpt_step_restart). Returns 0 or the -errno of the commit
+ * (the machine and *cs->sb unchanged). A crash before the superblock is
+ * written leaves the current commit and the rollback repeatable.
+ */
+int ckpt_step_rollback_check(struct ckpt_step *cs, const struct ckpt_sb *prev);
+int ckpt_step_rollback_rec(const struct ckpt_step *cs, const struct ckpt_sb *prev, u32 chunk,
+			   void *header, const void *data, const void *plo);
+int ckpt_step_rollback_commit(struct ckpt_step *cs, const struct ckpt_sb *prev);
+
 #ifdef __cplusplus
 }
 #endif

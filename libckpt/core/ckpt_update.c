@@ -11,6 +11,9 @@
  */
 #ifndef __KERNEL__
 
+#if defined(__x86_64__)
+#define CKPT_UPDATE_F16C	/* the F16C variants below */
+#endif
 #include "ckpt_update.h"
 #include "ckpt_update_impl.h"
 #include "ckpt_update_variants.h"
@@ -19,6 +22,12 @@
 	const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,              \
 	const u16 *grad, u32 *p, u32 *m, u32 *v, u16 *plo, u64 n
 #define CKPT_UPDATE_CALL hp, grad_scale, dtype, grad, p, m, v, plo, n
+
+#define CKPT_Q8_ARGS                                                           \
+	const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,              \
+	const u16 *grad, u32 *p, const struct ckpt_q8_state *s, u32 *tmp,      \
+	u16 *plo, u64 n
+#define CKPT_Q8_CALL hp, grad_scale, dtype, grad, p, s, tmp, plo, n
 
 #define CKPT_SCALAR __attribute__((optimize("no-tree-vectorize")))
 
@@ -34,11 +43,19 @@ CKPT_SCALAR void ckpt_round_params_scalar(u32 dtype, const u32 *p, u16 *plo, u64
 	ckpt_round_params_body(dtype, p, plo, n);
 }
 
+CKPT_SCALAR u32 ckpt_update_chunk_q8_scalar(CKPT_Q8_ARGS)
+{
+	return ckpt_update_chunk_q8_body(CKPT_Q8_CALL);
+}
+
 #if defined(__x86_64__)
 
 /*
- * x86-64: the dispatched entry points are target_clones of the baseline
- * (SSE2), AVX2 and x86-64-v4 (AVX-512) builds.
+ * x86-64: the update and the rounding dispatch to the baseline (SSE2) build
+ * or to the AVX2 or x86-64-v4 (AVX-512) build with F16C conversions; the
+ * array conversion is target_clones of the baseline, AVX2 and x86-64-v4
+ * builds. The AVX2 and AVX-512 builds with the emulated conversions stay for
+ * the tests and the benchmark.
  */
 #if defined(__SANITIZE_THREAD__)
 /*
@@ -51,19 +68,72 @@ CKPT_SCALAR void ckpt_round_params_scalar(u32 dtype, const u32 *p, u16 *plo, u64
 #define CKPT_CLONES __attribute__((target_clones("default", "avx2", "arch=x86-64-v4")))
 #endif
 
-CKPT_CLONES u32 ckpt_update_chunk(CKPT_UPDATE_ARGS)
+/*
+ * The update and the rounding: the F16C builds where the CPU has AVX2 (or
+ * AVX-512) and F16C, else the baseline; chosen at the first call (a data
+ * race on a pointer every thread computes the same, made atomic for TSan).
+ */
+u32 ckpt_update_chunk(CKPT_UPDATE_ARGS)
 {
-	return ckpt_update_chunk_body(CKPT_UPDATE_CALL);
+	static ckpt_update_fn chosen;
+	ckpt_update_fn f = __atomic_load_n(&chosen, __ATOMIC_RELAXED);
+
+	if (!f) {
+		f = ckpt_cpu_has_avx512() ? ckpt_update_chunk_avx512_f16c
+		    : ckpt_cpu_has_f16c() ? ckpt_update_chunk_avx2_f16c
+					  : ckpt_update_chunk_sse2;
+		__atomic_store_n(&chosen, f, __ATOMIC_RELAXED);
+	}
+	return f(CKPT_UPDATE_CALL);
 }
 
-CKPT_CLONES void ckpt_round_params(u32 dtype, const u32 *p, u16 *plo, u64 n)
+void ckpt_round_params(u32 dtype, const u32 *p, u16 *plo, u64 n)
 {
-	ckpt_round_params_body(dtype, p, plo, n);
+	static ckpt_round_fn chosen;
+	ckpt_round_fn f = __atomic_load_n(&chosen, __ATOMIC_RELAXED);
+
+	if (!f) {
+		f = ckpt_cpu_has_avx512() ? ckpt_round_params_avx512_f16c
+		    : ckpt_cpu_has_f16c() ? ckpt_round_params_avx2_f16c
+					  : ckpt_round_params_sse2;
+		__atomic_store_n(&chosen, f, __ATOMIC_RELAXED);
+	}
+	f(dtype, p, plo, n);
 }
 
 CKPT_CLONES void ckpt_f16_to_f32_array(const u16 *h, u32 *f, u64 n)
 {
 	ckpt_f16_to_f32_array_body(h, f, n);
+}
+
+CKPT_CLONES u32 ckpt_update_chunk_q8(CKPT_Q8_ARGS)
+{
+	return ckpt_update_chunk_q8_body(CKPT_Q8_CALL);
+}
+
+CKPT_CLONES void ckpt_q8_decode(const struct ckpt_q8_state *s, u32 *m, u32 *v, u64 n)
+{
+	ckpt_q8_decode_body(s, m, v, n);
+}
+
+CKPT_CLONES void ckpt_q8_encode(const struct ckpt_q8_state *s, const u32 *m, const u32 *v, u64 n)
+{
+	ckpt_q8_encode_body(s, m, v, n);
+}
+
+static u32 ckpt_update_chunk_q8_sse2(CKPT_Q8_ARGS)
+{
+	return ckpt_update_chunk_q8_body(CKPT_Q8_CALL);
+}
+
+__attribute__((target("avx2"))) static u32 ckpt_update_chunk_q8_avx2(CKPT_Q8_ARGS)
+{
+	return ckpt_update_chunk_q8_body(CKPT_Q8_CALL);
+}
+
+__attribute__((target("arch=x86-64-v4"))) static u32 ckpt_update_chunk_q8_avx512(CKPT_Q8_ARGS)
+{
+	return ckpt_update_chunk_q8_body(CKPT_Q8_CALL);
 }
 
 u32 ckpt_update_chunk_sse2(CKPT_UPDATE_ARGS)
@@ -79,6 +149,29 @@ __attribute__((target("avx2"))) u32 ckpt_update_chunk_avx2(CKPT_UPDATE_ARGS)
 __attribute__((target("arch=x86-64-v4"))) u32 ckpt_update_chunk_avx512(CKPT_UPDATE_ARGS)
 {
 	return ckpt_update_chunk_body(CKPT_UPDATE_CALL);
+}
+
+/* the F16C conversions (ckpt_update_impl.h) in the AVX2 and AVX-512 builds */
+__attribute__((target("avx2,f16c"))) u32 ckpt_update_chunk_avx2_f16c(CKPT_UPDATE_ARGS)
+{
+	return ckpt_update_chunk_f16c_body(CKPT_UPDATE_CALL);
+}
+
+__attribute__((target("arch=x86-64-v4"))) u32 ckpt_update_chunk_avx512_f16c(CKPT_UPDATE_ARGS)
+{
+	return ckpt_update_chunk_f16c_body(CKPT_UPDATE_CALL);
+}
+
+__attribute__((target("avx2,f16c")))
+void ckpt_round_params_avx2_f16c(u32 dtype, const u32 *p, u16 *plo, u64 n)
+{
+	ckpt_round_params_f16c_body(dtype, p, plo, n);
+}
+
+__attribute__((target("arch=x86-64-v4")))
+void ckpt_round_params_avx512_f16c(u32 dtype, const u32 *p, u16 *plo, u64 n)
+{
+	ckpt_round_params_f16c_body(dtype, p, plo, n);
 }
 
 void ckpt_round_params_sse2(u32 dtype, const u32 *p, u16 *plo, u64 n)
@@ -104,6 +197,12 @@ int ckpt_cpu_has_avx2(void)
 	return __builtin_cpu_supports("avx2");
 }
 
+int ckpt_cpu_has_f16c(void)
+{
+	__builtin_cpu_init();
+	return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+}
+
 int ckpt_cpu_has_avx512(void)
 {
 	__builtin_cpu_init();
@@ -113,11 +212,19 @@ int ckpt_cpu_has_avx512(void)
 unsigned int ckpt_update_variants(struct ckpt_update_variant *out)
 {
 	const struct ckpt_update_variant all[] = {
-		{"scalar", ckpt_update_chunk_scalar, ckpt_round_params_scalar, 1},
-		{"sse2", ckpt_update_chunk_sse2, ckpt_round_params_sse2, 1},
-		{"avx2", ckpt_update_chunk_avx2, ckpt_round_params_avx2, ckpt_cpu_has_avx2()},
-		{"avx512", ckpt_update_chunk_avx512, ckpt_round_params_avx512, ckpt_cpu_has_avx512()},
-		{"dispatched", ckpt_update_chunk, ckpt_round_params, 1},
+		{"scalar", ckpt_update_chunk_scalar, ckpt_round_params_scalar,
+		 ckpt_update_chunk_q8_scalar, 1},
+		{"sse2", ckpt_update_chunk_sse2, ckpt_round_params_sse2, ckpt_update_chunk_q8_sse2, 1},
+		{"avx2", ckpt_update_chunk_avx2, ckpt_round_params_avx2, ckpt_update_chunk_q8_avx2,
+		 ckpt_cpu_has_avx2()},
+		/* the Q8 update has no F16C build: the fp16 conversions are per block there */
+		{"avx2+f16c", ckpt_update_chunk_avx2_f16c, ckpt_round_params_avx2_f16c,
+		 ckpt_update_chunk_q8_avx2, ckpt_cpu_has_f16c()},
+		{"avx512", ckpt_update_chunk_avx512, ckpt_round_params_avx512,
+		 ckpt_update_chunk_q8_avx512, ckpt_cpu_has_avx512()},
+		{"avx512+f16c", ckpt_update_chunk_avx512_f16c, ckpt_round_params_avx512_f16c,
+		 ckpt_update_chunk_q8_avx512, ckpt_cpu_has_avx512()},
+		{"dispatched", ckpt_update_chunk, ckpt_round_params, ckpt_update_chunk_q8, 1},
 	};
 
 	memcpy(out, all, sizeof(all));
@@ -166,6 +273,27 @@ CKPT_SVE static void ckpt_f16_to_f32_array_sve(const u16 *h, u32 *f, u64 n)
 	ckpt_f16_to_f32_array_body(h, f, n);
 }
 
+static u32 ckpt_update_chunk_q8_neon(CKPT_Q8_ARGS)
+{
+	return ckpt_update_chunk_q8_body(CKPT_Q8_CALL);
+}
+
+CKPT_SVE static u32 ckpt_update_chunk_q8_sve(CKPT_Q8_ARGS)
+{
+	return ckpt_update_chunk_q8_body(CKPT_Q8_CALL);
+}
+
+/* decode and encode run once per export or load: the baseline build */
+void ckpt_q8_decode(const struct ckpt_q8_state *s, u32 *m, u32 *v, u64 n)
+{
+	ckpt_q8_decode_body(s, m, v, n);
+}
+
+void ckpt_q8_encode(const struct ckpt_q8_state *s, const u32 *m, const u32 *v, u64 n)
+{
+	ckpt_q8_encode_body(s, m, v, n);
+}
+
 /* glibc passes AT_HWCAP to an aarch64 ifunc resolver: no getauxval needed yet */
 #define CKPT_PICK(hwcap, name) (((hwcap) & HWCAP_SVE) ? name##_sve : name##_neon)
 
@@ -179,6 +307,11 @@ static ckpt_round_fn ckpt_round_params_resolve(unsigned long hwcap)
 	return CKPT_PICK(hwcap, ckpt_round_params);
 }
 
+static ckpt_update_q8_fn ckpt_update_chunk_q8_resolve(unsigned long hwcap)
+{
+	return CKPT_PICK(hwcap, ckpt_update_chunk_q8);
+}
+
 typedef void (*ckpt_f16_array_fn)(const u16 *h, u32 *f, u64 n);
 static ckpt_f16_array_fn ckpt_f16_to_f32_array_resolve(unsigned long hwcap)
 {
@@ -190,6 +323,7 @@ void ckpt_round_params(u32 dtype, const u32 *p, u16 *plo, u64 n)
 	__attribute__((ifunc("ckpt_round_params_resolve")));
 void ckpt_f16_to_f32_array(const u16 *h, u32 *f, u64 n)
 	__attribute__((ifunc("ckpt_f16_to_f32_array_resolve")));
+u32 ckpt_update_chunk_q8(CKPT_Q8_ARGS) __attribute__((ifunc("ckpt_update_chunk_q8_resolve")));
 
 int ckpt_cpu_has_sve(void)
 {
@@ -199,10 +333,12 @@ int ckpt_cpu_has_sve(void)
 unsigned int ckpt_update_variants(struct ckpt_update_variant *out)
 {
 	const struct ckpt_update_variant all[] = {
-		{"scalar", ckpt_update_chunk_scalar, ckpt_round_params_scalar, 1},
-		{"neon", ckpt_update_chunk_neon, ckpt_round_params_neon, 1},
-		{"sve", ckpt_update_chunk_sve, ckpt_round_params_sve, ckpt_cpu_has_sve()},
-		{"dispatched", ckpt_update_chunk, ckpt_round_params, 1},
+		{"scalar", ckpt_update_chunk_scalar, ckpt_round_params_scalar,
+		 ckpt_update_chunk_q8_scalar, 1},
+		{"neon", ckpt_update_chunk_neon, ckpt_round_params_neon, ckpt_update_chunk_q8_neon, 1},
+		{"sve", ckpt_update_chunk_sve, ckpt_round_params_sve, ckpt_update_chunk_q8_sve,
+		 ckpt_cpu_has_sve()},
+		{"dispatched", ckpt_update_chunk, ckpt_round_params, ckpt_update_chunk_q8, 1},
 	};
 
 	memcpy(out, all, sizeof(all));

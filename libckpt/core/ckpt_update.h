@@ -35,6 +35,28 @@ extern "C" {
 u32 ckpt_update_chunk(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
 		      const u16 *grad, u32 *p, u32 *m, u32 *v, u16 *plo, u64 n);
 
+/*
+ * The same update on Q8 state (CKPT_FEATURE_INCOMPAT_Q8): exp_avg and
+ * exp_avg_sq of n params (a multiple of CKPT_Q8_BLOCK) as block-wise 8-bit
+ * codes with one scale per block each (s). Every block's moments are
+ * decoded, stepped as above in fp32 (p uses the new fp32 moments), and
+ * encoded with the block's new scale. tmp: CKPT_Q8_TMP_WORDS of scratch.
+ */
+#define CKPT_Q8_TMP_WORDS	(2 * CKPT_Q8_BLOCK)
+u32 ckpt_update_chunk_q8(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
+			 const u16 *grad, u32 *p, const struct ckpt_q8_state *s, u32 *tmp,
+			 u16 *plo, u64 n);
+
+#ifndef __KERNEL__
+/*
+ * Q8 state of n params (a multiple of CKPT_Q8_BLOCK) to fp32 moments (bits)
+ * and back (each block's scale its largest magnitude, each value its
+ * nearest code): what export and a load of state use.
+ */
+void ckpt_q8_decode(const struct ckpt_q8_state *s, u32 *m, u32 *v, u64 n);
+void ckpt_q8_encode(const struct ckpt_q8_state *s, const u32 *m, const u32 *v, u64 n);
+#endif
+
 /* Low-precision copy of fp32 values (as bits), round to nearest even. */
 void ckpt_round_params(u32 dtype, const u32 *p, u16 *plo, u64 n);
 

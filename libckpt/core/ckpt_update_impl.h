@@ -8,7 +8,9 @@
  * Every variant must produce the same bits, so:
  *
  *  - plain C, no intrinsics, no libm: sqrt is __builtin_sqrtf, which is the
- *    sqrtss/sqrtps instruction under -fno-math-errno (enforced below);
+ *    sqrtss/sqrtps instruction under -fno-math-errno (enforced below); the
+ *    one exception, opt-in (CKPT_UPDATE_F16C, x86-64), converts fp16 with
+ *    the F16C instructions the integer conversions are exact to;
  *  - no FMA contraction: the including TU must be compiled with
  *    -ffp-contract=off (the kernel and libckpt CMake do; the unit tests compare
  *    every variant, including x86-64-v4 which has FMA, to the scalar one);
@@ -107,6 +109,8 @@ static __always_inline u16 ckpt_f32_to_bf16_int(u32 f)
 }
 
 #ifndef CKPT_UPDATE_INT_ONLY
+
+#include "ckpt_q8_tables.h"
 
 #ifdef __FAST_MATH__
 #error "ckpt_update_impl.h: never compile with -ffast-math (bit identity)"
@@ -215,47 +219,181 @@ struct ckpt_upd_k {
 };
 
 /*
- * bf16 and l2 are compile-time constants at every call site, so each of the
- * four combinations is its own branch-free loop.
+ * One param's AdamW step on fp32 values: g the scaled gradient, *pp, *mm,
+ * *vv the param and moments in and out. Returns the non-finite bits (bit 31
+ * set if g or a new value is not finite).
  */
+static __always_inline u32 ckpt_adam_one(const struct ckpt_upd_k *k, const int l2, float g,
+					 float *pp, float *mm, float *vv)
+{
+	float p = *pp, m, v, denom;
+	/* exponent all ones <=> not finite: sets bit 31 */
+	u32 nf = (ckpt_as_u(g) & 0x7f800000u) + 0x00800000u;
+
+	if (l2)
+		g = g + k->wd * p;
+	else
+		p = p * k->decay;
+	m = *mm * k->beta1 + g * k->omb1;
+	v = *vv * k->beta2 + (g * g) * k->omb2;
+	denom = __builtin_sqrtf(v) / k->bc2 + k->eps;
+	p = p - k->step_size * (m / denom);
+	nf |= ((ckpt_as_u(p) & 0x7f800000u) + 0x00800000u) |
+	      ((ckpt_as_u(m) & 0x7f800000u) + 0x00800000u) |
+	      ((ckpt_as_u(v) & 0x7f800000u) + 0x00800000u);
+	*pp = p;
+	*mm = m;
+	*vv = v;
+	return nf;
+}
+
+static __always_inline float ckpt_grad_f32(const struct ckpt_upd_k *k, const int bf16, u16 g)
+{
+	u32 gb = bf16 ? ckpt_bf16_to_f32_vec(g) : ckpt_f16_to_f32_vec(g);
+
+	return ckpt_as_f(gb) * k->scale;
+}
+
+static __always_inline u16 ckpt_plo_of(const int bf16, float p)
+{
+	return (u16)(bf16 ? ckpt_f32_to_bf16_vec(ckpt_as_u(p)) : ckpt_f32_to_f16_vec(ckpt_as_u(p)));
+}
+
+/*
+ * bf16 and l2 are compile-time constants at every call site, so each of the
+ * combinations is its own branch-free loop. bf16 == CKPT_SRC_F32: the
+ * gradients come already converted to fp32 bits in g32 (grad unused), and
+ * the loop leaves plo to the caller (the F16C path below).
+ */
+#define CKPT_SRC_F32 2
+
 static __always_inline u32 ckpt_update_loop(const struct ckpt_upd_k *k, const int bf16, const int l2,
-			     const u16 *__restrict grad, u32 *__restrict p,
-			     u32 *__restrict m, u32 *__restrict v,
+			     const u16 *__restrict grad, const u32 *__restrict g32,
+			     u32 *__restrict p, u32 *__restrict m, u32 *__restrict v,
 			     u16 *__restrict plo, u64 n)
 {
-	const float scale = k->scale, beta1 = k->beta1, beta2 = k->beta2;
-	const float eps = k->eps, wd = k->wd, omb1 = k->omb1, omb2 = k->omb2;
-	const float step_size = k->step_size, bc2 = k->bc2, decay = k->decay;
 	u32 nf = 0;
 	u64 i;
 
 	for (i = 0; i < n; i++) {
-		u32 gb = bf16 ? ckpt_bf16_to_f32_vec(grad[i])
-			      : ckpt_f16_to_f32_vec(grad[i]);
-		float g = ckpt_as_f(gb) * scale;
-		float pp = ckpt_as_f(p[i]);
-		float mm, vv, denom;
+		float pp = ckpt_as_f(p[i]), mm = ckpt_as_f(m[i]), vv = ckpt_as_f(v[i]);
+		float g = bf16 == CKPT_SRC_F32 ? ckpt_as_f(g32[i]) * k->scale
+					       : ckpt_grad_f32(k, bf16, grad[i]);
 
-		/* exponent all ones <=> not finite: sets bit 31 */
-		nf |= (ckpt_as_u(g) & 0x7f800000u) + 0x00800000u;
-		if (l2)
-			g = g + wd * pp;
-		else
-			pp = pp * decay;
-		mm = ckpt_as_f(m[i]) * beta1 + g * omb1;
-		vv = ckpt_as_f(v[i]) * beta2 + (g * g) * omb2;
-		denom = __builtin_sqrtf(vv) / bc2 + eps;
-		pp = pp - step_size * (mm / denom);
-		nf |= ((ckpt_as_u(pp) & 0x7f800000u) + 0x00800000u) |
-		      ((ckpt_as_u(mm) & 0x7f800000u) + 0x00800000u) |
-		      ((ckpt_as_u(vv) & 0x7f800000u) + 0x00800000u);
+		nf |= ckpt_adam_one(k, l2, g, &pp, &mm, &vv);
 		p[i] = ckpt_as_u(pp);
 		m[i] = ckpt_as_u(mm);
 		v[i] = ckpt_as_u(vv);
-		plo[i] = (u16)(bf16 ? ckpt_f32_to_bf16_vec(ckpt_as_u(pp))
-				    : ckpt_f32_to_f16_vec(ckpt_as_u(pp)));
+		if (bf16 != CKPT_SRC_F32)
+			plo[i] = ckpt_plo_of(bf16, pp);
 	}
 	return nf >> 31;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Q8: block-wise 8-bit moments (CKPT_FEATURE_INCOMPAT_Q8).                */
+/* ---------------------------------------------------------------------- */
+
+/*
+ * The code nearest x (x in [-1, 1]): the number of midpoints below x, by a
+ * branch-free binary search over the 256 midpoints (the last is +Inf). Only
+ * comparisons: the same index on every build.
+ */
+static __always_inline u32 ckpt_q8_index(const u32 *mid, float x)
+{
+	u32 i = 0;
+
+	i += CKPT_MASK(x > ckpt_as_f(mid[i + 127])) & 128u;
+	i += CKPT_MASK(x > ckpt_as_f(mid[i + 63])) & 64u;
+	i += CKPT_MASK(x > ckpt_as_f(mid[i + 31])) & 32u;
+	i += CKPT_MASK(x > ckpt_as_f(mid[i + 15])) & 16u;
+	i += CKPT_MASK(x > ckpt_as_f(mid[i + 7])) & 8u;
+	i += CKPT_MASK(x > ckpt_as_f(mid[i + 3])) & 4u;
+	i += CKPT_MASK(x > ckpt_as_f(mid[i + 1])) & 2u;
+	i += CKPT_MASK(x > ckpt_as_f(mid[i])) & 1u;
+	return i;
+}
+
+/*
+ * Quantize one block of CKPT_Q8_BLOCK fp32 values (bits): the scale is the
+ * largest magnitude (0 for an all-zero block, whose values are divided by 1),
+ * each value divided by it (correctly rounded, so within [-1, 1]) and
+ * stored as its nearest code of mid's map.
+ */
+static __always_inline void ckpt_q8_quant_block(const u32 *mid, const u32 *__restrict x,
+						u8 *__restrict q, u32 *scale)
+{
+	u32 amax = 0, i;
+	float d;
+
+	/* |x| compares as an integer: finite non-negative floats order as their bits */
+	for (i = 0; i < CKPT_Q8_BLOCK; i++) {
+		u32 a = x[i] & 0x7fffffffu;
+
+		amax = ckpt_sel(CKPT_MASK(a > amax), a, amax);
+	}
+	d = ckpt_as_f(amax ? amax : 0x3f800000u);
+	for (i = 0; i < CKPT_Q8_BLOCK; i++)
+		q[i] = (u8)ckpt_q8_index(mid, ckpt_as_f(x[i]) / d);
+	*scale = amax;
+}
+
+static __always_inline u32 ckpt_q8_value(const u32 *code, u8 q, float scale)
+{
+	return ckpt_as_u(ckpt_as_f(code[q]) * scale);
+}
+
+/*
+ * The fused loop on Q8 state: each block's moments are decoded (code times
+ * scale), stepped in fp32 exactly as ckpt_update_loop does (the param update
+ * uses the new fp32 moments), then encoded again with the block's new scale.
+ * tmp: 2 * CKPT_Q8_BLOCK words of scratch for the new fp32 moments.
+ */
+static __always_inline u32 ckpt_update_loop_q8(const struct ckpt_upd_k *k, const int bf16,
+					       const int l2, const u16 *__restrict grad,
+					       u32 *__restrict p, const struct ckpt_q8_state *s,
+					       u32 *__restrict tmp, u16 *__restrict plo, u64 n)
+{
+	u32 *__restrict tm = tmp, *__restrict tv = tmp + CKPT_Q8_BLOCK;
+	u32 nf = 0;
+	u64 b, i;
+
+	for (b = 0; b < n; b += CKPT_Q8_BLOCK) {
+		const u8 *mq = s->m + b, *vq = s->v + b;
+		float ms = ckpt_as_f(s->m_scale[b >> CKPT_Q8_SHIFT]);
+		float vs = ckpt_as_f(s->v_scale[b >> CKPT_Q8_SHIFT]);
+
+		for (i = 0; i < CKPT_Q8_BLOCK; i++) {
+			float pp = ckpt_as_f(p[b + i]);
+			float mm = ckpt_as_f(ckpt_q8_value(ckpt_q8_code_m, mq[i], ms));
+			float vv = ckpt_as_f(ckpt_q8_value(ckpt_q8_code_v, vq[i], vs));
+
+			nf |= ckpt_adam_one(k, l2, ckpt_grad_f32(k, bf16, grad[b + i]),
+					    &pp, &mm, &vv);
+			p[b + i] = ckpt_as_u(pp);
+			tm[i] = ckpt_as_u(mm);
+			tv[i] = ckpt_as_u(vv);
+			plo[b + i] = ckpt_plo_of(bf16, pp);
+		}
+		ckpt_q8_quant_block(ckpt_q8_mid_m, tm, s->m + b, &s->m_scale[b >> CKPT_Q8_SHIFT]);
+		ckpt_q8_quant_block(ckpt_q8_mid_v, tv, s->v + b, &s->v_scale[b >> CKPT_Q8_SHIFT]);
+	}
+	return nf >> 31;
+}
+
+static __always_inline void ckpt_upd_k_init(struct ckpt_upd_k *k, const struct ckpt_hparams *hp,
+					    u32 grad_scale)
+{
+	k->scale = ckpt_as_f(grad_scale);
+	k->beta1 = ckpt_as_f(hp->beta1);
+	k->beta2 = ckpt_as_f(hp->beta2);
+	k->eps = ckpt_as_f(hp->eps);
+	k->wd = ckpt_as_f(hp->weight_decay);
+	k->omb1 = ckpt_as_f(hp->one_minus_beta1);
+	k->omb2 = ckpt_as_f(hp->one_minus_beta2);
+	k->step_size = ckpt_as_f(hp->step_size);
+	k->bc2 = ckpt_as_f(hp->bc2_sqrt);
+	k->decay = ckpt_as_f(hp->decay);
 }
 
 /* The body of ckpt_update_chunk (same arguments and result). */
@@ -267,22 +405,58 @@ static __always_inline u32 ckpt_update_chunk_body(const struct ckpt_hparams *hp,
 	int bf16 = dtype == CKPT_DTYPE_BF16;
 	int l2 = (hp->flags & CKPT_GROUP_ADAM_L2) != 0;
 
-	k.scale = ckpt_as_f(grad_scale);
-	k.beta1 = ckpt_as_f(hp->beta1);
-	k.beta2 = ckpt_as_f(hp->beta2);
-	k.eps = ckpt_as_f(hp->eps);
-	k.wd = ckpt_as_f(hp->weight_decay);
-	k.omb1 = ckpt_as_f(hp->one_minus_beta1);
-	k.omb2 = ckpt_as_f(hp->one_minus_beta2);
-	k.step_size = ckpt_as_f(hp->step_size);
-	k.bc2 = ckpt_as_f(hp->bc2_sqrt);
-	k.decay = ckpt_as_f(hp->decay);
-
+	ckpt_upd_k_init(&k, hp, grad_scale);
 	if (bf16)
-		return l2 ? ckpt_update_loop(&k, 1, 1, grad, p, m, v, plo, n)
-			  : ckpt_update_loop(&k, 1, 0, grad, p, m, v, plo, n);
-	return l2 ? ckpt_update_loop(&k, 0, 1, grad, p, m, v, plo, n)
-		  : ckpt_update_loop(&k, 0, 0, grad, p, m, v, plo, n);
+		return l2 ? ckpt_update_loop(&k, 1, 1, grad, NULL, p, m, v, plo, n)
+			  : ckpt_update_loop(&k, 1, 0, grad, NULL, p, m, v, plo, n);
+	return l2 ? ckpt_update_loop(&k, 0, 1, grad, NULL, p, m, v, plo, n)
+		  : ckpt_update_loop(&k, 0, 0, grad, NULL, p, m, v, plo, n);
+}
+
+/* The body of ckpt_update_chunk_q8 (same arguments and result). */
+static __always_inline u32 ckpt_update_chunk_q8_body(const struct ckpt_hparams *hp, u32 grad_scale,
+						     u32 dtype, const u16 *grad, u32 *p,
+						     const struct ckpt_q8_state *s, u32 *tmp,
+						     u16 *plo, u64 n)
+{
+	struct ckpt_upd_k k;
+	int bf16 = dtype == CKPT_DTYPE_BF16;
+	int l2 = (hp->flags & CKPT_GROUP_ADAM_L2) != 0;
+
+	ckpt_upd_k_init(&k, hp, grad_scale);
+	if (bf16)
+		return l2 ? ckpt_update_loop_q8(&k, 1, 1, grad, p, s, tmp, plo, n)
+			  : ckpt_update_loop_q8(&k, 1, 0, grad, p, s, tmp, plo, n);
+	return l2 ? ckpt_update_loop_q8(&k, 0, 1, grad, p, s, tmp, plo, n)
+		  : ckpt_update_loop_q8(&k, 0, 0, grad, p, s, tmp, plo, n);
+}
+
+/* Q8 state of n params (a multiple of CKPT_Q8_BLOCK) to fp32 bits and back. */
+static __always_inline void ckpt_q8_decode_body(const struct ckpt_q8_state *s, u32 *m, u32 *v,
+						u64 n)
+{
+	u64 b, i;
+
+	for (b = 0; b < n; b += CKPT_Q8_BLOCK) {
+		float ms = ckpt_as_f(s->m_scale[b >> CKPT_Q8_SHIFT]);
+		float vs = ckpt_as_f(s->v_scale[b >> CKPT_Q8_SHIFT]);
+
+		for (i = b; i < b + CKPT_Q8_BLOCK; i++) {
+			m[i] = ckpt_q8_value(ckpt_q8_code_m, s->m[i], ms);
+			v[i] = ckpt_q8_value(ckpt_q8_code_v, s->v[i], vs);
+		}
+	}
+}
+
+static __always_inline void ckpt_q8_encode_body(const struct ckpt_q8_state *s, const u32 *m,
+						const u32 *v, u64 n)
+{
+	u64 b;
+
+	for (b = 0; b < n; b += CKPT_Q8_BLOCK) {
+		ckpt_q8_quant_block(ckpt_q8_mid_m, m + b, s->m + b, &s->m_scale[b >> CKPT_Q8_SHIFT]);
+		ckpt_q8_quant_block(ckpt_q8_mid_v, v + b, s->v + b, &s->v_scale[b >> CKPT_Q8_SHIFT]);
+	}
 }
 
 /* The body of ckpt_round_params. */
@@ -309,6 +483,99 @@ static __always_inline void ckpt_f16_to_f32_array_body(const u16 *__restrict h, 
 	for (i = 0; i < n; i++)
 		f[i] = ckpt_f16_to_f32_vec(h[i]);
 }
+
+#ifdef CKPT_UPDATE_F16C
+/* ------------------------------------------------------------------------ */
+/* x86-64 with F16C: fp16 conversions by vcvtph2ps/vcvtps2ph.               */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Below AVX-512 the emulated fp16 conversions above are most of the loop's
+ * work. A TU that defines CKPT_UPDATE_F16C (and calls these only on a CPU
+ * with AVX and F16C) gets a path that converts with the instructions the
+ * emulation is bit-identical to (the unit tests check every fp16 input and
+ * every fp32 one against them): in blocks of CKPT_F16C_BLOCK params, the
+ * gradients to fp32 into a buffer on the stack, the fused loop on fp32
+ * gradients (no conversion left in it, so it vectorizes like any float
+ * loop), then the new params of the block, still in L1, to fp16. The bytes
+ * moved to and from memory are the same. vcvtps2ph's immediate 0 is round
+ * to nearest even whatever MXCSR says. Compiler builtins, not
+ * <immintrin.h>: the kernel cannot include it.
+ */
+#define CKPT_F16C_TARGET __attribute__((target("avx,f16c")))
+#ifndef CKPT_F16C_BLOCK
+#define CKPT_F16C_BLOCK 256
+#endif
+
+static __always_inline CKPT_F16C_TARGET void ckpt_f16_to_f32_f16c(const u16 *__restrict h,
+								  u32 *__restrict f, u64 n)
+{
+	u64 i;
+
+	for (i = 0; i + 8 <= n; i += 8) {
+		short x __attribute__((vector_size(16)));
+		float y __attribute__((vector_size(32)));
+
+		__builtin_memcpy(&x, h + i, sizeof(x));
+		y = __builtin_ia32_vcvtph2ps256(x);
+		__builtin_memcpy(f + i, &y, sizeof(y));
+	}
+	for (; i < n; i++)
+		f[i] = ckpt_f16_to_f32_vec(h[i]);
+}
+
+static __always_inline CKPT_F16C_TARGET void ckpt_f32_to_f16_f16c(const u32 *__restrict f,
+								  u16 *__restrict h, u64 n)
+{
+	u64 i;
+
+	for (i = 0; i + 8 <= n; i += 8) {
+		float x __attribute__((vector_size(32)));
+		short y __attribute__((vector_size(16)));
+
+		__builtin_memcpy(&x, f + i, sizeof(x));
+		y = __builtin_ia32_vcvtps2ph256(x, 0);
+		__builtin_memcpy(h + i, &y, sizeof(y));
+	}
+	for (; i < n; i++)
+		h[i] = (u16)ckpt_f32_to_f16_vec(f[i]);
+}
+
+/* ckpt_update_chunk_body with the F16C conversions for fp16 (bf16: as there). */
+static __always_inline CKPT_F16C_TARGET u32 ckpt_update_chunk_f16c_body(const struct ckpt_hparams *hp,
+									u32 grad_scale, u32 dtype,
+									const u16 *grad, u32 *p, u32 *m,
+									u32 *v, u16 *plo, u64 n)
+{
+	u32 g32[CKPT_F16C_BLOCK];
+	struct ckpt_upd_k k;
+	int l2 = (hp->flags & CKPT_GROUP_ADAM_L2) != 0;
+	u32 nf = 0;
+	u64 off, len;
+
+	if (dtype == CKPT_DTYPE_BF16)
+		return ckpt_update_chunk_body(hp, grad_scale, dtype, grad, p, m, v, plo, n);
+	ckpt_upd_k_init(&k, hp, grad_scale);
+	for (off = 0; off < n; off += len) {
+		len = n - off < CKPT_F16C_BLOCK ? n - off : CKPT_F16C_BLOCK;
+		ckpt_f16_to_f32_f16c(grad + off, g32, len);
+		nf |= l2 ? ckpt_update_loop(&k, CKPT_SRC_F32, 1, NULL, g32, p + off, m + off, v + off, NULL, len)
+			 : ckpt_update_loop(&k, CKPT_SRC_F32, 0, NULL, g32, p + off, m + off, v + off, NULL, len);
+		ckpt_f32_to_f16_f16c(p + off, plo + off, len);
+	}
+	return nf;
+}
+
+/* ckpt_round_params_body with the F16C conversion for fp16. */
+static __always_inline CKPT_F16C_TARGET void ckpt_round_params_f16c_body(u32 dtype, const u32 *__restrict p,
+									 u16 *__restrict plo, u64 n)
+{
+	if (dtype == CKPT_DTYPE_BF16)
+		ckpt_round_params_body(dtype, p, plo, n);
+	else
+		ckpt_f32_to_f16_f16c(p, plo, n);
+}
+#endif /* CKPT_UPDATE_F16C */
 
 #undef CKPT_MASK
 

@@ -19,11 +19,17 @@ extern "C" {
 typedef u32 (*ckpt_update_fn)(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
 			      const u16 *grad, u32 *p, u32 *m, u32 *v, u16 *plo, u64 n);
 typedef void (*ckpt_round_fn)(u32 dtype, const u32 *p, u16 *plo, u64 n);
+typedef u32 (*ckpt_update_q8_fn)(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
+				 const u16 *grad, u32 *p, const struct ckpt_q8_state *s, u32 *tmp,
+				 u16 *plo, u64 n);
 
 /* Not vectorized (-fno-tree-vectorize): the reference every other must equal. */
 u32 ckpt_update_chunk_scalar(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
 			     const u16 *grad, u32 *p, u32 *m, u32 *v, u16 *plo, u64 n);
 void ckpt_round_params_scalar(u32 dtype, const u32 *p, u16 *plo, u64 n);
+u32 ckpt_update_chunk_q8_scalar(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
+				const u16 *grad, u32 *p, const struct ckpt_q8_state *s, u32 *tmp,
+				u16 *plo, u64 n);
 
 /* fp16 -> fp32 over an array with the vector body's conversion (dispatched). */
 void ckpt_f16_to_f32_array(const u16 *h, u32 *f, u64 n);
@@ -32,6 +38,7 @@ struct ckpt_update_variant {
 	const char *name;	/* "scalar", "sse2", ..., "dispatched" */
 	ckpt_update_fn update;
 	ckpt_round_fn round;
+	ckpt_update_q8_fn update_q8;
 	int available;		/* this CPU can run it */
 };
 
@@ -54,11 +61,20 @@ u32 ckpt_update_chunk_avx2(const struct ckpt_hparams *hp, u32 grad_scale, u32 dt
 u32 ckpt_update_chunk_avx512(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
 			     const u16 *grad, u32 *p, u32 *m, u32 *v, u16 *plo, u64 n);
 
+/* the same with the F16C conversions (CKPT_UPDATE_F16C in ckpt_update_impl.h) */
+u32 ckpt_update_chunk_avx2_f16c(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
+				const u16 *grad, u32 *p, u32 *m, u32 *v, u16 *plo, u64 n);
+u32 ckpt_update_chunk_avx512_f16c(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
+				  const u16 *grad, u32 *p, u32 *m, u32 *v, u16 *plo, u64 n);
+
 void ckpt_round_params_sse2(u32 dtype, const u32 *p, u16 *plo, u64 n);
+void ckpt_round_params_avx2_f16c(u32 dtype, const u32 *p, u16 *plo, u64 n);
+void ckpt_round_params_avx512_f16c(u32 dtype, const u32 *p, u16 *plo, u64 n);
 void ckpt_round_params_avx2(u32 dtype, const u32 *p, u16 *plo, u64 n);
 void ckpt_round_params_avx512(u32 dtype, const u32 *p, u16 *plo, u64 n);
 
 int ckpt_cpu_has_avx2(void);
+int ckpt_cpu_has_f16c(void);	/* AVX2 and F16C */
 int ckpt_cpu_has_avx512(void);	/* everything x86-64-v4 needs */
 #elif defined(__aarch64__)
 /* Baseline aarch64: Advanced SIMD (NEON). */

@@ -125,6 +125,17 @@ int ckpt_layout_add(ckpt_layout_builder *l, const char *name, const uint64_t *sh
 int ckpt_format(const char *path, const ckpt_layout_builder *l, int dtype,
 		uint32_t chunk_params, uint64_t size);
 
+/* ckpt_format_opts flags */
+#define CKPT_FORMAT_STATE_8BIT	(1u << 0)	/* 8-bit moments (feature Q8) */
+
+/*
+ * ckpt_format with flags: CKPT_FORMAT_STATE_8BIT stores exp_avg and
+ * exp_avg_sq as block-wise 8-bit codes with a scale per 256 params (6 B of
+ * state per param instead of 12; docs/design.md, "8-bit moments").
+ */
+int ckpt_format_opts(const char *path, const ckpt_layout_builder *l, int dtype,
+		     uint32_t chunk_params, uint64_t size, uint32_t flags);
+
 int ckpt_open(const char *path, ckpt_device **out);
 /*
  * ckpt_open with the userspace engine's worker threads (0: one per CPU) and
@@ -239,8 +250,11 @@ int ckpt_load_params_multi(ckpt_device *d, uint32_t count, const char *const *na
  * trainer blob (blob_len <= 2 KiB). p and m finite, v finite and >= 0.
  * Only before the first step (committed step 0, else CKPT_E_STATE), with
  * the userspace engine: a kernel target's backing device is loaded before
- * the target is created on it (the image is the same). The format keeps one
- * step count for all tensors: the steps must be equal (CKPT_E_STEP).
+ * the target is created on it (the image is the same). The state is
+ * committed as the largest of the steps; a tensor at a smaller step (torch's
+ * AdamW counts only the steps that gave a param a gradient) keeps its own
+ * count, which its next bias correction uses: that needs an image with
+ * per-block step counts (feature COUNTS, else CKPT_E_FEATURE).
  */
 int ckpt_load_state(ckpt_device *d, uint32_t count, const char *const *names, const float *const *p,
 		    const float *const *m, const float *const *v, const uint64_t *ns, const uint64_t *steps,
@@ -308,6 +322,15 @@ int ckpt_block_size(ckpt_device *d);
 /* Returns CKPT_COMMITTED or CKPT_OVERFLOW (step skipped). */
 int ckpt_commit(ckpt_device *d, const void *blob, size_t blob_len);
 int ckpt_abort(ckpt_device *d);
+/*
+ * Make the previous step the committed one again, with its params, moments
+ * and trainer blob: the format keeps step t-1 readable until the next BEGIN.
+ * *step (if not NULL) gets the step now committed. Refused with no change:
+ * CKPT_E_STATE while a step is open, CKPT_E_ROLLBACK when there is nothing
+ * to go back to (step 0, a step began since the last commit, or the device
+ * went back once already: never two steps), CKPT_E_FAILED on a failed device.
+ */
+int ckpt_rollback(ckpt_device *d, uint64_t *step);
 
 int ckpt_read_params(ckpt_device *d, const char *name, uint16_t *out, uint64_t n);
 int ckpt_read_state(ckpt_device *d, const char *name, float *p, float *m, float *v,

@@ -448,20 +448,29 @@ int ckpt_layout_add(ckpt_layout_builder *l, const char *name, const uint64_t *sh
 	});
 }
 
-int ckpt_format(const char *path, const ckpt_layout_builder *l, int dtype, uint32_t chunk_params,
-		uint64_t size)
+int ckpt_format_opts(const char *path, const ckpt_layout_builder *l, int dtype, uint32_t chunk_params,
+		     uint64_t size, uint32_t flags)
 {
 	return guarded([&] {
 		need(path, "path");
 		need(l, "layout");
+		if (flags & ~CKPT_FORMAT_STATE_8BIT)
+			ckpt::fail(CKPT_E_INVAL, "format: unknown flags {:#x}", flags);
 		ckpt::FormatOptions opts;
 		opts.dtype = static_cast<uint32_t>(dtype);
 		opts.chunk_params = chunk_params;
 		opts.size = size;
+		opts.q8 = flags & CKPT_FORMAT_STATE_8BIT;
 		opts.force = true;	// the ABI formats what it is given, as it always did
 		ckpt::format(path, l->layout, opts);
 		return 0;
 	});
+}
+
+int ckpt_format(const char *path, const ckpt_layout_builder *l, int dtype, uint32_t chunk_params,
+		uint64_t size)
+{
+	return ckpt_format_opts(path, l, dtype, chunk_params, size, 0);
 }
 
 int ckpt_open(const char *path, ckpt_device **out)
@@ -739,6 +748,16 @@ int ckpt_abort(ckpt_device *d)
 {
 	return with_device(d, [&](ckpt::Device &dev) {
 		dev.abort();
+		return 0;
+	});
+}
+
+int ckpt_rollback(ckpt_device *d, uint64_t *step)
+{
+	return with_device(d, [&](ckpt::Device &dev) {
+		const uint64_t s = dev.rollback();
+		if (step)
+			*step = s;
 		return 0;
 	});
 }

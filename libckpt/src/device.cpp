@@ -167,6 +167,20 @@ void Device::abort()
 	send(cmd);
 }
 
+uint64_t Device::rollback()
+{
+	if (!engine_)
+		fail(CKPT_E_STATE, "rollback: this device is served by the kernel target; send it the "
+				   "'rollback' message (or deactivate it and run ckptctl restore --rollback)");
+	const uint64_t step = engine_->rollback();
+	// The committed state changed under the caches of the newer one.
+	counts_at_ = ~0ULL;
+	counts_.clear();
+	pending_.clear();
+	plo_checked_.assign(plo_checked_.size(), false);
+	return step;
+}
+
 const Tensor &Device::tensor(const std::string &name, uint64_t n)
 {
 	const Tensor &t = manifest().find(name);
@@ -346,8 +360,11 @@ void Device::load_params(const std::vector<std::pair<std::string, std::span<cons
 }
 
 // Checked whole before anything is written: a state the update could not
-// have produced (non-finite values, a negative exp_avg_sq) or one that is not
-// the device's whole state is refused, and the device keeps its own.
+// have produced (check_state_span) or one that is not the device's whole
+// state is refused, and the device keeps its own. The state is committed as
+// the largest of the tensors' steps; a tensor below it (torch's AdamW counts
+// only the steps that gave a param a gradient) keeps its own count in its
+// blocks, so its next bias correction is the one torch would use.
 void Device::load_state(const std::vector<TensorState> &tensors, std::span<const uint8_t> blob)
 {
 	if (!engine_)
@@ -356,6 +373,9 @@ void Device::load_state(const std::vector<TensorState> &tensors, std::span<const
 	const std::vector<Tensor> &all = manifest().tensors();
 	std::vector<bool> given(all.size());
 	std::vector<StateSpan> spans;
+	uint64_t step = 0;
+	for (const TensorState &s : tensors)
+		step = std::max(step, s.step);
 	for (const TensorState &s : tensors) {
 		const Tensor &t = tensor(s.name, s.p.size());
 		const size_t index = static_cast<size_t>(&t - all.data());
@@ -365,27 +385,14 @@ void Device::load_state(const std::vector<TensorState> &tensors, std::span<const
 		if (s.m.size() != t.numel || s.v.size() != t.numel)
 			fail(CKPT_E_SIZE, "load_state: tensor '{}' has {} elements, its exp_avg {} and exp_avg_sq {}",
 			     t.name, t.numel, s.m.size(), s.v.size());
-		// The format keeps one step count for all tensors.
-		if (s.step != tensors.front().step)
-			fail(CKPT_E_STEP, "load_state: tensor '{}' is at step {}, '{}' at step {}: this device keeps one "
-					  "step count for all its tensors, so their steps must be equal",
-			     t.name, s.step, tensors.front().name, tensors.front().step);
-		auto check = [&](std::span<const float> x, const char *what, bool nonneg) {
-			for (size_t k = 0; k < x.size(); k++)
-				if (!std::isfinite(x[k]) || (nonneg && x[k] < 0))
-					fail(CKPT_E_HPARAM, "load_state: tensor '{}' {} element {} is {}", t.name, what, k,
-					     x[k]);
-		};
-		check(s.p, "param", false);
-		check(s.m, "exp_avg", false);
-		check(s.v, "exp_avg_sq", true);
-		spans.push_back({t.offset, t.numel, s.p.data(), s.m.data(), s.v.data()});
+		spans.push_back({t.offset, t.numel, s.p.data(), s.m.data(), s.v.data(), s.step, t.extent});
+		check_state_span(spans.back(), step, has_counts(), fmt::format("load_state: tensor '{}'", t.name));
 	}
 	for (size_t i = 0; i < all.size(); i++)
 		if (!given[i])
 			fail(CKPT_E_NAME, "load_state: tensor '{}' of the device is not given: the state is loaded whole",
 			     all[i].name);
-	engine_->load_state(spans, tensors.empty() ? 0 : tensors.front().step, blob);
+	engine_->load_state(spans, step, blob);
 }
 
 } // namespace ckpt

@@ -3,12 +3,14 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <utility>
 
 #include <cfenv>
 
 #include "ckpt_error.hpp"
+#include "verify.hpp"
 
 extern "C" {
 #include "ckpt_update.h"
@@ -20,6 +22,47 @@ namespace {
 
 uint64_t align_down(uint64_t v, uint64_t a) { return v / a * a; }
 uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+// A load of state into one chunk's record data (fp32 p, m, v; a span
+// without m or v loads zeros). With Q8 the moments of the quantization
+// blocks a span touches are decoded into tmp, overwritten and encoded again;
+// tensors start at multiples of CKPT_TENSOR_ALIGN, so no two spans share a
+// block, and blocks no span touches keep their bytes.
+void load_spans(const std::vector<StateSpan> &spans, uint32_t chunk, uint32_t shift, bool q8,
+		uint8_t *data, std::vector<uint32_t> &tmp)
+{
+	const uint64_t cp = 1ull << shift;
+	auto *p = reinterpret_cast<uint32_t *>(data);
+	for (const StateSpan &span : spans) {
+		const uint64_t lo = std::max(span.offset, chunk * cp);
+		const uint64_t hi = std::min(span.offset + span.n, (chunk + 1) * cp);
+		if (lo >= hi)
+			continue;
+		const uint64_t in = lo - chunk * cp, from = lo - span.offset;
+		uint32_t *m = p + cp + in, *v = p + 2 * cp + in;
+		struct ckpt_q8_state q;
+		uint64_t qlo = 0, qn = 0;
+		if (q8) {
+			qlo = align_down(in, CKPT_Q8_BLOCK);
+			qn = align_up(hi - chunk * cp, CKPT_Q8_BLOCK) - qlo;
+			tmp.resize(2 * qn);
+			ckpt_q8_state_at(data, shift, qlo, &q);
+			ckpt_q8_decode(&q, tmp.data(), tmp.data() + qn, qn);
+			m = tmp.data() + (in - qlo);
+			v = tmp.data() + qn + (in - qlo);
+		}
+		const float *src_of[3] = {span.p, span.m, span.v};
+		uint32_t *to_of[3] = {p + in, m, v};
+		for (int k = 0; k < 3; k++) {
+			if (src_of[k])
+				std::memcpy(to_of[k], src_of[k] + from, (hi - lo) * 4);
+			else
+				std::memset(to_of[k], 0, (hi - lo) * 4);
+		}
+		if (q8)
+			ckpt_q8_encode(&q, tmp.data(), tmp.data() + qn, qn);
+	}
+}
 
 } // namespace
 
@@ -36,7 +79,7 @@ public:
 		int writes = 0;
 	};
 
-	Worker(const struct ckpt_layout &l, unsigned depth) : ring(depth * 2 + 2)
+	Worker(const struct ckpt_layout &l, unsigned depth, Ring::Mode io) : ring(depth * 2 + 2, io)
 	{
 		slots.resize(depth);
 		for (Slot &s : slots) {
@@ -47,6 +90,9 @@ public:
 
 	Ring ring;
 	std::vector<Slot> slots;
+	// Q8: the update's scratch, and a load's decoded moments
+	std::vector<uint32_t> q8 = std::vector<uint32_t>(CKPT_Q8_TMP_WORDS);
+	std::vector<uint32_t> load;
 };
 
 Engine::Engine(const EngineOptions &opts) : opts_(opts) {}
@@ -103,7 +149,7 @@ void Engine::start(const std::string &path)
 		free_grads_.push_back(i);
 	}
 	for (unsigned i = 0; i < n; i++)
-		workers_.push_back(std::make_unique<Worker>(l, depth));
+		workers_.push_back(std::make_unique<Worker>(l, depth, opts_.io));
 	for (unsigned i = 0; i < n; i++)
 		threads_.emplace_back([this, i] { worker_main(*workers_[i]); });
 }
@@ -372,6 +418,7 @@ void Engine::worker_main(Worker &w)
 	const struct ckpt_layout &l = img_.sb.layout;
 	const uint64_t cp = l.chunk_params;
 	const int fd = img_.file.fd.get();
+	const bool q8 = img_.sb.feature_incompat & CKPT_FEATURE_INCOMPAT_Q8;
 	unsigned inflight = 0;
 
 	// The update must give the kernel's bits: round to nearest, no flush of
@@ -445,21 +492,8 @@ void Engine::worker_main(Worker &w)
 			auto *p = reinterpret_cast<uint32_t *>(s.rec.as() + CKPT_BLOCK);
 			uint32_t nonfinite = 0;
 			if (load) {
-				for (const StateSpan &span : *s.job.load) {
-					uint64_t lo = std::max(span.offset, chunk * cp);
-					uint64_t hi = std::min(span.offset + span.n, (chunk + 1) * cp);
-					if (lo >= hi)
-						continue;
-					const uint64_t in = lo - chunk * cp, from = lo - span.offset;
-					const float *src_of[3] = {span.p, span.m, span.v};
-					for (int k = 0; k < 3; k++) {
-						uint32_t *to = p + k * cp + in;
-						if (src_of[k])
-							std::memcpy(to, src_of[k] + from, (hi - lo) * 4);
-						else
-							std::memset(to, 0, (hi - lo) * 4);
-					}
-				}
+				load_spans(*s.job.load, chunk, img_.sb.geo.chunk_shift, q8,
+					   s.rec.as() + CKPT_BLOCK, w.load);
 				ckpt_round_params(img_.sb.geo.dtype, p, s.plo.as<uint16_t>(), cp);
 				if (img_.sb.feature_incompat & CKPT_FEATURE_INCOMPAT_COUNTS) {
 					ckpt_rec_set_counts(s.rec.as(), img_.sb.geo.chunk_shift, step);
@@ -467,7 +501,8 @@ void Engine::worker_main(Worker &w)
 					// in each block it owns
 					for (const StateSpan &span : *s.job.load) {
 						const uint64_t lo = std::max(span.offset, chunk * cp);
-						const uint64_t hi = std::min(span.offset + span.n, (chunk + 1) * cp);
+						const uint64_t hi = std::min(span.offset + std::max(span.n, span.extent),
+									     (chunk + 1) * cp);
 						if (span.count == ~0ULL || lo >= hi)
 							continue;
 						for (uint64_t b = (lo - chunk * cp) >> CKPT_BLOCK_SHIFT;
@@ -492,7 +527,13 @@ void Engine::worker_main(Worker &w)
 					const uint64_t f = run.first;
 					if (run.skip)
 						ckpt_round_params_int(img_.sb.geo.dtype, p + f, plo + f, run.n);
-					else
+					else if (q8) {
+						struct ckpt_q8_state q;
+						ckpt_q8_state_at(p, img_.sb.geo.chunk_shift, f, &q);
+						nonfinite |= ckpt_update_chunk_q8(&run.hp, step_.sm.grad_scale,
+										  img_.sb.geo.dtype, grad + f, p + f,
+										  &q, w.q8.data(), plo + f, run.n);
+					} else
 						nonfinite |= ckpt_update_chunk(&run.hp, step_.sm.grad_scale,
 									       img_.sb.geo.dtype, grad + f, p + f,
 									       p + cp + f, p + 2 * cp + f, plo + f,
@@ -578,6 +619,25 @@ void Engine::read_state(uint64_t offset, uint64_t n, float *p, float *m, float *
 
 // ---------------------------------------------------------------- load_state
 
+void check_state_span(const StateSpan &s, uint64_t step, bool counts, const std::string &what)
+{
+	const struct {
+		const float *x;
+		const char *name;
+	} parts[] = {{s.p, "param"}, {s.m, "exp_avg"}, {s.v, "exp_avg_sq"}};
+	for (const auto &[x, name] : parts)
+		for (uint64_t k = 0; x && k < s.n; k++)
+			if (!std::isfinite(x[k]) || (x == s.v && x[k] < 0))
+				fail(CKPT_E_HPARAM, "{} {} element {} is {}", what, name, k, x[k]);
+	if (s.count == ~0ULL || s.count == step)
+		return;
+	if (s.count > step)
+		fail(CKPT_E_STEP, "{} is at step {}, beyond the step {} the state is loaded as", what, s.count, step);
+	if (!counts)
+		fail(CKPT_E_FEATURE, "{} was updated in {} of the {} steps, and the image keeps no per-tensor step "
+				     "counts (format it with chunks of at most 2^19 params)", what, s.count, step);
+}
+
 void Engine::load_state(const std::vector<StateSpan> &spans, uint64_t step, std::span<const uint8_t> blob)
 {
 	std::lock_guard call(call_mu_);
@@ -618,6 +678,60 @@ void Engine::load_state(const std::vector<StateSpan> &spans, uint64_t step, std:
 	io_message_.clear();
 	if (ckpt_step_load_commit(&step_, step, blob.data(), static_cast<uint32_t>(blob.size())) < 0)
 		throw Error(CKPT_E_IO, io_message_.empty() ? "loading state: commit failed" : io_message_);
+}
+
+// ---------------------------------------------------------------- rollback
+
+uint64_t Engine::rollback()
+{
+	std::lock_guard call(call_mu_);
+	const struct ckpt_sb &sb = img_.sb;
+	const auto copies = inspect_superblocks(img_.file);
+	const SuperblockCopy &older = copies[(sb.sequence + 1) & 1];
+	switch (const int ret = ckpt_step_rollback_check(&step_, older.valid ? &older.sb : nullptr); -ret) {
+	case 0:
+		break;
+	case CKPT_E_FAILED:
+		fail(-ret, "rollback: the device failed earlier; no changes accepted");
+	case CKPT_E_STATE:
+		fail(-ret, "rollback: step {} is open; commit or abort it first", step_.sm.open_step);
+	case CKPT_E_ROLLBACK:
+		if (!sb.committed_step)
+			fail(-ret, "rollback: the committed step is 0: there is no previous step");
+		if (!older.valid)
+			fail(-ret, "rollback: the older superblock copy ({}) is {}: step {} is not readable",
+			     older.index, older.blank ? "blank" : "invalid", sb.committed_step - 1);
+		fail(-ret, "rollback: the older superblock copy commits step {} (sequence {}), not step {} "
+			   "(sequence {}): a rollback goes back one step, once",
+		     older.sb.committed_step, older.sb.sequence, sb.committed_step - 1, sb.sequence - 1);
+	default:
+		fail(-ret, "rollback refused: {}", ckpt_strerror(-ret));
+	}
+	const struct ckpt_sb prev = older.sb;
+	const struct ckpt_layout &l = sb.layout;
+	Buffer rec(l.record_bytes), plo(l.plo_chunk_bytes);
+	for (uint32_t c = 0; c < sb.geo.n_chunks; c++) {
+		const uint64_t off = ckpt_record_offset(&l, prev.committed_slot, c);
+		img_.file.pread_all(rec.as(), l.record_bytes, off);
+		img_.file.pread_all(plo.as(), l.plo_chunk_bytes, ckpt_plo_offset(&l, prev.committed_slot, c));
+		const int ret = ckpt_step_rollback_rec(&step_, &prev, c, rec.as(), rec.as() + CKPT_BLOCK, plo.as());
+		if (ret < 0) {
+			struct ckpt_rec r;
+			if (!ckpt_rec_decode(rec.as(), &r) && r.step > sb.committed_step)
+				fail(CKPT_E_ROLLBACK, "rollback: chunk {} of slot {} was overwritten by step {} (a "
+						      "step began after step {} committed): step {} is gone",
+				     c, prev.committed_slot, r.step, sb.committed_step, prev.committed_step);
+			fail(CKPT_E_ROLLBACK, "rollback: chunk {} of slot {} does not hold step {} intact (a "
+					      "damaged record)",
+			     c, prev.committed_slot, prev.committed_step);
+		}
+		if (ret)
+			img_.file.pwrite_all(rec.as(), CKPT_BLOCK, off);
+	}
+	io_message_.clear();
+	if (ckpt_step_rollback_commit(&step_, &prev) < 0)
+		throw Error(CKPT_E_IO, io_message_.empty() ? "rollback: commit failed" : io_message_);
+	return sb.committed_step;
 }
 
 } // namespace ckpt

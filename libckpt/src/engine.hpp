@@ -47,6 +47,7 @@ struct EngineOptions {
 	unsigned queue_chunks = 0;		// gradient chunks queued for the workers; 0: 4 per slot
 	uint64_t staging_bytes = CKPT_STAGING_DEFAULT;	// partial-chunk gradients
 	IoObserver *observer = nullptr;		// sees every backing write and flush (tests/crash)
+	Ring::Mode io = Ring::Mode::Auto;	// Sync: pread/pwrite even where io_uring works (tests)
 };
 
 // fp32 p, exp_avg, exp_avg_sq of n params at a param offset, for load_state;
@@ -58,7 +59,16 @@ struct StateSpan {
 	const float *m;
 	const float *v;
 	uint64_t count = ~0ULL;	// its step count (COUNTS); ~0: the loaded step
+	uint64_t extent = 0;	// the params whose blocks get count: the tensor's extent
+				// (the padding it owns lags with it); 0: n
 };
+
+// The one check of a state loaded from outside (Device::load_state, import),
+// before anything is written: values the update could have produced (p and m
+// finite, v finite and not negative) and a step count of its own, not above
+// step, that differs from step only where the image keeps per-block counts
+// (counts: feature COUNTS). what names the tensor in the messages.
+void check_state_span(const StateSpan &s, uint64_t step, bool counts, const std::string &what);
 
 class Engine : public Target {
 public:
@@ -81,6 +91,11 @@ public:
 	// slot, flush, then a superblock with committed_step = step and the
 	// trainer blob), so a crash keeps either the old or the new state.
 	void load_state(const std::vector<StateSpan> &spans, uint64_t step, std::span<const uint8_t> blob);
+	// Makes the previous step the committed one again (the core's rollback:
+	// ckpt_step_rollback_*): only with no step open, once (never two steps
+	// back), and only while the other slot still holds that step intact.
+	// Returns the step now committed.
+	uint64_t rollback();
 	// fp32 p, m, v of n params at param offset, checksums verified.
 	void read_state(uint64_t offset, uint64_t n, float *p, float *m, float *v);
 

@@ -17,6 +17,10 @@
 #include "ckpt_error.hpp"
 #include "io.hpp"
 
+extern "C" {
+#include "ckpt_update.h"
+}
+
 namespace ckpt {
 
 uint32_t parse_dtype(const std::string &name)
@@ -142,6 +146,12 @@ void write_image(const BackingFile &f, const Layout::Placed &placed, const struc
 		f.pwrite_all(chunk.as(), n, l.plo_off[0] + off);
 		off += n;
 	}
+	if (incompat & CKPT_FEATURE_INCOMPAT_Q8) {	// zero moments have a code too
+		const std::vector<uint32_t> zeros(l.chunk_params);
+		struct ckpt_q8_state q;
+		ckpt_q8_state_at(chunk.as() + CKPT_BLOCK, placed.geo.chunk_shift, 0, &q);
+		ckpt_q8_encode(&q, zeros.data(), zeros.data(), l.chunk_params);
+	}
 	struct ckpt_sb sb;
 	uint8_t uuid[16];
 	std::random_device rd;
@@ -184,6 +194,8 @@ void format(const std::string &path_arg, const Layout &layout, const FormatOptio
 	uint32_t incompat = opts.incompat;
 	if (incompat == CKPT_FEATURE_INCOMPAT_DEFAULT && placed.geo.chunk_shift > CKPT_COUNTS_MAX_SHIFT)
 		incompat &= ~CKPT_FEATURE_INCOMPAT_COUNTS;
+	if (opts.q8)
+		incompat |= CKPT_FEATURE_INCOMPAT_Q8;
 	struct ckpt_layout l;
 	check_core(ckpt_layout_compute_features(&placed.geo, incompat, &l), "layout");
 	const std::string manifest = Manifest::encode(placed.tensors, opts.dtype, cp, layout.hparams());

@@ -15,6 +15,7 @@ struct FormatOptions {
 	// Incompat feature bits of the new image (0 gives an image as the first
 	// v1 release wrote it, for compatibility tests).
 	uint32_t incompat = CKPT_FEATURE_INCOMPAT_DEFAULT;
+	bool q8 = false;	// 8-bit moments (feature Q8)
 	bool force = false;	// format over an existing image or signature
 };
 

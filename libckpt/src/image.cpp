@@ -6,6 +6,10 @@
 
 #include "ckpt_error.hpp"
 
+extern "C" {
+#include "ckpt_update.h"
+}
+
 namespace ckpt {
 
 namespace {
@@ -238,8 +242,20 @@ void Image::read_state(const struct ckpt_rec &id, uint64_t offset, uint64_t n, f
 		check_record(bounce.as(), want, true);
 		const auto *state = reinterpret_cast<const float *>(bounce.as() + CKPT_BLOCK);
 		std::memcpy(p, state + in, k * 4);
-		std::memcpy(m, state + cp + in, k * 4);
-		std::memcpy(v, state + 2 * cp + in, k * 4);
+		if (sb.feature_incompat & CKPT_FEATURE_INCOMPAT_Q8) {
+			// the 8-bit moments of the blocks covering [in, in + k), decoded
+			const uint64_t qlo = in / CKPT_Q8_BLOCK * CKPT_Q8_BLOCK;
+			const uint64_t qn = (in + k + CKPT_Q8_BLOCK - 1) / CKPT_Q8_BLOCK * CKPT_Q8_BLOCK - qlo;
+			std::vector<uint32_t> mv(2 * qn);
+			struct ckpt_q8_state q;
+			ckpt_q8_state_at(bounce.as() + CKPT_BLOCK, sb.geo.chunk_shift, qlo, &q);
+			ckpt_q8_decode(&q, mv.data(), mv.data() + qn, qn);
+			std::memcpy(m, mv.data() + (in - qlo), k * 4);
+			std::memcpy(v, mv.data() + qn + (in - qlo), k * 4);
+		} else {
+			std::memcpy(m, state + cp + in, k * 4);
+			std::memcpy(v, state + 2 * cp + in, k * 4);
+		}
 		p += k;
 		m += k;
 		v += k;

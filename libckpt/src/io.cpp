@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <random>
 #include <sstream>
 
@@ -16,6 +17,8 @@
 #include <sys/sysmacros.h>
 #include <sys/uio.h>
 #include <unistd.h>
+
+#include <fmt/format.h>
 
 #include "ckpt_error.hpp"
 #include "ckpt_format.h"
@@ -332,9 +335,15 @@ Ring::Ring(unsigned entries, Mode mode)
 		return;
 	}
 	int ret = io_uring_queue_init(entries, &ring_, 0);
-	if (ret == -ENOSYS || ret == -EPERM)
+	if (ret == -ENOSYS || ret == -EPERM) {
 		sync_ = true;
-	else if (ret < 0)
+		// once per process: the engine works, only without overlapped I/O
+		static std::once_flag told;
+		std::call_once(told, [ret] {
+			fmt::print(stderr, "libckpt: io_uring is not available ({}); the engine reads and writes "
+					   "with pread/pwrite, one at a time\n", strerror(-ret));
+		});
+	} else if (ret < 0)
 		fail(CKPT_E_IO, "io_uring_queue_init: {}", strerror(-ret));
 }
 
@@ -356,16 +365,21 @@ io_uring_sqe *Ring::sqe()
 	return s;
 }
 
+// The fallback's read or write, done at once: its completion queued.
+template <typename Io, typename Buf>
+void Ring::now(Io io, int fd, Buf buf, unsigned len, uint64_t off, uint64_t tag)
+{
+	ssize_t r;
+	do
+		r = io(fd, buf, len, static_cast<off_t>(off));
+	while (r < 0 && errno == EINTR);
+	done_.emplace_back(tag, r < 0 ? -errno : static_cast<int>(r));
+}
+
 void Ring::read(int fd, void *buf, unsigned len, uint64_t off, uint64_t tag)
 {
-	if (sync_) {
-		ssize_t r;
-		do
-			r = pread(fd, buf, len, static_cast<off_t>(off));
-		while (r < 0 && errno == EINTR);
-		done_.emplace_back(tag, r < 0 ? -errno : static_cast<int>(r));
-		return;
-	}
+	if (sync_)
+		return now(::pread, fd, buf, len, off, tag);
 	io_uring_sqe *s = sqe();
 	io_uring_prep_read(s, fd, buf, len, off);
 	io_uring_sqe_set_data64(s, tag);
@@ -373,14 +387,8 @@ void Ring::read(int fd, void *buf, unsigned len, uint64_t off, uint64_t tag)
 
 void Ring::write(int fd, const void *buf, unsigned len, uint64_t off, uint64_t tag)
 {
-	if (sync_) {
-		ssize_t r;
-		do
-			r = pwrite(fd, buf, len, static_cast<off_t>(off));
-		while (r < 0 && errno == EINTR);
-		done_.emplace_back(tag, r < 0 ? -errno : static_cast<int>(r));
-		return;
-	}
+	if (sync_)
+		return now(::pwrite, fd, buf, len, off, tag);
 	io_uring_sqe *s = sqe();
 	io_uring_prep_write(s, fd, buf, len, off);
 	io_uring_sqe_set_data64(s, tag);

@@ -140,7 +140,7 @@ struct BackingFile {
 // be had (io_uring_setup fails with ENOSYS or EPERM: a seccomp profile such
 // as a container's default one, kernel.io_uring_disabled, qemu-user), each
 // read and write is done at once with pread/pwrite and completes in order:
-// the same results, without the overlap.
+// the same results, without the overlap (stderr says so, once per process).
 class Ring {
 public:
 	enum class Mode { Auto, Sync };
@@ -157,6 +157,8 @@ public:
 
 private:
 	io_uring_sqe *sqe();
+	template <typename Io, typename Buf>
+	void now(Io io, int fd, Buf buf, unsigned len, uint64_t off, uint64_t tag);
 	io_uring ring_{};
 	bool sync_ = false;
 	std::deque<std::pair<uint64_t, int>> done_;	// sync: completed, not yet waited for

@@ -71,6 +71,25 @@ std::string printable(std::string_view s, size_t max = 80)
 	return out;
 }
 
+// JSON text parsed. nlohmann keeps the last of duplicate keys, which makes
+// a file that names a key twice (a tensor, a field, a shard, a __metadata__
+// key) ambiguous: dup gets the first key named twice in any object.
+json parse_unique(std::string_view text, std::string &dup)
+{
+	std::vector<std::set<std::string>> keys;	// of each object being parsed
+	json::parser_callback_t cb = [&](int, json::parse_event_t ev, json &parsed) {
+		if (ev == json::parse_event_t::object_start)
+			keys.emplace_back();
+		else if (ev == json::parse_event_t::object_end)
+			keys.pop_back();
+		else if (ev == json::parse_event_t::key && dup.empty() &&
+			 !keys.back().insert(parsed.get_ref<const std::string &>()).second)
+			dup = parsed.get_ref<const std::string &>();
+		return true;
+	};
+	return json::parse(text, cb);
+}
+
 } // namespace
 
 unsigned dtype_bytes(std::string_view d)
@@ -101,21 +120,10 @@ Header parse_header(std::string_view text, uint64_t data_bytes, const std::strin
 {
 	if (text.empty() || text.front() != '{')
 		bad(what, "the header does not start with '{'");
-	// nlohmann keeps the last of duplicate keys; a file that names a tensor
-	// twice is ambiguous, so the parser callback catches it.
-	std::set<std::string> keys;
 	std::string dup;
-	json::parser_callback_t cb = [&](int depth, json::parse_event_t ev, json &parsed) {
-		if (ev == json::parse_event_t::key && depth == 1 && dup.empty()) {
-			const std::string &k = parsed.get_ref<const std::string &>();
-			if (!keys.insert(k).second)
-				dup = k;
-		}
-		return true;
-	};
 	json j;
 	try {
-		j = json::parse(text, cb);
+		j = parse_unique(text, dup);
 	} catch (const json::exception &e) {
 		// e.g. "ill-formed UTF-8 byte" for non-UTF-8 text
 		bad(what, fmt::format("the header is not valid JSON: {}", printable(e.what(), 400)));
@@ -283,24 +291,10 @@ std::map<std::string, std::string> parse_index(std::string_view text, const std:
 	auto bad_index = [&](const std::string &why) {
 		fail(CKPT_E_INVAL, "{}: not a valid safetensors index: {}", what, why);
 	};
-	std::string top, dup;
-	std::set<std::string> top_keys, names;
-	json::parser_callback_t cb = [&](int depth, json::parse_event_t ev, json &parsed) {
-		if (ev != json::parse_event_t::key || !dup.empty())
-			return true;
-		const std::string &k = parsed.get_ref<const std::string &>();
-		if (depth == 1) {
-			top = k;
-			if (!top_keys.insert(k).second)
-				dup = k;
-		} else if (depth == 2 && top == "weight_map" && !names.insert(k).second) {
-			dup = k;
-		}
-		return true;
-	};
+	std::string dup;
 	json j;
 	try {
-		j = json::parse(text, cb);
+		j = parse_unique(text, dup);
 	} catch (const json::exception &e) {
 		bad_index(fmt::format("not valid JSON: {}", printable(e.what(), 400)));
 	}

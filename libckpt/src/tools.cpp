@@ -114,6 +114,7 @@ json image_json(const ckpt::Image &img)
 		{"device_bytes", img.file.size},
 		{"virtual_sectors", l.virt_bytes / CKPT_SECTOR},
 		{"feature_incompat", sb.feature_incompat},
+		{"state", (sb.feature_incompat & CKPT_FEATURE_INCOMPAT_Q8) ? "8bit" : "fp32"},
 		{"superblock_copy", img.sb_copy},
 		{"metadata_copies", ckpt_meta_copies(&l)},
 		{"warnings", img.warnings()},
@@ -133,6 +134,7 @@ struct FormatArgs {
 	uint32_t chunk_params = 0;
 	uint64_t size = 0;
 	bool force = false;
+	std::string state;	// "fp32" (default) or "8bit"
 };
 
 // A tensor manifest from a user (ckpt::parse_layout_json).
@@ -481,6 +483,9 @@ std::string format_manifest(const std::string &device, const std::string &opts_j
 	a.chunk_params = opt<uint32_t>(o, "chunk_params", 0, "format");
 	a.size = opt<uint64_t>(o, "size", 0, "format");
 	a.force = opt<bool>(o, "force", false, "format");
+	a.state = opt<std::string>(o, "state", "fp32", "format");
+	if (a.state != "fp32" && a.state != "8bit")
+		fail(CKPT_E_INVAL, "format: state '{}': use fp32 or 8bit", a.state);
 	if (a.manifest.empty() == a.safetensors.empty())
 		fail(CKPT_E_INVAL, "format: give a manifest or a safetensors file, one of them");
 	json summary = json::array();
@@ -490,6 +495,7 @@ std::string format_manifest(const std::string &device, const std::string &opts_j
 	fo.chunk_params = a.chunk_params ? a.chunk_params : m.chunk_params;
 	fo.size = a.size;
 	fo.force = a.force;
+	fo.q8 = a.state == "8bit";
 	check_unused(device, "format");
 	format(device, m.layout, fo);
 	json j = image_json(Image::open(device, false));
@@ -618,46 +624,34 @@ std::string import_safetensors(const std::string &device, const std::string &fro
 		}
 	}
 
-	// Read and check the values: finite, and exp_avg_sq not negative.
+	// Read and check the values (and the step counts of tensors that lagged
+	// the step where they were exported: their next bias correction is the
+	// original's) before anything is written.
+	const bool counts = dev->image().sb.feature_incompat & CKPT_FEATURE_INCOMPAT_COUNTS;
 	std::vector<std::vector<float>> p(items.size()), m(items.size()), v(items.size());
+	std::vector<StateSpan> spans;
 	uint64_t n_params = 0, total = 0;
 	for (const auto &item : items)
 		total += item.dev->numel;
 	for (size_t i = 0; i < items.size(); i++) {
 		progress("import", n_params, 2 * total);	// reading; then loading, the other half
-		auto check = [&](const std::vector<float> &x, const std::string &name, bool nonneg) {
-			for (size_t k = 0; k < x.size(); k++)
-				if (!std::isfinite(x[k]) || (nonneg && x[k] < 0))
-					fail(CKPT_E_HPARAM, "{}: tensor '{}' element {} is {}", a.from, name, k, x[k]);
-		};
 		p[i] = st.read_f32(*items[i].p);
-		check(p[i], items[i].p->name, false);
+		StateSpan s{items[i].dev->offset, items[i].dev->numel, p[i].data(), nullptr, nullptr, ~0ULL,
+			    items[i].dev->extent};
 		if (a.with_optimizer) {
 			m[i] = st.read_f32(*items[i].m);
 			v[i] = st.read_f32(*items[i].v);
-			check(m[i], items[i].m->name, false);
-			check(v[i], items[i].v->name, true);
+			s.m = m[i].data();
+			s.v = v[i].data();
+			if (ix && !a.step)
+				if (auto it = ix->tensor_step.find(items[i].p->name); it != ix->tensor_step.end())
+					s.count = it->second;
 		}
+		check_state_span(s, step, counts, fmt::format("{}: tensor '{}'", a.from, items[i].p->name));
+		spans.push_back(s);
 		n_params += items[i].dev->numel;
 	}
 	if (a.with_optimizer) {
-		std::vector<StateSpan> spans;
-		for (size_t i = 0; i < items.size(); i++)
-			spans.push_back({items[i].dev->offset, items[i].dev->numel, p[i].data(), m[i].data(), v[i].data()});
-		// Tensors that lagged the step where they were exported keep their
-		// own step count: their next bias correction is the original's.
-		if (ix && !a.step) {
-			for (size_t i = 0; i < items.size(); i++) {
-				auto it = ix->tensor_step.find(items[i].p->name);
-				if (it == ix->tensor_step.end())
-					continue;
-				if (!(dev->image().sb.feature_incompat & CKPT_FEATURE_INCOMPAT_COUNTS))
-					fail(CKPT_E_FEATURE, "{}: tensor '{}' was updated in {} of the {} steps, and {} keeps "
-							     "no per-tensor step counts (format it with chunks of at most "
-							     "2^19 params)", a.from, items[i].p->name, it->second, step, a.device);
-				spans[i].count = it->second;
-			}
-		}
 		dev->engine()->load_state(spans, step, blob);
 	} else {
 		std::vector<std::pair<std::string, std::span<const float>>> values;

@@ -68,14 +68,13 @@ t0=$SECONDS
 obj=$dir/obj
 mkdir -p "$dir"
 if [ ! -e "$obj" ]; then
+	# the newest finished build whose tree's Makefile names this source
 	seed=""
-	for d in $(ls -1td "$top"/*/done 2>/dev/null); do
-		d=${d%/done}
-		# the build tree's Makefile names its source tree
-		if grep -qxF "include $src/Makefile" "$d/obj/Makefile" 2>/dev/null; then
-			seed=$d
-			break
-		fi
+	for d in "$top"/*/; do
+		d=${d%/}
+		[ -e "$d/done" ] || continue
+		grep -qxF "include $src/Makefile" "$d/obj/Makefile" 2>/dev/null || continue
+		if [ -z "$seed" ] || [ "$d/done" -nt "$seed/done" ]; then seed=$d; fi
 	done
 	if [ -n "$seed" ]; then
 		note "kdebug: starting from a copy of $seed/obj"

@@ -12,13 +12,14 @@
 # if anything failed.
 #
 #   scripts/vm/tests.sh [--matrix "6.1:max 6.1:qemu64 6.12:max"]
-#                       [--params N] [--steps N] [--seed N] [--presteps N]
+#                       [--params N] [--steps N] [--seed N] [--presteps N] [--state fp32|8bit]
 #                       [--only harness|kmod|identity|scripts|assembly]
 # --presteps N: the host commits the first N steps (default 0) with the
 # userspace engine before the image is copied; both sides then continue from
 # step N+1 (so the kernel starts from a state the userspace engine wrote).
+# --state 8bit: the byte identity image keeps 8-bit moments (feature Q8).
 # Environment: CKPT_VM_MATRIX, CKPT_VM_PARAMS, CKPT_VM_STEPS, CKPT_VM_SEED,
-# CKPT_VM_PRESTEPS,
+# CKPT_VM_PRESTEPS, CKPT_VM_STATE,
 # CKPT_VM_PROGRAMS (only these tests/kmod programs),
 # CKPT_VM_EVERY_CPU=1 (run "// vm: cpu-independent" programs on every CPU
 # model too), CKPT_VM_TIMEOUT (per VM run), CKPT_VM_RUN_ARGS (extra options for
@@ -41,6 +42,7 @@ params=${CKPT_VM_PARAMS:-1000000}
 steps=${CKPT_VM_STEPS:-200}
 seed=${CKPT_VM_SEED:-}
 presteps=${CKPT_VM_PRESTEPS:-0}
+state=${CKPT_VM_STATE:-fp32}
 only=""
 while [ $# -gt 0 ]; do
 	case $1 in
@@ -49,6 +51,7 @@ while [ $# -gt 0 ]; do
 	--steps) steps=$2; shift 2 ;;
 	--seed) seed=$2; shift 2 ;;
 	--presteps) presteps=$2; shift 2 ;;
+	--state) state=$2; shift 2 ;;
 	--only) only=$2; shift 2 ;;
 	-h|--help) sed -n '2,/^set -uo/p' "$0" | sed -e '/^set -uo/d' -e 's/^# \{0,1\}//'; exit 2 ;;
 	*) echo "tests.sh: unknown argument $1" >&2; exit 2 ;;
@@ -165,8 +168,9 @@ kmod_run() { # KERNEL CPU DIR
 identity_run() { # KERNEL CPU DIR DTYPE
 	local k=$1 c=$2 d=$3 dtype=$4 rc hrc kimg uimg
 	kimg=$d/kernel.img uimg=$d/user.img
-	log "$kl/$c: byte identity, $dtype, $params params, $presteps step(s) on the host then $steps steps in both${seed:+, seed $seed}"
-	if ! "$TRACE" "$kimg" --format --dtype "$dtype" --params "$params" --steps 0 ${seed:+--seed "$seed"} >"$d/format.txt" 2>&1; then
+	log "$kl/$c: byte identity, $dtype, $state state, $params params, $presteps step(s) on the host then $steps steps in both${seed:+, seed $seed}"
+	if ! "$TRACE" "$kimg" --format --dtype "$dtype" --state "$state" --params "$params" --steps 0 \
+		${seed:+--seed "$seed"} >"$d/format.txt" 2>&1; then
 		not_ok "$kl/$c byte identity: ckpt-trace --format on the host failed: $(tail -1 "$d/format.txt")"
 		return
 	fi

@@ -264,6 +264,20 @@ static CK_UNUSED uint32_t ck_f32(double d)
 	return u;
 }
 
+/* n random bf16 gradients, uniform in [-0.01, 0.01). */
+static CK_UNUSED void ck_bf16_grads(struct ck_rng *r, uint16_t *grad, uint64_t n)
+{
+	uint64_t i;
+
+	for (i = 0; i < n; i++) {
+		float g = (ck_uniform(r) - 0.5f) * 2e-2f;
+		uint32_t b;
+
+		memcpy(&b, &g, 4);
+		grad[i] = ckpt_f32_to_bf16(b);
+	}
+}
+
 /* What a client sends for step t, computed in double as PyTorch does. */
 static CK_UNUSED struct ckpt_hparams ck_hparams(double lr, double beta1, double beta2,
 						double eps, double wd, int l2, uint64_t t)
@@ -290,7 +304,8 @@ static CK_UNUSED struct ckpt_hparams ck_hparams(double lr, double beta1, double 
 
 /*
  * A formatted device and the state the target must leave on it: the
- * committed superblock, and per chunk the fp32 state and p_lo of each slot.
+ * committed superblock, and per chunk the fp32 state and p_lo of each slot
+ * (with COUNTS, the step count of each block too).
  */
 struct ck_model {
 	const char *dev;
@@ -302,6 +317,7 @@ struct ck_model {
 	uint16_t *plo[2];	/* per slot: n_params */
 	int valid[2][CK_MAX_CHUNKS];	/* slot holds a record for this chunk */
 	struct ckpt_rec rec[2][CK_MAX_CHUNKS];
+	uint64_t *counts[2];	/* COUNTS: per slot, n_params / CKPT_TENSOR_ALIGN */
 };
 
 static CK_UNUSED void ck_model_free(struct ck_model *m)
@@ -311,8 +327,10 @@ static CK_UNUSED void ck_model_free(struct ck_model *m)
 	for (s = 0; s < 2; s++) {
 		free(m->state[s]);
 		free(m->plo[s]);
+		free(m->counts[s]);
 		m->state[s] = NULL;
 		m->plo[s] = NULL;
+		m->counts[s] = NULL;
 	}
 }
 
@@ -335,8 +353,17 @@ static CK_UNUSED struct ckpt_geometry ck_geo(uint32_t n_chunks, uint32_t shift,
 static CK_UNUSED void ck_record_block(const struct ck_model *m, int slot, uint32_t c,
 				      uint8_t *out)
 {
+	const uint32_t incompat = m->sb.feature_incompat;
+	uint32_t b, bpc = m->cp / CKPT_TENSOR_ALIGN;
+
 	memset(out, 0, CKPT_BLOCK);	/* no block counts: zeros after the header */
-	ckpt_rec_encode(&m->rec[slot][c], out);
+	if (incompat & CKPT_FEATURE_INCOMPAT_COUNTS) {
+		for (b = 0; b < bpc; b++)
+			ckpt_rec_set_count(out, b, m->counts[slot][(size_t)c * bpc + b]);
+		ckpt_rec_seal(out, NULL, NULL, &m->rec[slot][c], incompat);
+	} else {
+		ckpt_rec_encode(&m->rec[slot][c], out);
+	}
 	memcpy(out + CKPT_BLOCK, m->state[slot] + (size_t)c * 3 * m->cp, 12 * (size_t)m->cp);
 }
 
@@ -396,6 +423,12 @@ static CK_UNUSED int ck_format_features(struct ck_model *m, const char *dev,
 		m->plo[s] = calloc(n_params, 2);
 		if (!m->state[s] || !m->plo[s])
 			return -ENOMEM;
+		/* COUNTS: every block at count 0, the formatted step */
+		if (incompat & CKPT_FEATURE_INCOMPAT_COUNTS) {
+			m->counts[s] = calloc(n_params / CKPT_TENSOR_ALIGN, 8);
+			if (!m->counts[s])
+				return -ENOMEM;
+		}
 	}
 	for (c = 0; c < g->n_chunks; c++) {
 		uint32_t *p = m->state[0] + (size_t)c * 3 * m->cp;
@@ -529,32 +562,64 @@ static CK_UNUSED int ck_write_sb_block(const char *dev, const void *block, int k
  * scaled gradient or new state is not finite are not written (their bit in
  * written[] stays 0). Returns 1 if any chunk overflowed. Call
  * ck_model_commit() to commit.
+ *
+ * modes (COUNTS; NULL: every block updated with its group's hyperparameters):
+ * per block, as the core keeps them after RANGE commands: 0 an update with
+ * the group's hyperparameters, CKPT_MODE_SKIP (p, m, v and count stay, p_lo
+ * rounded from p again), or 1 + an index into bias (the group's
+ * hyperparameters with that step_size and bc2_sqrt). An updated block's
+ * count goes up by one.
  */
-static CK_UNUSED int ck_model_step(struct ck_model *m, uint64_t t,
-				   const struct ckpt_hparams *hp, uint32_t grad_scale,
-				   const uint16_t *grad, const int *which)
+static CK_UNUSED int ck_model_step_modes(struct ck_model *m, uint64_t t,
+					 const struct ckpt_hparams *hp, uint32_t grad_scale,
+					 const uint16_t *grad, const int *which,
+					 const uint8_t *modes, const struct ckpt_bias *bias)
 {
 	const uint32_t src = m->sb.committed_slot, dst = src ^ 1;
-	uint32_t c, *buf = malloc(12 * (size_t)m->cp);
+	const uint32_t bpc = m->cp / CKPT_TENSOR_ALIGN;
+	const int counts = !!(m->sb.feature_incompat & CKPT_FEATURE_INCOMPAT_COUNTS);
+	uint32_t c, b, *buf = malloc(12 * (size_t)m->cp);
 	uint16_t *plo = malloc(2 * (size_t)m->cp);
 	int overflow = 0;
 
 	for (c = 0; c < m->sb.geo.n_chunks; c++) {
 		const uint32_t *s = m->state[src] + (size_t)c * 3 * m->cp;
-		uint32_t nf;
+		uint32_t nf = 0;
 
 		if (which && !which[c])
 			continue;
 		memcpy(buf, s, 12 * (size_t)m->cp);
-		nf = ckpt_update_chunk_scalar(&hp[m->groups[c]], grad_scale, m->sb.geo.dtype,
-					      grad + (size_t)c * m->cp, buf, buf + m->cp,
-					      buf + 2 * m->cp, plo, m->cp);
+		for (b = 0; b < bpc; b++) {
+			const size_t at = (size_t)b * CKPT_TENSOR_ALIGN;
+			const uint8_t mode = modes ? modes[(size_t)c * bpc + b] : 0;
+			struct ckpt_hparams h = hp[m->groups[c]];
+
+			if (mode == CKPT_MODE_SKIP) {
+				ckpt_round_params_scalar(m->sb.geo.dtype, buf + at, plo + at,
+							 CKPT_TENSOR_ALIGN);
+				continue;
+			}
+			if (mode) {
+				h.step_size = bias[mode - 1].step_size;
+				h.bc2_sqrt = bias[mode - 1].bc2_sqrt;
+			}
+			nf += ckpt_update_chunk_scalar(&h, grad_scale, m->sb.geo.dtype,
+						       grad + (size_t)c * m->cp + at, buf + at,
+						       buf + m->cp + at, buf + 2 * m->cp + at, plo + at,
+						       CKPT_TENSOR_ALIGN);
+		}
 		if (nf) {
 			overflow = 1;
 			continue;
 		}
 		memcpy(m->state[dst] + (size_t)c * 3 * m->cp, buf, 12 * (size_t)m->cp);
 		memcpy(m->plo[dst] + (size_t)c * m->cp, plo, 2 * (size_t)m->cp);
+		for (b = 0; counts && b < bpc; b++) {
+			const size_t k = (size_t)c * bpc + b;
+
+			m->counts[dst][k] = m->counts[src][k] +
+					    (!modes || modes[k] != CKPT_MODE_SKIP);
+		}
 		m->rec[dst][c].chunk = c;
 		m->rec[dst][c].slot = dst;
 		m->rec[dst][c].chunk_shift = m->sb.geo.chunk_shift;
@@ -569,6 +634,13 @@ static CK_UNUSED int ck_model_step(struct ck_model *m, uint64_t t,
 	free(buf);
 	free(plo);
 	return overflow;
+}
+
+static CK_UNUSED int ck_model_step(struct ck_model *m, uint64_t t,
+				   const struct ckpt_hparams *hp, uint32_t grad_scale,
+				   const uint16_t *grad, const int *which)
+{
+	return ck_model_step_modes(m, t, hp, grad_scale, grad, which, NULL, NULL);
 }
 
 static CK_UNUSED void ck_model_commit(struct ck_model *m, uint64_t t, const void *blob,

@@ -127,15 +127,7 @@ FIXTURE_TEARDOWN(faults)
 
 static void make_grads(FIXTURE_DATA(faults) *self)
 {
-	uint64_t i;
-
-	for (i = 0; i < self->m.l.n_params; i++) {
-		float g = (ck_uniform(&self->rng) - 0.5f) * 2e-2f;
-		uint32_t b;
-
-		memcpy(&b, &g, 4);
-		self->grad[i] = ckpt_f32_to_bf16(b);
-	}
+	ck_bf16_grads(&self->rng, self->grad, self->m.l.n_params);
 }
 
 static int begin(FIXTURE_DATA(faults) *self, uint64_t t)

@@ -335,6 +335,69 @@ TEST_F(step, messages)
 	ASSERT_EQ(0, verify(_metadata, self));
 }
 
+/*
+ * The rollback message: step 2 committed, then step 1 again with its blob;
+ * the backing device is what the model says (the superblock after the
+ * commit of step 2, committing step 1 in its slot, whose records carry the
+ * new sequence): byte for byte what the engine's rollback writes. Refused
+ * at step 0, with a step open, a second time, and after a step wrote over
+ * the previous slot; each refusal changes nothing.
+ */
+static void model_rollback(struct ck_model *m, const char *blob)
+{
+	uint32_t c, slot = m->sb.committed_slot ^ 1;
+
+	ck_model_commit(m, m->sb.committed_step - 1, blob, (uint32_t)strlen(blob));
+	m->sb.committed_slot = slot;
+	for (c = 0; c < m->sb.geo.n_chunks; c++)
+		m->rec[slot][c].sequence = m->sb.sequence;
+}
+
+TEST_F(step, rollback_message)
+{
+	uint16_t *rd = malloc(self->window);
+	char out[4096];
+	struct ckpt_status st;
+
+	EXPECT_NE(0, msg(out, sizeof(out), "rollback"));	/* step 0 */
+	EXPECT_NE(0, msg(out, sizeof(out), "rollback now"));	/* syntax */
+	ASSERT_EQ(0, full_step(_metadata, self, 1, "one"));
+	ASSERT_EQ(0, full_step(_metadata, self, 2, "two"));
+	ASSERT_EQ(0, begin(self, 3));
+	EXPECT_EQ(-EINVAL, ck_dm_message(CK_NAME, "rollback"));	/* a step is open */
+	ASSERT_EQ(0, msg(out, sizeof(out), "abort"));
+	ASSERT_EQ(0, verify(_metadata, self));
+
+	ASSERT_EQ(0, msg(out, sizeof(out), "rollback"));
+	EXPECT_NE(NULL, strstr(out, "rolled_back 1"));
+	model_rollback(&self->m, "one");
+	ASSERT_EQ(0, verify(_metadata, self));
+	ASSERT_EQ(0, ck_status(self->fd, &st));
+	EXPECT_EQ(1, st.committed_step);
+	EXPECT_EQ(CKPT_STATE_IDLE, st.state);
+	EXPECT_EQ(3, st.blob_len);
+	EXPECT_EQ(0, memcmp(st.blob, "one", 3));
+	/* PARAM reads give step 1's params */
+	ASSERT_NE(NULL, rd);
+	ASSERT_EQ(0, ck_params(self->fd, &self->m, rd, 0, self->window));
+	EXPECT_EQ(0, memcmp(rd, self->m.plo[self->m.sb.committed_slot], self->window));
+	/* never two steps */
+	EXPECT_EQ(-EINVAL, ck_dm_message(CK_NAME, "rollback"));
+	ASSERT_EQ(0, verify(_metadata, self));
+
+	/* the next step is step 2 again, built on step 1 */
+	ASSERT_EQ(0, full_step(_metadata, self, 2, "two again"));
+	/* a step that wrote over the previous slot, aborted: nothing to go back to */
+	make_grads(self);
+	ASSERT_EQ(0, begin(self, 3));
+	ASSERT_EQ(0, ck_grad(self->fd, &self->m, self->grad, 0, self->cb));
+	ASSERT_EQ(0, msg(out, sizeof(out), "abort"));
+	EXPECT_EQ(-EINVAL, ck_dm_message(CK_NAME, "rollback"));
+	ASSERT_EQ(0, ck_status(self->fd, &st));
+	EXPECT_EQ(2, st.committed_step);
+	free(rd);
+}
+
 TEST_F(step, bad_commands_change_nothing)
 {
 	struct ckpt_status st0, st;

@@ -274,7 +274,7 @@ class TestLibraryLists(unittest.TestCase):
         for code, name in enumerate(ckpt.ERRORS):
             self.assertEqual(name, lib.ckpt_err_name(code).decode())
         self.assertEqual(ckpt.ERRORS[:2], ["OK", "E_INVAL"])
-        self.assertEqual(ckpt.ERRORS[-1], "E_BLOB")
+        self.assertEqual(ckpt.ERRORS[-1], "E_ROLLBACK")
         e = ckpt.CkptError(ckpt.ERRORS.index("E_TWICE"), "x")
         self.assertEqual(e.name, "E_TWICE")
 

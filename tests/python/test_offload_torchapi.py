@@ -8,8 +8,9 @@
 - a torch.optim.AdamW state_dict moves onto a device (load_state_dict) bit for
   bit, and the training continues as torch's does; the device's state moves
   back (to_torch_state_dict) bit for bit and torch continues as the device
-  does; steps that differ, a device past step 0 and bad values are refused
-  with the device unchanged;
+  does; params at steps of their own (a frozen layer, a bias without a
+  gradient in some steps) keep torch's counts and go on as torch's do; a
+  device past step 0 and bad values are refused with the device unchanged;
 - a state_dict of the step before the committed one offers the rollback, and
   rollback=True performs it;
 - `with OffloadAdamW(...)` closes the device; PrecisionWarning, once.
@@ -249,6 +250,76 @@ class TorchApiTest(unittest.TestCase):
         worst = self.continue_both(model, opt, ref, ref_opt, exact, 10, k + 1, rng)
         self.assertLess(worst, 1.0)
 
+    def test_torch_state_with_lagging_params_moves_onto_the_device(self):
+        """torch's AdamW keeps a step count per param: a frozen layer never has
+        a gradient (no state at all), a bias has none on every third step.
+        Loaded, every param keeps torch's count and state bit for bit, and
+        both runs go on equal, with the same params left without gradients."""
+        frozen, sometimes = ("0.weight", "0.bias"), "3.bias"
+        hp = dict(lr=1e-2, weight_decay=0.1, foreach=False)
+        rng = np.random.default_rng(14)
+
+        def backward(model, t):
+            """bf16 gradients of model at step t; None where torch skips."""
+            loss_of(model, *batch(rng)).backward()
+            for n, p in model.named_parameters():
+                if p.grad is not None:
+                    p.grad = None if n == sometimes and t % 3 == 0 else bf16_round(p.grad)
+
+        trained = make_model(5)
+        ref = dict(trained.named_parameters())
+        names = list(ref)
+        for n in frozen:
+            ref[n].requires_grad_(False)
+        ref_opt = torch.optim.AdamW([ref[n] for n in names], **hp)
+        k = 7
+        for t in range(1, k + 1):
+            backward(trained, t)
+            ref_opt.step()
+            ref_opt.zero_grad()
+        torch.save(ref_opt.state_dict(), self.path("adamw.pt"))
+        sd = torch.load(self.path("adamw.pt"))
+        self.assertEqual(len(sd["state"]), len(names) - len(frozen))
+        self.assertEqual(int(sd["state"][names.index(sometimes)]["step"]), k - k // 3)
+
+        model = make_model(99)
+        model.load_state_dict(trained.state_dict())
+        by_name = dict(model.named_parameters())
+        for n in frozen:
+            by_name[n].requires_grad_(False)
+        opt = self.opt(model.named_parameters(), "lagging.img", lr=5.0)
+        opt.load_state_dict(sd)
+        self.assertEqual(opt.committed_step, k)
+
+        def check(t):
+            for n in names:
+                st = ref_opt.state.get(ref[n], {})
+                self.assertEqual(opt.device.tensor_step(n), int(st["step"]) if st else 0, f"step {t} {n}")
+                p, m, v = (x.numpy().reshape(-1) for x in opt.read_state(n))
+                if t == k:      # as loaded: torch's state bit for bit
+                    want = [ref[n].detach()] + [st.get(w, torch.zeros_like(ref[n]))
+                                                for w in ("exp_avg", "exp_avg_sq")]
+                    for got, w in zip((p, m, v), want):
+                        self.assertTrue(np.array_equal(got.view(np.uint32),
+                                                       w.detach().numpy().reshape(-1).view(np.uint32)), n)
+                r = tol_ratio(p, ref[n].detach().numpy().reshape(-1))
+                self.assertLessEqual(r, 1.0, f"step {t} {n}: master vs torch {r:.2f} x tolerance")
+
+        check(k)
+        for t in range(k + 1, k + 11):
+            backward(model, t)
+            for n in names:
+                g = by_name[n].grad
+                ref[n].grad = None if g is None else g.clone()
+            opt.step()
+            opt.zero_grad()
+            ref_opt.step()
+            ref_opt.zero_grad()
+            self.assertEqual(opt.committed_step, t)
+            check(t)
+        self.assertEqual(opt.device.tensor_step("0.weight"), 0)
+        self.assertEqual(opt.device.tensor_step(sometimes), (k + 10) - (k + 10) // 3)
+
     def test_device_state_moves_to_torch(self):
         model = make_model(6)
         groups = groups_of(model, lr=4e-3)
@@ -299,15 +370,6 @@ class TorchApiTest(unittest.TestCase):
             self.assertEqual(snapshot(opt.device), before)
             self.assertEqual(opt.param_groups[0]["lr"], 1e-3)
 
-        # per-param step counts: the device keeps one
-        sd = copy.deepcopy(ref_opt.state_dict())
-        sd["state"][2]["step"] = torch.tensor(2.0)
-        refused(sd, ckpt.CkptError, r"E_STEP.*is at step 2, '0.weight' at step 3: this device keeps one "
-                                    r"step count for all its tensors")
-        # a param torch never updated (no state) is at step 0: the same
-        sd = copy.deepcopy(ref_opt.state_dict())
-        del sd["state"][5]
-        refused(sd, ckpt.CkptError, r"at step 0, '0.weight' at step 3")
         # values the update cannot have made
         sd = copy.deepcopy(ref_opt.state_dict())
         sd["state"][1]["exp_avg_sq"].view(-1)[3] = -1.0
@@ -414,7 +476,7 @@ class TorchApiTest(unittest.TestCase):
         opt.step()   # the optimizer still drives the device
         self.assertEqual(opt.committed_step, 3)
 
-    def test_rollback_needs_the_path(self):
+    def test_rollback_of_a_device_it_did_not_open(self):
         model = make_model()
         OffloadAdamW(model.named_parameters(), self.path()).close()
         dev = ckpt.open(self.path())
@@ -423,10 +485,15 @@ class TorchApiTest(unittest.TestCase):
         loss_of(model, *batch(np.random.default_rng(0))).backward()
         opt.step()
         sd = opt.state_dict()
+        params = [p.detach().clone() for p in model.parameters()]
         opt.step()
-        with self.assertRaisesRegex(ValueError, "did not open; close it and call ckpt.restore"):
-            opt.load_state_dict(sd, rollback=True)
-        self.assertEqual(opt.committed_step, 2)
+        opt.load_state_dict(sd, rollback=True)   # the live device rolls back (ckpt_rollback)
+        self.assertEqual(opt.committed_step, 1)
+        for p, q in zip(model.parameters(), params):
+            self.assertTrue(torch.equal(p, q))
+        with self.assertRaisesRegex(ValueError, "rollback to step 0 refused: .*once"):
+            opt.load_state_dict(dict(sd, ckpt=dict(sd["ckpt"], step=0)), rollback=True)
+        self.assertEqual(opt.committed_step, 1)
 
     # ------------------------------------------------------------ context manager, warnings
 

@@ -40,6 +40,11 @@ class ReadmeExamples(unittest.TestCase):
         out = self.run_in_tmp([sys.executable, "-c", blocks("python")[2]])
         self.assertIn("moved at step 6 torch at 6", out)
 
+    def test_sharded_example(self):
+        out = self.run_in_tmp([sys.executable, "-c", blocks("python")[3]])
+        for rank in (0, 1):
+            self.assertIn(f"rank {rank} of 2: committed step 5, slice ", out)
+
     def test_ckptctl_examples(self):
         (script,) = blocks("sh")
         out = self.run_in_tmp(["sh", "-e", "-c", script])

@@ -227,7 +227,7 @@ run_py() { "$py" st.py "$@"; }
 ok "fixtures: safetensors models (F32 with an I64 buffer, F16, BF16)" run_py models
 
 # ---------------------------------------------------------------- help
-for c in format info probe create remove status list message import export verify restore; do
+for c in format info probe create remove status list message import export verify restore plan; do
 	ok "$c --help has a description, options and examples" sh -c \
 		"'$ctl' $c --help | grep -q EXAMPLES && '$ctl' $c --help | grep -q Options"
 done
@@ -241,6 +241,31 @@ fails_with "an unknown option names the command's help" 64 "^ckptctl info: .*--b
 	"$ctl" info --bogus x.img
 fails_with "a missing argument" 64 "^ckptctl verify: device is required; see ckptctl verify --help\$" "$ctl" verify
 ok "--help documents the exit statuses" sh -c "'$ctl' --help | grep -q '^  64  usage'"
+
+# ---------------------------------------------------------------- plan
+# The numbers are tests/unit/test_plan.cpp's; here the command line.
+ok "plan: the table, 7e9 params on one GPU" sh -c \
+	"'$ctl' plan --params 7e9 | grep -Eq '^GPU memory per rank +112.0 GB +28.0 GB +28.0 GB\$'"
+ok "plan -o json: 8 x 4 ranks, 8-bit state" sh -c \
+	"'$ctl' plan --params 7e9 --gpus 8 --nodes 4 --state 8bit -o json | '$py' -c \"
+import json, sys
+j = json.load(sys.stdin)
+assert j['ranks'] == 32 and j['state'] == '8bit', j
+assert j['gpu_adamw']['network_bytes_per_step_per_node'] == 21000000000, j
+assert abs(j['dm_ckpt']['device_write_bytes_per_step'] - 8.09375 * 7e9 / 32) <= 0.5, j\""
+ok "plan --json is -o json" sh -c "[ \"\$('$ctl' plan --params 1e6 --json)\" = \"\$('$ctl' plan --params 1e6 -o json)\" ]"
+for bad in -1 0 nan inf 1e30 garbage 1.5 7e9x ''; do
+	fails_with "plan --params '$bad' is refused (exit 64)" 64 "^ckptctl plan: --params: .*; see ckptctl plan --help\$" \
+		"$ctl" plan --params "$bad"
+done
+for bad in 0 -2 1e30 nan x 70000; do
+	fails_with "plan --gpus '$bad' is refused" 64 "^ckptctl plan: --gpus: " "$ctl" plan --params 7e9 --gpus "$bad"
+	fails_with "plan --nodes '$bad' is refused" 64 "^ckptctl plan: --nodes: " "$ctl" plan --params 7e9 --nodes "$bad"
+done
+fails_with "plan: more ranks than params" 64 "at least one param per rank" "$ctl" plan --params 4 --gpus 8
+fails_with "plan --state other than fp32 or 8bit" 64 "^ckptctl plan: .*--state" "$ctl" plan --params 7e9 --state 4bit
+fails_with "plan without --params" 64 "^ckptctl plan: --params is required" "$ctl" plan
+fails_with "plan -o other than table or json" 64 "^ckptctl plan: .*--output" "$ctl" plan --params 7e9 -o yaml
 
 # Without device-mapper (no control node under DM_DEV_DIR, and none can be
 # made there), every command that needs it says so in one line.
@@ -326,6 +351,20 @@ ok "... and the next step is bit-identical to the original device's" sh -c \
 ok "import without --with-optimizer ignores the moments" sh -c \
 	"'$ctl' format r2.img --from-safetensors s3.safetensors --chunk-params 4096 --dtype bf16 2>/dev/null | grep -q 'tensors         6' &&
 	 '$ctl' import r2.img --from s3.safetensors | grep -q 'ignored 12 exp_avg'"
+
+# ---------------------------------------------------------------- 8-bit moments
+ok "8bit: format --state 8bit" sh -c \
+	"'$ctl' format q.img --from-safetensors f32.safetensors --chunk-params 4096 --dtype bf16 --state 8bit |
+	 grep -q 'bf16, 8bit moments'"
+ok "8bit: the records are half the size" sh -c "[ \$(stat -c %s q.img) -lt \$(stat -c %s r.img) ]"
+ok "8bit: import --with-optimizer encodes the moments" sh -c \
+	"'$ctl' import q.img --from s3.safetensors --with-optimizer | grep -q 'committed step 3'"
+ok "8bit: verify" "$ctl" verify q.img
+ok "8bit: two steps (ckpt-trace)" "$bin/ckpt-trace" q.img --steps 2 --seed 5
+ok "8bit: export --with-optimizer decodes them to F32" sh -c \
+	"'$ctl' export q.img --to q5.safetensors --with-optimizer >/dev/null &&
+	 $py st.py meta q5.safetensors step 5 && $py st.py nonzero q5.safetensors head.weight.exp_avg_sq"
+fails_with "format --state refuses other states" any "4bit not in" "$ctl" format q2.img -m bad.json --state 4bit
 
 # ---------------------------------------------------------------- lossless interchange
 # export -> format --from-safetensors -> import -> export: the dm-ckpt.*
@@ -784,8 +823,19 @@ printf 'ckpt1 /dev/x\r\n' >t.tab
 fails_with "ckpttab: a control byte" 1 "t.tab:1: a control or non-ASCII byte (0x0d)" "$ctl" activate --all --ckpttab t.tab
 fails_with "ckpttab: a missing file" 1 "cannot read nope.tab" "$ctl" activate --all --ckpttab nope.tab
 fails_with "ckpttab: a directory" 1 "is not a regular file" "$ctl" activate --all --ckpttab .
-fails_with "activate needs one of --all, --uuid, --device" 1 "give one of" "$ctl" activate --ckpttab t.tab
-fails_with "activate --uuid needs a uuid" 1 "not a uuid" "$ctl" activate --uuid xyz --ckpttab t.tab
+fails_with "activate needs one of --all, --uuid, --device (exit 64: usage)" 64 \
+	"^ckptctl activate: give one of --all, --uuid UUID, --device DEV; see ckptctl activate --help\$" \
+	"$ctl" activate --ckpttab t.tab
+fails_with "activate: two of --all, --uuid, --device" 64 "give one of" "$ctl" activate --all --device /dev/x --ckpttab t.tab
+fails_with "activate --uuid needs a uuid (exit 64)" 64 "^ckptctl activate: .*not a uuid.*; see ckptctl activate --help\$" \
+	"$ctl" activate --uuid xyz --ckpttab t.tab
+fails_with "deactivate needs one of --all, --uuid, NAME (exit 64)" 64 \
+	"^ckptctl deactivate: give one of --all, --uuid UUID, NAME; see ckptctl deactivate --help\$" \
+	"$ctl" deactivate --ckpttab t.tab
+fails_with "deactivate: NAME and --all" 64 "give one of" "$ctl" deactivate --all ckpt0 --ckpttab t.tab
+fails_with "deactivate --uuid needs a uuid (exit 64)" 64 "not a uuid" "$ctl" deactivate --uuid xyz
+fails_with "deactivate: an unknown option (exit 64)" 64 "^ckptctl deactivate: .*--bogus.*; see ckptctl deactivate --help\$" \
+	"$ctl" deactivate --bogus
 tab 'ckpt1 /dev/x noauto'
 fails_with "activate --uuid of an image not listed" 1 "lists no image 11111111-" "$ctl" activate --uuid 11111111-2222-3333-4444-555555555555 --ckpttab t.tab
 

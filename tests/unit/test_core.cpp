@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <iterator>
 #include <utility>
 #include <memory>
@@ -1235,6 +1236,87 @@ TEST(CoreLoad, Preconditions)
 	EXPECT_EQ(ckpt_step_load_span(&p.cs, n, 0), -CKPT_E_RANGE);
 	EXPECT_EQ(ckpt_step_load_span(&p.cs, 1, ~0ull), -CKPT_E_RANGE) << "offset + n wraps";
 	EXPECT_EQ(ckpt_step_load_span(&p.cs, ~0ull, 1), -CKPT_E_RANGE);
+}
+
+// ---------------------------------------------------------------- rollback
+
+// The rollback rule: only an IDLE device, only to the step the older
+// superblock copy commits (step - 1, the other slot, sequence - 1, the same
+// image), only over records that still hold it; its commit is the previous
+// step again with its blob, and then nothing is left to go back to.
+TEST(CoreRollback, OnlyOneStepBackOverIntactRecords)
+{
+	Proto p(CKPT_STAGING_DEFAULT);
+	EXPECT_EQ(ckpt_step_rollback_check(&p.cs, nullptr), -CKPT_E_ROLLBACK) << "step 0";
+	ASSERT_EQ(p.command(CKPT_OP_BEGIN, 1), 0);
+	ASSERT_EQ(p.grad(0, pattern(8 * p.cb, 1)), 0);
+	p.apply_all();
+	ASSERT_EQ(p.command(CKPT_OP_COMMIT, 1, "one"), CKPT_RESULT_COMMITTED);
+	const ckpt_sb one = p.sb;
+	ASSERT_EQ(p.command(CKPT_OP_BEGIN, 2), 0);
+	EXPECT_EQ(ckpt_step_rollback_check(&p.cs, &one), -CKPT_E_STATE) << "a step is open";
+	ASSERT_EQ(p.grad(0, pattern(8 * p.cb, 2)), 0);
+	p.apply_all();
+	ASSERT_EQ(p.command(CKPT_OP_COMMIT, 2, "two"), CKPT_RESULT_COMMITTED);
+	const ckpt_sb two = p.sb;
+
+	EXPECT_EQ(ckpt_step_rollback_check(&p.cs, &one), 0);
+	EXPECT_EQ(ckpt_step_rollback_check(&p.cs, nullptr), -CKPT_E_ROLLBACK) << "no valid older copy";
+	for (auto bad : std::vector<std::function<void(ckpt_sb &)>>{
+		     [](ckpt_sb &b) { b.committed_step--; }, [](ckpt_sb &b) { b.committed_slot ^= 1; },
+		     [](ckpt_sb &b) { b.sequence--; }, [](ckpt_sb &b) { b.uuid[0] ^= 1; },
+		     [](ckpt_sb &b) { b.manifest_crc ^= 1; }, [](ckpt_sb &b) { b.geo.n_groups++; }}) {
+		ckpt_sb b = one;
+		bad(b);
+		EXPECT_EQ(ckpt_step_rollback_check(&p.cs, &b), -CKPT_E_ROLLBACK);
+	}
+
+	// A record of step 1 in its slot: re-stamped for the next sequence, then
+	// already right (an interrupted rollback); overwritten or damaged: refused.
+	const ckpt_layout &l = p.sb.layout;
+	std::vector<uint8_t> rec(l.record_bytes), plo(l.plo_chunk_bytes, 0x5a);
+	for (size_t i = CKPT_BLOCK; i < rec.size(); i++)
+		rec[i] = uint8_t(i * 7);
+	ckpt_rec id;
+	ckpt_rec_committed(&one, 3, &id);
+	ckpt_rec_seal(rec.data(), rec.data() + CKPT_BLOCK, plo.data(), &id, p.sb.feature_incompat);
+	const std::vector<uint8_t> sealed = rec;
+	EXPECT_EQ(ckpt_step_rollback_rec(&p.cs, &one, 3, rec.data(), rec.data() + CKPT_BLOCK, plo.data()), 1);
+	ckpt_rec got, want;
+	ckpt_rec_next(&two, 3, 1, &want);
+	EXPECT_EQ(ckpt_rec_check(rec.data(), rec.data() + CKPT_BLOCK, plo.data(), &want, p.sb.feature_incompat,
+				 &got),
+		  CKPT_REC_OK);
+	EXPECT_EQ(ckpt_step_rollback_rec(&p.cs, &one, 3, rec.data(), rec.data() + CKPT_BLOCK, plo.data()), 0);
+	EXPECT_EQ(ckpt_step_rollback_rec(&p.cs, &one, 4, rec.data(), rec.data() + CKPT_BLOCK, plo.data()),
+		  -CKPT_E_ROLLBACK) << "another chunk's record";
+	rec = sealed;
+	rec[CKPT_BLOCK + 5] ^= 1;
+	EXPECT_EQ(ckpt_step_rollback_rec(&p.cs, &one, 3, rec.data(), rec.data() + CKPT_BLOCK, plo.data()),
+		  -CKPT_E_ROLLBACK) << "damaged data";
+	rec = sealed;
+	ckpt_rec_next(&two, 3, 3, &id);	// a step 3 wrote there
+	ckpt_rec_seal(rec.data(), rec.data() + CKPT_BLOCK, plo.data(), &id, p.sb.feature_incompat);
+	EXPECT_EQ(ckpt_step_rollback_rec(&p.cs, &one, 3, rec.data(), rec.data() + CKPT_BLOCK, plo.data()),
+		  -CKPT_E_ROLLBACK) << "overwritten";
+
+	const size_t writes = p.host.sb_writes.size();
+	ASSERT_EQ(ckpt_step_rollback_commit(&p.cs, &one), 0);
+	EXPECT_EQ(p.host.sb_writes.size(), writes + 1);
+	EXPECT_EQ(p.sb.committed_step, 1u);
+	EXPECT_EQ(p.sb.committed_slot, one.committed_slot);
+	EXPECT_EQ(p.sb.sequence, two.sequence + 1);
+	EXPECT_EQ(p.sb.blob_len, 3u);
+	EXPECT_EQ(std::memcmp(p.sb.blob, "one", 3), 0);
+	EXPECT_EQ(p.cs.sm.committed_step, 1u);
+	EXPECT_EQ(p.cs.sm.committed_slot, one.committed_slot);
+	// The older copy now commits step 2: never two steps back.
+	EXPECT_EQ(ckpt_step_rollback_check(&p.cs, &two), -CKPT_E_ROLLBACK);
+	// The next step is step 2 again.
+	EXPECT_EQ(p.command(CKPT_OP_BEGIN, 2), 0);
+	ASSERT_EQ(p.command(CKPT_OP_ABORT, 2), 0);
+	ckpt_sm_fail(&p.cs.sm, -5);
+	EXPECT_EQ(ckpt_step_rollback_check(&p.cs, &one), -CKPT_E_FAILED);
 }
 
 // A load commits like a step (the other slot, flush, then the superblock)

@@ -4,11 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
+#include <random>
 #include <span>
 #include <vector>
 
@@ -20,6 +23,11 @@
 #include "device.hpp"
 #include "format.hpp"
 #include "io.hpp"
+#include "tools.hpp"
+
+extern "C" {
+#include "ckpt_update.h"
+}
 
 namespace {
 
@@ -610,6 +618,83 @@ static ckpt::CommitResult step_with(ckpt::Device &d, int step, std::initializer_
 	return d.commit({});
 }
 
+// Rollback: step 2 committed, rolled back to step 1 with step 1's state,
+// counts, p_lo and blob bit for bit; the next step 2 is the one an unrolled
+// device takes; refused with nothing to go back to, with a step open, and a
+// second time (never two steps); kept across a reopen.
+TEST_F(EngineTest, RollbackGoesBackOneStepOnce)
+{
+	auto d = open();
+	EXPECT_EQ(code_of([&] { d->rollback(); }), CKPT_E_ROLLBACK);	// step 0
+	load_masters(*d);
+	ASSERT_EQ(step_with(*d, 1, {"a", "c"}), ckpt::CommitResult::committed);
+	std::map<std::string, TensorState> s1;
+	std::map<std::string, std::vector<uint16_t>> plo1;
+	for (const char *n : {"a", "b", "c"}) {
+		s1[n] = state_of(*d, n);
+		plo1[n].resize(d->manifest().find(n).numel);
+		d->read_params(n, plo1[n].data(), plo1[n].size());
+	}
+	ASSERT_EQ(step_with(*d, 2, {"a", "b", "c"}), ckpt::CommitResult::committed);
+	EXPECT_FALSE(state_of(*d, "a") == s1["a"]);
+	d->begin(groups(), 1.0);
+	EXPECT_EQ(code_of([&] { d->rollback(); }), CKPT_E_STATE);	// a step is open
+	d->abort();	// it wrote nothing: the previous slot is intact
+	EXPECT_EQ(d->rollback(), 1u);
+	EXPECT_EQ(d->status().committed_step, 1u);
+	for (const char *n : {"a", "b", "c"}) {
+		EXPECT_TRUE(state_of(*d, n) == s1[n]) << n;
+		std::vector<uint16_t> plo(plo1[n].size());
+		d->read_params(n, plo.data(), plo.size());
+		EXPECT_EQ(plo, plo1[n]) << n;
+	}
+	EXPECT_EQ(d->tensor_step("b"), 0u);
+	EXPECT_EQ(d->tensor_step("a"), 1u);
+	const std::string twice = message_of([&] { d->rollback(); });
+	EXPECT_NE(twice.find("once"), std::string::npos) << twice;
+	EXPECT_EQ(code_of([&] { d->rollback(); }), CKPT_E_ROLLBACK);
+
+	// The step after the rollback is the step 2 a device that never went
+	// back takes, and the image is the same byte for byte.
+	ASSERT_EQ(step_with(*d, 2, {"a", "b", "c"}), ckpt::CommitResult::committed);
+	const TensorState a2 = state_of(*d, "a");
+	d.reset();
+	auto again = open();
+	EXPECT_EQ(again->status().committed_step, 2u);
+	EXPECT_TRUE(state_of(*again, "a") == a2);
+	// A step written over the previous slot and aborted: nothing to go back to.
+	std::vector<uint16_t> g(again->layout().n_params, 0x3c00);
+	again->begin(groups(), 1.0);
+	again->write_grad_window(0, g.data(), again->layout().window_bytes);
+	again->abort();
+	EXPECT_EQ(code_of([&] { again->rollback(); }), CKPT_E_ROLLBACK);
+	EXPECT_EQ(again->status().committed_step, 2u);
+}
+
+// A rollback survives a reopen, and a reopened device can roll back.
+TEST_F(EngineTest, RollbackAcrossReopen)
+{
+	{
+		auto d = open();
+		load_masters(*d);
+		ASSERT_EQ(step_with(*d, 1, {"a", "b", "c"}), ckpt::CommitResult::committed);
+	}
+	TensorState a1;
+	{
+		auto d = open();
+		a1 = state_of(*d, "a");
+		ASSERT_EQ(step_with(*d, 2, {"a", "b", "c"}), ckpt::CommitResult::committed);
+	}
+	{
+		auto d = open();
+		EXPECT_EQ(d->rollback(), 1u);
+	}
+	auto d = open();
+	EXPECT_EQ(d->status().committed_step, 1u);
+	EXPECT_TRUE(state_of(*d, "a") == a1);
+	EXPECT_EQ(code_of([&] { d->rollback(); }), CKPT_E_ROLLBACK);
+}
+
 // b shares chunk 1 with a: a skipped b keeps p, m, v and its count bit for
 // bit while a, in the same chunk, is updated.
 TEST_F(EngineTest, SkippedTensorKeepsItsStateBitForBit)
@@ -768,9 +853,136 @@ TEST_F(EngineTest, ImageWithoutCountsKeepsWorking)
 
 } // namespace
 
+// The engine on the fallback (as where io_uring cannot be had, forced here):
+// the same steps leave the same bytes on the device as with io_uring.
+TEST_F(EngineTest, PreadFallbackWritesTheSameBytes)
+{
+	const std::string other = (dir_ / "sync.img").string();
+	fs::copy_file(path_, other);
+	for (const auto &[path, io] : {std::pair{path_, ckpt::Ring::Mode::Auto}, {other, ckpt::Ring::Mode::Sync}}) {
+		ckpt::EngineOptions o;
+		o.io = io;
+		o.workers = 2;
+		auto d = ckpt::Device::open(path, o);
+		load_masters(*d);
+		for (int i = 0; i < 3; i++)
+			step(*d);
+		d->begin(groups(), 1.0);
+		d->skip("b");
+		for (const char *name : {"a", "c"}) {
+			const uint64_t n = d->manifest().find(name).numel;
+			std::vector<uint16_t> g(n, 0xbf00);
+			d->write_grad(name, g.data(), n);
+		}
+		ASSERT_EQ(d->commit({}), ckpt::CommitResult::committed);
+	}
+	auto bytes = [](const std::string &p) {
+		std::ifstream f(p, std::ios::binary);
+		return std::string(std::istreambuf_iterator<char>(f), {});
+	};
+	EXPECT_TRUE(bytes(path_) == bytes(other));
+}
+
 // The engine's I/O ring and its fallback where io_uring cannot be had
 // (io_uring_setup refused: containers' seccomp profiles, qemu-user): the same
 // completions, tags and results, -errno included.
+// 8-bit moments (feature Q8): the record holds fp32 p and 8-bit codes with a
+// scale per 256 params; the first step from zero moments gives the fp32
+// image's params bit for bit (the update uses the new fp32 moments), later
+// ones stay close; a load of state encodes, a read decodes, verify checks
+// the smaller records.
+TEST_F(EngineTest, EightBitMomentsStepLoadAndRead)
+{
+	const std::string q8 = (dir_ / "q8.img").string();
+	ckpt::Layout lay;
+	lay.add("a", {5000}, 0);
+	lay.add("b", {3000}, 0);
+	lay.add("c", {1000}, 1);
+	ckpt::FormatOptions o;
+	o.chunk_params = 4096;
+	o.q8 = true;
+	ckpt::format(q8, lay, o);
+	auto d32 = open();
+	auto d8 = ckpt::Device::open(q8, {});
+	ASSERT_TRUE(d8->image().sb.feature_incompat & CKPT_FEATURE_INCOMPAT_Q8);
+	EXPECT_FALSE(d32->image().sb.feature_incompat & CKPT_FEATURE_INCOMPAT_Q8);
+	// 4 KiB header + 6 B * 4096 + 2 * 4 B * 16 scales, in 4 KiB blocks
+	EXPECT_EQ(d8->layout().record_bytes, 4096u + 28672u);
+	EXPECT_EQ(d32->layout().record_bytes, 4096u + 12u * 4096u);
+
+	std::mt19937_64 rng(12);
+	std::normal_distribution<float> nd(0.0f, 1.0f);
+	std::vector<float> a(5000), b(3000), c(1000);
+	for (auto *t : {&a, &b, &c})
+		for (float &x : *t)
+			x = nd(rng) * 0.02f;
+	for (auto *d : {d32.get(), d8.get()})
+		d->load_params({{"a", a}, {"b", b}, {"c", c}});
+
+	const struct ckpt_layout &l = d8->layout();
+	std::vector<float> p32(5000), m32(5000), v32(5000), p8(5000), m8(5000), v8(5000);
+	for (int step = 1; step <= 8; step++) {
+		std::vector<uint16_t> g(l.n_params);
+		for (uint16_t &x : g)
+			x = ckpt_f32_to_bf16(std::bit_cast<uint32_t>(nd(rng) * 1e-3f));
+		for (auto *d : {d32.get(), d8.get()}) {
+			d->begin(groups(), 1.0);
+			d->write_grad_window(0, g.data(), l.window_bytes);
+			ASSERT_EQ(d->commit({}), ckpt::CommitResult::committed);
+		}
+		d32->read_state("a", p32.data(), m32.data(), v32.data(), 5000);
+		d8->read_state("a", p8.data(), m8.data(), v8.data(), 5000);
+		if (step == 1) {
+			EXPECT_EQ(0, std::memcmp(p32.data(), p8.data(), 5000 * 4));
+		}
+		double dp = 0, dm = 0, mm = 0;
+		for (size_t i = 0; i < 5000; i++) {
+			dp = std::max(dp, (double)std::fabs(p8[i] - p32[i]));
+			dm = std::max(dm, (double)std::fabs(m8[i] - m32[i]));
+			mm = std::max(mm, (double)std::fabs(m32[i]));
+		}
+		// lr 1e-3: each step moves a param by about 1e-3 at most
+		EXPECT_LT(dp, 2e-3 * step) << "step " << step;
+		EXPECT_LT(dm, 0.07 * mm) << "step " << step;
+	}
+
+	// load_state encodes, read_state decodes: within the map's resolution
+	std::vector<float> m(5000), v(5000);
+	for (size_t i = 0; i < 5000; i++) {
+		m[i] = nd(rng) * 1e-3f;
+		v[i] = m[i] * m[i];
+	}
+	d8.reset();
+	d8 = ckpt::Device::open(q8, {});
+	std::vector<float> pb(3000), mb(3000), vb(3000), pc(1000), mc(1000), vc(1000);
+	d8->read_state("b", pb.data(), mb.data(), vb.data(), 3000);
+	d8->read_state("c", pc.data(), mc.data(), vc.data(), 1000);
+	EXPECT_EQ(d8->status().committed_step, 8u);
+	d8.reset();
+	const std::string fresh = (dir_ / "fresh.img").string();
+	ckpt::format(fresh, lay, o);
+	d8 = ckpt::Device::open(fresh, {});
+	d8->load_state({{"a", p8, m, v, 3}, {"b", pb, mb, vb, 3}, {"c", pc, mc, vc, 3}}, {});
+	std::vector<float> p2(5000), m2(5000), v2(5000);
+	d8->read_state("a", p2.data(), m2.data(), v2.data(), 5000);
+	EXPECT_EQ(p2, p8);
+	for (size_t i = 0; i < 5000; i++) {
+		const size_t blk = i / CKPT_Q8_BLOCK * CKPT_Q8_BLOCK;
+		float am = 0, av = 0;
+		for (size_t k = blk; k < std::min<size_t>(blk + CKPT_Q8_BLOCK, 5000); k++) {
+			am = std::max(am, std::fabs(m[k]));
+			av = std::max(av, v[k]);
+		}
+		ASSERT_LE(std::fabs(m2[i] - m[i]), 0.0072 * am) << i;
+		ASSERT_LE(std::fabs(v2[i] - v[i]), 0.0036 * av) << i;
+	}
+	EXPECT_EQ(d8->status().committed_step, 3u);
+	d8.reset();
+	const std::string report = ckpt::verify_report(fresh, false);
+	EXPECT_NE(report.find("\"records_checked\":4,"), std::string::npos) << report;
+	EXPECT_NE(report.find("\"damage\":[]"), std::string::npos) << report;
+}
+
 TEST(Ring, SyncFallbackCompletesLikeIoUring)
 {
 	const fs::path path = fs::temp_directory_path() / fmt::format("ckpt-ring-{}", getpid());

@@ -480,10 +480,11 @@ TEST(Superblock, HeaderCorruptions)
 		Block b = good;
 		put32(b, offsetof(ckpt_sb_disk, feature_incompat), 1u << bit);
 		recrc_block(b);
-		// META2 changes the layout the stored offsets must match; PLO_CRC
-		// and COUNTS change only what records carry.
+		// META2 and Q8 change the layout the stored offsets and record
+		// size must match; PLO_CRC and COUNTS change only what records carry.
 		const uint32_t f = 1u << bit;
-		EXPECT_EQ(decode_sb(b, dev), f == CKPT_FEATURE_INCOMPAT_META2 ? -CKPT_E_LAYOUT
+		EXPECT_EQ(decode_sb(b, dev), f == CKPT_FEATURE_INCOMPAT_META2 || f == CKPT_FEATURE_INCOMPAT_Q8
+						     ? -CKPT_E_LAYOUT
 					     : f == CKPT_FEATURE_INCOMPAT_PLO_CRC ||
 							       f == CKPT_FEATURE_INCOMPAT_COUNTS ? 0
 					     : -CKPT_E_FEATURE)

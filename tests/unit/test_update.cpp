@@ -354,7 +354,8 @@ TEST(UpdateConv, F32ToBf16VsReference)
 }
 
 // All 2^32 fp32 patterns through the dispatched vector conversion, against
-// vcvtps2ph (fp16) and the reference (bf16). About 5 s with AVX-512.
+// vcvtps2ph (fp16) and the reference (bf16), and through every F16C build
+// for fp16 (the one the dispatch does not pick). About 5 s with AVX-512.
 TEST(UpdateConv, F32ToLowExhaustiveDispatched)
 {
 	if (!cpu_f16c())
@@ -362,6 +363,11 @@ TEST(UpdateConv, F32ToLowExhaustiveDispatched)
 	const size_t B = 1u << 20;
 	std::vector<uint32_t> in(B);
 	std::vector<uint16_t> out(B), hw(B), outb(B);
+	std::vector<RoundVariant> f16c;
+	for (const RoundVariant &rv : round_variants())
+		if (rv.available && std::strstr(rv.name, "f16c"))
+			f16c.push_back(rv);
+	RecordProperty("f16c_builds", std::to_string(f16c.size()));
 	for (uint64_t base = 0; base < (1ull << 32); base += B) {
 		for (size_t i = 0; i < B; i++)
 			in[i] = (uint32_t)(base + i);
@@ -372,6 +378,13 @@ TEST(UpdateConv, F32ToLowExhaustiveDispatched)
 		if (std::memcmp(out.data(), hw.data(), B * 2) != 0) {
 			for (size_t i = 0; i < B; i++)
 				ASSERT_EQ(out[i], hw[i]) << std::hex << "f=" << in[i];
+		}
+		for (const RoundVariant &rv : f16c) {
+			rv.fn(CKPT_DTYPE_FP16, in.data(), out.data(), B);
+			if (std::memcmp(out.data(), hw.data(), B * 2) != 0) {
+				for (size_t i = 0; i < B; i++)
+					ASSERT_EQ(out[i], hw[i]) << rv.name << std::hex << " f=" << in[i];
+			}
 		}
 		for (size_t i = 0; i < B; i++) {
 			if (outb[i] != ref_f32_to_bf16(in[i])) {
@@ -450,6 +463,31 @@ TEST(UpdateVariants, BitIdenticalToScalar)
 						runs++;
 					}
 				}
+	RecordProperty("runs", runs);
+}
+
+// Every fp16 gradient pattern (all 2^16, Inf and NaN included) through every
+// build: the F16C builds convert them with vcvtph2ps, the others emulate it.
+// Scaled by 1 and by 2^-20 (subnormal fp32 results of the scaling).
+TEST(UpdateVariants, EveryFp16GradientSameAsScalar)
+{
+	std::mt19937_64 rng(65536);
+	int runs = 0;
+	for (bool l2 : {false, true})
+		for (float sc : {1.0f, 0x1p-20f}) {
+			Chunk c = make_chunk(rng, 65536, CKPT_DTYPE_FP16, StateKind::Random);
+			for (uint32_t h = 0; h < 65536; h++)
+				c.g[h] = (uint16_t)h;
+			ckpt_hparams hp = make_hparams(rng, l2);
+			for (const Variant &var : variants()) {
+				if (!var.available)
+					continue;
+				SCOPED_TRACE(std::string(var.name) + (l2 ? " l2" : " adamw"));
+				expect_same_as_scalar(var.name, var.fn, hp, bits(sc), CKPT_DTYPE_FP16, c, true,
+						      true);
+				runs++;
+			}
+		}
 	RecordProperty("runs", runs);
 }
 

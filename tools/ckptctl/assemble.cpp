@@ -197,21 +197,13 @@ bool deactivate(const std::string &name, const std::string &uuid)
 	}
 }
 
-std::string uuid_arg(const std::string &u)
-{
-	const std::string c = canonical_uuid(u);
-	if (c.empty())
-		fail(CKPT_E_INVAL, "--uuid {}: not a uuid (xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)", u);
-	return c;
-}
-
 } // namespace
 
 int cmd_activate(const ActivateArgs &a)
 {
 	std::string want_uuid, device;
 	if (!a.uuid.empty())
-		want_uuid = uuid_arg(a.uuid);
+		want_uuid = canonical_uuid(a.uuid);	// checked by the command line
 	// The whole file is parsed before anything is done: a bad line changes nothing.
 	const std::vector<TabEntry> tab = read_ckpttab(a.ckpttab);
 	if (!a.device.empty()) {
@@ -252,7 +244,7 @@ int cmd_deactivate(const ActivateArgs &a)
 	if (!a.name.empty())
 		return deactivate(a.name, "") ? exit_ok : exit_error;
 	if (!a.uuid.empty())
-		return deactivate("", uuid_arg(a.uuid)) ? exit_ok : exit_error;
+		return deactivate("", canonical_uuid(a.uuid)) ? exit_ok : exit_error;
 	unsigned failed = 0;
 	for (const TabEntry &e : read_ckpttab(a.ckpttab)) {
 		std::string uuid = e.uuid;

@@ -10,8 +10,10 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "ckpttab.hpp"
 #include "commands.hpp"
 #include "fail.hpp"
+#include "plan.hpp"
 #include "progress.hpp"
 
 using namespace ckptctl;
@@ -62,6 +64,7 @@ const char *top_footer =
 	"  ckptctl activate --all                        # the devices of /etc/ckpttab\n"
 	"  ckptctl verify /dev/nvme0n1\n"
 	"  ckptctl export /dev/nvme0n1 --to step.safetensors --with-optimizer\n"
+	"  ckptctl plan --params 7e9 --gpus 8 --nodes 4\n"
 	"\nRun 'ckptctl COMMAND --help' for a command's options and examples.";
 
 // The command list shows each command's first description line; its own
@@ -197,6 +200,11 @@ int main(int argc, char **argv)
 	format->add_option("--chunk-params", fa.chunk_params,
 			   "params per chunk, a power of two from 2048 to 4194304\n(default: the manifest's, else 65536)");
 	format->add_option("--size", fa.size, "size of a file in bytes (default: what the layout needs)");
+	format->add_option("--state", fa.state,
+			   "optimizer state: fp32 (default) or 8bit (exp_avg and\n"
+			   "exp_avg_sq as block-wise 8-bit codes: 6 B of state per\n"
+			   "param instead of 12; an image older tools refuse)")
+		->check(CLI::IsMember({"fp32", "8bit"}));
 	format->add_flag("--force", fa.force, "format over an existing dm-ckpt image or signature");
 	format->add_flag("--json", fa.json, "print the resulting geometry as JSON (as info --json)");
 	add_progress_options(format, progress);
@@ -343,7 +351,11 @@ int main(int argc, char **argv)
 		"queue_depth=N (1..128), staging_kb=K (1..4194304). Lines starting with '#'\n"
 		"and blank lines are ignored. Names, uuids and paths must be unique.");
 	activate->add_flag("--all", aa.all, "every entry except those marked noauto");
-	activate->add_option("--uuid", aa.uuid, "the entry of this image uuid");
+	// a uuid that is not one is a usage error (exit 64), found before ckpttab is read
+	const CLI::Validator uuid_check(
+		[](std::string &u) { return canonical_uuid(u).empty() ? "not a uuid (xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)" : ""; },
+		"UUID");
+	activate->add_option("--uuid", aa.uuid, "the entry of this image uuid")->check(uuid_check);
 	activate->add_option("--device", aa.device,
 					     "the entries whose image is on this block device (for udev:\n"
 					     "a device without a listed image is not an error)");
@@ -364,7 +376,7 @@ int main(int argc, char **argv)
 		"The backing device keeps the last committed step.");
 	deactivate->add_option("name", aa.name, "device-mapper name");
 	deactivate->add_flag("--all", aa.all, "the targets of every entry of ckpttab");
-	deactivate->add_option("--uuid", aa.uuid, "the target of this image uuid");
+	deactivate->add_option("--uuid", aa.uuid, "the target of this image uuid")->check(uuid_check);
 	deactivate->add_option("--ckpttab", aa.ckpttab, "the table to read (default /etc/ckpttab)");
 	deactivate->footer("\nEXAMPLES\n  ckptctl deactivate --all\n  ckptctl deactivate ckpt0");
 
@@ -475,6 +487,34 @@ int main(int argc, char **argv)
 	restore->add_flag("--json", as_json, "print JSON");
 	restore->footer("\nEXAMPLES\n  ckptctl restore /dev/nvme0n1\n  ckptctl restore --rollback /dev/nvme0n1");
 
+	// ---- plan
+	std::string plan_params, plan_gpus = "1", plan_nodes = "1", plan_state = "fp32", plan_output = "table";
+	auto *plan = app.add_subcommand("plan",
+		"Size a training run: memory per rank and bytes per step, with and without dm-ckpt.\n\n"
+		"For a model of --params params trained with mixed-precision AdamW on\n"
+		"--gpus GPUs (ranks) on each of --nodes nodes, prints per rank the GPU\n"
+		"and host memory, the PCIe bytes per step, the backing device's reads\n"
+		"and writes per step and capacity, and the bytes one checkpoint writes,\n"
+		"and the network bytes each node sends per step; for three ways to keep\n"
+		"the optimizer state: in GPU memory (sharded over the ranks), offloaded\n"
+		"to host memory (the update on the CPU, ZeRO-Offload style), and on a\n"
+		"dm-ckpt device. Every case keeps the fp16/bf16 params and gradients of\n"
+		"the whole model on each GPU; activations, workspace and the framework's\n"
+		"own memory are not counted. Bytes are decimal (1 GB = 10^9 B). The model\n"
+		"and its assumptions are written in docs/performance.md (\"Capacity\n"
+		"model\"). Touches no device.");
+	plan->add_option("--params", plan_params, "the model's params: a whole number, e.g. 7e9 (1 to 1e14)")->required();
+	plan->add_option("--gpus", plan_gpus, "GPUs (ranks) per node (1 to 65536; default 1)");
+	plan->add_option("--nodes", plan_nodes, "nodes (1 to 65536; default 1)");
+	plan->add_option("--state", plan_state, "optimizer state: fp32 moments, or 8bit (blockwise-quantized\nmoments, fp32 masters); default fp32")
+		->check(CLI::IsMember({"fp32", "8bit"}));
+	auto *plan_fmt = plan->add_option("-o,--output", plan_output, "table (default) or json")
+				 ->check(CLI::IsMember({"table", "json"}));
+	bool plan_json_flag = false;
+	plan->add_flag("--json", plan_json_flag, "print JSON (as -o json)")->excludes(plan_fmt);
+	plan->footer("\nEXAMPLES\n  ckptctl plan --params 7e9\n  ckptctl plan --params 70e9 --gpus 8 --nodes 4 --state 8bit\n"
+		     "  ckptctl plan --params 7e9 --gpus 8 -o json | jq .dm_ckpt.host_bytes");
+
 	try {
 		app.parse(argc, argv);
 	} catch (const CLI::ParseError &e) {
@@ -490,13 +530,33 @@ int main(int argc, char **argv)
 	if ((*status && bad_fields("status", status_kind(), status_report.fields)) ||
 	    (*list && bad_fields("list", list_kind(!la.paths.empty() || !la.image_dirs.empty()), la.report.fields)))
 		return exit_usage;
+	if (*plan) {
+		try {
+			PlanArgs pa;
+			pa.params = parse_params(plan_params);
+			pa.gpus = parse_ranks("--gpus", plan_gpus);
+			pa.nodes = parse_ranks("--nodes", plan_nodes);
+			pa.state_8bit = plan_state == "8bit";
+			const Plan p = plan_model(pa);
+			if (plan_json_flag || plan_output == "json")
+				fmt::print("{}\n", plan_json(p).dump(2));
+			else
+				fmt::print("{}", plan_text(p));
+			return exit_ok;
+		} catch (const Error &e) {
+			fmt::print(stderr, "ckptctl plan: {}; see ckptctl plan --help\n", e.what());
+			return exit_usage;
+		}
+	}
 	if (*activate && aa.all + !aa.uuid.empty() + !aa.device.empty() != 1) {
-		fmt::print(stderr, "ckptctl activate: give one of --all, --uuid UUID, --device DEV\n");
-		return exit_error;
+		fmt::print(stderr, "ckptctl activate: give one of --all, --uuid UUID, --device DEV; see ckptctl "
+				   "activate --help\n");
+		return exit_usage;
 	}
 	if (*deactivate && aa.all + !aa.uuid.empty() + !aa.name.empty() != 1) {
-		fmt::print(stderr, "ckptctl deactivate: give one of --all, --uuid UUID, NAME\n");
-		return exit_error;
+		fmt::print(stderr, "ckptctl deactivate: give one of --all, --uuid UUID, NAME; see ckptctl "
+				   "deactivate --help\n");
+		return exit_usage;
 	}
 
 	try {

@@ -105,7 +105,7 @@ std::vector<ckpt_group_hparams> trace_hparams(uint32_t n_groups, uint64_t step)
 int main(int argc, char **argv)
 {
 	CLI::App app{"ckpt-trace: replay a seeded training trace through a dm-ckpt device."};
-	std::string dev, dtype = "bf16";
+	std::string dev, dtype = "bf16", state = "fp32";
 	uint64_t seed = 1, steps = 200, params = 1u << 20;
 	uint32_t chunk_params = 16384;
 	bool do_format = false;
@@ -117,6 +117,8 @@ int main(int argc, char **argv)
 	app.add_option("--params", params, "about this many params (with --format)");
 	app.add_option("--dtype", dtype, "bf16 or fp16 (with --format)")->check(CLI::IsMember({"bf16", "fp16"}));
 	app.add_option("--chunk-params", chunk_params, "params per chunk (with --format)");
+	app.add_option("--state", state, "optimizer state: fp32 or 8bit (with --format)")
+		->check(CLI::IsMember({"fp32", "8bit"}));
 	uint32_t piece = 0;
 	app.add_option("--piece-bytes", piece,
 		       "gradient pieces are multiples of this (default: the device's block size;\n"
@@ -129,7 +131,8 @@ int main(int argc, char **argv)
 		if (do_format) {
 			const int code = check(ckpt_dtype_parse(dtype.c_str()));
 			// --format asks for it: the scripts reformat their images
-			check(ckpt_format(dev.c_str(), trace_layout(seed, params).get(), code, chunk_params, 0));
+			check(ckpt_format_opts(dev.c_str(), trace_layout(seed, params).get(), code, chunk_params, 0,
+					       state == "8bit" ? CKPT_FORMAT_STATE_8BIT : 0));
 		}
 		DevicePtr d([&] {
 			ckpt_device *h = nullptr;

@@ -141,6 +141,7 @@ for _name, _res, _args in [
     ("ckpt_layout_free", None, [_vp]),
     ("ckpt_layout_add", _int, [_vp, _cp, _u64p, _u32, _u32]),
     ("ckpt_format", _int, [_cp, _vp, _int, _u32, _u64]),
+    ("ckpt_format_opts", _int, [_cp, _vp, _int, _u32, _u64, _u32]),
     ("ckpt_open", _int, [_cp, ctypes.POINTER(_vp)]),
     ("ckpt_close", None, [_vp]),
     ("ckpt_info", _int, [_vp, ctypes.POINTER(_Info)]),
@@ -157,6 +158,7 @@ for _name, _res, _args in [
     ("ckpt_tensor_step", _int, [_vp, _cp, _u64p]),
     ("ckpt_commit", _int, [_vp, ctypes.c_char_p, ctypes.c_size_t]),
     ("ckpt_abort", _int, [_vp]),
+    ("ckpt_rollback", _int, [_vp, ctypes.POINTER(ctypes.c_uint64)]),
     ("ckpt_read_params", _int, [_vp, _cp, _u16p, _u64]),
     ("ckpt_read_state", _int, [_vp, _cp, _f32p, _f32p, _f32p, _u64]),
     ("ckpt_blob", _int, [_vp, _vp, ctypes.c_size_t]),
@@ -288,15 +290,22 @@ def _progress(desc, progress):
             bar.close()
 
 
-def format(path, layout, dtype="bf16", chunk_params=65536, size=None, progress=None):
+_STATES = {"fp32": 0, "8bit": 1}  # CKPT_FORMAT_STATE_8BIT
+
+
+def format(path, layout, dtype="bf16", chunk_params=65536, size=None, progress=None, state="fp32"):
     """Create or format a backing file or block device for layout.
+    state: "fp32", or "8bit" for exp_avg and exp_avg_sq as block-wise 8-bit
+    codes (6 B of state per param instead of 12).
     progress: a tqdm bar on stderr (None: when stderr is a terminal)."""
     if dtype not in _DTYPES:
         raise CkptError(ERRORS.index("E_DTYPE"),
                         f"unknown dtype {dtype!r}: use {' or '.join(repr(d) for d in _DTYPES)}")
+    if state not in _STATES:
+        raise CkptError(ERRORS.index("E_INVAL"), f"unknown state {state!r}: use 'fp32' or '8bit'")
     with _progress("format", progress):
-        _check(_lib.ckpt_format(_path_bytes(path), layout._h, _DTYPES[dtype], int(chunk_params),
-                                int(size or 0)))
+        _check(_lib.ckpt_format_opts(_path_bytes(path), layout._h, _DTYPES[dtype], int(chunk_params),
+                                     int(size or 0), _STATES[state]))
 
 
 def _uuid_text(u):
@@ -474,8 +483,9 @@ class Device:
     def load_state(self, state, blob=b""):
         """A whole optimizer state from outside: {name: (param, exp_avg,
         exp_avg_sq, step)} for every tensor of the device (fp32 arrays, step
-        an int), committed at once as that step with the trainer blob. Only
-        before the first step; the steps must be equal (see ckpt_load_state)."""
+        an int), committed at once as the largest step with the trainer blob, a
+        tensor at a smaller step keeping its own count. Only before the first
+        step (see ckpt_load_state)."""
         names, arrays, steps = [], [], []
         for name, (p, m, v, step) in state.items():
             names.append(_name_bytes(name))
@@ -532,6 +542,16 @@ class Device:
 
     def abort(self):
         _check(_lib.ckpt_abort(self._handle()))
+
+    def rollback(self):
+        """Make the previous step the committed one again; returns it.
+
+        Refused (ckpt.Error, nothing changed) while a step is open, or when
+        there is nothing to go back to: step 0, a step began since the last
+        commit, or the device already went back once (never two steps)."""
+        out = ctypes.c_uint64()
+        _check(_lib.ckpt_rollback(self._handle(), ctypes.byref(out)))
+        return out.value
 
     def read_params(self, name, out=None):
         """The tensor's low-precision params; into out (a contiguous uint16 array of

@@ -173,6 +173,9 @@ class OffloadAdamW(torch.optim.Optimizer):
           allowed while the device is at step 0 (e.g. formatted by ckptctl).
     dtype: "bf16" or "fp16" when formatting (default "bf16"); for an existing
         device, None (the default) accepts its dtype and a value must match it.
+    state: "fp32" (default) or "8bit" when formatting: exp_avg and exp_avg_sq
+        stored as block-wise 8-bit codes (6 B of state per param instead of
+        12; docs/design.md, "8-bit moments"); an existing device keeps its own.
     lr, betas, eps, weight_decay, maximize: per-group defaults as in
         torch.optim.AdamW (maximize=True negates the gradient before the update,
         as torch does); adam_l2=True gives Adam with L2 weight decay
@@ -183,6 +186,13 @@ class OffloadAdamW(torch.optim.Optimizer):
         result here (the device runs its own). capturable=True is refused for
         params that are not on CUDA, as torch refuses it.
     amsgrad=True is refused (ValueError): the device keeps no max_exp_avg_sq.
+    process_group: with torch.distributed initialized (this group, or the default
+        one) and more than one rank, the state is sharded as ZeRO-1 shards it: each
+        rank keeps a contiguous slice of the flattened params on its own device
+        (device_or_path holds "{rank}", or is a list of one path per rank), the
+        gradients are averaged over the ranks, and every step commits on every
+        rank or on none; on open the ranks resume from their lowest committed
+        step (docs/scale.md).
 
     A PrecisionWarning (once per optimizer) says what it costs when the params
     are not in the device's dtype. `with OffloadAdamW(...) as opt:` closes the
@@ -216,13 +226,16 @@ class OffloadAdamW(torch.optim.Optimizer):
     of every micro-batch but the last inside `with opt.accumulating():` (as
     DDP's no_sync()); gradients must not be changed after the last backward
     except through opt.clip_grad_norm_() and LossScaler. hooks=False writes
-    every gradient in step().
+    every gradient in step(), and so does a sharded optimizer (process_group):
+    its rank writes its slice of the gradients averaged over the ranks, which
+    exist only once every rank's backward has ended.
     """
 
     def __init__(self, params, device_or_path, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
                  weight_decay=1e-2, dtype=None, chunk_params=65536, *, amsgrad=False,
                  maximize=False, foreach=None, capturable=False, differentiable=False, fused=None,
-                 adam_l2=False, size=None, init_from_model=False, hooks=True):
+                 adam_l2=False, size=None, init_from_model=False, process_group=None,
+                 state="fp32", hooks=True):
         _check_hparams(lr, betas, eps, weight_decay)
         if amsgrad:
             raise ValueError(_AMSGRAD_REFUSED)
@@ -252,7 +265,11 @@ class OffloadAdamW(torch.optim.Optimizer):
                 raise ValueError(f"capturable=True: {n!r} is on {p.device}; torch.optim.AdamW "
                                  f"refuses it too (params must be CUDA tensors)")
         self._flat = flat
-        self._layout = [(n, tuple(int(d) for d in p.shape), gi) for n, p, gi in flat]
+        self._shard = _Shard.of(process_group, flat)
+        self._pieces = self._shard.pieces if self._shard else [
+            (n, i, 0, p.numel(), tuple(int(d) for d in p.shape), gi) for i, (n, p, gi) in enumerate(flat)]
+        self._layout = [(dn, shape, gi) for dn, _, _, _, shape, gi in self._pieces]
+        self._avg = None            # the step's averaged gradients (sharded)
 
         self.last_result = None
         self._grad_unscale = None   # 1/loss scale for the next step (LossScaler.unscale_)
@@ -268,53 +285,70 @@ class OffloadAdamW(torch.optim.Optimizer):
         self._hook_handles = []
         self.last_step_bytes = None     # {"grad_written", "params_read"} of the last step
 
-        if isinstance(device_or_path, Device):
-            self.device = device_or_path
-            self.path = getattr(device_or_path, "path", None)
-            created = False
-        else:
-            self.path = os.fspath(device_or_path)
-            created = not os.path.exists(self.path)
-            if created:
-                self._create(self.path, dtype or "bf16", chunk_params, size)
-            self.device = _open(self.path)
-            self._owned = True
+        self.device = None
         try:
-            self._check_layout(dtype)
-            if created:
-                self._resumed_step = 0
-            elif init_from_model:
-                if self.device.committed_step != 0:
-                    raise ValueError(f"init_from_model: the device is at committed step "
-                                     f"{self.device.committed_step}; only a device at step 0 "
-                                     f"takes the model's values")
-                self.device.load_params(self._model_values())
-                self._resumed_step = 0
+            if self._shard:
+                # Every rank opens its own device; then they agree on the step.
+                self._shard.agree(lambda: self._open(device_or_path, dtype, chunk_params, size,
+                                                     init_from_model, state), "open its device")
+                self._resumed_step = self._shard.agree_step(self.device)
             else:
-                self._resumed_step = self.device.committed_step
+                self._open(device_or_path, dtype, chunk_params, size, init_from_model, state)
             self.uuid = self.device.uuid()
-            self._make_buffers()
+            if not self._shard:
+                self._make_buffers()
             self._read_back()
             self._bytes_seen = self._byte_counts()
             self._check_precision()
-            if hooks:
+            # Sharded, a rank writes its slice of the gradients averaged over the
+            # ranks, known only once every rank's backward has ended: no hooks.
+            if hooks and not self._shard:
                 self._install_hooks()
         except BaseException:
             self.close()
             raise
 
+    def _open(self, device_or_path, dtype, chunk_params, size, init_from_model, state):
+        if isinstance(device_or_path, Device):
+            if self._shard:
+                raise ValueError("a sharded OffloadAdamW opens its rank's device from a path: give a "
+                                 "path holding {rank}, or a list of one path per rank")
+            self.device = device_or_path
+            self.path = getattr(device_or_path, "path", None)
+            created = False
+        else:
+            self.path = _Shard.path_of(self._shard, device_or_path)
+            created = not os.path.exists(self.path)
+            if created:
+                self._create(self.path, dtype or "bf16", chunk_params, size, state)
+            self.device = _open(self.path)
+            self._owned = True
+        self._check_layout(dtype)
+        if created:
+            self._resumed_step = 0
+        elif init_from_model:
+            if self.device.committed_step != 0:
+                raise ValueError(f"init_from_model: the device is at committed step "
+                                 f"{self.device.committed_step}; only a device at step 0 "
+                                 f"takes the model's values")
+            self.device.load_params(self._model_values())
+            self._resumed_step = 0
+        else:
+            self._resumed_step = self.device.committed_step
+
     # -- creation and checks
     def _model_values(self):
-        return {n: p.detach().to(torch.float32).cpu().numpy() for n, p, _ in self._flat}
+        return {dn: self._flat[i][1].detach().to(torch.float32).cpu().reshape(-1)[a:b].numpy()
+                for dn, i, a, b, _, _ in self._pieces}
 
-    def _create(self, path, dtype, chunk_params, size):
+    def _create(self, path, dtype, chunk_params, size, state):
         layout = Layout()
         for n, shape, gi in self._layout:
             layout.add(n, shape, gi)
         d = os.path.dirname(os.path.abspath(path))
         tmp = os.path.join(d, f".{os.path.basename(path)}.tmp-{os.getpid()}")
         try:
-            _format(tmp, layout, dtype=dtype, chunk_params=chunk_params, size=size)
+            _format(tmp, layout, dtype=dtype, chunk_params=chunk_params, size=size, state=state)
             with _open(tmp) as dev:
                 dev.load_params(self._model_values())
             os.replace(tmp, path)
@@ -423,12 +457,24 @@ class OffloadAdamW(torch.optim.Optimizer):
         self._blob_hook = blob_or_fn
 
     def names(self):
-        """The device tensor name of every param, in the order of param_groups."""
-        return [n for n, _, _ in self._flat]
+        """The device tensor name of every param, in the order of param_groups (sharded:
+        of every piece of a param this rank's device holds, "name" or "name[a:b]")."""
+        return [dn for dn, _, _, _, _, _ in self._pieces]
 
     def master_params(self):
-        """{name: fp32 master tensor} read from the device (a copy)."""
-        return {n: torch.from_numpy(self.device.read_state(n)[0]) for n, _, _ in self._flat}
+        """{name: fp32 master tensor} read from the device (a copy; sharded: this rank's
+        pieces, by names())."""
+        return {dn: torch.from_numpy(self.device.read_state(dn)[0]) for dn in self.names()}
+
+    @property
+    def rank(self):
+        """This process's rank in the optimizer's process group (0 when not sharded)."""
+        return self._shard.rank if self._shard else 0
+
+    @property
+    def world_size(self):
+        """Ranks sharing the optimizer state (1 when not sharded)."""
+        return self._shard.world if self._shard else 1
 
     def read_state(self, name):
         """(param, exp_avg, exp_avg_sq) of one tensor, fp32 torch tensors."""
@@ -450,6 +496,10 @@ class OffloadAdamW(torch.optim.Optimizer):
     def __exit__(self, *exc):
         self.close()
 
+    def zero_grad(self, set_to_none=False):
+        self._avg = None
+        super().zero_grad(set_to_none=set_to_none)
+
     # -- gradient scale
     def set_grad_unscale(self, factor):
         """The inverse loss scale the next step multiplies gradients by (LossScaler.unscale_)."""
@@ -467,8 +517,7 @@ class OffloadAdamW(torch.optim.Optimizer):
         coefficient at 1: the device sees the non-finite gradient and skips the step.
         """
         lowp = torch.bfloat16 if self.device.dtype == "bf16" else torch.float16
-        grads = [p.grad.detach().to(lowp).to(torch.float32) for _, p, _ in self._flat
-                 if p.grad is not None]
+        grads = [g.to(lowp).to(torch.float32) for g in self._grads() if g is not None]
         if not grads:
             return torch.tensor(0.0)
         norm_type = float(norm_type)
@@ -510,24 +559,45 @@ class OffloadAdamW(torch.optim.Optimizer):
         base = float(scale)
         scale = base * self._clip_coef
         self._grad_unscale, self._clip_coef = None, 1.0
+        groups = [{k: g[k] for k in _HPARAM_KEYS} for g in self.param_groups]
+        self._last_scale = base
+
+        def blob_now():     # just before the commit
+            b = self._blob_hook() if blob is None and callable(self._blob_hook) else \
+                (self._blob_hook if blob is None else blob)
+            return b"" if b is None else bytes(b)
+
+        if self._shard:
+            grads = self._grads()
+            self._avg = None
+            self.last_step_hooked = False
+            self.last_result = self._shard.step(self, grads, groups, scale, blob_now)
+        else:
+            self.last_result = self._step_local(groups, scale, blob_now)
+        if self.last_result == "committed":
+            self._read_back()
+        now = self._byte_counts()
+        self.last_step_bytes = {k: now[k] - self._bytes_seen[k] for k in now}
+        self._bytes_seen = now
+        return loss
+
+    def _step_local(self, groups, scale, blob_now):
+        """The unsharded step: keeps the writes made from backward when nothing
+        step() decides differs from what the hooks assumed, writes the rest,
+        commits."""
         dev = self.device
-        groups = self._groups()
         hooked = self._hooked
         self._hooked = None
         # The gradient written is still .grad, unchanged (in place: its version)
-        if hooked is not None and not (hooked["ok"] and hooked["groups"] == groups
+        if hooked is not None and not (hooked["ok"] and hooked["groups"] == self._groups()
                                        and hooked["scale"] == scale
                                        and all(self._flat[i][1].grad is g and g._version == v
                                                for i, (g, v) in hooked["written"].items())):
-            try:
-                dev.abort()
-            except CkptError:
-                pass
+            self._abort()
             hooked = None
-        self._last_scale = base
         self.last_step_hooked = hooked is not None
         if hooked is None:
-            dev.begin([{k: g[k] for k in _HPARAM_KEYS} for g in self.param_groups], grad_scale=scale)
+            dev.begin(groups, grad_scale=scale)
         written = hooked["written"] if hooked else ()
         try:
             for i, (n, p, gi) in enumerate(self._flat):
@@ -541,25 +611,13 @@ class OffloadAdamW(torch.optim.Optimizer):
                     except CkptError as e:
                         if e.name != "E_FEATURE":  # an image formatted before skips
                             raise
-                    g = np.zeros(p.numel(), dtype=np.uint16)
-                    dev.write_grad(n, g)
+                    dev.write_grad(n, np.zeros(p.numel(), dtype=np.uint16))
                 else:
                     self._write_grad(i)
-            if blob is None:
-                blob = self._blob_hook() if callable(self._blob_hook) else self._blob_hook
-            self.last_result = dev.commit(b"" if blob is None else bytes(blob))
+            return dev.commit(blob_now())
         except BaseException:
-            try:
-                dev.abort()
-            except CkptError:
-                pass
+            self._abort()
             raise
-        if self.last_result == "committed":
-            self._read_back()
-        now = self._byte_counts()
-        self.last_step_bytes = {k: now[k] - self._bytes_seen[k] for k in now}
-        self._bytes_seen = now
-        return loss
 
     def _byte_counts(self):
         """The device's counts of gradient bytes written and param bytes read (the
@@ -685,7 +743,51 @@ class OffloadAdamW(torch.optim.Optimizer):
         finally:
             self._accumulating = prev
 
+    def _abort(self):
+        try:
+            self.device.abort()
+        except CkptError:
+            pass
+
+    def _grads(self):
+        """Every param's gradient as the device applies it (None: no gradient):
+        p.grad, or sharded, the gradient averaged over the ranks (computed once a step)."""
+        if not self._shard:
+            for n, p, _ in self._flat:
+                if p.grad is not None and p.grad.is_sparse:
+                    raise RuntimeError(f"{n!r}: OffloadAdamW does not support sparse gradients")
+            return [None if p.grad is None else p.grad.detach() for _, p, _ in self._flat]
+        if self._avg is None:
+            self._avg = self._shard.average(self._flat)
+        return self._avg
+
+    def _write_grads(self, grads):
+        """The open step's gradient writes: this device's pieces of grads."""
+        dev, dtype = self.device, self.device.dtype
+        for dn, i, a, b, _, gi in self._pieces:
+            g = grads[i]
+            if g is None:
+                # torch skips it: no decay, no moment decay, its own step count
+                try:
+                    dev.skip(dn)
+                    continue
+                except CkptError as e:
+                    if e.name != "E_FEATURE":  # an image formatted before skips
+                        raise
+                w = np.zeros(b - a, dtype=np.float16 if dtype == "fp16" else np.uint16)
+            else:
+                if b - a != g.numel():
+                    g = g.reshape(-1)[a:b]
+                w = torch_to_lowp(g, dtype, negate=self.param_groups[gi]["maximize"])
+            dev.write_grad(dn, w)
+
     def _read_back(self):
+        dtype = self.device.dtype
+        if self._shard:
+            flat = lowp_to_torch(self._shard.gather_params(self), dtype)
+            for (_, p, _), off in zip(self._flat, self._shard.offsets):
+                p.data.copy_(flat[off:off + p.numel()].view(p.shape))
+            return
         dev = self.device
         for i, (n, p, _) in enumerate(self._flat):
             dev.read_params(n, out=self._pwords[i])
@@ -745,10 +847,14 @@ class OffloadAdamW(torch.optim.Optimizer):
         device's rounding keeps the device's master: the model's fp32 values when
         the optimizer formatted the device), and the model gets their rounding
         back; fp32 weights hand over exactly. Only into a device before its first
-        step (a new path); every param at the same step (the device keeps one
-        step count).
+        step (a new path). A param at a smaller step than the others (frozen, or
+        without a gradient in some steps) keeps its own step count.
         """
         self._hook_abort()
+        if self._shard and ("ckpt" not in state_dict or rollback):
+            raise ValueError("a sharded OffloadAdamW resumes where its ranks agree when it opens "
+                             "their devices; it imports no torch state_dict and rolls back no step "
+                             "on its own")
         if "ckpt" not in state_dict:
             return self._import_torch(state_dict)
         meta = state_dict["ckpt"]
@@ -803,17 +909,10 @@ class OffloadAdamW(torch.optim.Optimizer):
                 f"dropping step {step}{why}")
 
     def _rollback(self, want):
-        if not self._owned:
-            raise ValueError("rollback: this optimizer drives a Device it did not open; close it "
-                             "and call ckpt.restore(path, rollback=True), then open it again")
-        self.device.close()
         try:
-            report = _restore(self.path, rollback=True)
-        finally:
-            self.device = _open(self.path)
-        if report["refused"]:
-            raise ValueError(f"rollback to step {want} refused: {report['report']['rollback']['reason']}")
-        self._check_layout(None)
+            self.device.rollback()
+        except CkptError as e:
+            raise ValueError(f"rollback to step {want} refused: {e}") from e
         self._read_back()
 
     def _masters_for_import(self):
@@ -871,6 +970,203 @@ class OffloadAdamW(torch.optim.Optimizer):
                                            f"committed step {self.device.committed_step};", 1)
 
 
+class _Shard:
+    """ZeRO-1 over a torch.distributed process group: rank r of W owns params
+    [N r / W, N (r + 1) / W) of the N params flattened in param_groups order, on
+    its own device, as pieces: "name" for a param it holds whole, "name[a:b]" (flat)
+    for part of one. The collectives run on CPU tensors (gloo), or on the current
+    CUDA device when the group's backend is NCCL."""
+
+    def __init__(self, group, flat):
+        import torch.distributed as dist
+        self.dist, self.group = dist, group
+        self.rank = dist.get_rank(group)
+        self.world = dist.get_world_size(group)
+        backend = dist.get_backend(group)
+        self.comm = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" \
+            else torch.device("cpu")
+        self.offsets, n = [], 0
+        for _, p, _ in flat:
+            self.offsets.append(n)
+            n += p.numel()
+        self.n = n
+        if n < self.world:
+            raise ValueError(f"{n} params cannot be shared by {self.world} ranks")
+        self.lo, self.hi = n * self.rank // self.world, n * (self.rank + 1) // self.world
+        self.longest = max(n * (r + 1) // self.world - n * r // self.world for r in range(self.world))
+        self.pieces = []
+        for i, ((name, p, gi), off) in enumerate(zip(flat, self.offsets)):
+            a, b = max(self.lo, off) - off, min(self.hi, off + p.numel()) - off
+            if a >= b:
+                continue
+            if a == 0 and b == p.numel():
+                self.pieces.append((name, i, a, b, tuple(int(d) for d in p.shape), gi))
+            else:
+                self.pieces.append((f"{name}[{a}:{b}]", i, a, b, (b - a,), gi))
+
+    @classmethod
+    def of(cls, process_group, flat):
+        """A _Shard when torch.distributed is initialized (or process_group is given)
+        with more than one rank; else None (one device holds everything)."""
+        import torch.distributed as dist
+        if process_group is None and not (dist.is_available() and dist.is_initialized()):
+            return None
+        if dist.get_world_size(process_group) == 1:
+            return None
+        return cls(process_group, flat)
+
+    @staticmethod
+    def path_of(shard, path):
+        """This rank's path: path with {rank} replaced, or the rank's entry of a list."""
+        rank, world = (shard.rank, shard.world) if shard else (0, 1)
+        if isinstance(path, (list, tuple)):
+            if len(path) != world:
+                raise ValueError(f"{len(path)} paths given for {world} ranks")
+            return os.fspath(path[rank])
+        path = os.fspath(path)
+        if "{rank}" in path:
+            return path.replace("{rank}", str(rank))
+        if shard:
+            raise ValueError(f"{path!r}: a sharded OffloadAdamW needs a device per rank: a path "
+                             f"holding {{rank}} (e.g. 'state-{{rank}}.img') or a list of {world} paths")
+        return path
+
+    def _all(self, values, op):
+        t = torch.tensor(values, dtype=torch.int64, device=self.comm)
+        self.dist.all_reduce(t, op=op, group=self.group)
+        return [int(x) for x in t.tolist()]
+
+    def _gather(self, values):
+        t = torch.tensor(values, dtype=torch.int64, device=self.comm)
+        out = [torch.empty_like(t) for _ in range(self.world)]
+        self.dist.all_gather(out, t, group=self.group)
+        return [[int(x) for x in o.tolist()] for o in out]
+
+    def agree(self, fn, what):
+        """Run fn on every rank; if it raised anywhere, raise everywhere (the rank's
+        own exception where it failed), so that no rank waits for a collective
+        another rank never reaches."""
+        err = None
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 - re-raised below, after the vote
+            err = e
+        failed = [r for r, (f,) in enumerate(self._gather([int(err is not None)])) if f]
+        if err is not None:
+            raise err
+        if failed:
+            raise RuntimeError(f"rank {self.rank}: rank(s) {failed} could not {what}")
+
+    def agree_step(self, device):
+        """On open: the ranks resume from the lowest committed step; a rank one step
+        ahead (it committed a step that another rank had not committed when the run
+        stopped) rolls back to it. Ranks further apart are refused: the commit never
+        leaves them so."""
+        steps = [s for (s,) in self._gather([int(device.committed_step)])]
+        lo, hi = min(steps), max(steps)
+        if hi - lo > 1:
+            raise RuntimeError(f"the ranks' devices are at committed steps {steps}: more than one "
+                               f"step apart, which the sharded commit never leaves (devices of "
+                               f"another run or world size, or one restored by hand); refusing to "
+                               f"train from them")
+        if steps[self.rank] != lo:
+            self.agree(device.rollback, f"roll back to step {lo}")
+        else:
+            self.agree(lambda: None, f"roll back to step {lo}")
+        return lo
+
+    def average(self, flat):
+        """Every param's gradient averaged over the ranks (DDP's mean), as one fp32
+        all_reduce (gloo has no reduce_scatter in torch 1.13): a list, None for a
+        param no rank has a gradient for (a rank without one adds zeros)."""
+        have = self._all([int(p.grad is not None) for _, p, _ in flat], self.dist.ReduceOp.SUM)
+        buf = torch.zeros(self.n, dtype=torch.float32, device=self.comm)
+        for (name, p, _), off in zip(flat, self.offsets):
+            if p.grad is not None:
+                if p.grad.is_sparse:
+                    raise RuntimeError(f"{name!r}: OffloadAdamW does not support sparse gradients")
+                buf[off:off + p.numel()].copy_(p.grad.detach().reshape(-1))
+        self.dist.all_reduce(buf, group=self.group)
+        buf.div_(self.world)
+        return [buf[off:off + p.numel()].view(p.shape) if h else None
+                for (_, p, _), off, h in zip(flat, self.offsets, have)]
+
+    def step(self, opt, grads, groups, scale, blob_now):
+        """The step on every rank or on none. Phase 1: each rank writes its pieces'
+        gradients (every chunk applied); the ranks vote (failure, overflow): any
+        failure or overflow aborts the step on every rank. Phase 2: every rank
+        commits, with rank 0's blob; a second vote tells every rank that all
+        committed. A run stopped between the two phases leaves ranks at t - 1 and
+        t, which the next open settles (agree_step)."""
+        dev = opt.device
+        err, overflow = None, 0
+        try:
+            # A rank's device has the groups up to the last one among its pieces.
+            dev.begin(groups[:dev.info()["n_groups"]], grad_scale=scale)
+            opt._write_grads(grads)
+            overflow = int(dev.status()["overflow"] != 0)
+        except Exception as e:  # noqa: BLE001 - re-raised below, after the vote
+            err = e
+        failed, overflow = self._all([int(err is not None), overflow], self.dist.ReduceOp.MAX)
+        if failed or overflow:
+            opt._abort()
+            if err is not None:
+                raise err
+            if failed:
+                raise RuntimeError(f"rank {self.rank}: another rank failed its gradient writes; "
+                                   f"the step was aborted on every rank")
+            return "overflow"
+        obj = [None]
+        if self.rank == 0:
+            try:
+                obj = [blob_now()]
+            except Exception as e:  # noqa: BLE001 - every rank aborts, rank 0 raises it
+                obj, err = [e], e
+        self.dist.broadcast_object_list(obj, src=self._global(0), group=self.group)
+        result = None
+        if isinstance(obj[0], BaseException):
+            opt._abort()
+            if err is not None:
+                raise err
+            raise RuntimeError(f"rank {self.rank}: rank 0's trainer blob failed ({obj[0]!r}); the "
+                               f"step was aborted on every rank")
+        try:
+            result = dev.commit(obj[0])
+        except Exception as e:  # noqa: BLE001 - re-raised below, after the vote
+            err = e
+        done = [r for r, (ok,) in enumerate(self._gather([int(result == "committed")])) if not ok]
+        if err is not None:
+            raise err
+        if done:
+            raise RuntimeError(f"rank {self.rank}: rank(s) {done} did not commit the step that "
+                               f"this rank committed; open every rank's device again (the ranks "
+                               f"that committed roll back)")
+        return result
+
+    def _global(self, rank):
+        if self.group is None:
+            return rank
+        get = getattr(self.dist, "get_global_rank", None) or self.dist.distributed_c10d._get_global_rank
+        return get(self.group, rank)
+
+    def gather_params(self, opt):
+        """The low-precision params of every rank, flattened (uint16 words): each
+        rank reads its pieces from its device, then one all_gather."""
+        mine = [np.ascontiguousarray(opt.device.read_params(dn)).reshape(-1).view(np.uint16)
+                for dn, _, _, _, _, _ in self.pieces]
+        buf = torch.zeros(self.longest, dtype=torch.int16)
+        local = np.concatenate(mine) if mine else np.zeros(0, np.uint16)
+        buf[:local.size] = torch.from_numpy(local.view(np.int16))
+        buf = buf.to(self.comm)
+        out = [torch.empty_like(buf) for _ in range(self.world)]
+        # As bytes: gloo's all_gather takes uint8 in every version.
+        self.dist.all_gather([o.view(torch.uint8) for o in out], buf.view(torch.uint8),
+                             group=self.group)
+        parts = [out[r][:self.n * (r + 1) // self.world - self.n * r // self.world].cpu()
+                 for r in range(self.world)]
+        return torch.cat(parts).numpy().view(np.uint16)
+
+
 def _short(names, n=6):
     s = ", ".join(repr(x) for x in names[:n])
     return s + (f", ... ({len(names)} in all)" if len(names) > n else "")
@@ -888,6 +1184,9 @@ def to_torch_state_dict(opt):
     goes on as the device would, to the rounding of its own order of operations).
     A group with adam_l2=True (torch.optim.Adam's algorithm) is refused.
     """
+    if opt._shard:
+        raise ValueError("a sharded OffloadAdamW holds a slice of the state on each rank; "
+                         "to_torch_state_dict needs the whole state on one device")
     groups, state, index = [], {}, 0
     steps = opt._param_steps()
     for gi, (g, ns) in enumerate(zip(opt.param_groups, opt._names)):

@@ -1,0 +1,304 @@
+// SPDX-License-Identifier: MIT
+// 8-bit moments (feature Q8): the block-wise dynamic quantization and the
+// update on it. Every build of the update must give the scalar one's bytes
+// (the kernel's SSE2 and AVX2 builds are two of them); the codes stay within
+// the map's resolution of the values they stand for.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+extern "C" {
+#include "ckpt_update.h"
+#include "ckpt_update_variants.h"
+#include "ckpt_q8_tables.h"
+}
+
+namespace {
+
+uint32_t bits(float f)
+{
+	uint32_t u;
+	std::memcpy(&u, &f, 4);
+	return u;
+}
+
+float flt(uint32_t u)
+{
+	float f;
+	std::memcpy(&f, &u, 4);
+	return f;
+}
+
+// The Q8 part of a record's data for n params (its own buffer).
+struct Q8 {
+	explicit Q8(uint64_t n) : m(n), v(n), ms(n / CKPT_Q8_BLOCK), vs(n / CKPT_Q8_BLOCK) {}
+	struct ckpt_q8_state state() { return {m.data(), v.data(), ms.data(), vs.data()}; }
+	std::vector<uint8_t> m, v;
+	std::vector<uint32_t> ms, vs;
+	bool operator==(const Q8 &o) const { return m == o.m && v == o.v && ms == o.ms && vs == o.vs; }
+};
+
+// Values spread over many decades (each block its own range), some zeros.
+std::vector<uint32_t> spread(std::mt19937_64 &rng, uint64_t n, bool non_negative)
+{
+	std::uniform_real_distribution<double> u(0.0, 1.0);
+	std::vector<uint32_t> x(n);
+	for (uint64_t b = 0; b < n; b += CKPT_Q8_BLOCK) {
+		const double top = std::pow(10.0, -12.0 + 14.0 * u(rng));
+		const int kind = static_cast<int>(rng() % 4);
+		for (uint64_t i = b; i < b + CKPT_Q8_BLOCK; i++) {
+			double val = kind == 0 ? 0.0 : top * std::pow(10.0, -8.0 * u(rng));
+			if (kind == 1 && i % 7 == 0)
+				val = 0.0;
+			if (!non_negative && (rng() & 1))
+				val = -val;
+			x[i] = bits(static_cast<float>(val));
+		}
+	}
+	return x;
+}
+
+// Half of the largest gap between neighbouring codes in [lo, 1] of a map.
+double half_gap_above(const uint32_t *code, double lo)
+{
+	double g = 0;
+	for (int j = 0; j < 255; j++)
+		if (std::fabs(flt(code[j])) >= lo || std::fabs(flt(code[j + 1])) >= lo)
+			g = std::max(g, (double)flt(code[j + 1]) - flt(code[j]));
+	return g / 2;
+}
+
+} // namespace
+
+TEST(Q8, MapsAreSortedWithZeroAndOne)
+{
+	for (const uint32_t *code : {ckpt_q8_code_m, ckpt_q8_code_v}) {
+		bool zero = false;
+		for (int j = 0; j < 256; j++) {
+			if (j)
+				ASSERT_LT(flt(code[j - 1]), flt(code[j])) << j;
+			zero |= code[j] == 0;
+		}
+		EXPECT_TRUE(zero);
+		EXPECT_EQ(code[255], bits(1.0f));
+	}
+	EXPECT_EQ(ckpt_q8_code_v[0], 0u);	// exp_avg_sq's map is non-negative
+}
+
+// decode(encode(x)): the scale is the block's largest magnitude, exactly; a
+// zero block stays zero; each value is its nearest code times the scale, so
+// within half the map's gap there (in [-1, 1]: at most 0.0072 of the scale for
+// exp_avg, 0.0036 for exp_avg_sq; relative 7.1% and 3.6% from a tenth of the
+// scale up).
+TEST(Q8, RoundTripWithinTheMapsResolution)
+{
+	std::mt19937_64 rng(8);
+	const uint64_t n = 64 * CKPT_Q8_BLOCK;
+	const std::vector<uint32_t> m = spread(rng, n, false), v = spread(rng, n, true);
+	Q8 q(n);
+	const struct ckpt_q8_state s = q.state();
+	ckpt_q8_encode(&s, m.data(), v.data(), n);
+	std::vector<uint32_t> dm(n), dv(n);
+	ckpt_q8_decode(&s, dm.data(), dv.data(), n);
+
+	const double abs_m = half_gap_above(ckpt_q8_code_m, 0.0), abs_v = half_gap_above(ckpt_q8_code_v, 0.0);
+	const double rel_m = half_gap_above(ckpt_q8_code_m, 0.1) / 0.1;
+	const double rel_v = half_gap_above(ckpt_q8_code_v, 0.1) / 0.1;
+	EXPECT_LT(abs_m, 0.0072);
+	EXPECT_LT(abs_v, 0.0036);
+	EXPECT_LT(rel_m, 0.071);
+	EXPECT_LT(rel_v, 0.036);
+	for (uint64_t b = 0; b < n; b += CKPT_Q8_BLOCK) {
+		const std::vector<uint32_t> *xs[2] = {&m, &v};
+		const std::vector<uint32_t> *ds[2] = {&dm, &dv};
+		const uint32_t scales[2] = {q.ms[b / CKPT_Q8_BLOCK], q.vs[b / CKPT_Q8_BLOCK]};
+		for (int k = 0; k < 2; k++) {
+			float amax = 0;
+			for (uint64_t i = b; i < b + CKPT_Q8_BLOCK; i++)
+				amax = std::max(amax, std::fabs(flt((*xs[k])[i])));
+			ASSERT_EQ(scales[k], bits(amax)) << "block " << b / CKPT_Q8_BLOCK;
+			// the endpoint -1 of exp_avg's map is -0.993: one more gap there
+			// (slack: the fp32 division and midpoints, a few ulps)
+			const double ab = ((k ? abs_v : abs_m) + 1e-6) * amax + 1e-45;
+			const double rel = (k ? rel_v : rel_m) + 1e-5;
+			for (uint64_t i = b; i < b + CKPT_Q8_BLOCK; i++) {
+				const double x = flt((*xs[k])[i]), d = flt((*ds[k])[i]);
+				ASSERT_LE(std::fabs(d - x), ab) << k << " i=" << i << " x=" << x;
+				if (std::fabs(x) >= 0.1 * amax) {
+					ASSERT_LE(std::fabs(d - x), rel * std::fabs(x)) << k << " i=" << i;
+				}
+				if (x == 0) {
+					ASSERT_EQ(d, 0.0) << k << " i=" << i;
+				}
+				if (x == amax) {
+					ASSERT_EQ(d, x) << k << " i=" << i;
+				}
+			}
+		}
+	}
+}
+
+// The nearest code, by brute force, over values in [-1, 1] and just beside
+// every code and midpoint.
+TEST(Q8, EncodeTakesTheNearestCode)
+{
+	std::vector<uint32_t> x;
+	for (const uint32_t *code : {ckpt_q8_code_m, ckpt_q8_code_v})
+		for (int j = 0; j < 256; j++)
+			for (uint32_t d : {0u, 1u, 2u})
+				for (uint32_t u : {code[j] + d, code[j] - d})
+					if (std::fabs(flt(u)) <= 1.0f)
+						x.push_back(u);
+	x.resize((x.size() + CKPT_Q8_BLOCK - 1) / CKPT_Q8_BLOCK * CKPT_Q8_BLOCK, 0);
+	// one value 1.0 per block: the scale is 1, values are their own codes
+	for (uint64_t b = 0; b < x.size(); b += CKPT_Q8_BLOCK)
+		x[b] = bits(1.0f);
+	std::vector<uint32_t> xv(x.size());
+	for (size_t i = 0; i < x.size(); i++)
+		xv[i] = x[i] & 0x7fffffffu;
+	Q8 q(x.size());
+	const struct ckpt_q8_state s = q.state();
+	ckpt_q8_encode(&s, x.data(), xv.data(), x.size());
+	for (size_t i = 0; i < x.size(); i++) {
+		const uint8_t got[2] = {q.m[i], q.v[i]};
+		const uint32_t *code[2] = {ckpt_q8_code_m, ckpt_q8_code_v};
+		const float val[2] = {flt(x[i]), flt(xv[i])};
+		for (int k = 0; k < 2; k++) {
+			double best = 1e9;
+			for (int j = 0; j < 256; j++)
+				best = std::min(best, std::fabs((double)val[k] - flt(code[k][j])));
+			// a value within an ulp of a midpoint may take either side
+			ASSERT_LE(std::fabs((double)val[k] - flt(code[k][got[k]])),
+				  best + 3e-7 * std::fabs(val[k]) + 1e-40)
+				<< k << " x=" << val[k];
+		}
+	}
+}
+
+namespace {
+
+ckpt_hparams hparams(std::mt19937_64 &rng, bool l2)
+{
+	std::uniform_real_distribution<double> u(0.0, 1.0);
+	const double lr = std::pow(10.0, -5.0 + 3.0 * u(rng)), beta1 = 0.8 + 0.19 * u(rng);
+	const double beta2 = 0.9 + 0.0999 * u(rng), eps = std::pow(10.0, -10.0 + 4.0 * u(rng));
+	const double wd = 0.1 * u(rng);
+	const int t = 1 + static_cast<int>(u(rng) * 2000);
+	ckpt_hparams hp{};
+	hp.lr = bits(static_cast<float>(lr));
+	hp.beta1 = bits(static_cast<float>(beta1));
+	hp.beta2 = bits(static_cast<float>(beta2));
+	hp.eps = bits(static_cast<float>(eps));
+	hp.weight_decay = bits(static_cast<float>(wd));
+	hp.one_minus_beta1 = bits(static_cast<float>(1.0 - beta1));
+	hp.one_minus_beta2 = bits(static_cast<float>(1.0 - beta2));
+	hp.step_size = bits(static_cast<float>(lr / (1.0 - std::pow(beta1, t))));
+	hp.bc2_sqrt = bits(static_cast<float>(std::sqrt(1.0 - std::pow(beta2, t))));
+	hp.decay = bits(static_cast<float>(1.0 - lr * wd));
+	hp.flags = l2 ? CKPT_GROUP_ADAM_L2 : 0;
+	return hp;
+}
+
+struct State {
+	std::vector<uint16_t> g, plo;
+	std::vector<uint32_t> p;
+	Q8 q;
+	explicit State(uint64_t n) : g(n), plo(n), p(n), q(n) {}
+};
+
+State random_state(std::mt19937_64 &rng, uint64_t n, uint32_t dtype)
+{
+	State s(n);
+	std::normal_distribution<float> nd(0.0f, 1.0f);
+	for (uint64_t i = 0; i < n; i++) {
+		s.p[i] = bits(nd(rng) * 0.05f);
+		s.g[i] = dtype == CKPT_DTYPE_BF16 ? ckpt_f32_to_bf16(bits(nd(rng) * 1e-2f))
+						  : ckpt_f32_to_f16(bits(nd(rng) * 1e-2f));
+	}
+	std::vector<uint32_t> m = spread(rng, n, false), v = spread(rng, n, true);
+	const struct ckpt_q8_state st = s.q.state();
+	ckpt_q8_encode(&st, m.data(), v.data(), n);
+	return s;
+}
+
+uint32_t run(ckpt_update_q8_fn fn, const ckpt_hparams &hp, uint32_t dtype, State &s)
+{
+	std::vector<uint32_t> tmp(CKPT_Q8_TMP_WORDS);
+	const struct ckpt_q8_state st = s.q.state();
+	return fn(&hp, bits(1.0f), dtype, s.g.data(), s.p.data(), &st, tmp.data(), s.plo.data(),
+		  s.p.size());
+}
+
+} // namespace
+
+// Every build (SSE2 is the kernel's baseline, AVX2 its other) gives the
+// scalar build's bytes: params, codes, scales, low-precision params, flag.
+TEST(Q8, UpdateBitIdenticalAcrossBuilds)
+{
+	ckpt_update_variant all[CKPT_UPDATE_VARIANTS_MAX];
+	const unsigned nv = ckpt_update_variants(all);
+	std::mt19937_64 rng(20261204);
+	int runs = 0;
+	for (uint32_t dtype : {(uint32_t)CKPT_DTYPE_FP16, (uint32_t)CKPT_DTYPE_BF16})
+		for (bool l2 : {false, true})
+			for (uint64_t n : {256u, 512u, 2048u, 4096u + 256u, 65536u}) {
+				const ckpt_hparams hp = hparams(rng, l2);
+				const State s0 = random_state(rng, n, dtype);
+				State ref = s0;
+				const uint32_t rf = run(ckpt_update_chunk_q8_scalar, hp, dtype, ref);
+				for (unsigned i = 1; i < nv; i++) {
+					if (!all[i].available)
+						continue;
+					SCOPED_TRACE(std::string(all[i].name) + " n=" + std::to_string(n));
+					State s = s0;
+					EXPECT_EQ(run(all[i].update_q8, hp, dtype, s), rf);
+					EXPECT_EQ(s.p, ref.p);
+					EXPECT_TRUE(s.q == ref.q);
+					EXPECT_EQ(s.plo, ref.plo);
+					runs++;
+				}
+			}
+	EXPECT_GT(runs, 0);
+}
+
+// From zero moments (a new image) the first step gives exactly the fp32
+// update's params: the update uses the new fp32 moments, and zero decodes
+// to zero. The stored moments are those moments, encoded.
+TEST(Q8, FirstStepEqualsTheFp32Update)
+{
+	std::mt19937_64 rng(3);
+	const uint64_t n = 4096;
+	const uint32_t dtype = CKPT_DTYPE_BF16;
+	const ckpt_hparams hp = hparams(rng, false);
+	State s = random_state(rng, n, dtype);
+	const std::vector<uint32_t> zeros(n);
+	const struct ckpt_q8_state st = s.q.state();
+	ckpt_q8_encode(&st, zeros.data(), zeros.data(), n);
+	std::vector<uint32_t> p = s.p, m(n), v(n);
+	std::vector<uint16_t> plo(n);
+	ASSERT_EQ(ckpt_update_chunk(&hp, bits(1.0f), dtype, s.g.data(), p.data(), m.data(), v.data(),
+				    plo.data(), n),
+		  0u);
+	ASSERT_EQ(run(ckpt_update_chunk_q8, hp, dtype, s), 0u);
+	EXPECT_EQ(s.p, p);
+	EXPECT_EQ(s.plo, plo);
+	Q8 want(n);
+	const struct ckpt_q8_state ws = want.state();
+	ckpt_q8_encode(&ws, m.data(), v.data(), n);
+	EXPECT_TRUE(s.q == want);
+}
+
+// A non-finite gradient is flagged as in the fp32 update.
+TEST(Q8, NonFiniteGradientIsFlagged)
+{
+	std::mt19937_64 rng(4);
+	const ckpt_hparams hp = hparams(rng, false);
+	State s = random_state(rng, 512, CKPT_DTYPE_FP16);
+	s.g[300] = 0x7c00;	// +Inf
+	EXPECT_NE(run(ckpt_update_chunk_q8, hp, CKPT_DTYPE_FP16, s), 0u);
+}
