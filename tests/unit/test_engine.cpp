@@ -306,7 +306,10 @@ TEST_F(EngineTest, FailedWriteKeepsItsErrno)
 	ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &lim), 0);
 	std::vector<uint16_t> g(l.n_params, 0x3c00);
 	d->begin(groups(), 1.0);
-	d->write_grad_window(0, g.data(), l.window_bytes);	// taken: the update fails behind it
+	// One chunk: taken, and its update fails behind it. (A write of several
+	// chunks may hear of the failure itself, when chunk 0 fails before the
+	// write claims the next.)
+	d->write_grad_window(0, g.data(), l.plo_chunk_bytes);
 	const struct ckpt_status st = d->status();		// waits for the update
 	const int code = code_of([&] { d->commit({}); });	// which the commit reports
 	setrlimit(RLIMIT_FSIZE, &old_lim);
