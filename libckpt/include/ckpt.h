@@ -275,12 +275,34 @@ struct ckpt_group_hparams {
  */
 int ckpt_begin(ckpt_device *d, const struct ckpt_group_hparams *groups,
 	       uint32_t n_groups, double grad_scale);
-/* fp16/bf16 gradient bits of one whole tensor. */
+/*
+ * fp16/bf16 gradient bits of one whole tensor.
+ *
+ * With the userspace engine the write is asynchronous: it is checked (a
+ * refused write returns its error at once and changes nothing), its complete
+ * chunks are queued for the update, and it returns; the updates run behind
+ * it, across tensor boundaries, on every worker. grad is copied before the
+ * call returns (into the engine's queue), so the caller may reuse or free it
+ * at once: the copy costs 2 bytes a param against the 28 the update moves,
+ * and keeps the contract every caller had (a buffer owned until COMMIT would
+ * turn a reused buffer into silently wrong gradients). When the queue is full
+ * the call waits for a free chunk buffer. With the kernel target a write
+ * returns when its bio has ended, after its chunks' updates (the target
+ * copies the bio into its job buffers; its own workers run in parallel).
+ *
+ * Completion is required only at ckpt_commit: every read of the device
+ * (params, state, status) and every command waits for the updates queued
+ * before it. An update that fails (a backing I/O error, a corrupt record)
+ * fails the device; the next ckpt_write_grad, ckpt_commit or ckpt_abort
+ * returns that failure with its message (ckpt_last_error), once, taking
+ * nothing of the call; every later one returns CKPT_E_FAILED.
+ */
 int ckpt_write_grad(ckpt_device *d, const char *name, const uint16_t *grad, uint64_t n);
 /*
  * Raw gradient bytes at byte offset off of the GRAD window (a tensor's
  * params start at 2 * its offset): off and len multiples of
  * ckpt_block_size(d), any order, as a trainer writing the device would.
+ * Asynchronous and copied as ckpt_write_grad.
  */
 int ckpt_write_grad_window(ckpt_device *d, uint64_t off, const void *buf, uint64_t len);
 /*

@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include <cfenv>
 
@@ -73,7 +74,8 @@ public:
 	struct Slot {
 		Buffer rec;
 		Buffer plo;
-		const Job *job = nullptr;
+		Job job{};
+		bool busy = false;
 		int writes = 0;
 	};
 
@@ -137,18 +139,24 @@ void Engine::start(const std::string &path)
 	};
 	ckpt_step_init(&step_, &ops_, this, &img_.sb, &mem);
 	bounce_ = Buffer(std::max<uint64_t>(l.record_bytes, l.plo_chunk_bytes + CKPT_BLOCK));
-	batch_.jobs.reserve(img_.sb.geo.n_chunks);
 
 	unsigned n = opts_.workers ? opts_.workers
 				   : std::clamp(std::thread::hardware_concurrency(), 1u, 4u);
+	const unsigned depth = std::max(1u, opts_.depth);
+	const unsigned queued = opts_.queue_chunks ? opts_.queue_chunks : 4 * n * depth;
+	for (unsigned i = 0; i < queued; i++) {
+		grads_.emplace_back(l.plo_chunk_bytes);
+		free_grads_.push_back(i);
+	}
 	for (unsigned i = 0; i < n; i++)
-		workers_.push_back(std::make_unique<Worker>(l, std::max(1u, opts_.depth), opts_.io));
+		workers_.push_back(std::make_unique<Worker>(l, depth, opts_.io));
 	for (unsigned i = 0; i < n; i++)
 		threads_.emplace_back([this, i] { worker_main(*workers_[i]); });
 }
 
 Engine::~Engine()
 {
+	drain();
 	{
 		std::lock_guard lk(mu_);
 		stopping_ = true;
@@ -166,6 +174,7 @@ Engine::~Engine()
 void Engine::write(uint64_t off, const void *buf, uint64_t len)
 {
 	std::lock_guard call(call_mu_);
+	report_error();
 	struct ckpt_route r;
 	const int ret = ckpt_step_route(&step_, off, len, CKPT_ROUTE_WRITE, &r);
 	if (ret) {
@@ -193,6 +202,7 @@ void Engine::write(uint64_t off, const void *buf, uint64_t len)
 void Engine::read(uint64_t off, void *buf, uint64_t len)
 {
 	std::lock_guard call(call_mu_);
+	drain();
 	auto *out = static_cast<uint8_t *>(buf);
 	while (len) {
 		struct ckpt_route r;
@@ -272,27 +282,21 @@ struct EngineOps {
 			grad = s->p;
 			s->p += e.step_.chunk_bytes;
 		}
-		e.batch_.jobs.push_back({chunk, static_cast<const uint16_t *>(grad), nullptr});
+		e.enqueue(chunk, grad);
 		return 0;
 	}
-	// The stages of completed chunks stay valid until this returns.
-	static int dispatched(void *host, void *)
-	{
-		Engine &e = of(host);
-		e.run_batch();
-		return e.batch_.error ? -e.batch_.error : 0;
-	}
+	static void drain(void *host) { of(host).drain(); }
 };
 
 const struct ckpt_step_ops Engine::ops_ = {
 	.lock = EngineOps::lock,
 	.unlock = EngineOps::unlock,
-	.drain = nullptr,	// every batch completes before its write returns
+	.drain = EngineOps::drain,
 	.flush = EngineOps::flush,
 	.write_sb = EngineOps::write_sb,
 	.copy = EngineOps::copy,
 	.dispatch = EngineOps::dispatch,
-	.dispatched = EngineOps::dispatched,
+	.dispatched = nullptr,	// dispatch copied the gradients: nothing to wait for
 	.quiesce = nullptr,	// reads hold call_mu_: none is in flight during a command
 	.failed = nullptr,	// control_write throws the io message instead
 	.read_sb = EngineOps::read_sb,
@@ -304,6 +308,7 @@ void Engine::control_write(const void *buf, uint64_t len)
 {
 	io_message_.clear();
 	const int ret = ckpt_step_command(&step_, buf, static_cast<uint32_t>(len));
+	report_error();		// an update failed: the cause, before what the command says
 	if (ret == -CKPT_E_IO)
 		throw Error(CKPT_E_IO, io_message_.empty() ? "committing the step failed" : io_message_);
 	check_core(ret, "command rejected");
@@ -314,13 +319,10 @@ void Engine::control_write(const void *buf, uint64_t len)
 void Engine::grad_write(uint64_t off, const uint8_t *buf, uint64_t len)
 {
 	EngineOps::Src src{buf};
-	batch_.jobs.clear();
-	batch_.error = 0;
 	const int ret = ckpt_step_grad_write(&step_, off, len, &src);
 	if (!ret)
 		return;
-	if (batch_.error)
-		throw Error(batch_.error, batch_.message);
+	report_error();
 	const int code = -ret;
 	switch (code) {
 	case CKPT_E_FAILED:
@@ -341,33 +343,74 @@ void Engine::grad_write(uint64_t off, const uint8_t *buf, uint64_t len)
 
 // ---------------------------------------------------------------- workers
 
-void Engine::run_batch()
+// A chunk for the workers. Its gradients are copied (the core releases a
+// completed stage, and the caller its buffer, once the write returns): into
+// a free buffer of the queue, waiting for one while every one is queued.
+void Engine::enqueue(uint32_t chunk, const void *grad)
 {
-	batch_.error = 0;
-	batch_.message.clear();
-	if (batch_.jobs.empty())
-		return;
 	std::unique_lock lk(mu_);
-	batch_.next = 0;
-	batch_.error = 0;
-	batch_.message.clear();
-	batch_.workers_left = static_cast<unsigned>(workers_.size());
-	generation_++;
-	work_cv_.notify_all();
-	done_cv_.wait(lk, [this] { return batch_.workers_left == 0; });
+	uint32_t g = kNoGrad;
+	if (grad) {
+		free_cv_.wait(lk, [this] { return !free_grads_.empty(); });
+		g = free_grads_.back();
+		free_grads_.pop_back();
+		lk.unlock();
+		std::memcpy(grads_[g].as(), grad, step_.chunk_bytes);
+		lk.lock();
+	}
+	queue_.push_back({chunk, g, nullptr});
+	lk.unlock();
+	work_cv_.notify_one();
+}
+
+// Until every queued chunk is done (ckpt_step_ops drain; reads; load_state).
+void Engine::drain()
+{
+	std::unique_lock lk(mu_);
+	done_cv_.wait(lk, [this] { return queue_.empty() && !busy_; });
+}
+
+// The first failure of an update, reported by the next write or command
+// (a COMMIT drains first, so its step's failures are all known by then);
+// the machine has failed, so every later one is refused as failed.
+void Engine::report_error()
+{
+	std::unique_lock lk(mu_);
+	if (!error_)
+		return;
+	const int code = std::exchange(error_, 0);
+	std::string message = std::move(error_message_);
+	lk.unlock();
+	throw Error(code, message);
 }
 
 // io_errno: the errno of the failed I/O (the io_uring result), EIO for a
-// corrupt record; the status page reports the first one.
-void Engine::batch_failed(const Error &e, int io_errno)
+// corrupt record; the status page reports the first one. The queue is
+// dropped: the machine has failed and no step can commit.
+void Engine::job_failed(const Error &e, int io_errno)
 {
 	std::lock_guard lk(mu_);
-	if (!batch_.error) {
-		batch_.error = e.code();
-		batch_.message = e.what();
+	if (!error_ && !step_.sm.first_io_error) {
+		error_ = e.code();
+		error_message_ = e.what();
 	}
-	if (e.code() == CKPT_E_IO || e.code() == CKPT_E_RECORD)
-		ckpt_sm_fail(&step_.sm, io_errno);
+	ckpt_sm_fail(&step_.sm, io_errno);
+	for (const Job &j : queue_)
+		if (j.grad != kNoGrad)
+			free_grads_.push_back(j.grad);
+	queue_.clear();
+	free_cv_.notify_all();
+}
+
+// Caller holds mu_.
+void Engine::job_done(const Job &job)
+{
+	if (job.grad != kNoGrad) {
+		free_grads_.push_back(job.grad);
+		free_cv_.notify_one();
+	}
+	if (--busy_ == 0 && queue_.empty())
+		done_cv_.notify_all();
 }
 
 void Engine::worker_main(Worker &w)
@@ -376,143 +419,144 @@ void Engine::worker_main(Worker &w)
 	const uint64_t cp = l.chunk_params;
 	const int fd = img_.file.fd.get();
 	const bool q8 = img_.sb.feature_incompat & CKPT_FEATURE_INCOMPAT_Q8;
-	uint64_t seen = 0;
+	unsigned inflight = 0;
 
 	// The update must give the kernel's bits: round to nearest, no flush of
 	// denormals, whatever floating-point mode the creating thread had
 	// (glibc's default environment: MXCSR 0x1f80 on x86-64, FPCR 0 on aarch64).
 	std::fesetenv(FE_DFL_ENV);
 	for (;;) {
+		// Take queued chunks into the free slots; sleep only when idle.
+		uint32_t src = 0, dst = 0;
+		uint64_t open_step = 0;
 		{
 			std::unique_lock lk(mu_);
-			work_cv_.wait(lk, [&] { return stopping_ || generation_ != seen; });
-			if (stopping_)
+			if (!inflight)
+				work_cv_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
+			if (stopping_ && !inflight)
 				return;
-			seen = generation_;
-		}
-		const bool load = batch_.jobs.front().load != nullptr;
-		const uint32_t src = ckpt_sm_src_slot(&step_.sm), dst = ckpt_sm_dst_slot(&step_.sm);
-		const uint64_t step = load ? load_step_ : step_.sm.open_step;
-		unsigned inflight = 0;
-		int io_errno = EIO;
-		bool stop = false;
-		try {
-			for (;;) {
-				for (size_t i = 0; i < w.slots.size() && !stop; i++) {
-					Worker::Slot &s = w.slots[i];
-					if (s.job)
-						continue;
-					size_t k = batch_.next.fetch_add(1);
-					if (k >= batch_.jobs.size()) {
-						stop = true;
-						break;
-					}
-					s.job = &batch_.jobs[k];
-					w.ring.read(fd, s.rec.as(), static_cast<unsigned>(l.record_bytes),
-						    ckpt_record_offset(&l, src, s.job->chunk), i);
-					inflight++;
-				}
-				if (!inflight)
-					break;
-				w.ring.submit();
-				auto [tag, res] = w.ring.wait();
-				inflight--;
-				Worker::Slot &s = w.slots[tag];
-				const uint32_t chunk = s.job->chunk;
-				if (res < 0) {
-					io_errno = -res;
-					fail(CKPT_E_IO, "backing I/O on chunk {} failed: {}", chunk, strerror(-res));
-				}
-				if (s.writes) {		// a write completed
-					if (--s.writes == 0) {
-						if (IoObserver *o = img_.file.observer) {
-							o->written(ckpt_record_offset(&l, dst, chunk), s.rec.as(),
-								   l.record_bytes, false);
-							o->written(ckpt_plo_offset(&l, dst, chunk), s.plo.as(),
-								   l.plo_chunk_bytes, false);
-						}
-						std::lock_guard lk(mu_);
-						if (!load)
-							ckpt_sm_applied(&step_.sm, chunk, false, true);
-						s.job = nullptr;
-					}
+			// A step's slots and step do not change while a chunk of it is queued.
+			src = ckpt_sm_src_slot(&step_.sm);
+			dst = ckpt_sm_dst_slot(&step_.sm);
+			open_step = step_.sm.open_step;
+			for (size_t i = 0; i < w.slots.size() && !queue_.empty(); i++) {
+				Worker::Slot &s = w.slots[i];
+				if (s.busy)
 					continue;
-				}
-				if (static_cast<uint64_t>(res) != l.record_bytes)
-					fail(CKPT_E_IO, "short read of chunk {} state", chunk);
-				// The full check, data checksum included: a step must not
-				// turn bit rot into new committed state with a fresh checksum.
-				struct ckpt_rec id;
-				ckpt_rec_committed(&img_.sb, chunk, &id);
-				img_.check_record(s.rec.as(), id, true);
-				auto *p = reinterpret_cast<uint32_t *>(s.rec.as() + CKPT_BLOCK);
-				uint32_t nonfinite = 0;
-				if (load) {
-					load_spans(*s.job->load, chunk, img_.sb.geo.chunk_shift, q8,
-						   s.rec.as() + CKPT_BLOCK, w.load);
-					ckpt_round_params(img_.sb.geo.dtype, p, s.plo.as<uint16_t>(), cp);
-					if (img_.sb.feature_incompat & CKPT_FEATURE_INCOMPAT_COUNTS) {
-						ckpt_rec_set_counts(s.rec.as(), img_.sb.geo.chunk_shift, step);
-						// a tensor that lags the step keeps its own count
-						// in each block it owns
-						for (const StateSpan &span : *s.job->load) {
-							const uint64_t lo = std::max(span.offset, chunk * cp);
-							const uint64_t hi = std::min(span.offset + std::max(span.n, span.extent),
-										     (chunk + 1) * cp);
-							if (span.count == ~0ULL || lo >= hi)
-								continue;
-							for (uint64_t b = (lo - chunk * cp) >> CKPT_BLOCK_SHIFT;
-							     b <= (hi - 1 - chunk * cp) >> CKPT_BLOCK_SHIFT; b++)
-								ckpt_rec_set_count(s.rec.as(), static_cast<uint32_t>(b), span.count);
-						}
-					}
-				} else if (ckpt_step_counts(&step_, chunk, s.rec.as())) {
-					std::lock_guard lk(mu_);
-					ckpt_sm_count_fault(&step_.sm, chunk);
-					s.job = nullptr;
-					continue;
-				} else {
-					// The core says which blocks are skipped and which
-					// bias correction the others take.
-					uint16_t *plo = s.plo.as<uint16_t>();
-					uint64_t pos = 0;
-					struct ckpt_run run;
-					while (ckpt_step_run(&step_, chunk, img_.group_table[chunk], &pos, &run)) {
-						const uint64_t f = run.first;
-						if (run.skip)
-							ckpt_round_params_int(img_.sb.geo.dtype, p + f, plo + f, run.n);
-						else if (q8) {
-							struct ckpt_q8_state q;
-							ckpt_q8_state_at(p, img_.sb.geo.chunk_shift, f, &q);
-							nonfinite |= ckpt_update_chunk_q8(&run.hp, step_.sm.grad_scale,
-											  img_.sb.geo.dtype,
-											  s.job->grad + f, p + f, &q,
-											  w.q8.data(), plo + f, run.n);
-						} else
-							nonfinite |= ckpt_update_chunk(&run.hp, step_.sm.grad_scale,
-										       img_.sb.geo.dtype, s.job->grad + f,
-										       p + f, p + cp + f, p + 2 * cp + f,
-										       plo + f, run.n);
-					}
-				}
-				if (nonfinite) {	// the step will be skipped: write nothing
-					std::lock_guard lk(mu_);
-					ckpt_sm_applied(&step_.sm, chunk, true, false);
-					s.job = nullptr;
-					continue;
-				}
-				ckpt_rec_next(&img_.sb, chunk, step, &id);
-				ckpt_rec_seal(s.rec.as(), p, s.plo.as(), &id, img_.sb.feature_incompat);
-				w.ring.write(fd, s.rec.as(), static_cast<unsigned>(l.record_bytes),
-					     ckpt_record_offset(&l, dst, chunk), tag);
-				w.ring.write(fd, s.plo.as(), static_cast<unsigned>(l.plo_chunk_bytes),
-					     ckpt_plo_offset(&l, dst, chunk), tag);
-				s.writes = 2;
-				inflight += 2;
+				s.job = queue_.front();
+				queue_.pop_front();
+				s.busy = true;
+				s.writes = 0;
+				busy_++;
+				w.ring.read(fd, s.rec.as(), static_cast<unsigned>(l.record_bytes),
+					    ckpt_record_offset(&l, src, s.job.chunk), i);
+				inflight++;
 			}
+		}
+		int io_errno = EIO;
+		try {
+			w.ring.submit();
+			auto [tag, res] = w.ring.wait();
+			inflight--;
+			Worker::Slot &s = w.slots[tag];
+			const uint32_t chunk = s.job.chunk;
+			const bool load = s.job.load != nullptr;
+			const uint64_t step = load ? load_step_ : open_step;
+			if (res < 0) {
+				io_errno = -res;
+				fail(CKPT_E_IO, "backing I/O on chunk {} failed: {}", chunk, strerror(-res));
+			}
+			if (s.writes) {		// a write completed
+				if (--s.writes == 0) {
+					if (IoObserver *o = img_.file.observer) {
+						o->written(ckpt_record_offset(&l, dst, chunk), s.rec.as(),
+							   l.record_bytes, false);
+						o->written(ckpt_plo_offset(&l, dst, chunk), s.plo.as(),
+							   l.plo_chunk_bytes, false);
+					}
+					std::lock_guard lk(mu_);
+					if (!load)
+						ckpt_sm_applied(&step_.sm, chunk, false, true);
+					s.busy = false;
+					job_done(s.job);
+				}
+				continue;
+			}
+			if (static_cast<uint64_t>(res) != l.record_bytes)
+				fail(CKPT_E_IO, "short read of chunk {} state", chunk);
+			// The full check, data checksum included: a step must not
+			// turn bit rot into new committed state with a fresh checksum.
+			struct ckpt_rec id;
+			ckpt_rec_committed(&img_.sb, chunk, &id);
+			img_.check_record(s.rec.as(), id, true);
+			auto *p = reinterpret_cast<uint32_t *>(s.rec.as() + CKPT_BLOCK);
+			uint32_t nonfinite = 0;
+			if (load) {
+				load_spans(*s.job.load, chunk, img_.sb.geo.chunk_shift, q8,
+					   s.rec.as() + CKPT_BLOCK, w.load);
+				ckpt_round_params(img_.sb.geo.dtype, p, s.plo.as<uint16_t>(), cp);
+				if (img_.sb.feature_incompat & CKPT_FEATURE_INCOMPAT_COUNTS) {
+					ckpt_rec_set_counts(s.rec.as(), img_.sb.geo.chunk_shift, step);
+					// a tensor that lags the step keeps its own count
+					// in each block it owns
+					for (const StateSpan &span : *s.job.load) {
+						const uint64_t lo = std::max(span.offset, chunk * cp);
+						const uint64_t hi = std::min(span.offset + std::max(span.n, span.extent),
+									     (chunk + 1) * cp);
+						if (span.count == ~0ULL || lo >= hi)
+							continue;
+						for (uint64_t b = (lo - chunk * cp) >> CKPT_BLOCK_SHIFT;
+						     b <= (hi - 1 - chunk * cp) >> CKPT_BLOCK_SHIFT; b++)
+							ckpt_rec_set_count(s.rec.as(), static_cast<uint32_t>(b), span.count);
+					}
+				}
+			} else if (ckpt_step_counts(&step_, chunk, s.rec.as())) {
+				std::lock_guard lk(mu_);
+				ckpt_sm_count_fault(&step_.sm, chunk);
+				s.busy = false;
+				job_done(s.job);
+				continue;
+			} else {
+				// The core says which blocks are skipped and which
+				// bias correction the others take.
+				const uint16_t *grad = grads_[s.job.grad].as<uint16_t>();
+				uint16_t *plo = s.plo.as<uint16_t>();
+				uint64_t pos = 0;
+				struct ckpt_run run;
+				while (ckpt_step_run(&step_, chunk, img_.group_table[chunk], &pos, &run)) {
+					const uint64_t f = run.first;
+					if (run.skip)
+						ckpt_round_params_int(img_.sb.geo.dtype, p + f, plo + f, run.n);
+					else if (q8) {
+						struct ckpt_q8_state q;
+						ckpt_q8_state_at(p, img_.sb.geo.chunk_shift, f, &q);
+						nonfinite |= ckpt_update_chunk_q8(&run.hp, step_.sm.grad_scale,
+										  img_.sb.geo.dtype, grad + f, p + f,
+										  &q, w.q8.data(), plo + f, run.n);
+					} else
+						nonfinite |= ckpt_update_chunk(&run.hp, step_.sm.grad_scale,
+									       img_.sb.geo.dtype, grad + f, p + f,
+									       p + cp + f, p + 2 * cp + f, plo + f,
+									       run.n);
+				}
+			}
+			if (nonfinite) {	// the step will be skipped: write nothing
+				std::lock_guard lk(mu_);
+				ckpt_sm_applied(&step_.sm, chunk, true, false);
+				s.busy = false;
+				job_done(s.job);
+				continue;
+			}
+			ckpt_rec_next(&img_.sb, chunk, step, &id);
+			ckpt_rec_seal(s.rec.as(), p, s.plo.as(), &id, img_.sb.feature_incompat);
+			w.ring.write(fd, s.rec.as(), static_cast<unsigned>(l.record_bytes),
+				     ckpt_record_offset(&l, dst, chunk), tag);
+			w.ring.write(fd, s.plo.as(), static_cast<unsigned>(l.plo_chunk_bytes),
+				     ckpt_plo_offset(&l, dst, chunk), tag);
+			s.writes = 2;
+			inflight += 2;
 		} catch (const Error &e) {
-			batch_failed(e, io_errno);
-			batch_.next = batch_.jobs.size();	// others stop taking jobs
+			job_failed(e, io_errno);
 			while (inflight) {			// never leave I/O on our buffers
 				try {
 					w.ring.wait();
@@ -520,14 +564,15 @@ void Engine::worker_main(Worker &w)
 				}
 				inflight--;
 			}
+			std::lock_guard lk(mu_);
+			for (Worker::Slot &s : w.slots) {
+				if (!s.busy)
+					continue;
+				s.busy = false;
+				s.writes = 0;
+				job_done(s.job);
+			}
 		}
-		for (Worker::Slot &s : w.slots) {
-			s.job = nullptr;
-			s.writes = 0;
-		}
-		std::lock_guard lk(mu_);
-		if (--batch_.workers_left == 0)
-			done_cv_.notify_all();
 	}
 }
 
@@ -551,6 +596,7 @@ void Engine::param_read(const struct ckpt_route &r, uint8_t *buf)
 void Engine::read_state(uint64_t offset, uint64_t n, float *p, float *m, float *v)
 {
 	std::lock_guard call(call_mu_);
+	drain();
 	// Latest applied: the new slot for chunks this open step has written.
 	// A state read spans the tensor's chunks; all of them must be on one
 	// side, which holds outside an open step and after its last write.
@@ -619,13 +665,16 @@ void Engine::load_state(const std::vector<StateSpan> &spans, uint64_t step, std:
 
 	// Every chunk goes to the other slot, loaded or copied, so the commit
 	// below moves the whole state at once.
+	report_error();
 	load_step_ = step;
-	batch_.jobs.clear();
-	for (uint32_t c = 0; c < img_.sb.geo.n_chunks; c++)
-		batch_.jobs.push_back({c, nullptr, &spans});
-	run_batch();
-	if (batch_.error)
-		throw Error(batch_.error, batch_.message);
+	{
+		std::lock_guard lk(mu_);
+		for (uint32_t c = 0; c < img_.sb.geo.n_chunks; c++)
+			queue_.push_back({c, kNoGrad, &spans});
+	}
+	work_cv_.notify_all();
+	drain();
+	report_error();
 	io_message_.clear();
 	if (ckpt_step_load_commit(&step_, step, blob.data(), static_cast<uint32_t>(blob.size())) < 0)
 		throw Error(CKPT_E_IO, io_message_.empty() ? "loading state: commit failed" : io_message_);

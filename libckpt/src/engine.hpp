@@ -5,9 +5,9 @@
 // client cannot tell them apart, and writes byte-identical backing images.
 #pragma once
 
-#include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -44,6 +44,7 @@ public:
 struct EngineOptions {
 	unsigned workers = 0;			// 0: one per CPU, at most 4
 	unsigned depth = 3;			// chunks in flight per worker
+	unsigned queue_chunks = 0;		// gradient chunks queued for the workers; 0: 4 per slot
 	uint64_t staging_bytes = CKPT_STAGING_DEFAULT;	// partial-chunk gradients
 	IoObserver *observer = nullptr;		// sees every backing write and flush (tests/crash)
 	Ring::Mode io = Ring::Mode::Auto;	// Sync: pread/pwrite even where io_uring works (tests)
@@ -99,25 +100,24 @@ public:
 	void read_state(uint64_t offset, uint64_t n, float *p, float *m, float *v);
 
 private:
+	// A chunk for the workers: its update (grad, an index into grads_) or,
+	// for load_state, its loaded state (load).
 	struct Job {
 		uint32_t chunk;
-		const uint16_t *grad;			// update
-		const std::vector<StateSpan> *load;	// load_state
+		uint32_t grad;				// kNoGrad for load_state
+		const std::vector<StateSpan> *load;
 	};
-	struct Batch {
-		std::vector<Job> jobs;
-		std::atomic<size_t> next{0};
-		unsigned workers_left = 0;
-		int error = 0;
-		std::string message;
-	};
+	static constexpr uint32_t kNoGrad = ~0u;
 	class Worker;
 
 	explicit Engine(const EngineOptions &opts);
 	void start(const std::string &path);
-	void run_batch();
+	void enqueue(uint32_t chunk, const void *grad);
+	void drain();
+	void report_error();
 	void worker_main(Worker &w);
-	void batch_failed(const Error &e, int io_errno);
+	void job_failed(const Error &e, int io_errno);
+	void job_done(const Job &job);
 
 	void control_write(const void *buf, uint64_t len);
 	void grad_write(uint64_t off, const uint8_t *buf, uint64_t len);
@@ -142,11 +142,22 @@ private:
 	std::string io_message_;		// why the last flush or superblock write failed
 
 	std::mutex call_mu_;			// one virtual-device call at a time
-	std::mutex mu_;				// batch hand-off and sm_ from workers
-	std::condition_variable work_cv_, done_cv_;
-	uint64_t generation_ = 0;
+	// The queue of dispatched chunks and step_.sm from workers. A gradient
+	// write copies each complete chunk into a free buffer of grads_ (waiting
+	// for one while all are queued) and returns: the workers update behind
+	// it, across tensor boundaries, and every read or command of the virtual
+	// device waits for them first (drain), so what a client sees is what a
+	// client of the kernel target sees, whose bios end after their update.
+	std::mutex mu_;
+	std::condition_variable work_cv_, done_cv_, free_cv_;
+	std::deque<Job> queue_;
+	unsigned busy_ = 0;			// jobs taken by workers, not yet done
+	std::vector<Buffer> grads_;
+	std::vector<uint32_t> free_grads_;
 	bool stopping_ = false;
-	Batch batch_;
+	// The first failure of an update, until a write or command reports it.
+	int error_ = 0;
+	std::string error_message_;
 	friend struct EngineOps;
 	std::vector<std::unique_ptr<Worker>> workers_;
 	std::vector<std::thread> threads_;

@@ -68,6 +68,10 @@ class Run:
         ctx = multiprocessing.get_context("fork")
         self.files = [(os.path.join(d, f"rank{r}.out"), os.path.join(d, f"rank{r}.err"))
                       for r in range(world)]
+        for f in self.files:    # the last launch's: wait_line must see this one's
+            for path in f:
+                if os.path.exists(path):
+                    os.remove(path)
         self.procs = [ctx.Process(target=_rank_main, args=([d, str(r), str(world), str(port)] + args,
                                                            *self.files[r], pace))
                       for r in range(world)]

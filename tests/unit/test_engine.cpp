@@ -282,9 +282,11 @@ TEST_F(EngineTest, CorruptStateRecordFailsTheDevice)
 	const struct ckpt_layout &l = d->layout();
 	std::vector<uint16_t> g(l.n_params, 0x3c00);
 	d->begin(groups(), 1.0);
-	EXPECT_EQ(code_of([&] { d->write_grad_window(0, g.data(), l.window_bytes); }), CKPT_E_RECORD);
+	// The write is taken; its update fails behind it, and the commit says why.
+	EXPECT_EQ(code_of([&] { d->write_grad_window(0, g.data(), l.window_bytes); }), 0);
 	struct ckpt_status st = d->status();
 	EXPECT_EQ(st.state, CKPT_STATE_FAILED);
+	EXPECT_EQ(code_of([&] { d->commit({}); }), CKPT_E_RECORD);
 	EXPECT_EQ(code_of([&] { d->commit({}); }), CKPT_E_FAILED);
 	EXPECT_EQ(st.committed_step, 0u);
 }
@@ -304,14 +306,84 @@ TEST_F(EngineTest, FailedWriteKeepsItsErrno)
 	ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &lim), 0);
 	std::vector<uint16_t> g(l.n_params, 0x3c00);
 	d->begin(groups(), 1.0);
-	const int code = code_of([&] { d->write_grad_window(0, g.data(), l.window_bytes); });
+	// One chunk: taken, and its update fails behind it. (A write of several
+	// chunks may hear of the failure itself, when chunk 0 fails before the
+	// write claims the next.)
+	d->write_grad_window(0, g.data(), l.plo_chunk_bytes);
+	const struct ckpt_status st = d->status();		// waits for the update
+	const int code = code_of([&] { d->commit({}); });	// which the commit reports
 	setrlimit(RLIMIT_FSIZE, &old_lim);
 	signal(SIGXFSZ, old_sig);
 	EXPECT_EQ(code, CKPT_E_IO);
-	struct ckpt_status st = d->status();
 	EXPECT_EQ(st.state, CKPT_STATE_FAILED);
 	EXPECT_EQ(st.first_io_error, static_cast<uint32_t>(EFBIG));
 	EXPECT_EQ(st.commands_rejected, 0u) << "an I/O failure is not a refused command";
+}
+
+// A write after an update failed is the first to hear of it: the failure
+// (its code and words), once, and nothing of the write is taken; then the
+// failed machine refuses as failed.
+TEST_F(EngineTest, WriteAfterAFailedUpdateReportsIt)
+{
+	{
+		const struct ckpt_layout l = ckpt::Image::open(path_, false).sb.layout;
+		std::fstream f(path_, std::ios::in | std::ios::out | std::ios::binary);
+		f.seekp(static_cast<std::streamoff>(ckpt_record_offset(&l, 0, 0) + 16));
+		f.put('\xff');	// the step field of chunk 0's record, committed slot
+	}
+	auto d = open();
+	const struct ckpt_layout &l = d->layout();
+	std::vector<uint16_t> g(l.n_params, 0x3c00);
+	d->begin(groups(), 1.0);
+	d->write_grad_window(0, g.data(), l.plo_chunk_bytes);	// chunk 0: fails behind the write
+	const uint64_t grad_bytes = d->status().grad_bytes;
+	const std::string what = message_of([&] { d->write_grad_window(l.plo_chunk_bytes, g.data(), l.plo_chunk_bytes); });
+	EXPECT_NE(what.find("chunk 0"), std::string::npos) << what;
+	EXPECT_EQ(d->status().grad_bytes, grad_bytes) << "the write that reported the failure was not taken";
+	EXPECT_EQ(code_of([&] { d->write_grad_window(l.plo_chunk_bytes, g.data(), l.plo_chunk_bytes); }),
+		  CKPT_E_FAILED);
+	EXPECT_EQ(code_of([&] { d->commit({}); }), CKPT_E_FAILED);
+	EXPECT_EQ(d->status().committed_step, 0u);
+}
+
+// Writes return before their updates; the order the workers take them in
+// does not show: one worker with one queued chunk and the default pool give
+// the same PARAM reads mid-step and byte-identical images after the commit.
+TEST_F(EngineTest, AsyncUpdatesGiveTheSameBytesInAnyOrder)
+{
+	const std::string other = (dir_ / "serial.img").string();
+	fs::copy_file(path_, other);
+	auto run = [](const std::string &path, ckpt::EngineOptions o) {
+		auto d = ckpt::Device::open(path, o);
+		const struct ckpt_layout &l = d->layout();
+		std::vector<uint16_t> g(l.n_params);
+		for (uint64_t i = 0; i < g.size(); i++)
+			g[i] = static_cast<uint16_t>(0x3c00 + i % 977);	// bf16 of assorted magnitudes
+		std::vector<uint16_t> mid(l.n_params);
+		for (int step = 0; step < 3; step++) {
+			d->begin(groups(), 1.0);
+			// back to front, in sector-sized pieces and whole chunks
+			const uint64_t cb = l.plo_chunk_bytes;
+			for (uint64_t end = l.window_bytes; end;) {
+				const uint64_t n = (end / cb) % 2 ? std::min<uint64_t>(end, cb) : CKPT_SECTOR;
+				end -= n;
+				d->write_grad_window(end, reinterpret_cast<const uint8_t *>(g.data()) + end, n);
+			}
+			d->read_params("a", mid.data(), 5000);
+			EXPECT_EQ(d->commit({}), ckpt::CommitResult::committed);
+		}
+		return mid;
+	};
+	ckpt::EngineOptions serial;
+	serial.workers = 1;
+	serial.depth = 1;
+	serial.queue_chunks = 1;
+	const std::vector<uint16_t> a = run(path_, {});
+	const std::vector<uint16_t> b = run(other, serial);
+	EXPECT_EQ(a, b);
+	std::ifstream fa(path_, std::ios::binary), fb(other, std::ios::binary);
+	const std::string ba((std::istreambuf_iterator<char>(fa)), {}), bb((std::istreambuf_iterator<char>(fb)), {});
+	EXPECT_TRUE(ba == bb) << "the images differ";
 }
 
 // Bit rot in committed state must not become new committed state with a
@@ -332,7 +404,8 @@ TEST_F(EngineTest, FlippedDataBitFailsTheStep)
 	auto d = open();
 	std::vector<uint16_t> g(l.n_params, 0x3f80);
 	d->begin(groups(), 1.0);
-	const std::string what = message_of([&] { d->write_grad_window(0, g.data(), l.window_bytes); });
+	d->write_grad_window(0, g.data(), l.window_bytes);
+	const std::string what = message_of([&] { d->commit({}); });
 	EXPECT_NE(what.find("chunk 0"), std::string::npos) << what;
 	EXPECT_NE(what.find("data checksum"), std::string::npos) << what;
 	struct ckpt_status st = d->status();

@@ -553,10 +553,16 @@ class Device:
         _check(_lib.ckpt_rollback(self._handle(), ctypes.byref(out)))
         return out.value
 
-    def read_params(self, name):
+    def read_params(self, name, out=None):
+        """The tensor's low-precision params; into out (a contiguous uint16 array of
+        its numel, reused across steps) when given."""
         c_name = _name_bytes(name)
         t = self._tensor(name)
-        out = np.empty(t["numel"], dtype=np.uint16)
+        if out is None:
+            out = np.empty(t["numel"], dtype=np.uint16)
+        elif out.dtype != np.uint16 or out.size != t["numel"] or not out.flags.c_contiguous:
+            raise CkptError(ERRORS.index("E_SIZE"), f"read_params {name!r}: out must be a contiguous "
+                            f"uint16 array of {t['numel']} elements")
         _check(_lib.ckpt_read_params(self._handle(), c_name, out.ctypes.data_as(_u16p), out.size))
         if self.dtype == "fp16":
             out = out.view(np.float16)

@@ -28,6 +28,7 @@ devices, where the device itself detects non-finite gradients.
 export_safetensors writes a device's params as a safetensors checkpoint.
 """
 
+import contextlib
 import math
 import os
 import warnings
@@ -141,6 +142,18 @@ def _split_names(params):
     return out, names
 
 
+class _NodeHook:
+    """A hook on a param's AccumulateGrad node and the node itself, kept alive
+    together (torch < 2.1 frees the node, and its hooks, with its last graph)."""
+
+    def __init__(self, node, handle):
+        self.node, self.handle = node, handle
+
+    def remove(self):
+        self.handle.remove()
+        self.node = None
+
+
 class OffloadAdamW(torch.optim.Optimizer):
     """AdamW (torch.optim.AdamW's algorithm) run by a dm-ckpt device.
 
@@ -198,13 +211,31 @@ class OffloadAdamW(torch.optim.Optimizer):
     trainer blob; reads the params back into the model. `last_result` is the
     commit's result: "committed", or "overflow" (a non-finite gradient: the step
     was skipped, nothing changed, as GradScaler skips it).
+
+    hooks=True (the default): each param's gradient goes to the device as soon
+    as backward has accumulated it (register_post_accumulate_grad_hook where
+    torch has it, else a hook on the param's AccumulateGrad node, as DDP does),
+    so the device updates during backward and step() only writes what is left,
+    commits and reads back. The first gradient of a backward opens the step with
+    the param groups' values then and the previous step's grad_scale (without
+    its clip coefficient); step() checks that nothing it decides differs (the
+    hyperparameters, grad_scale, a clip coefficient below 1, a param
+    accumulated twice, a .grad dropped since) and otherwise aborts that step and
+    writes every gradient again, as with hooks=False: the result is the same
+    either way, only the time differs. Gradient accumulation: run the backward
+    of every micro-batch but the last inside `with opt.accumulating():` (as
+    DDP's no_sync()); gradients must not be changed after the last backward
+    except through opt.clip_grad_norm_() and LossScaler. hooks=False writes
+    every gradient in step(), and so does a sharded optimizer (process_group):
+    its rank writes its slice of the gradients averaged over the ranks, which
+    exist only once every rank's backward has ended.
     """
 
     def __init__(self, params, device_or_path, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
                  weight_decay=1e-2, dtype=None, chunk_params=65536, *, amsgrad=False,
                  maximize=False, foreach=None, capturable=False, differentiable=False, fused=None,
                  adam_l2=False, size=None, init_from_model=False, process_group=None,
-                 state="fp32"):
+                 state="fp32", hooks=True):
         _check_hparams(lr, betas, eps, weight_decay)
         if amsgrad:
             raise ValueError(_AMSGRAD_REFUSED)
@@ -247,6 +278,12 @@ class OffloadAdamW(torch.optim.Optimizer):
         self._owned = False
         self._precision_warned = False
         self.path = None
+        self.last_step_hooked = False   # whether the last step() kept the writes made during backward
+        self._accumulating = False
+        self._hooked = None             # the step opened from backward: see _hook_begin
+        self._last_scale = 1.0          # the last step's grad_scale without its clip coefficient
+        self._hook_handles = []
+        self.last_step_bytes = None     # {"grad_written", "params_read"} of the last step
 
         self.device = None
         try:
@@ -258,8 +295,15 @@ class OffloadAdamW(torch.optim.Optimizer):
             else:
                 self._open(device_or_path, dtype, chunk_params, size, init_from_model, state)
             self.uuid = self.device.uuid()
+            if not self._shard:
+                self._make_buffers()
             self._read_back()
+            self._bytes_seen = self._byte_counts()
             self._check_precision()
+            # Sharded, a rank writes its slice of the gradients averaged over the
+            # ranks, known only once every rank's backward has ended: no hooks.
+            if hooks and not self._shard:
+                self._install_hooks()
         except BaseException:
             self.close()
             raise
@@ -438,6 +482,10 @@ class OffloadAdamW(torch.optim.Optimizer):
 
     def close(self):
         """Closes the device if the optimizer opened it (from a path)."""
+        self._hook_abort()
+        for h in self._hook_handles:
+            h.remove()
+        self._hook_handles = []
         if self._owned and getattr(self, "device", None) is not None:
             self.device.close()
         self._owned = False
@@ -495,8 +543,12 @@ class OffloadAdamW(torch.optim.Optimizer):
         """
         # A scheduler or a per-group value may have set what the constructor
         # refuses; the device would refuse it too (E_HPARAM), this says why.
-        for i, g in enumerate(self.param_groups):
-            _check_group(g, f"param group {i}: ")
+        try:
+            for i, g in enumerate(self.param_groups):
+                _check_group(g, f"param group {i}: ")
+        except ValueError:
+            self._hook_abort()
+            raise
         self._check_precision()
         loss = None
         if closure is not None:
@@ -504,11 +556,11 @@ class OffloadAdamW(torch.optim.Optimizer):
                 loss = closure()
         scale = grad_scale if grad_scale is not None else (
             self._grad_unscale if self._grad_unscale is not None else 1.0)
-        scale = float(scale) * self._clip_coef
+        base = float(scale)
+        scale = base * self._clip_coef
         self._grad_unscale, self._clip_coef = None, 1.0
-        grads = self._grads()
-        self._avg = None
         groups = [{k: g[k] for k in _HPARAM_KEYS} for g in self.param_groups]
+        self._last_scale = base
 
         def blob_now():     # just before the commit
             b = self._blob_hook() if blob is None and callable(self._blob_hook) else \
@@ -516,18 +568,180 @@ class OffloadAdamW(torch.optim.Optimizer):
             return b"" if b is None else bytes(b)
 
         if self._shard:
+            grads = self._grads()
+            self._avg = None
+            self.last_step_hooked = False
             self.last_result = self._shard.step(self, grads, groups, scale, blob_now)
         else:
-            self.device.begin(groups, grad_scale=scale)
-            try:
-                self._write_grads(grads)
-                self.last_result = self.device.commit(blob_now())
-            except BaseException:
-                self._abort()
-                raise
+            self.last_result = self._step_local(groups, scale, blob_now)
         if self.last_result == "committed":
             self._read_back()
+        now = self._byte_counts()
+        self.last_step_bytes = {k: now[k] - self._bytes_seen[k] for k in now}
+        self._bytes_seen = now
         return loss
+
+    def _step_local(self, groups, scale, blob_now):
+        """The unsharded step: keeps the writes made from backward when nothing
+        step() decides differs from what the hooks assumed, writes the rest,
+        commits."""
+        dev = self.device
+        hooked = self._hooked
+        self._hooked = None
+        # The gradient written is still .grad, unchanged (in place: its version)
+        if hooked is not None and not (hooked["ok"] and hooked["groups"] == self._groups()
+                                       and hooked["scale"] == scale
+                                       and all(self._flat[i][1].grad is g and g._version == v
+                                               for i, (g, v) in hooked["written"].items())):
+            self._abort()
+            hooked = None
+        self.last_step_hooked = hooked is not None
+        if hooked is None:
+            dev.begin(groups, grad_scale=scale)
+        written = hooked["written"] if hooked else ()
+        try:
+            for i, (n, p, gi) in enumerate(self._flat):
+                if i in written:
+                    continue
+                if p.grad is None:
+                    # torch skips it: no decay, no moment decay, its own step count
+                    try:
+                        dev.skip(n)
+                        continue
+                    except CkptError as e:
+                        if e.name != "E_FEATURE":  # an image formatted before skips
+                            raise
+                    dev.write_grad(n, np.zeros(p.numel(), dtype=np.uint16))
+                else:
+                    self._write_grad(i)
+            return dev.commit(blob_now())
+        except BaseException:
+            self._abort()
+            raise
+
+    def _byte_counts(self):
+        """The device's counts of gradient bytes written and param bytes read (the
+        engine and the kernel target count both, in their status)."""
+        st = self.device.status()
+        return {"grad_written": int(st["grad_bytes"]), "params_read": int(st["param_bytes"])}
+
+    # -- gradients on their way to the device
+    def _groups(self):
+        """What the device's step depends on per group (maximize: the sign of what is written)."""
+        return [tuple(g[k] for k in _HPARAM_KEYS) + (g["maximize"],) for g in self.param_groups]
+
+    def _make_buffers(self):
+        """One flat low-precision buffer for every param's gradient and one for the
+        params read back, views per param, made once (pinned when the params are on
+        CUDA: their copies then run on a side stream, non-blocking)."""
+        lowp = torch.bfloat16 if self.device.dtype == "bf16" else torch.float16
+        total = sum(p.numel() for _, p, _ in self._flat)
+        cuda = any(p.is_cuda for _, p, _ in self._flat)
+        self._cuda = cuda
+        self._stream = torch.cuda.Stream() if cuda else None
+        self._gflat = torch.empty(total, dtype=lowp, pin_memory=cuda)
+        self._pflat = torch.empty(total, dtype=lowp, pin_memory=cuda)
+        self._gbuf, self._gwords, self._pbuf, self._pwords = [], [], [], []
+        off = 0
+        for _, p, _ in self._flat:
+            k = p.numel()
+            for flat, bufs, words in ((self._gflat, self._gbuf, self._gwords),
+                                      (self._pflat, self._pbuf, self._pwords)):
+                b = flat[off:off + k]
+                bufs.append(b)
+                words.append(b.view(torch.int16).numpy().view(np.uint16))
+            off += k
+
+    def _write_grad(self, i):
+        """p.grad, rounded to the device's dtype (negated for maximize) in its reused
+        buffer, written to the device (which copies it: the buffer is free again)."""
+        n, p, gi = self._flat[i]
+        if p.grad.is_sparse:
+            raise RuntimeError(f"{n!r}: OffloadAdamW does not support sparse gradients")
+        buf = self._gbuf[i]
+        g = p.grad.detach().reshape(-1)
+        if g.is_cuda:
+            # Reviewed, not run here (no CUDA on the test machine): the copy to
+            # the pinned buffer runs on the side stream once backward's stream
+            # has produced the gradient, and is waited for before the device
+            # reads the buffer.
+            s = self._stream
+            s.wait_stream(torch.cuda.current_stream(g.device))
+            with torch.cuda.stream(s):
+                buf.copy_(g, non_blocking=True)
+                g.record_stream(s)
+            s.synchronize()
+        else:
+            buf.copy_(g)
+        if self.param_groups[gi]["maximize"]:
+            buf.neg_()
+        self.device.write_grad(n, self._gwords[i])
+
+    def _install_hooks(self):
+        for i, (_, p, _) in enumerate(self._flat):
+            if not p.requires_grad:
+                continue
+            fn = self._grad_hook(i)
+            if hasattr(p, "register_post_accumulate_grad_hook"):
+                self._hook_handles.append(p.register_post_accumulate_grad_hook(lambda _p, fn=fn: fn()))
+            else:
+                # torch < 2.1: the param's AccumulateGrad node, kept alive by
+                # holding it (as DDP does); its hooks run after .grad is set.
+                with torch.enable_grad():
+                    acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                self._hook_handles.append(_NodeHook(acc, acc.register_hook(lambda *_a, fn=fn: fn())))
+
+    def _grad_hook(self, i):
+        def hook():
+            if self._accumulating:
+                return
+            h = self._hooked
+            if h is None:
+                h = self._hook_begin()
+            if not h["ok"]:
+                return
+            if i in h["written"]:   # a second backward into the same step
+                h["ok"] = False
+                return
+            try:
+                g = self._flat[i][1].grad
+                self._write_grad(i)
+                h["written"][i] = (g, g._version)
+            except Exception:       # step() writes it again, and says what is wrong
+                h["ok"] = False
+        return hook
+
+    def _hook_begin(self):
+        """Opens the step from backward, with the values step() most likely uses."""
+        groups = self._groups()
+        scale = self._last_scale
+        h = {"groups": groups, "scale": scale, "written": {}, "ok": True}
+        try:
+            self.device.begin([{k: g[k] for k in _HPARAM_KEYS} for g in self.param_groups],
+                              grad_scale=scale)
+        except Exception:
+            h["ok"] = False
+            h["failed_begin"] = True
+        self._hooked = h
+        return h
+
+    def _hook_abort(self):
+        h, self._hooked = self._hooked, None
+        if h is not None and not h.get("failed_begin") and getattr(self, "device", None) is not None:
+            try:
+                self.device.abort()
+            except CkptError:
+                pass
+
+    @contextlib.contextmanager
+    def accumulating(self):
+        """Backward passes inside add to .grad without writing it to the device:
+        every micro-batch but the last of an accumulated step (DDP's no_sync())."""
+        prev, self._accumulating = self._accumulating, True
+        try:
+            yield
+        finally:
+            self._accumulating = prev
 
     def _abort(self):
         try:
@@ -574,8 +788,21 @@ class OffloadAdamW(torch.optim.Optimizer):
             for (_, p, _), off in zip(self._flat, self._shard.offsets):
                 p.data.copy_(flat[off:off + p.numel()].view(p.shape))
             return
-        for n, p, _ in self._flat:
-            p.data.copy_(lowp_to_torch(self.device.read_params(n), dtype).view(p.shape))
+        dev = self.device
+        for i, (n, p, _) in enumerate(self._flat):
+            dev.read_params(n, out=self._pwords[i])
+            src = self._pbuf[i].view(p.shape)
+            if p.is_cuda:
+                # Reviewed, not run here: from the pinned buffer on the side
+                # stream, non-blocking; the compute stream waits for it.
+                s = self._stream
+                with torch.cuda.stream(s):
+                    p.data.copy_(src, non_blocking=True)
+                torch.cuda.current_stream(p.device).wait_stream(s)
+            else:
+                p.data.copy_(src)
+        if self._cuda:
+            self._stream.synchronize()   # the pinned buffer is read again next step
 
     # -- torch's checkpoint protocol
     def _identity(self):
@@ -623,6 +850,7 @@ class OffloadAdamW(torch.optim.Optimizer):
         step (a new path). A param at a smaller step than the others (frozen, or
         without a gradient in some steps) keeps its own step count.
         """
+        self._hook_abort()
         if self._shard and ("ckpt" not in state_dict or rollback):
             raise ValueError("a sharded OffloadAdamW resumes where its ranks agree when it opens "
                              "their devices; it imports no torch state_dict and rolls back no step "

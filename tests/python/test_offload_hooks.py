@@ -1,0 +1,153 @@
+# SPDX-License-Identifier: MIT
+"""OffloadAdamW writing each gradient from backward (hooks=True, the default).
+
+- gradient accumulation over micro-batches (every backward but the last in
+  opt.accumulating()): the steps keep the writes made during backward
+  (last_step_hooked), the masters are bit for bit those of hooks=False fed
+  the same gradients, and within the oracle's tolerance of torch.optim.AdamW
+  given the same bf16 gradients;
+- what step() decides after backward and the writes could not know is caught
+  and the step is written again, with the same result as hooks=False: a clip
+  coefficient below 1, an lr changed after backward, a second backward without
+  accumulating(), a .grad set to None or changed in place after backward;
+- a param without a gradient is skipped (its step count stays) with hooks too.
+
+Run: PYTHONPATH=<build>/python /usr/bin/python3 -m unittest -v test_offload_hooks
+"""
+
+import os
+import sys
+import unittest
+import warnings
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from ckpt.torch import OffloadAdamW, PrecisionWarning  # noqa: E402
+from ckpt_testlib import tempdir  # noqa: E402
+from test_offload_adamw import batch, bf16_round, groups_of, loss_of, make_model, tol_ratio  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+class OffloadHooksTest(unittest.TestCase):
+    def setUp(self):
+        self._tmp = tempdir()
+        self.dir = self._tmp.name
+
+    def tearDown(self):
+        self._tmp.cleanup()
+
+    def pair(self, **kw):
+        """Two models from the same init, with hooks and without."""
+        out = []
+        warnings.simplefilter("ignore", PrecisionWarning)   # an fp32 model, as in test_offload_adamw
+        for hooks in (True, False):
+            model = make_model()
+            opt = OffloadAdamW(groups_of(model), os.path.join(self.dir, f"h{hooks}.img"), lr=3e-3,
+                               hooks=hooks, **kw)
+            self.addCleanup(opt.close)
+            out.append((model, opt))
+        return out
+
+    def assert_same_masters(self, a, b, what):
+        for n in a.names():
+            pa, ma, va = a.read_state(n)
+            pb, mb, vb = b.read_state(n)
+            for x, y, k in ((pa, pb, "p"), (ma, mb, "m"), (va, vb, "v")):
+                self.assertTrue(torch.equal(x, y), f"{what}: {n} {k}")
+
+    def test_accumulation_matches_torch(self):
+        (hm, hopt), (pm, popt) = self.pair()
+        init = make_model()
+        names = hopt.names()
+        ref = {n: torch.nn.Parameter(p.detach().clone()) for n, p in init.named_parameters()}
+        gs = groups_of(init)
+        ref_opt = torch.optim.AdamW([dict({k: v for k, v in g.items() if k != "params"},
+                                          params=[ref[n] for n, _ in g["params"]]) for g in gs],
+                                    lr=3e-3, foreach=False)
+        rng = np.random.default_rng(3)
+        for t in range(1, 16):
+            micro = [batch(rng, 8) for _ in range(3)]
+            for model, opt in ((hm, hopt), (pm, popt)):
+                for k, (x, y) in enumerate(micro):
+                    if k < len(micro) - 1:
+                        with opt.accumulating():
+                            loss_of(model, x, y).backward()
+                    else:
+                        loss_of(model, x, y).backward()
+            by_name = dict(hm.named_parameters())
+            for n in names:
+                ref[n].grad = bf16_round(by_name[n].grad)
+            hopt.step()
+            popt.step()
+            ref_opt.step()
+            for opt in (hopt, popt):
+                opt.zero_grad()
+                self.assertEqual(opt.last_result, "committed")
+            self.assertTrue(hopt.last_step_hooked, f"step {t} was written again")
+            self.assertFalse(popt.last_step_hooked)
+            # each gradient written once, each param read back once
+            self.assertEqual(hopt.last_step_bytes, popt.last_step_bytes)
+            self.assertEqual(hopt.last_step_bytes["params_read"], 2 * sum(p.numel() for p in hm.parameters()))
+            self.assert_same_masters(hopt, popt, f"step {t}")
+            for n in names:
+                r = tol_ratio(hopt.read_state(n)[0].numpy(), ref[n].detach().numpy())
+                self.assertLessEqual(r, 1.0, f"step {t} {n}: master vs torch {r:.2f} x tolerance")
+                self.assertTrue(torch.equal(by_name[n].detach(), bf16_round(hopt.read_state(n)[0])))
+
+    def run_both(self, pairs, rng, between, hooked):
+        x, y = batch(rng)
+        for model, opt in pairs:
+            loss_of(model, x, y).backward()
+            between(model, opt)
+            opt.step()
+            opt.zero_grad()
+            self.assertEqual(opt.last_result, "committed")
+        self.assertEqual(pairs[0][1].last_step_hooked, hooked)
+        self.assert_same_masters(pairs[0][1], pairs[1][1], "step")
+
+    def test_what_step_decides_later_is_caught(self):
+        pairs = self.pair()
+        rng = np.random.default_rng(5)
+        self.run_both(pairs, rng, lambda m, o: None, True)
+        # clipping active: the coefficient is known only after backward
+        self.run_both(pairs, rng, lambda m, o: o.clip_grad_norm_(1e-3), False)
+        # clipping inactive: the hooked writes stand
+        self.run_both(pairs, rng, lambda m, o: o.clip_grad_norm_(1e6), True)
+
+        def lr_after_backward(m, o):
+            for g in o.param_groups:
+                g["lr"] = 1e-3
+        self.run_both(pairs, rng, lr_after_backward, False)
+        self.run_both(pairs, rng, lambda m, o: None, True)   # and it stays
+
+        def twice(m, o):
+            x, y = batch(np.random.default_rng(11))
+            loss_of(m, x, y).backward()
+        self.run_both(pairs, rng, twice, False)
+
+        def drop_grad(m, o):
+            m[0].bias.grad = None
+        self.run_both(pairs, rng, drop_grad, False)
+
+        def in_place(m, o):
+            m[0].weight.grad.mul_(0.5)
+        self.run_both(pairs, rng, in_place, False)
+
+    def test_param_without_gradient_is_skipped(self):
+        pairs = self.pair()
+        rng = np.random.default_rng(9)
+        for model, opt in pairs:
+            model[1].weight.requires_grad_(False)   # LayerNorm's weight: no gradient
+        for _ in range(3):
+            self.run_both(pairs, rng, lambda m, o: None, True)
+        for _, opt in pairs:
+            self.assertEqual(opt.device.tensor_step("1.weight"), 0)
+            self.assertEqual(opt.device.tensor_step("0.weight"), 3)
+
+
+if __name__ == "__main__":
+    unittest.main()
