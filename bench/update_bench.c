@@ -112,6 +112,13 @@ struct meas {
 	double med, min, max;
 };
 
+static struct meas meas_of(const char *name, int kind, ceiling_fn cfn, ckpt_update_fn ufn,
+			   u32 dtype, int ok)
+{
+	return (struct meas){.name = name, .kind = kind, .cfn = cfn, .ufn = ufn, .dtype = dtype,
+			     .ok = ok};
+}
+
 static int cmp_double(const void *a, const void *b)
 {
 	double x = *(const double *)a, y = *(const double *)b;
@@ -186,29 +193,29 @@ int main(int argc, char **argv)
 	double ceiling = 1e30, dispatched = 0;
 
 #if defined(__x86_64__)
-	ms[nm++] = (struct meas){"ceiling[sse2]", 0, ceiling_sse2, NULL, 0, 1};
-	ms[nm++] = (struct meas){"ceiling[avx2]", 0, ceiling_avx2, NULL, 0, ckpt_cpu_has_avx2()};
-	ms[nm++] = (struct meas){"ceiling[avx512]", 0, ceiling_avx512, NULL, 0, ckpt_cpu_has_avx512()};
+	ms[nm++] = meas_of("ceiling[sse2]", 0, ceiling_sse2, NULL, 0, 1);
+	ms[nm++] = meas_of("ceiling[avx2]", 0, ceiling_avx2, NULL, 0, ckpt_cpu_has_avx2());
+	ms[nm++] = meas_of("ceiling[avx512]", 0, ceiling_avx512, NULL, 0, ckpt_cpu_has_avx512());
 #elif defined(__aarch64__)
-	ms[nm++] = (struct meas){"ceiling[neon]", 0, ceiling_neon, NULL, 0, 1};
-	ms[nm++] = (struct meas){"ceiling[sve]", 0, ceiling_sve, NULL, 0, ckpt_cpu_has_sve()};
+	ms[nm++] = meas_of("ceiling[neon]", 0, ceiling_neon, NULL, 0, 1);
+	ms[nm++] = meas_of("ceiling[sve]", 0, ceiling_sve, NULL, 0, ckpt_cpu_has_sve());
 #endif
 	for (unsigned int i = 0; i < nv; i++) {
 		static char names[CKPT_UPDATE_VARIANTS_MAX][40];
 
 		snprintf(names[i], sizeof(names[i]), "update[%s]", var[i].name);
-		ms[nm++] = (struct meas){names[i], 1, NULL, var[i].update, CKPT_DTYPE_FP16,
-					 var[i].available};
+		ms[nm++] = meas_of(names[i], 1, NULL, var[i].update, CKPT_DTYPE_FP16,
+					 var[i].available);
 	}
-	ms[nm++] = (struct meas){"update[dispatched,bf16]", 1, NULL, ckpt_update_chunk,
-				 CKPT_DTYPE_BF16, 1};
+	ms[nm++] = meas_of("update[dispatched,bf16]", 1, NULL, ckpt_update_chunk,
+				 CKPT_DTYPE_BF16, 1);
 #ifdef CKPT_BENCH_KMOD_FPU
-	ms[nm++] = (struct meas){"update[kmod sse2]", 1, NULL, dm_ckpt_update_sse2, CKPT_DTYPE_FP16,
-				 1};
-	ms[nm++] = (struct meas){"update[kmod avx2+f16c]", 1, NULL, dm_ckpt_update_avx2,
-				 CKPT_DTYPE_FP16, ckpt_cpu_has_f16c()};
-	ms[nm++] = (struct meas){"update[kmod avx512+f16c]", 1, NULL, dm_ckpt_update_avx512,
-				 CKPT_DTYPE_FP16, ckpt_cpu_has_avx512()};
+	ms[nm++] = meas_of("update[kmod sse2]", 1, NULL, dm_ckpt_update_sse2, CKPT_DTYPE_FP16,
+				 1);
+	ms[nm++] = meas_of("update[kmod avx2+f16c]", 1, NULL, dm_ckpt_update_avx2,
+				 CKPT_DTYPE_FP16, ckpt_cpu_has_f16c());
+	ms[nm++] = meas_of("update[kmod avx512+f16c]", 1, NULL, dm_ckpt_update_avx512,
+				 CKPT_DTYPE_FP16, ckpt_cpu_has_avx512());
 #endif
 
 	printf("ckpt_bench_update: %llu params (%.0f MiB touched per pass, 28 B/param), "

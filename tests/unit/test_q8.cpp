@@ -80,8 +80,9 @@ TEST(Q8, MapsAreSortedWithZeroAndOne)
 	for (const uint32_t *code : {ckpt_q8_code_m, ckpt_q8_code_v}) {
 		bool zero = false;
 		for (int j = 0; j < 256; j++) {
-			if (j)
+			if (j) {
 				ASSERT_LT(flt(code[j - 1]), flt(code[j])) << j;
+			}
 			zero |= code[j] == 0;
 		}
 		EXPECT_TRUE(zero);
