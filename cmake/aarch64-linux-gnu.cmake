@@ -18,7 +18,14 @@ set(CMAKE_FIND_ROOT_PATH_MODE_PROGRAM NEVER)
 set(ENV{PKG_CONFIG_LIBDIR} "/usr/lib/aarch64-linux-gnu/pkgconfig:/usr/share/pkgconfig")
 set(ENV{PKG_CONFIG_PATH} "")
 
-# qemu-aarch64 from qemu-user; the arm64 libc and loader of multiarch
-# (libc6:arm64) are found at their usual paths, the cross libc as fallback.
+# qemu-aarch64 from qemu-user, with the loader and libc of multiarch
+# (libc6:arm64) at their usual paths (-L /). Not -L /usr/aarch64-linux-gnu:
+# that takes the loader from the cross toolchain's libc, while the loader
+# then finds libc.so.6 through /etc/ld.so.cache in multiarch's libc6:arm64,
+# another build of glibc; the mismatched pair spins forever in the first
+# pthread_create (every test that starts the engine's threads hung).
 find_program(CKPT_QEMU_AARCH64 NAMES qemu-aarch64 qemu-aarch64-static REQUIRED)
-set(CMAKE_CROSSCOMPILING_EMULATOR ${CKPT_QEMU_AARCH64} -L /usr/aarch64-linux-gnu)
+if(NOT EXISTS /lib/ld-linux-aarch64.so.1)
+  message(FATAL_ERROR "/lib/ld-linux-aarch64.so.1 missing: install libc6:arm64 (scripts/deps.sh --aarch64)")
+endif()
+set(CMAKE_CROSSCOMPILING_EMULATOR ${CKPT_QEMU_AARCH64} -L /)
