@@ -154,6 +154,18 @@ class _NodeHook:
         self.node = None
 
 
+def _skip_grad(dev, name, n):
+    """A param without a gradient: torch skips it (no decay, no moment decay,
+    its own step count). An image formatted before skips existed gets zeros."""
+    try:
+        dev.skip(name)
+        return
+    except CkptError as e:
+        if e.name != "E_FEATURE":
+            raise
+    dev.write_grad(name, np.zeros(n, dtype=np.uint16))
+
+
 class OffloadAdamW(torch.optim.Optimizer):
     """AdamW (torch.optim.AdamW's algorithm) run by a dm-ckpt device.
 
@@ -604,14 +616,7 @@ class OffloadAdamW(torch.optim.Optimizer):
                 if i in written:
                     continue
                 if p.grad is None:
-                    # torch skips it: no decay, no moment decay, its own step count
-                    try:
-                        dev.skip(n)
-                        continue
-                    except CkptError as e:
-                        if e.name != "E_FEATURE":  # an image formatted before skips
-                            raise
-                    dev.write_grad(n, np.zeros(p.numel(), dtype=np.uint16))
+                    _skip_grad(dev, n, p.numel())
                 else:
                     self._write_grad(i)
             return dev.commit(blob_now())
@@ -767,19 +772,11 @@ class OffloadAdamW(torch.optim.Optimizer):
         for dn, i, a, b, _, gi in self._pieces:
             g = grads[i]
             if g is None:
-                # torch skips it: no decay, no moment decay, its own step count
-                try:
-                    dev.skip(dn)
-                    continue
-                except CkptError as e:
-                    if e.name != "E_FEATURE":  # an image formatted before skips
-                        raise
-                w = np.zeros(b - a, dtype=np.float16 if dtype == "fp16" else np.uint16)
-            else:
-                if b - a != g.numel():
-                    g = g.reshape(-1)[a:b]
-                w = torch_to_lowp(g, dtype, negate=self.param_groups[gi]["maximize"])
-            dev.write_grad(dn, w)
+                _skip_grad(dev, dn, b - a)
+                continue
+            if b - a != g.numel():
+                g = g.reshape(-1)[a:b]
+            dev.write_grad(dn, torch_to_lowp(g, dtype, negate=self.param_groups[gi]["maximize"]))
 
     def _read_back(self):
         dtype = self.device.dtype
