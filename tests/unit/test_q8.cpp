@@ -5,6 +5,7 @@
 // the map's resolution of the values they stand for.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -20,19 +21,8 @@ extern "C" {
 
 namespace {
 
-uint32_t bits(float f)
-{
-	uint32_t u;
-	std::memcpy(&u, &f, 4);
-	return u;
-}
-
-float flt(uint32_t u)
-{
-	float f;
-	std::memcpy(&f, &u, 4);
-	return f;
-}
+uint32_t bits(float f) { return std::bit_cast<uint32_t>(f); }
+float flt(uint32_t u) { return std::bit_cast<float>(u); }
 
 // The Q8 part of a record's data for n params (its own buffer).
 struct Q8 {
