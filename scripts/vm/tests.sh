@@ -13,7 +13,8 @@
 #
 #   scripts/vm/tests.sh [--matrix "6.1:max 6.1:qemu64 6.12:max:8bit"]
 #                       [--params N] [--steps N] [--seed N] [--presteps N] [--state fp32|8bit]
-#                       [--only harness|kmod|identity|scripts|assembly]
+#                       [--only harness|kmod|identity|scripts|assembly|SCRIPT]
+# --only SCRIPT: only the guest script tests/vm/SCRIPT.sh.
 # --presteps N: the host commits the first N steps (default 0) with the
 # userspace engine before the image is copied; both sides then continue from
 # step N+1 (so the kernel starts from a state the userspace engine wrote).
@@ -237,11 +238,18 @@ count_tap() {
 
 # Guest scripts (tests/vm/*.sh: the tools against the kernel target), TAP on
 # the console; run once per kernel, with -cpu max.
+# A script with "once" on its "# vm:" line (a long one, e.g. nvmeof.sh) runs
+# on the first -cpu max entry only. --only NAME runs the script NAME alone.
 scripts_run() { # KERNEL CPU DIR
 	local k=$1 c=$2 d=$3 rc script name
 	for script in "$ROOT"/tests/vm/*.sh; do
 		[ -f "$script" ] || continue
 		name=$(basename "$script" .sh)
+		case $only in "" | scripts | "$name") ;; *) continue ;; esac
+		if grep -qE '^#[[:space:]]*vm:.*[[:space:]]once([[:space:]]|$)' "$script"; then
+			case " ${scripts_once:-} " in *" $name "*) continue ;; esac
+			scripts_once="${scripts_once:-} $name"
+		fi
 		log "$kl/$c: $name"
 		"$RUN" --kernel "$k" --cpu "$c" --log "$d/$name.log" "${run_args[@]}" "$script" \
 			>"$d/$name.out" 2>"$d/$name.runner"
@@ -335,7 +343,7 @@ if [ $preflight_ok = 1 ]; then
 			identity_run "$k" "$c" "$d" "$( (((n_combo + n_kernel) % 2)) && echo fp16 || echo bf16)" \
 				"$entry_state"
 		fi
-		if want scripts && [ "$c" = max ]; then scripts_run "$k" "$c" "$d"; fi
+		if { want scripts || [ -f "$ROOT/tests/vm/$only.sh" ]; } && [ "$c" = max ]; then scripts_run "$k" "$c" "$d"; fi
 		if want assembly && [ "$c" = max ] && [ -z "${assembly_done:-}" ]; then
 			assembly_run "$k" "$c" "$d"
 			assembly_done=1
