@@ -13,7 +13,7 @@
 #
 #   scripts/vm/tests.sh [--matrix "6.1:max 6.1:qemu64 6.12:max:8bit"]
 #                       [--params N] [--steps N] [--seed N] [--presteps N] [--state fp32|8bit]
-#                       [--only harness|kmod|identity|scripts|assembly|SCRIPT]
+#                       [--only harness|kmod|identity|scripts|assembly|nvmeof|SCRIPT]
 # --only SCRIPT: only the guest script tests/vm/SCRIPT.sh.
 # --presteps N: the host commits the first N steps (default 0) with the
 # userspace engine before the image is copied; both sides then continue from
@@ -238,18 +238,13 @@ count_tap() {
 
 # Guest scripts (tests/vm/*.sh: the tools against the kernel target), TAP on
 # the console; run once per kernel, with -cpu max.
-# A script with "once" on its "# vm:" line (a long one, e.g. nvmeof.sh) runs
-# on the first -cpu max entry only. --only NAME runs the script NAME alone.
+# --only NAME runs the script NAME alone.
 scripts_run() { # KERNEL CPU DIR
 	local k=$1 c=$2 d=$3 rc script name
 	for script in "$ROOT"/tests/vm/*.sh; do
 		[ -f "$script" ] || continue
 		name=$(basename "$script" .sh)
 		case $only in "" | scripts | "$name") ;; *) continue ;; esac
-		if grep -qE '^#[[:space:]]*vm:.*[[:space:]]once([[:space:]]|$)' "$script"; then
-			case " ${scripts_once:-} " in *" $name "*) continue ;; esac
-			scripts_once="${scripts_once:-} $name"
-		fi
 		log "$kl/$c: $name"
 		"$RUN" --kernel "$k" --cpu "$c" --log "$d/$name.log" "${run_args[@]}" "$script" \
 			>"$d/$name.out" 2>"$d/$name.runner"
@@ -285,6 +280,53 @@ assembly_run() { # KERNEL CPU DIR
 	done
 }
 
+# NVMe-oF (scripts/vm/guest/nvmeof-*.sh, tests/vm/nvmeof.py): two guests on
+# one qemu socket network (10.0.2.0/24, nothing beyond the host's loopback).
+# The host formats the image and trains the reference with the userspace
+# engine; the storage guest holds the image (NVMe namespace 1) and a plain
+# device for the baseline (namespace 2), creates the kernel target and serves
+# both; the trainer guest, with no image, connects with nvme-tcp and trains
+# through the namespace with OffloadAdamW, bit-identical to the reference,
+# and counts its interface's bytes against the baseline. Once per suite, on
+# the last -cpu max entry: ~2 min under TCG, most of it the trainer's
+# `import torch` over 9p.
+nvmeof_run() { # KERNEL CPU DIR
+	local k=$1 c=$2 d=$3/nvmeof rc src port
+	local nqn=nqn.2014-08.org.example.dm-ckpt:ckpt0 plain_nqn=nqn.2014-08.org.example.dm-ckpt:plain
+	mkdir -p "$d"
+	log "$kl/$c: NVMe-oF, a storage guest and a trainer guest"
+	if ! PYTHONPATH=$BUILD_DIR/python /usr/bin/python3 "$ROOT/tests/vm/nvmeof.py" prep "$d/img" "$d/plain" "$d/ref" \
+		>"$d/prep.out" 2>&1; then
+		not_ok "$kl/$c nvmeof: the host's reference and image failed: $(tail -1 "$d/prep.out")"
+		return
+	fi
+	# a free port of the host's loopback for the qemu socket network
+	for ((port = 20000 + RANDOM % 20000; ; port++)); do
+		grep -qi ":$(printf %04X $port) " /proc/net/tcp || break
+	done
+	"$RUN" --kernel "$k" --cpu "$c" --quiet --image "$d/img" --image "$d/plain" --net "listen:$port" \
+		--ip 10.0.2.1/24 --log "$d/storage.log" --timeout 600 "${run_args[@]}" "$VM_DIR/guest/nvmeof-storage.sh" \
+		10.0.2.1 "$nqn" "$plain_nqn" 5 2>"$d/storage.runner" &
+	local spid=$!
+	# the trainer's qemu connects once the storage's listens
+	for ((src = 0; src < 600; src++)); do
+		grep -qi "0100007F:$(printf %04X $port) 00000000:0000 0A" /proc/net/tcp && break
+		kill -0 $spid 2>/dev/null || break
+		sleep 0.1
+	done
+	"$RUN" --kernel "$k" --cpu "$c" --quiet --no-ckpt --image-size 64M --net "connect:$port" --ip 10.0.2.2/24 \
+		--log "$d/trainer.log" --timeout 600 "${run_args[@]}" "$VM_DIR/guest/nvmeof-trainer.sh" 10.0.2.1 "$d/ref" \
+		2>"$d/trainer.runner"
+	rc=$?
+	tr -d '\r' <"$d/trainer.log" | grep -aE '^(ok|not ok|#) ' >"$d/trainer.out"
+	count_tap "$kl/$c nvmeof trainer" $rc "$d/trainer"
+	wait $spid
+	rc=$?
+	tr -d '\r' <"$d/storage.log" | grep -aE '^(ok|not ok|#) ' >"$d/storage.out"
+	count_tap "$kl/$c nvmeof storage" $rc "$d/storage"
+	grep -h '^# wire bytes' "$d/trainer.out" || true
+}
+
 # The runner's boot-crash retry (scripts/vm/run): a guest that panics before
 # /init ran is booted again and reported, one that crashes after is not.
 harness_run() { # KERNEL DIR
@@ -317,6 +359,12 @@ if [ $preflight_ok = 1 ] && want harness; then
 	harness_run "${matrix%%:*}" "$results/harness"
 fi
 
+# the NVMe-oF test runs on the last -cpu max entry of the matrix
+nvmeof_combo=""
+for combo in $matrix; do
+	case $combo in *:max | *:max:*) nvmeof_combo=$combo ;; esac
+done
+
 if [ $preflight_ok = 1 ]; then
 	for combo in $matrix; do
 		# KERNEL[:CPU[:STATE]]: STATE (fp32 or 8bit) overrides --state for
@@ -344,6 +392,7 @@ if [ $preflight_ok = 1 ]; then
 				"$entry_state"
 		fi
 		if { want scripts || [ -f "$ROOT/tests/vm/$only.sh" ]; } && [ "$c" = max ]; then scripts_run "$k" "$c" "$d"; fi
+		if want nvmeof && [ "$combo" = "$nvmeof_combo" ]; then nvmeof_run "$k" "$c" "$d"; fi
 		if want assembly && [ "$c" = max ] && [ -z "${assembly_done:-}" ]; then
 			assembly_run "$k" "$c" "$d"
 			assembly_done=1
