@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""The trainer of the NVMe-oF test (scripts/vm/nvmeof.sh): a dm-ckpt device
+"""The trainer of the NVMe-oF test (scripts/vm/tests.sh, nvmeof_run): a dm-ckpt device
 served over NVMe/TCP by another guest (ckptctl serve) is trained through with
 ckpt.torch.OffloadAdamW on the NVMe-oF namespace, and must agree bit for bit
 with the userspace engine; the bytes on the trainer's interface per param per
@@ -43,6 +43,7 @@ STEPS = WARM + MEASURE
 DTYPE = "bf16"
 NQN = "nqn.2014-08.org.example.dm-ckpt:ckpt0"
 PLAIN_NQN = "nqn.2014-08.org.example.dm-ckpt:plain"
+HOST_NQN = "nqn.2014-08.org.example.dm-ckpt:trainer"    # the one host the storage allows
 PORT = "4420"
 TMP = tempfile.gettempdir()
 failures = 0
@@ -120,18 +121,18 @@ def state_of(path):
                 dev.committed_step)
 
 
-def connect(addr, nqn, wait=300):
+def connect(addr, nqn, host=HOST_NQN, wait=300):
     """nvme connect -t tcp, as nvme-cli does it (a line to /dev/nvme-fabrics),
-    retried until the storage node serves nqn."""
+    as host; retried for wait seconds until the storage node serves nqn."""
     t0 = time.monotonic()
     while True:
         try:
             with open("/dev/nvme-fabrics", "w") as f:
-                f.write(f"transport=tcp,traddr={addr},trsvcid={PORT},nqn={nqn}")
-            return
+                f.write(f"transport=tcp,traddr={addr},trsvcid={PORT},nqn={nqn},hostnqn={host}")
+            return ""
         except OSError as e:
-            if time.monotonic() - t0 > wait:
-                raise SystemExit(f"cannot connect to {nqn} at {addr}:{PORT}: {e}")
+            if time.monotonic() - t0 >= wait:
+                return str(e)
             time.sleep(1)
 
 
@@ -232,8 +233,12 @@ def train_remote(addr, ref):
     check("the trainer holds no dm-ckpt image (no local device answers as one)",
           not any(d.startswith("dm-") for d in os.listdir("/sys/block")))
 
-    connect(addr, NQN)
-    connect(addr, PLAIN_NQN)
+    for nqn in (NQN, PLAIN_NQN):
+        err = connect(addr, nqn)
+        if err:
+            raise SystemExit(f"cannot connect to {nqn} at {addr}:{PORT}: {err}")
+    err = connect(addr, NQN, host=HOST_NQN + "-other", wait=0)
+    check(f"another host is refused by {NQN} (ckptctl serve --host)", err, "it connected")
     remote = namespace(NQN, 1)
     remote_plain = namespace(PLAIN_NQN, 1)
     say(f"# served by {addr}: {remote} (dm-ckpt), {namespace(NQN, 2)} (its backing), {remote_plain} (baseline)")

@@ -263,22 +263,47 @@ std::string free_port_id()
 
 fs::path state_file(const std::string &nqn) { return state_dir / (nqn + ".json"); }
 
-// A port serve made is removed with its last subsystem: while another
-// served subsystem still uses it, that one's record takes it over.
-void remove_port(const fs::path &port, const std::string &nqn)
+// A port or host entry serve made goes with the last subsystem that uses
+// it. While other subsystems (users) still do, it stays: the record of one
+// that serve made takes it over (take), else it is left to whoever made them.
+void remove_shared(const fs::path &entry, const std::vector<std::string> &users,
+		   const std::function<void(json &)> &take)
 {
-	std::error_code ec;
-	for (const auto &e : fs::directory_iterator(port / "subsystems", ec)) {
-		const fs::path sf = state_file(e.path().filename().string());
+	if (users.empty())
+		return remove_entry(entry);
+	for (const auto &u : users) {
+		const fs::path sf = state_file(u);
 		std::ifstream in(sf);
 		json s = json::parse(in, nullptr, false);
-		if (e.path().filename() == nqn || s.is_discarded() || !s.is_object())
+		if (s.is_discarded() || !s.is_object())
 			continue;
-		s["port_created"] = true;
-		std::ofstream(sf) << s.dump(2) << "\n";
+		take(s);
+		std::ofstream out(sf);
+		out << s.dump(2) << "\n";
+		if (!out.flush())
+			fail(CKPT_E_IO, "cannot write {}", sf.string());
 		return;
 	}
-	remove_entry(port);
+	fmt::print(stderr, "ckptctl: {} is left: subsystem {} uses it\n", entry.string(), users[0]);
+}
+
+std::vector<std::string> port_users(const fs::path &port)
+{
+	std::vector<std::string> users;
+	std::error_code ec;
+	for (const auto &e : fs::directory_iterator(port / "subsystems", ec))
+		users.push_back(e.path().filename().string());
+	return users;
+}
+
+std::vector<std::string> host_users(const std::string &host)
+{
+	std::vector<std::string> users;
+	std::error_code ec;
+	for (const auto &e : fs::directory_iterator(nvmet / "subsystems", ec))
+		if (fs::is_symlink(e.path() / "allowed_hosts" / host, ec))
+			users.push_back(e.path().filename().string());
+	return users;
 }
 
 // What serve made, as recorded: the undo list of unserve.
@@ -287,10 +312,15 @@ void undo_of(const json &s, Undo &undo)
 	const fs::path sub = nvmet / "subsystems" / s.at("nqn").get<std::string>();
 	const fs::path port = nvmet / "ports" / s.at("port").get<std::string>();
 	if (s.at("port_created").get<bool>())
-		undo.add([port, nqn = s.at("nqn").get<std::string>()] { remove_port(port, nqn); });
+		undo.add([port] {
+			remove_shared(port, port_users(port), [](json &other) { other["port_created"] = true; });
+		});
 	undo.add([sub] { remove_entry(sub); });
 	for (const auto &h : s.at("hosts_created"))
-		undo.add([h = h.get<std::string>()] { remove_entry(nvmet / "hosts" / h); });
+		undo.add([h = h.get<std::string>()] {
+			remove_shared(nvmet / "hosts" / h, host_users(h),
+				      [&h](json &other) { other["hosts_created"].push_back(h); });
+		});
 	for (const auto &h : s.at("hosts"))
 		undo.add([sub, h = h.get<std::string>()] { remove_entry(sub / "allowed_hosts" / h); });
 	for (const auto &n : s.at("namespaces")) {

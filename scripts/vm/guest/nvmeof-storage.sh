@@ -1,16 +1,17 @@
 #!/bin/sh
 # vm: nvmeof
-# The storage node of the NVMe-oF test (scripts/vm/nvmeof.sh): namespace 1
-# holds a dm-ckpt image formatted on the host, namespace 2 is a plain device
-# for the baseline. It creates the kernel target, serves it with ckptctl
-# serve on ADDR (and the plain device through nvmet's configfs, on the same
-# port), waits for the trainer's "done" on TCP port 4421, then checks the
-# steps it committed, unserves, and checks that nothing of serve is left.
+# The storage node of the NVMe-oF test (scripts/vm/tests.sh, nvmeof_run):
+# namespace 1 holds a dm-ckpt image formatted on the host, namespace 2 is a
+# plain device for the baseline. It creates the kernel target, serves it with
+# ckptctl serve on ADDR to the trainer's HOST_NQN (and the plain device, to
+# any host, through nvmet's configfs, on the same port), waits for the
+# trainer's "done" on TCP port 4421, then checks the steps it committed,
+# unserves, and checks that nothing of serve is left.
 #
-#   nvmeof-storage.sh ADDR NQN PLAIN_NQN STEPS
+#   nvmeof-storage.sh ADDR NQN PLAIN_NQN HOST_NQN STEPS
 # TAP on the console; the exit status is 0 when all passed, else 1.
 set -u
-addr=${1:?usage: nvmeof-storage.sh ADDR NQN PLAIN_NQN STEPS} nqn=$2 plain_nqn=$3 steps=$4
+addr=${1:?usage: nvmeof-storage.sh ADDR NQN PLAIN_NQN HOST_NQN STEPS} nqn=$2 plain_nqn=$3 host_nqn=$4 steps=$5
 TAP_OUT=/tmp/nvmeof-storage.out
 . /ckpt/lib/tap.sh
 cd /tmp || exit 1
@@ -34,7 +35,8 @@ ok "eth0 is $addr" sh -c "ip -4 addr show eth0 | grep -q 'inet $addr/'"
 find $nvmet | sort >/tmp/nvmet.before
 
 ok "ckptctl create ckpt0 $img" has "committed step 0" ckptctl create ckpt0 "$img"
-ok "ckptctl serve ckpt0 on $addr" has "served as $nqn" ckptctl serve ckpt0 --nqn "$nqn" --addr "$addr"
+ok "ckptctl serve ckpt0 on $addr to $host_nqn" has "served as $nqn" \
+	ckptctl serve ckpt0 --nqn "$nqn" --addr "$addr" --host "$host_nqn"
 fails_with "a second serve of the device is refused" 1 "served already" \
 	ckptctl serve /dev/mapper/ckpt0 --nqn "${nqn}x" --addr "$addr"
 fails_with "serve refuses a device that is not dm-ckpt" 1 "not a device-mapper device" \

@@ -1,6 +1,6 @@
 #!/bin/sh
 # vm: hostfs nvmeof
-# The trainer node of the NVMe-oF test (scripts/vm/nvmeof.sh): no image of
+# The trainer node of the NVMe-oF test (scripts/vm/tests.sh, nvmeof_run): no image of
 # its own; it connects with nvme-tcp to the storage node at ADDR, trains
 # through the served namespace with OffloadAdamW (tests/vm/nvmeof.py, the
 # host's Python through hostrun) against the reference in REF, counts the
