@@ -43,7 +43,11 @@ STEPS = WARM + MEASURE
 DTYPE = "bf16"
 NQN = "nqn.2014-08.org.example.dm-ckpt:ckpt0"
 PLAIN_NQN = "nqn.2014-08.org.example.dm-ckpt:plain"
-HOST_NQN = "nqn.2014-08.org.example.dm-ckpt:trainer"    # the one host the storage allows
+# the one host the storage allows, and another; each NQN has its host id (the
+# kernel refuses a host NQN with another's id)
+HOST_NQN = "nqn.2014-08.org.example.dm-ckpt:trainer"
+HOST_IDS = {HOST_NQN: "5f0e2c1a-6d4b-4c7e-9a51-000000000001",
+            HOST_NQN + "-other": "5f0e2c1a-6d4b-4c7e-9a51-000000000002"}
 PORT = "4420"
 TMP = tempfile.gettempdir()
 failures = 0
@@ -128,7 +132,8 @@ def connect(addr, nqn, host=HOST_NQN, wait=300):
     while True:
         try:
             with open("/dev/nvme-fabrics", "w") as f:
-                f.write(f"transport=tcp,traddr={addr},trsvcid={PORT},nqn={nqn},hostnqn={host}")
+                f.write(f"transport=tcp,traddr={addr},trsvcid={PORT},nqn={nqn},hostnqn={host},"
+                        f"hostid={HOST_IDS[host]}")
             return ""
         except OSError as e:
             if time.monotonic() - t0 >= wait:
