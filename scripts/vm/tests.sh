@@ -299,7 +299,7 @@ assembly_run() { # KERNEL CPU DIR
 # the last -cpu max entry with a Debian kernel: 2-4 min under TCG, most of
 # it the trainer's `import torch` over 9p.
 nvmeof_run() { # KERNEL CPU DIR
-	local k=$1 c=$2 d=$3/nvmeof rc src port
+	local k=$1 c=$2 d=$3/nvmeof rc i port
 	local nqn=nqn.2014-08.org.example.dm-ckpt:ckpt0 plain_nqn=nqn.2014-08.org.example.dm-ckpt:plain
 	mkdir -p "$d"
 	log "$kl/$c: NVMe-oF, a storage guest and a trainer guest"
@@ -317,7 +317,7 @@ nvmeof_run() { # KERNEL CPU DIR
 		10.0.2.1 "$nqn" "$plain_nqn" nqn.2014-08.org.example.dm-ckpt:trainer 5 2>"$d/storage.runner" &
 	local spid=$!
 	# the trainer's qemu connects once the storage's listens
-	for ((src = 0; src < 600; src++)); do
+	for ((i = 0; i < 600; i++)); do
 		grep -qi "0100007F:$(printf %04X $port) 00000000:0000 0A" /proc/net/tcp && break
 		kill -0 $spid 2>/dev/null || break
 		sleep 0.1
