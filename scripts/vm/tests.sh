@@ -6,13 +6,16 @@
 #      through dm-ckpt in the guest and the seeded trace is replayed on
 #      /dev/mapper/ckpt, while the host replays the same trace on a copy with
 #      the userspace engine; then the two images must be identical (cmp) and
-#      the two traces' output too (diff).
+#      the two traces' output too (diff). The trace rolls a committed step
+#      back every --rollback-every steps (default 50; 0: never) and does it
+#      again, through the ROLLBACK command on both targets.
 # A crash, a kernel BUG/WARNING/Oops, a timeout or a missing program is a
 # failure. The last line is "N passed, N failed"; the exit status is non-zero
 # if anything failed.
 #
 #   scripts/vm/tests.sh [--matrix "6.1:max 6.1:qemu64 6.12:max:8bit"]
 #                       [--params N] [--steps N] [--seed N] [--presteps N] [--state fp32|8bit]
+#                       [--rollback-every N]
 #                       [--only harness|kmod|identity|scripts|assembly|nvmeof|SCRIPT]
 # --only SCRIPT: only the guest script tests/vm/SCRIPT.sh.
 # --presteps N: the host commits the first N steps (default 0) with the
@@ -21,7 +24,7 @@
 # --state 8bit: the byte identity image keeps 8-bit moments (feature Q8);
 # a matrix entry KERNEL:CPU:STATE sets it for that entry alone.
 # Environment: CKPT_VM_MATRIX, CKPT_VM_PARAMS, CKPT_VM_STEPS, CKPT_VM_SEED,
-# CKPT_VM_PRESTEPS, CKPT_VM_STATE,
+# CKPT_VM_PRESTEPS, CKPT_VM_STATE, CKPT_VM_ROLLBACK_EVERY,
 # CKPT_VM_PROGRAMS (only these tests/kmod programs),
 # CKPT_VM_EVERY_CPU=1 (run "// vm: cpu-independent" programs on every CPU
 # model too, and "# vm: once" scripts in every -cpu max entry), CKPT_VM_TIMEOUT (per VM run), CKPT_VM_RUN_ARGS (extra options for
@@ -45,6 +48,7 @@ params=${CKPT_VM_PARAMS:-1000000}
 steps=${CKPT_VM_STEPS:-200}
 seed=${CKPT_VM_SEED:-}
 presteps=${CKPT_VM_PRESTEPS:-0}
+rollback_every=${CKPT_VM_ROLLBACK_EVERY:-50}
 state=${CKPT_VM_STATE:-fp32}
 only=""
 while [ $# -gt 0 ]; do
@@ -54,6 +58,7 @@ while [ $# -gt 0 ]; do
 	--steps) steps=$2; shift 2 ;;
 	--seed) seed=$2; shift 2 ;;
 	--presteps) presteps=$2; shift 2 ;;
+	--rollback-every) rollback_every=$2; shift 2 ;;
 	--state) state=$2; shift 2 ;;
 	--only) only=$2; shift 2 ;;
 	-h|--help) sed -n '2,/^set -uo/p' "$0" | sed -e '/^set -uo/d' -e 's/^# \{0,1\}//'; exit 2 ;;
@@ -171,7 +176,7 @@ kmod_run() { # KERNEL CPU DIR
 identity_run() { # KERNEL CPU DIR DTYPE STATE
 	local k=$1 c=$2 d=$3 dtype=$4 state=$5 rc hrc kimg uimg
 	kimg=$d/kernel.img uimg=$d/user.img
-	log "$kl/$c: byte identity, $dtype, $state state, $params params, $presteps step(s) on the host then $steps steps in both${seed:+, seed $seed}"
+	log "$kl/$c: byte identity, $dtype, $state state, $params params, $presteps step(s) on the host then $steps steps in both, a rollback every $rollback_every${seed:+, seed $seed}"
 	if ! "$TRACE" "$kimg" --format --dtype "$dtype" --state "$state" --params "$params" --steps 0 \
 		${seed:+--seed "$seed"} >"$d/format.txt" 2>&1; then
 		not_ok "$kl/$c byte identity: ckpt-trace --format on the host failed: $(tail -1 "$d/format.txt")"
@@ -184,11 +189,12 @@ identity_run() { # KERNEL CPU DIR DTYPE STATE
 	fi
 	cp --sparse=always "$kimg" "$uimg"
 	# the userspace engine on the copy, while the guest runs
-	( "$TRACE" "$uimg" --steps "$steps" ${seed:+--seed "$seed"} >"$d/user.trace" 2>"$d/user.err"
+	( "$TRACE" "$uimg" --steps "$steps" --rollback-every "$rollback_every" ${seed:+--seed "$seed"} \
+		>"$d/user.trace" 2>"$d/user.err"
 	  echo $? >"$d/user.rc" ) &
 	local hpid=$!
 	"$RUN" --kernel "$k" --cpu "$c" --quiet --image "$kimg" --out "$d/identity" \
-		--log "$d/identity.log" "${run_args[@]}" "$VM_DIR/guest/byte-identity.sh" "$steps" $seed \
+		--log "$d/identity.log" "${run_args[@]}" "$VM_DIR/guest/byte-identity.sh" "$steps" "$rollback_every" $seed \
 		2>"$d/identity.runner"
 	rc=$?
 	sed 's/^/# /' "$d/identity.runner"
