@@ -12,12 +12,13 @@
 # if anything failed.
 #
 #   scripts/vm/tests.sh [--matrix "6.1:max 6.1:qemu64 6.12:max:8bit"]
-#                       [--params N] [--steps N] [--seed N] [--presteps N] [--state fp32|8bit]
+#                       [--params N] [--steps N] [--seed N] [--presteps N] [--state fp32|8bit|8bit-bf16]
 #                       [--only harness|kmod|identity|scripts|assembly]
 # --presteps N: the host commits the first N steps (default 0) with the
 # userspace engine before the image is copied; both sides then continue from
 # step N+1 (so the kernel starts from a state the userspace engine wrote).
 # --state 8bit: the byte identity image keeps 8-bit moments (feature Q8);
+# 8bit-bf16 also bf16 masters (feature BF16M; that entry's dtype is bf16);
 # a matrix entry KERNEL:CPU:STATE sets it for that entry alone.
 # Environment: CKPT_VM_MATRIX, CKPT_VM_PARAMS, CKPT_VM_STEPS, CKPT_VM_SEED,
 # CKPT_VM_PRESTEPS, CKPT_VM_STATE,
@@ -170,6 +171,7 @@ kmod_run() { # KERNEL CPU DIR
 identity_run() { # KERNEL CPU DIR DTYPE STATE
 	local k=$1 c=$2 d=$3 dtype=$4 state=$5 rc hrc kimg uimg
 	kimg=$d/kernel.img uimg=$d/user.img
+	[ "$state" != 8bit-bf16 ] || dtype=bf16	# bf16 masters need bf16 params
 	log "$kl/$c: byte identity, $dtype, $state state, $params params, $presteps step(s) on the host then $steps steps in both${seed:+, seed $seed}"
 	if ! "$TRACE" "$kimg" --format --dtype "$dtype" --state "$state" --params "$params" --steps 0 \
 		${seed:+--seed "$seed"} >"$d/format.txt" 2>&1; then
@@ -311,7 +313,7 @@ fi
 
 if [ $preflight_ok = 1 ]; then
 	for combo in $matrix; do
-		# KERNEL[:CPU[:STATE]]: STATE (fp32 or 8bit) overrides --state for
+		# KERNEL[:CPU[:STATE]]: STATE (fp32, 8bit, 8bit-bf16) overrides --state for
 		# this entry's byte identity run
 		k=${combo%%:*} c=${combo#*:} entry_state=$state
 		[ "$c" != "$combo" ] || c=max
