@@ -72,9 +72,10 @@ void load_spans(const std::vector<StateSpan> &spans, uint32_t chunk, uint32_t sh
 	}
 }
 
-// The p_lo of n masters at p: with BF16M they are the bf16 params themselves,
-// else fp32 ones rounded to nearest even (integer code where vectorized is
-// false: a skipped block's p_lo is the bits the update gave it).
+// The p_lo of the n masters from first in a record's data: with BF16M the
+// bf16 masters themselves, else the fp32 ones rounded to nearest even (the
+// same bits vectorized or, for the few blocks a step skips, by the integer
+// code the kernel uses outside its FPU sections).
 void plo_of_masters(const struct ckpt_sb &sb, const uint8_t *data, uint64_t first, uint16_t *plo,
 		    uint64_t n, bool vectorized)
 {
