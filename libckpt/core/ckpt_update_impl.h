@@ -378,6 +378,9 @@ static __always_inline u32 ckpt_q8_value(const u32 *code, u8 q, float scale)
  * scale), stepped in fp32 exactly as ckpt_update_loop does (the param update
  * uses the new fp32 moments), then encoded again with the block's new scale.
  * tmp: 2 * CKPT_Q8_BLOCK words of scratch for the new fp32 moments.
+ * bm (a compile-time constant like bf16 and l2): the masters at pv are bf16
+ * (BF16M), widened for the step, rounded back stochastically with sr's noise
+ * and copied to plo; else they are fp32 and sr is unused.
  */
 static __always_inline u32 ckpt_update_loop_q8(const struct ckpt_upd_k *k, const int bf16,
 					       const int l2, const u16 *__restrict grad,
