@@ -127,7 +127,7 @@ crash-campaign: crash-campaign-userspace crash-campaign-kernel
 crash-campaign-kernel:
 	$(MAKE) all
 	$(MAKE) kmod
-	BUILD=$(BUILD) CKPT_VM_MATRIX="6.1:max 6.1:qemu64 6.12:max 6.12:qemu64 6.1:max:8bit 6.12:qemu64:8bit" scripts/vm/tests.sh
+	BUILD=$(BUILD) CKPT_VM_MATRIX="6.1:max 6.1:qemu64 6.12:max 6.12:qemu64 6.1:max:8bit 6.12:qemu64:8bit 6.1:qemu64:8bit-bf16 6.12:max:8bit-bf16" scripts/vm/tests.sh
 	BUILD=$(BUILD) scripts/vm/powercut.sh --cuts 200 --params 65536 --steps 60
 	BUILD=$(BUILD) scripts/vm/logreplay.sh --steps 24 --kernel 6.12
 	BUILD=$(BUILD) scripts/vm/logreplay.sh --steps 24 --kernel 6.1
@@ -181,8 +181,8 @@ kmod:
 	BUILD=$(BUILD) scripts/vm/build-kmod.sh
 
 # every tests/kmod program and the byte-identity check, for each kernel/CPU of
-# CKPT_VM_MATRIX (default "6.1:max 6.12:max 6.12:qemu64:8bit", the last with
-# 8-bit moments; the crash campaign adds 6.1:qemu64)
+# CKPT_VM_MATRIX (default "6.1:max:8bit 6.12:max 6.12:qemu64:8bit-bf16": each
+# state layout once; the crash campaign adds 6.1:qemu64 and more states)
 check-vm: deps
 	$(MAKE) all
 	$(MAKE) kmod

@@ -24,3 +24,10 @@ u32 dm_ckpt_update_q8_avx2(const struct ckpt_hparams *hp, u32 grad_scale, u32 dt
 {
 	return ckpt_update_chunk_q8_body(hp, grad_scale, dtype, grad, p, s, tmp, plo, n);
 }
+
+u32 dm_ckpt_update_q8bf_avx2(const struct ckpt_hparams *hp, u32 grad_scale, const u16 *grad,
+			     u16 *p, const struct ckpt_q8_state *s, u32 *tmp, u16 *plo, u64 n,
+			     const struct ckpt_sr *sr)
+{
+	return ckpt_update_chunk_q8bf_body(hp, grad_scale, grad, p, s, tmp, plo, n, sr);
+}

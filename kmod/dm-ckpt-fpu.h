@@ -29,4 +29,12 @@ u32 dm_ckpt_update_q8_avx2(const struct ckpt_hparams *hp, u32 grad_scale, u32 dt
 			   const u16 *grad, u32 *p, const struct ckpt_q8_state *s, u32 *tmp,
 			   u16 *plo, u64 n);
 
+/* The same on bf16 masters (feature BF16M): ckpt_update_chunk_q8bf. */
+u32 dm_ckpt_update_q8bf_sse2(const struct ckpt_hparams *hp, u32 grad_scale, const u16 *grad,
+			     u16 *p, const struct ckpt_q8_state *s, u32 *tmp, u16 *plo, u64 n,
+			     const struct ckpt_sr *sr);
+u32 dm_ckpt_update_q8bf_avx2(const struct ckpt_hparams *hp, u32 grad_scale, const u16 *grad,
+			     u16 *p, const struct ckpt_q8_state *s, u32 *tmp, u16 *plo, u64 n,
+			     const struct ckpt_sr *sr);
+
 #endif /* DM_CKPT_FPU_H */

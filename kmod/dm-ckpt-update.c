@@ -133,9 +133,19 @@ static u32 update_slice(struct dm_ckpt_job *j, const struct ckpt_hparams *hp, u6
 	u32 *p = (u32 *)(j->rec + CKPT_BLOCK);
 	u16 *grad = j->grad + at, *plo = j->plo + at;
 	struct ckpt_q8_state q;
+	struct ckpt_sr sr;
 
+	if (j->incompat & CKPT_FEATURE_INCOMPAT_BF16M) {
+		ckpt_q8_state_at(p, j->c->sb->geo.chunk_shift, j->incompat, at, &q);
+		ckpt_sr_at(ckpt_sr_seed(j->c->sb->uuid), j->dst.step, (u64)j->chunk * cp + at, &sr);
+		if (ckpt_use_avx2)
+			return dm_ckpt_update_q8bf_avx2(hp, j->grad_scale, grad, (u16 *)p + at, &q,
+							j->q8_tmp, plo, k, &sr);
+		return dm_ckpt_update_q8bf_sse2(hp, j->grad_scale, grad, (u16 *)p + at, &q,
+						j->q8_tmp, plo, k, &sr);
+	}
 	if (j->incompat & CKPT_FEATURE_INCOMPAT_Q8) {
-		ckpt_q8_state_at(p, j->c->sb->geo.chunk_shift, at, &q);
+		ckpt_q8_state_at(p, j->c->sb->geo.chunk_shift, j->incompat, at, &q);
 		if (ckpt_use_avx2)
 			return dm_ckpt_update_q8_avx2(hp, j->grad_scale, j->c->dtype, grad, p + at,
 						      &q, j->q8_tmp, plo, k);
@@ -173,8 +183,9 @@ static u32 run_update(struct dm_ckpt_job *j, const struct ckpt_hparams *hp, u64 
 
 /*
  * The chunk's update in the core's runs (ckpt_step_run): skipped blocks keep
- * p, m, v and get their p_lo rounded again (integer code, no FPU); the others
- * are updated with their run's bias correction.
+ * p, m, v and get their p_lo rounded again (integer code, no FPU; with bf16
+ * masters, the masters themselves); the others are updated with their run's
+ * bias correction.
  */
 static u32 run_chunk(struct dm_ckpt_job *j)
 {
@@ -184,7 +195,9 @@ static u32 run_chunk(struct dm_ckpt_job *j)
 	u64 pos = 0;
 
 	while (ckpt_step_run(&j->c->step, j->chunk, j->group, &pos, &run)) {
-		if (run.skip)
+		if (run.skip && (j->incompat & CKPT_FEATURE_INCOMPAT_BF16M))
+			memcpy(j->plo + run.first, (const u16 *)p + run.first, run.n * 2);
+		else if (run.skip)
 			ckpt_round_params_int(j->c->dtype, p + run.first, j->plo + run.first,
 					      run.n);
 		else

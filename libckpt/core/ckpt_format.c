@@ -169,6 +169,10 @@ int ckpt_layout_compute_features(const struct ckpt_geometry *g, u32 incompat,
 		return -CKPT_E_FEATURE;
 	if ((incompat & CKPT_FEATURE_INCOMPAT_COUNTS) && g->chunk_shift > CKPT_COUNTS_MAX_SHIFT)
 		return -CKPT_E_FEATURE;
+	/* bf16 masters: with 8-bit moments and bf16 params, what the update implements */
+	if ((incompat & CKPT_FEATURE_INCOMPAT_BF16M) &&
+	    (!(incompat & CKPT_FEATURE_INCOMPAT_Q8) || g->dtype != CKPT_DTYPE_BF16))
+		return -CKPT_E_FEATURE;
 
 	memset(l, 0, sizeof(*l));
 	/*

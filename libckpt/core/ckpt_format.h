@@ -19,7 +19,8 @@
  *
  * A record is a 4 KiB header block followed by fp32 p[cp], m[cp], v[cp]
  * (with Q8: fp32 p[cp], u8 m[cp], u8 v[cp], fp32 m_scale[cp / 256],
- * fp32 v_scale[cp / 256], zero-padded to 4 KiB).
+ * fp32 v_scale[cp / 256], zero-padded to 4 KiB; with BF16M too, p is
+ * bf16).
  * A step reads the committed slot and writes the other one; the committed slot
  * is never written, so a crash at any point leaves the committed state intact.
  *
@@ -95,6 +96,12 @@ enum ckpt_optimizer {
  * with its own fp32 scale (the block's largest magnitude): 6 B per param of
  * state instead of 12. Opt-in at format time (not in the default).
  *
+ * BF16M: the master params are bf16, rounded stochastically at every
+ * update with noise that is a function of (image uuid, step, param index)
+ * only (ckpt_sr_at, ckpt_update.h), so every build gives the same bytes. The
+ * chunk's p_lo is the master itself. Needs Q8 and dtype bf16 (the only
+ * combination the update implements): 4 B per param of state. Opt-in.
+ *
  * The others are set by format for new images (COUNTS where the chunk size
  * allows); images without them open and work as before, without those
  * checks (one metadata copy, no group table or p_lo checksum, no skipping).
@@ -103,13 +110,15 @@ enum ckpt_optimizer {
 #define CKPT_FEATURE_INCOMPAT_META2	(1u << 1)
 #define CKPT_FEATURE_INCOMPAT_COUNTS	(1u << 2)
 #define CKPT_FEATURE_INCOMPAT_Q8	(1u << 3)
+#define CKPT_FEATURE_INCOMPAT_BF16M	(1u << 4)
 
 /* What format sets on new images (minus COUNTS for chunks too large for it). */
 #define CKPT_FEATURE_INCOMPAT_DEFAULT	(CKPT_FEATURE_INCOMPAT_PLO_CRC | CKPT_FEATURE_INCOMPAT_META2 | \
 					 CKPT_FEATURE_INCOMPAT_COUNTS)
 
 #define CKPT_FEATURE_COMPAT_SUPP	0u
-#define CKPT_FEATURE_INCOMPAT_SUPP	(CKPT_FEATURE_INCOMPAT_DEFAULT | CKPT_FEATURE_INCOMPAT_Q8)
+#define CKPT_FEATURE_INCOMPAT_SUPP	(CKPT_FEATURE_INCOMPAT_DEFAULT | CKPT_FEATURE_INCOMPAT_Q8 | \
+					 CKPT_FEATURE_INCOMPAT_BF16M)
 #define CKPT_FEATURE_RO_COMPAT_SUPP	0u
 
 /* Errors of the core (enum ckpt_err, ckpt_abi.h), returned negated. */
@@ -182,38 +191,62 @@ static inline u64 ckpt_plo_offset(const struct ckpt_layout *l, u32 slot, u64 chu
 	return l->plo_off[slot] + chunk * l->plo_chunk_bytes;
 }
 
+/* Bytes per master param in a record: 2 with BF16M (bf16), else 4 (fp32). */
+static inline u32 ckpt_master_bytes(u32 incompat)
+{
+	return (incompat & CKPT_FEATURE_INCOMPAT_BF16M) ? 2 : 4;
+}
+
 /*
  * The bytes of a record's state after its header, which its data checksum
- * covers: 12 B per param (fp32 p, m, v), with Q8 6 B per param and 8 B per
- * CKPT_Q8_BLOCK params (ckpt_q8_state).
+ * covers: 12 B per param (fp32 p, m, v), with Q8 the masters' bytes
+ * (ckpt_master_bytes) + 2 per param and 8 B per CKPT_Q8_BLOCK params
+ * (ckpt_q8_state).
  */
 static inline u64 ckpt_rec_data_bytes(u32 chunk_shift, u32 incompat)
 {
 	if (incompat & CKPT_FEATURE_INCOMPAT_Q8)
-		return ((u64)6 << chunk_shift) + ((u64)8 << (chunk_shift - CKPT_Q8_SHIFT));
+		return ((u64)(ckpt_master_bytes(incompat) + 2) << chunk_shift) +
+		       ((u64)8 << (chunk_shift - CKPT_Q8_SHIFT));
 	return (u64)12 << chunk_shift;
 }
 
 /*
  * Q8: where the 8-bit state of params [first, first + n) of a chunk lies in
- * its record's data (after the fp32 p[cp]); first a multiple of
- * CKPT_Q8_BLOCK. m and v are code indexes, the scales fp32 bits.
+ * its record's data (after the masters p[cp], fp32 or with BF16M bf16);
+ * first a multiple of CKPT_Q8_BLOCK. m and v are code indexes, the scales
+ * fp32 bits.
  */
 struct ckpt_q8_state {
 	u8 *m, *v;
 	u32 *m_scale, *v_scale;
 };
 
-static inline void ckpt_q8_state_at(void *data, u32 chunk_shift, u64 first,
+static inline void ckpt_q8_state_at(void *data, u32 chunk_shift, u32 incompat, u64 first,
 				    struct ckpt_q8_state *s)
 {
 	u8 *d = (u8 *)data;
 	u64 cp = (u64)1 << chunk_shift, nb = cp >> CKPT_Q8_SHIFT;
+	u64 pb = ckpt_master_bytes(incompat) * cp;
 
-	s->m = d + 4 * cp + first;
-	s->v = d + 5 * cp + first;
-	s->m_scale = (u32 *)(d + 6 * cp) + (first >> CKPT_Q8_SHIFT);
-	s->v_scale = (u32 *)(d + 6 * cp) + nb + (first >> CKPT_Q8_SHIFT);
+	s->m = d + pb + first;
+	s->v = d + pb + cp + first;
+	s->m_scale = (u32 *)(d + pb + 2 * cp) + (first >> CKPT_Q8_SHIFT);
+	s->v_scale = (u32 *)(d + pb + 2 * cp) + nb + (first >> CKPT_Q8_SHIFT);
+}
+
+/*
+ * BF16M: the seed of the stochastic rounding noise, from the image's uuid
+ * (ckpt_sr_at takes it with the step and the param index).
+ */
+static inline u64 ckpt_sr_seed(const u8 uuid[16])
+{
+	u64 s = 0;
+	int i;
+
+	for (i = 0; i < 16; i++)
+		s = (s << 8 | s >> 56) ^ uuid[i];
+	return s;
 }
 
 static inline u64 ckpt_record_offset(const struct ckpt_layout *l, u32 slot, u64 chunk)

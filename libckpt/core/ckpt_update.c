@@ -29,6 +29,12 @@
 	u16 *plo, u64 n
 #define CKPT_Q8_CALL hp, grad_scale, dtype, grad, p, s, tmp, plo, n
 
+#define CKPT_Q8BF_ARGS                                                         \
+	const struct ckpt_hparams *hp, u32 grad_scale, const u16 *grad, u16 *p, \
+	const struct ckpt_q8_state *s, u32 *tmp, u16 *plo, u64 n,              \
+	const struct ckpt_sr *sr
+#define CKPT_Q8BF_CALL hp, grad_scale, grad, p, s, tmp, plo, n, sr
+
 #define CKPT_SCALAR __attribute__((optimize("no-tree-vectorize")))
 
 /* ---- the scalar reference, every architecture ---- */
@@ -46,6 +52,25 @@ CKPT_SCALAR void ckpt_round_params_scalar(u32 dtype, const u32 *p, u16 *plo, u64
 CKPT_SCALAR u32 ckpt_update_chunk_q8_scalar(CKPT_Q8_ARGS)
 {
 	return ckpt_update_chunk_q8_body(CKPT_Q8_CALL);
+}
+
+CKPT_SCALAR u32 ckpt_update_chunk_q8bf_scalar(CKPT_Q8BF_ARGS)
+{
+	return ckpt_update_chunk_q8bf_body(CKPT_Q8BF_CALL);
+}
+
+/* integer only: the baseline build of every architecture */
+void ckpt_sr_round(const struct ckpt_sr *sr, const u32 *x, u16 *out, u64 n)
+{
+	u64 i;
+
+	for (i = 0; i < n; i++) {
+		u32 r = ckpt_f32_to_bf16_sr(x[i], ckpt_sr_noise(sr->key, sr->first + (u32)i));
+
+		if ((r & 0x7f80u) == 0x7f80u && (x[i] & 0x7f800000u) != 0x7f800000u)
+			r = x[i] >> 16;		/* finite: never Inf */
+		out[i] = (u16)r;
+	}
 }
 
 #if defined(__x86_64__)
@@ -124,6 +149,26 @@ CKPT_CLONES void ckpt_q8_encode(const struct ckpt_q8_state *s, const u32 *m, con
 static u32 ckpt_update_chunk_q8_sse2(CKPT_Q8_ARGS)
 {
 	return ckpt_update_chunk_q8_body(CKPT_Q8_CALL);
+}
+
+CKPT_CLONES u32 ckpt_update_chunk_q8bf(CKPT_Q8BF_ARGS)
+{
+	return ckpt_update_chunk_q8bf_body(CKPT_Q8BF_CALL);
+}
+
+static u32 ckpt_update_chunk_q8bf_sse2(CKPT_Q8BF_ARGS)
+{
+	return ckpt_update_chunk_q8bf_body(CKPT_Q8BF_CALL);
+}
+
+__attribute__((target("avx2"))) static u32 ckpt_update_chunk_q8bf_avx2(CKPT_Q8BF_ARGS)
+{
+	return ckpt_update_chunk_q8bf_body(CKPT_Q8BF_CALL);
+}
+
+__attribute__((target("arch=x86-64-v4"))) static u32 ckpt_update_chunk_q8bf_avx512(CKPT_Q8BF_ARGS)
+{
+	return ckpt_update_chunk_q8bf_body(CKPT_Q8BF_CALL);
 }
 
 __attribute__((target("avx2"))) static u32 ckpt_update_chunk_q8_avx2(CKPT_Q8_ARGS)
@@ -213,18 +258,20 @@ unsigned int ckpt_update_variants(struct ckpt_update_variant *out)
 {
 	const struct ckpt_update_variant all[] = {
 		{"scalar", ckpt_update_chunk_scalar, ckpt_round_params_scalar,
-		 ckpt_update_chunk_q8_scalar, 1},
-		{"sse2", ckpt_update_chunk_sse2, ckpt_round_params_sse2, ckpt_update_chunk_q8_sse2, 1},
+		 ckpt_update_chunk_q8_scalar, ckpt_update_chunk_q8bf_scalar, 1},
+		{"sse2", ckpt_update_chunk_sse2, ckpt_round_params_sse2, ckpt_update_chunk_q8_sse2,
+		 ckpt_update_chunk_q8bf_sse2, 1},
 		{"avx2", ckpt_update_chunk_avx2, ckpt_round_params_avx2, ckpt_update_chunk_q8_avx2,
-		 ckpt_cpu_has_avx2()},
-		/* the Q8 update has no F16C build: the fp16 conversions are per block there */
+		 ckpt_update_chunk_q8bf_avx2, ckpt_cpu_has_avx2()},
+		/* the Q8 updates have no F16C build: the fp16 conversions are per block there */
 		{"avx2+f16c", ckpt_update_chunk_avx2_f16c, ckpt_round_params_avx2_f16c,
-		 ckpt_update_chunk_q8_avx2, ckpt_cpu_has_f16c()},
+		 ckpt_update_chunk_q8_avx2, ckpt_update_chunk_q8bf_avx2, ckpt_cpu_has_f16c()},
 		{"avx512", ckpt_update_chunk_avx512, ckpt_round_params_avx512,
-		 ckpt_update_chunk_q8_avx512, ckpt_cpu_has_avx512()},
+		 ckpt_update_chunk_q8_avx512, ckpt_update_chunk_q8bf_avx512, ckpt_cpu_has_avx512()},
 		{"avx512+f16c", ckpt_update_chunk_avx512_f16c, ckpt_round_params_avx512_f16c,
-		 ckpt_update_chunk_q8_avx512, ckpt_cpu_has_avx512()},
-		{"dispatched", ckpt_update_chunk, ckpt_round_params, ckpt_update_chunk_q8, 1},
+		 ckpt_update_chunk_q8_avx512, ckpt_update_chunk_q8bf_avx512, ckpt_cpu_has_avx512()},
+		{"dispatched", ckpt_update_chunk, ckpt_round_params, ckpt_update_chunk_q8,
+		 ckpt_update_chunk_q8bf, 1},
 	};
 
 	memcpy(out, all, sizeof(all));
@@ -283,6 +330,16 @@ CKPT_SVE static u32 ckpt_update_chunk_q8_sve(CKPT_Q8_ARGS)
 	return ckpt_update_chunk_q8_body(CKPT_Q8_CALL);
 }
 
+static u32 ckpt_update_chunk_q8bf_neon(CKPT_Q8BF_ARGS)
+{
+	return ckpt_update_chunk_q8bf_body(CKPT_Q8BF_CALL);
+}
+
+CKPT_SVE static u32 ckpt_update_chunk_q8bf_sve(CKPT_Q8BF_ARGS)
+{
+	return ckpt_update_chunk_q8bf_body(CKPT_Q8BF_CALL);
+}
+
 /* decode and encode run once per export or load: the baseline build */
 void ckpt_q8_decode(const struct ckpt_q8_state *s, u32 *m, u32 *v, u64 n)
 {
@@ -312,6 +369,11 @@ static ckpt_update_q8_fn ckpt_update_chunk_q8_resolve(unsigned long hwcap)
 	return CKPT_PICK(hwcap, ckpt_update_chunk_q8);
 }
 
+static ckpt_update_q8bf_fn ckpt_update_chunk_q8bf_resolve(unsigned long hwcap)
+{
+	return CKPT_PICK(hwcap, ckpt_update_chunk_q8bf);
+}
+
 typedef void (*ckpt_f16_array_fn)(const u16 *h, u32 *f, u64 n);
 static ckpt_f16_array_fn ckpt_f16_to_f32_array_resolve(unsigned long hwcap)
 {
@@ -324,6 +386,7 @@ void ckpt_round_params(u32 dtype, const u32 *p, u16 *plo, u64 n)
 void ckpt_f16_to_f32_array(const u16 *h, u32 *f, u64 n)
 	__attribute__((ifunc("ckpt_f16_to_f32_array_resolve")));
 u32 ckpt_update_chunk_q8(CKPT_Q8_ARGS) __attribute__((ifunc("ckpt_update_chunk_q8_resolve")));
+u32 ckpt_update_chunk_q8bf(CKPT_Q8BF_ARGS) __attribute__((ifunc("ckpt_update_chunk_q8bf_resolve")));
 
 int ckpt_cpu_has_sve(void)
 {
@@ -334,11 +397,13 @@ unsigned int ckpt_update_variants(struct ckpt_update_variant *out)
 {
 	const struct ckpt_update_variant all[] = {
 		{"scalar", ckpt_update_chunk_scalar, ckpt_round_params_scalar,
-		 ckpt_update_chunk_q8_scalar, 1},
-		{"neon", ckpt_update_chunk_neon, ckpt_round_params_neon, ckpt_update_chunk_q8_neon, 1},
+		 ckpt_update_chunk_q8_scalar, ckpt_update_chunk_q8bf_scalar, 1},
+		{"neon", ckpt_update_chunk_neon, ckpt_round_params_neon, ckpt_update_chunk_q8_neon,
+		 ckpt_update_chunk_q8bf_neon, 1},
 		{"sve", ckpt_update_chunk_sve, ckpt_round_params_sve, ckpt_update_chunk_q8_sve,
-		 ckpt_cpu_has_sve()},
-		{"dispatched", ckpt_update_chunk, ckpt_round_params, ckpt_update_chunk_q8, 1},
+		 ckpt_update_chunk_q8bf_sve, ckpt_cpu_has_sve()},
+		{"dispatched", ckpt_update_chunk, ckpt_round_params, ckpt_update_chunk_q8,
+		 ckpt_update_chunk_q8bf, 1},
 	};
 
 	memcpy(out, all, sizeof(all));

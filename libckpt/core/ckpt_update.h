@@ -47,7 +47,52 @@ u32 ckpt_update_chunk_q8(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtyp
 			 const u16 *grad, u32 *p, const struct ckpt_q8_state *s, u32 *tmp,
 			 u16 *plo, u64 n);
 
+/*
+ * BF16M: stochastic rounding of fp32 to bf16. The noise of param index i
+ * (in the image) at step t is a 16-bit draw from a counter-based hash of
+ * (seed, t, i), integer operations only: the same in every build and in the
+ * kernel. ckpt_sr_at gives the noise key of params [index, ...) up to the
+ * next multiple of 2^32 (a chunk never crosses one); the per-param hash is
+ * ckpt_sr_noise (ckpt_update_impl.h).
+ */
+struct ckpt_sr {
+	u32 key;	/* of (seed, step, index >> 32) */
+	u32 first;	/* low 32 bits of the index of the first param */
+};
+
+/* splitmix64's finalizer (Steele, Lea, Flood 2014) */
+static inline u64 ckpt_mix64(u64 z)
+{
+	z += 0x9e3779b97f4a7c15ull;
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static inline void ckpt_sr_at(u64 seed, u64 step, u64 index, struct ckpt_sr *sr)
+{
+	sr->key = (u32)ckpt_mix64(seed ^ ckpt_mix64(step ^ ckpt_mix64(index >> 32)));
+	sr->first = (u32)index;
+}
+
+/*
+ * ckpt_update_chunk_q8 on BF16M state: the masters p are bf16 (dtype is
+ * bf16), widened to fp32 for the step, and the new value is rounded to bf16
+ * stochastically with sr's noise; plo gets the same bf16 (the low-precision
+ * param is the master). A new master that rounds to Inf is non-finite.
+ */
+u32 ckpt_update_chunk_q8bf(const struct ckpt_hparams *hp, u32 grad_scale, const u16 *grad,
+			   u16 *p, const struct ckpt_q8_state *s, u32 *tmp, u16 *plo, u64 n,
+			   const struct ckpt_sr *sr);
+
 #ifndef __KERNEL__
+/*
+ * fp32 values (bits) to bf16 with the update's stochastic rounding, for a
+ * load of state (import, initial masters): a finite value never becomes
+ * Inf (one that would is rounded toward zero instead).
+ */
+void ckpt_sr_round(const struct ckpt_sr *sr, const u32 *x, u16 *out, u64 n);
+
 /*
  * Q8 state of n params (a multiple of CKPT_Q8_BLOCK) to fp32 moments (bits)
  * and back (each block's scale its largest magnitude, each value its

@@ -108,6 +108,36 @@ static __always_inline u16 ckpt_f32_to_bf16_int(u32 f)
 	return (u16)((f + 0x7fffu + ((f >> 16) & 1u)) >> 16);
 }
 
+/*
+ * BF16M: the 16-bit noise of param index first + i (ckpt_sr_at): Chris
+ * Wellons' lowbias32 integer hash of key ^ index, its high half. 32-bit
+ * multiplies, shifts and xors only, so the vectorized builds give the bits
+ * of the scalar one.
+ */
+static __always_inline u32 ckpt_sr_noise(u32 key, u32 index)
+{
+	u32 x = key ^ index;
+
+	x ^= x >> 16;
+	x *= 0x7feb352du;
+	x ^= x >> 15;
+	x *= 0x846ca68bu;
+	x ^= x >> 16;
+	return x >> 16;
+}
+
+/*
+ * Stochastic rounding of fp32 bits f to bf16: add the 16-bit noise to the
+ * bits and truncate. The bf16 above |f| is taken with probability (low 16
+ * bits of f) / 2^16, so the expected result is f (for finite f; a carry
+ * into the exponent is the next binade, as it should be). Inf stays Inf;
+ * a NaN may come out anything, which the caller's finiteness check catches.
+ */
+static __always_inline u32 ckpt_f32_to_bf16_sr(u32 f, u32 noise)
+{
+	return (f + noise) >> 16;
+}
+
 #ifndef CKPT_UPDATE_INT_ONLY
 
 #include "ckpt_q8_tables.h"
@@ -348,13 +378,18 @@ static __always_inline u32 ckpt_q8_value(const u32 *code, u8 q, float scale)
  * scale), stepped in fp32 exactly as ckpt_update_loop does (the param update
  * uses the new fp32 moments), then encoded again with the block's new scale.
  * tmp: 2 * CKPT_Q8_BLOCK words of scratch for the new fp32 moments.
+ * bm (a compile-time constant like bf16 and l2): the masters at pv are bf16
+ * (BF16M), widened for the step, rounded back stochastically with sr's noise
+ * and copied to plo; else they are fp32 and sr is unused.
  */
 static __always_inline u32 ckpt_update_loop_q8(const struct ckpt_upd_k *k, const int bf16,
 					       const int l2, const u16 *__restrict grad,
-					       u32 *__restrict p, const struct ckpt_q8_state *s,
-					       u32 *__restrict tmp, u16 *__restrict plo, u64 n)
+					       void *__restrict pv, const struct ckpt_q8_state *s,
+					       u32 *__restrict tmp, u16 *__restrict plo, u64 n,
+					       const int bm, const struct ckpt_sr *sr)
 {
 	u32 *__restrict tm = tmp, *__restrict tv = tmp + CKPT_Q8_BLOCK;
+	u32 key = bm ? sr->key : 0, first = bm ? sr->first : 0;
 	u32 nf = 0;
 	u64 b, i;
 
@@ -364,16 +399,27 @@ static __always_inline u32 ckpt_update_loop_q8(const struct ckpt_upd_k *k, const
 		float vs = ckpt_as_f(s->v_scale[b >> CKPT_Q8_SHIFT]);
 
 		for (i = 0; i < CKPT_Q8_BLOCK; i++) {
-			float pp = ckpt_as_f(p[b + i]);
+			/* bm: bf16 masters (BF16M), else fp32 ones */
+			float pp = bm ? ckpt_as_f(ckpt_bf16_to_f32_vec(((u16 *)pv)[b + i]))
+				      : ckpt_as_f(((u32 *)pv)[b + i]);
 			float mm = ckpt_as_f(ckpt_q8_value(ckpt_q8_code_m, mq[i], ms));
 			float vv = ckpt_as_f(ckpt_q8_value(ckpt_q8_code_v, vq[i], vs));
 
 			nf |= ckpt_adam_one(k, l2, ckpt_grad_f32(k, bf16, grad[b + i]),
 					    &pp, &mm, &vv);
-			p[b + i] = ckpt_as_u(pp);
 			tm[i] = ckpt_as_u(mm);
 			tv[i] = ckpt_as_u(vv);
-			plo[b + i] = ckpt_plo_of(bf16, pp);
+			if (bm) {
+				u32 r = ckpt_f32_to_bf16_sr(ckpt_as_u(pp),
+							    ckpt_sr_noise(key, first + (u32)(b + i)));
+
+				nf |= ((r << 16) & 0x7f800000u) + 0x00800000u;
+				((u16 *)pv)[b + i] = (u16)r;
+				plo[b + i] = (u16)r;
+			} else {
+				((u32 *)pv)[b + i] = ckpt_as_u(pp);
+				plo[b + i] = ckpt_plo_of(bf16, pp);
+			}
 		}
 		ckpt_q8_quant_block(ckpt_q8_mid_m, tm, s->m + b, &s->m_scale[b >> CKPT_Q8_SHIFT]);
 		ckpt_q8_quant_block(ckpt_q8_mid_v, tv, s->v + b, &s->v_scale[b >> CKPT_Q8_SHIFT]);
@@ -425,10 +471,24 @@ static __always_inline u32 ckpt_update_chunk_q8_body(const struct ckpt_hparams *
 
 	ckpt_upd_k_init(&k, hp, grad_scale);
 	if (bf16)
-		return l2 ? ckpt_update_loop_q8(&k, 1, 1, grad, p, s, tmp, plo, n)
-			  : ckpt_update_loop_q8(&k, 1, 0, grad, p, s, tmp, plo, n);
-	return l2 ? ckpt_update_loop_q8(&k, 0, 1, grad, p, s, tmp, plo, n)
-		  : ckpt_update_loop_q8(&k, 0, 0, grad, p, s, tmp, plo, n);
+		return l2 ? ckpt_update_loop_q8(&k, 1, 1, grad, p, s, tmp, plo, n, 0, NULL)
+			  : ckpt_update_loop_q8(&k, 1, 0, grad, p, s, tmp, plo, n, 0, NULL);
+	return l2 ? ckpt_update_loop_q8(&k, 0, 1, grad, p, s, tmp, plo, n, 0, NULL)
+		  : ckpt_update_loop_q8(&k, 0, 0, grad, p, s, tmp, plo, n, 0, NULL);
+}
+
+/* The body of ckpt_update_chunk_q8bf (same arguments and result). */
+static __always_inline u32 ckpt_update_chunk_q8bf_body(const struct ckpt_hparams *hp,
+						       u32 grad_scale, const u16 *grad, u16 *p,
+						       const struct ckpt_q8_state *s, u32 *tmp,
+						       u16 *plo, u64 n, const struct ckpt_sr *sr)
+{
+	struct ckpt_upd_k k;
+
+	ckpt_upd_k_init(&k, hp, grad_scale);
+	return (hp->flags & CKPT_GROUP_ADAM_L2) ?
+		ckpt_update_loop_q8(&k, 1, 1, grad, p, s, tmp, plo, n, 1, sr) :
+		ckpt_update_loop_q8(&k, 1, 0, grad, p, s, tmp, plo, n, 1, sr);
 }
 
 /* Q8 state of n params (a multiple of CKPT_Q8_BLOCK) to fp32 bits and back. */

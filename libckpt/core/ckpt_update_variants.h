@@ -22,6 +22,9 @@ typedef void (*ckpt_round_fn)(u32 dtype, const u32 *p, u16 *plo, u64 n);
 typedef u32 (*ckpt_update_q8_fn)(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
 				 const u16 *grad, u32 *p, const struct ckpt_q8_state *s, u32 *tmp,
 				 u16 *plo, u64 n);
+typedef u32 (*ckpt_update_q8bf_fn)(const struct ckpt_hparams *hp, u32 grad_scale, const u16 *grad,
+				   u16 *p, const struct ckpt_q8_state *s, u32 *tmp, u16 *plo, u64 n,
+				   const struct ckpt_sr *sr);
 
 /* Not vectorized (-fno-tree-vectorize): the reference every other must equal. */
 u32 ckpt_update_chunk_scalar(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
@@ -30,6 +33,9 @@ void ckpt_round_params_scalar(u32 dtype, const u32 *p, u16 *plo, u64 n);
 u32 ckpt_update_chunk_q8_scalar(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
 				const u16 *grad, u32 *p, const struct ckpt_q8_state *s, u32 *tmp,
 				u16 *plo, u64 n);
+u32 ckpt_update_chunk_q8bf_scalar(const struct ckpt_hparams *hp, u32 grad_scale, const u16 *grad,
+				  u16 *p, const struct ckpt_q8_state *s, u32 *tmp, u16 *plo, u64 n,
+				  const struct ckpt_sr *sr);
 
 /* fp16 -> fp32 over an array with the vector body's conversion (dispatched). */
 void ckpt_f16_to_f32_array(const u16 *h, u32 *f, u64 n);
@@ -39,6 +45,7 @@ struct ckpt_update_variant {
 	ckpt_update_fn update;
 	ckpt_round_fn round;
 	ckpt_update_q8_fn update_q8;
+	ckpt_update_q8bf_fn update_q8bf;
 	int available;		/* this CPU can run it */
 };
 

@@ -127,11 +127,15 @@ int ckpt_format(const char *path, const ckpt_layout_builder *l, int dtype,
 
 /* ckpt_format_opts flags */
 #define CKPT_FORMAT_STATE_8BIT	(1u << 0)	/* 8-bit moments (feature Q8) */
+#define CKPT_FORMAT_MASTER_BF16	(1u << 1)	/* bf16 masters (feature BF16M) */
 
 /*
  * ckpt_format with flags: CKPT_FORMAT_STATE_8BIT stores exp_avg and
  * exp_avg_sq as block-wise 8-bit codes with a scale per 256 params (6 B of
  * state per param instead of 12; docs/design.md, "8-bit moments").
+ * CKPT_FORMAT_MASTER_BF16 (with CKPT_FORMAT_STATE_8BIT and dtype bf16 only,
+ * else E_FEATURE) stores the masters as bf16, rounded stochastically at every
+ * step: 4 B of state per param (docs/design.md, "bf16 masters").
  */
 int ckpt_format_opts(const char *path, const ckpt_layout_builder *l, int dtype,
 		     uint32_t chunk_params, uint64_t size, uint32_t flags);

@@ -28,11 +28,14 @@ uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 // without m or v loads zeros). With Q8 the moments of the quantization
 // blocks a span touches are decoded into tmp, overwritten and encoded again;
 // tensors start at multiples of CKPT_TENSOR_ALIGN, so no two spans share a
-// block, and blocks no span touches keep their bytes.
-void load_spans(const std::vector<StateSpan> &spans, uint32_t chunk, uint32_t shift, bool q8,
-		uint8_t *data, std::vector<uint32_t> &tmp)
+// block, and blocks no span touches keep their bytes. With BF16M the masters
+// are rounded to bf16 stochastically, with the noise of the load's step.
+void load_spans(const std::vector<StateSpan> &spans, uint32_t chunk, uint32_t shift, uint32_t incompat,
+		uint64_t seed, uint64_t step, uint8_t *data, std::vector<uint32_t> &tmp)
 {
 	const uint64_t cp = 1ull << shift;
+	const bool q8 = incompat & CKPT_FEATURE_INCOMPAT_Q8;
+	const bool bm = incompat & CKPT_FEATURE_INCOMPAT_BF16M;
 	auto *p = reinterpret_cast<uint32_t *>(data);
 	for (const StateSpan &span : spans) {
 		const uint64_t lo = std::max(span.offset, chunk * cp);
@@ -46,23 +49,43 @@ void load_spans(const std::vector<StateSpan> &spans, uint32_t chunk, uint32_t sh
 		if (q8) {
 			qlo = align_down(in, CKPT_Q8_BLOCK);
 			qn = align_up(hi - chunk * cp, CKPT_Q8_BLOCK) - qlo;
-			tmp.resize(2 * qn);
-			ckpt_q8_state_at(data, shift, qlo, &q);
+			tmp.resize(2 * qn + (hi - lo));
+			ckpt_q8_state_at(data, shift, incompat, qlo, &q);
 			ckpt_q8_decode(&q, tmp.data(), tmp.data() + qn, qn);
 			m = tmp.data() + (in - qlo);
 			v = tmp.data() + qn + (in - qlo);
 		}
 		const float *src_of[3] = {span.p, span.m, span.v};
-		uint32_t *to_of[3] = {p + in, m, v};
+		uint32_t *to_of[3] = {bm ? tmp.data() + 2 * qn : p + in, m, v};
 		for (int k = 0; k < 3; k++) {
 			if (src_of[k])
 				std::memcpy(to_of[k], src_of[k] + from, (hi - lo) * 4);
 			else
 				std::memset(to_of[k], 0, (hi - lo) * 4);
 		}
+		if (bm) {
+			struct ckpt_sr sr;
+			ckpt_sr_at(seed, step, lo, &sr);
+			ckpt_sr_round(&sr, to_of[0], reinterpret_cast<uint16_t *>(data) + in, hi - lo);
+		}
 		if (q8)
 			ckpt_q8_encode(&q, tmp.data(), tmp.data() + qn, qn);
 	}
+}
+
+// The p_lo of the n masters from first in a record's data: with BF16M the
+// bf16 masters themselves, else the fp32 ones rounded to nearest even (the
+// same bits vectorized or, for the few blocks a step skips, by the integer
+// code the kernel uses outside its FPU sections).
+void plo_of_masters(const struct ckpt_sb &sb, const uint8_t *data, uint64_t first, uint16_t *plo,
+		    uint64_t n, bool vectorized)
+{
+	if (sb.feature_incompat & CKPT_FEATURE_INCOMPAT_BF16M)
+		std::memcpy(plo, data + 2 * first, n * 2);
+	else if (vectorized)
+		ckpt_round_params(sb.geo.dtype, reinterpret_cast<const uint32_t *>(data) + first, plo, n);
+	else
+		ckpt_round_params_int(sb.geo.dtype, reinterpret_cast<const uint32_t *>(data) + first, plo, n);
 }
 
 } // namespace
@@ -447,6 +470,8 @@ void Engine::worker_main(Worker &w)
 	const uint64_t cp = l.chunk_params;
 	const int fd = img_.file.fd.get();
 	const bool q8 = img_.sb.feature_incompat & CKPT_FEATURE_INCOMPAT_Q8;
+	const bool bm = img_.sb.feature_incompat & CKPT_FEATURE_INCOMPAT_BF16M;
+	const uint64_t sr_seed = ckpt_sr_seed(img_.sb.uuid);
 	unsigned inflight = 0;
 
 	// The update must give the kernel's bits: round to nearest, no flush of
@@ -520,9 +545,9 @@ void Engine::worker_main(Worker &w)
 			auto *p = reinterpret_cast<uint32_t *>(s.rec.as() + CKPT_BLOCK);
 			uint32_t nonfinite = 0;
 			if (load) {
-				load_spans(*s.job.load, chunk, img_.sb.geo.chunk_shift, q8,
-					   s.rec.as() + CKPT_BLOCK, w.load);
-				ckpt_round_params(img_.sb.geo.dtype, p, s.plo.as<uint16_t>(), cp);
+				load_spans(*s.job.load, chunk, img_.sb.geo.chunk_shift, img_.sb.feature_incompat,
+					   sr_seed, step, s.rec.as() + CKPT_BLOCK, w.load);
+				plo_of_masters(img_.sb, s.rec.as() + CKPT_BLOCK, 0, s.plo.as<uint16_t>(), cp, true);
 				if (img_.sb.feature_incompat & CKPT_FEATURE_INCOMPAT_COUNTS) {
 					ckpt_rec_set_counts(s.rec.as(), img_.sb.geo.chunk_shift, step);
 					// a tensor that lags the step keeps its own count
@@ -553,15 +578,23 @@ void Engine::worker_main(Worker &w)
 				struct ckpt_run run;
 				while (ckpt_step_run(&step_, chunk, img_.group_table[chunk], &pos, &run)) {
 					const uint64_t f = run.first;
+					struct ckpt_q8_state q;
+					if (q8)
+						ckpt_q8_state_at(p, img_.sb.geo.chunk_shift, img_.sb.feature_incompat,
+								 f, &q);
 					if (run.skip)
-						ckpt_round_params_int(img_.sb.geo.dtype, p + f, plo + f, run.n);
-					else if (q8) {
-						struct ckpt_q8_state q;
-						ckpt_q8_state_at(p, img_.sb.geo.chunk_shift, f, &q);
+						plo_of_masters(img_.sb, s.rec.as() + CKPT_BLOCK, f, plo + f, run.n, false);
+					else if (bm) {
+						struct ckpt_sr sr;
+						ckpt_sr_at(sr_seed, step, chunk * cp + f, &sr);
+						nonfinite |= ckpt_update_chunk_q8bf(&run.hp, step_.sm.grad_scale, grad + f,
+										    reinterpret_cast<uint16_t *>(p) + f,
+										    &q, w.q8.data(), plo + f, run.n, &sr);
+					} else if (q8)
 						nonfinite |= ckpt_update_chunk_q8(&run.hp, step_.sm.grad_scale,
 										  img_.sb.geo.dtype, grad + f, p + f,
 										  &q, w.q8.data(), plo + f, run.n);
-					} else
+					else
 						nonfinite |= ckpt_update_chunk(&run.hp, step_.sm.grad_scale,
 									       img_.sb.geo.dtype, grad + f, p + f,
 									       p + cp + f, p + 2 * cp + f, plo + f,

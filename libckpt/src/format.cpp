@@ -149,7 +149,7 @@ void write_image(const BackingFile &f, const Layout::Placed &placed, const struc
 	if (incompat & CKPT_FEATURE_INCOMPAT_Q8) {	// zero moments have a code too
 		const std::vector<uint32_t> zeros(l.chunk_params);
 		struct ckpt_q8_state q;
-		ckpt_q8_state_at(chunk.as() + CKPT_BLOCK, placed.geo.chunk_shift, 0, &q);
+		ckpt_q8_state_at(chunk.as() + CKPT_BLOCK, placed.geo.chunk_shift, incompat, 0, &q);
 		ckpt_q8_encode(&q, zeros.data(), zeros.data(), l.chunk_params);
 	}
 	struct ckpt_sb sb;
@@ -196,6 +196,12 @@ void format(const std::string &path_arg, const Layout &layout, const FormatOptio
 		incompat &= ~CKPT_FEATURE_INCOMPAT_COUNTS;
 	if (opts.q8)
 		incompat |= CKPT_FEATURE_INCOMPAT_Q8;
+	if (opts.bf16_master) {
+		if (!opts.q8 || opts.dtype != CKPT_DTYPE_BF16)
+			fail(CKPT_E_FEATURE, "bf16 masters need 8-bit moments (state 8bit) and dtype bf16: "
+					     "the update implements that combination only");
+		incompat |= CKPT_FEATURE_INCOMPAT_BF16M;
+	}
 	struct ckpt_layout l;
 	check_core(ckpt_layout_compute_features(&placed.geo, incompat, &l), "layout");
 	const std::string manifest = Manifest::encode(placed.tensors, opts.dtype, cp, layout.hparams());

@@ -16,6 +16,7 @@ struct FormatOptions {
 	// v1 release wrote it, for compatibility tests).
 	uint32_t incompat = CKPT_FEATURE_INCOMPAT_DEFAULT;
 	bool q8 = false;	// 8-bit moments (feature Q8)
+	bool bf16_master = false;	// bf16 masters, stochastic rounding (feature BF16M; needs q8)
 	bool force = false;	// format over an existing image or signature
 };
 

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 #include "image.hpp"
 
+#include <bit>
 #include <cstring>
 #include <optional>
 
@@ -241,14 +242,19 @@ void Image::read_state(const struct ckpt_rec &id, uint64_t offset, uint64_t n, f
 		file.pread_all(bounce.as(), l.record_bytes, ckpt_record_offset(&l, want.slot, c));
 		check_record(bounce.as(), want, true);
 		const auto *state = reinterpret_cast<const float *>(bounce.as() + CKPT_BLOCK);
-		std::memcpy(p, state + in, k * 4);
+		if (sb.feature_incompat & CKPT_FEATURE_INCOMPAT_BF16M) {	// bf16 masters, exact in fp32
+			const auto *p16 = reinterpret_cast<const uint16_t *>(state) + in;
+			for (uint64_t i = 0; i < k; i++)
+				p[i] = std::bit_cast<float>(static_cast<uint32_t>(p16[i]) << 16);
+		} else
+			std::memcpy(p, state + in, k * 4);
 		if (sb.feature_incompat & CKPT_FEATURE_INCOMPAT_Q8) {
 			// the 8-bit moments of the blocks covering [in, in + k), decoded
 			const uint64_t qlo = in / CKPT_Q8_BLOCK * CKPT_Q8_BLOCK;
 			const uint64_t qn = (in + k + CKPT_Q8_BLOCK - 1) / CKPT_Q8_BLOCK * CKPT_Q8_BLOCK - qlo;
 			std::vector<uint32_t> mv(2 * qn);
 			struct ckpt_q8_state q;
-			ckpt_q8_state_at(bounce.as() + CKPT_BLOCK, sb.geo.chunk_shift, qlo, &q);
+			ckpt_q8_state_at(bounce.as() + CKPT_BLOCK, sb.geo.chunk_shift, sb.feature_incompat, qlo, &q);
 			ckpt_q8_decode(&q, mv.data(), mv.data() + qn, qn);
 			std::memcpy(m, mv.data() + (in - qlo), k * 4);
 			std::memcpy(v, mv.data() + qn + (in - qlo), k * 4);

@@ -115,6 +115,7 @@ json image_json(const ckpt::Image &img)
 		{"virtual_sectors", l.virt_bytes / CKPT_SECTOR},
 		{"feature_incompat", sb.feature_incompat},
 		{"state", (sb.feature_incompat & CKPT_FEATURE_INCOMPAT_Q8) ? "8bit" : "fp32"},
+		{"master", (sb.feature_incompat & CKPT_FEATURE_INCOMPAT_BF16M) ? "bf16" : "fp32"},
 		{"superblock_copy", img.sb_copy},
 		{"metadata_copies", ckpt_meta_copies(&l)},
 		{"warnings", img.warnings()},
@@ -135,6 +136,7 @@ struct FormatArgs {
 	uint64_t size = 0;
 	bool force = false;
 	std::string state;	// "fp32" (default) or "8bit"
+	std::string master;	// "fp32" (default) or "bf16"
 };
 
 // A tensor manifest from a user (ckpt::parse_layout_json).
@@ -486,6 +488,9 @@ std::string format_manifest(const std::string &device, const std::string &opts_j
 	a.state = opt<std::string>(o, "state", "fp32", "format");
 	if (a.state != "fp32" && a.state != "8bit")
 		fail(CKPT_E_INVAL, "format: state '{}': use fp32 or 8bit", a.state);
+	a.master = opt<std::string>(o, "master", "fp32", "format");
+	if (a.master != "fp32" && a.master != "bf16")
+		fail(CKPT_E_INVAL, "format: master '{}': use fp32 or bf16", a.master);
 	if (a.manifest.empty() == a.safetensors.empty())
 		fail(CKPT_E_INVAL, "format: give a manifest or a safetensors file, one of them");
 	json summary = json::array();
@@ -496,6 +501,7 @@ std::string format_manifest(const std::string &device, const std::string &opts_j
 	fo.size = a.size;
 	fo.force = a.force;
 	fo.q8 = a.state == "8bit";
+	fo.bf16_master = a.master == "bf16";
 	check_unused(device, "format");
 	format(device, m.layout, fo);
 	json j = image_json(Image::open(device, false));

@@ -81,14 +81,18 @@ SlotCheck check_slot(const Image &img, const RecordRule &rule)
 		}
 		const bool data_ok = f != CKPT_REC_DATA;
 		if (!data_ok)
-			damage(roff + CKPT_BLOCK, fmt::format("record data of chunk {} (fp32 p, m, v): checksum "
+			damage(roff + CKPT_BLOCK, fmt::format("record data of chunk {} (p, m, v): checksum "
 							      "mismatch", c), chunk_tensors);
 		if (f == CKPT_REC_PLO)
 			damage(poff, fmt::format("p_lo of chunk {}: checksum mismatch", c), chunk_tensors);
-		// p_lo must be p rounded to nearest even. Where the data checksum
-		// failed, this also points at a corrupt p.
-		ckpt_round_params(img.sb.geo.dtype, reinterpret_cast<const uint32_t *>(rec.as() + CKPT_BLOCK),
-				  want.data(), cp);
+		// p_lo must be p rounded to nearest even (with BF16M, the bf16 masters
+		// themselves). Where the data checksum failed, this also points at a
+		// corrupt p.
+		if (img.sb.feature_incompat & CKPT_FEATURE_INCOMPAT_BF16M)
+			std::memcpy(want.data(), rec.as() + CKPT_BLOCK, cp * 2);
+		else
+			ckpt_round_params(img.sb.geo.dtype, reinterpret_cast<const uint32_t *>(rec.as() + CKPT_BLOCK),
+					  want.data(), cp);
 		const uint16_t *have = plo.as<uint16_t>();
 		uint64_t first = cp, count = 0;
 		std::vector<std::string> names;

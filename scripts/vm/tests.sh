@@ -14,7 +14,7 @@
 # if anything failed.
 #
 #   scripts/vm/tests.sh [--matrix "6.1:max 6.1:qemu64 6.12:max:8bit"]
-#                       [--params N] [--steps N] [--seed N] [--presteps N] [--state fp32|8bit]
+#                       [--params N] [--steps N] [--seed N] [--presteps N] [--state fp32|8bit|8bit-bf16]
 #                       [--rollback-every N]
 #                       [--only harness|kmod|identity|scripts|assembly|nvmeof|SCRIPT]
 # --only SCRIPT: only the guest script tests/vm/SCRIPT.sh.
@@ -22,6 +22,7 @@
 # userspace engine before the image is copied; both sides then continue from
 # step N+1 (so the kernel starts from a state the userspace engine wrote).
 # --state 8bit: the byte identity image keeps 8-bit moments (feature Q8);
+# 8bit-bf16 also bf16 masters (feature BF16M; that entry's dtype is bf16);
 # a matrix entry KERNEL:CPU:STATE sets it for that entry alone.
 # Environment: CKPT_VM_MATRIX, CKPT_VM_PARAMS, CKPT_VM_STEPS, CKPT_VM_SEED,
 # CKPT_VM_PRESTEPS, CKPT_VM_STATE, CKPT_VM_ROLLBACK_EVERY,
@@ -41,9 +42,10 @@ set -uo pipefail
 
 # The default leaves out 6.1:qemu64: the SSE2 path is the same source on both
 # kernels and 6.12:qemu64 runs it, which keeps make check within its budget;
-# the crash campaign runs the whole matrix. 6.12:qemu64 proves the 8-bit
-# moments (feature Q8) byte for byte, the max entries the fp32 state.
-matrix=${CKPT_VM_MATRIX:-"6.1:max 6.12:max 6.12:qemu64:8bit"}
+# the crash campaign runs the whole matrix. Each entry's byte identity proves
+# one state layout: 6.1:max the 8-bit moments (feature Q8), 6.12:max the fp32
+# state, 6.12:qemu64 8-bit moments with bf16 masters (BF16M) on SSE2.
+matrix=${CKPT_VM_MATRIX:-"6.1:max:8bit 6.12:max 6.12:qemu64:8bit-bf16"}
 params=${CKPT_VM_PARAMS:-1000000}
 steps=${CKPT_VM_STEPS:-200}
 seed=${CKPT_VM_SEED:-}
@@ -176,6 +178,7 @@ kmod_run() { # KERNEL CPU DIR
 identity_run() { # KERNEL CPU DIR DTYPE STATE
 	local k=$1 c=$2 d=$3 dtype=$4 state=$5 rc hrc kimg uimg
 	kimg=$d/kernel.img uimg=$d/user.img
+	[ "$state" != 8bit-bf16 ] || dtype=bf16	# bf16 masters need bf16 params
 	log "$kl/$c: byte identity, $dtype, $state state, $params params, $presteps step(s) on the host then $steps steps in both, a rollback every $rollback_every${seed:+, seed $seed}"
 	if ! "$TRACE" "$kimg" --format --dtype "$dtype" --state "$state" --params "$params" --steps 0 \
 		${seed:+--seed "$seed"} >"$d/format.txt" 2>&1; then
@@ -384,7 +387,7 @@ if [ $preflight_ok = 1 ]; then
 		esac
 	done
 	for combo in $matrix; do
-		# KERNEL[:CPU[:STATE]]: STATE (fp32 or 8bit) overrides --state for
+		# KERNEL[:CPU[:STATE]]: STATE (fp32, 8bit, 8bit-bf16) overrides --state for
 		# this entry's byte identity run
 		k=${combo%%:*} c=${combo#*:} entry_state=$state
 		[ "$c" != "$combo" ] || c=max

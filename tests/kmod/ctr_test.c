@@ -250,6 +250,10 @@ TEST_F_TIMEOUT(ctr, corrupt_superblocks, 300)
 		{ "header_bytes", F_HEADER_BYTES, 100, 0, "Superblock: unsupported format version" },
 		{ "incompat", F_INCOMPAT, 0x80000000u, 0, "Superblock: unsupported feature bits" },
 		{ "ro_compat", F_RO_COMPAT, 0x80000000u, 0, "Superblock: unsupported feature bits" },
+		/* bf16 masters exist only with 8-bit moments (and bf16 params) */
+		{ "BF16M without Q8", F_INCOMPAT,
+		  CKPT_FEATURE_INCOMPAT_DEFAULT | CKPT_FEATURE_INCOMPAT_BF16M, 0,
+		  "Superblock: unsupported feature bits" },
 		{ "n_chunks 0", F_N_CHUNKS, 0, 0, geo },
 		{ "n_chunks max+1", F_N_CHUNKS, (1u << 24) + 1, 0, geo },
 		{ "n_chunks 2^32-1", F_N_CHUNKS, 0xffffffffu, 0, geo },

@@ -36,7 +36,7 @@ def demo():
     return mod
 
 
-def train(dm, path, state, steps):
+def train(dm, path, state, steps, master="fp32"):
     """Losses of `steps` steps of the tiny demo model with OffloadAdamW on path."""
     import numpy as np
     import torch
@@ -50,7 +50,7 @@ def train(dm, path, state, steps):
     torch.manual_seed(dm.SEED)
     model = dm.build_model(cfg, len(vocab))
     opt = ckpt.torch.OffloadAdamW(dm.param_groups(model), path, lr=cfg["lr"], betas=dm.BETAS, eps=1e-8,
-                                  dtype="bf16", state=state)
+                                  dtype="bf16", state=state, master=master)
     for g in opt.param_groups:
         g["initial_lr"] = cfg["lr"]
     sched = torch.optim.lr_scheduler.LambdaLR(opt, dm.lr_lambda(steps))

@@ -279,6 +279,13 @@ for bad in 0 -2 1e30 nan x 70000; do
 	fails_with "plan --nodes '$bad' is refused" 64 "^ckptctl plan: --nodes: " "$ctl" plan --params 7e9 --nodes "$bad"
 done
 fails_with "plan: more ranks than params" 64 "at least one param per rank" "$ctl" plan --params 4 --gpus 8
+ok "plan --master bf16: 4.03 B of state per param" sh -c \
+	"'$ctl' plan --params 7e9 --state 8bit --master bf16 -o json | '$py' -c \"
+import json, sys
+j = json.load(sys.stdin)
+assert j['master'] == 'bf16' and j['state'] == '8bit', j
+assert abs(j['dm_ckpt']['device_write_bytes_per_step'] - 6.09375 * 7e9) <= 0.5, j\""
+fails_with "plan --master bf16 needs --state 8bit" 64 "needs --state 8bit" "$ctl" plan --params 7e9 --master bf16
 fails_with "plan --state other than fp32 or 8bit" 64 "^ckptctl plan: .*--state" "$ctl" plan --params 7e9 --state 4bit
 fails_with "plan without --params" 64 "^ckptctl plan: --params is required" "$ctl" plan
 fails_with "plan -o other than table or json" 64 "^ckptctl plan: .*--output" "$ctl" plan --params 7e9 -o yaml
@@ -381,6 +388,21 @@ ok "8bit: export --with-optimizer decodes them to F32" sh -c \
 	"'$ctl' export q.img --to q5.safetensors --with-optimizer >/dev/null &&
 	 $py st.py meta q5.safetensors step 5 && $py st.py nonzero q5.safetensors head.weight.exp_avg_sq"
 fails_with "format --state refuses other states" any "4bit not in" "$ctl" format q2.img -m bad.json --state 4bit
+
+# ---------------------------------------------------------------- bf16 masters
+ok "bf16 masters: format --state 8bit --master bf16" sh -c \
+	"'$ctl' format qb.img --from-safetensors f32.safetensors --chunk-params 4096 --dtype bf16 --state 8bit \
+	   --master bf16 | grep -q 'bf16, 8bit moments, bf16 masters'"
+ok "bf16 masters: smaller records than 8-bit moments alone" sh -c "[ \$(stat -c %s qb.img) -lt \$(stat -c %s q.img) ]"
+ok "bf16 masters: import --with-optimizer rounds the masters" sh -c \
+	"'$ctl' import qb.img --from s3.safetensors --with-optimizer | grep -q 'committed step 3'"
+ok "bf16 masters: verify" "$ctl" verify qb.img
+ok "bf16 masters: two steps (ckpt-trace)" "$bin/ckpt-trace" qb.img --steps 2 --seed 5
+ok "bf16 masters: export --with-optimizer gives F32" sh -c \
+	"'$ctl' export qb.img --to qb5.safetensors --with-optimizer >/dev/null &&
+	 $py st.py meta qb5.safetensors step 5 && $py st.py nonzero qb5.safetensors head.weight.exp_avg_sq"
+fails_with "format --master bf16 needs --state 8bit" any "bf16 masters need 8-bit moments" \
+	"$ctl" format qb2.img --from-safetensors f32.safetensors --chunk-params 4096 --dtype bf16 --master bf16
 
 # ---------------------------------------------------------------- lossless interchange
 # export -> format --from-safetensors -> import -> export: the dm-ckpt.*

@@ -1073,6 +1073,105 @@ TEST_F(EngineTest, EightBitMomentsStepLoadAndRead)
 	EXPECT_NE(report.find("\"damage\":[]"), std::string::npos) << report;
 }
 
+// bf16 masters (feature BF16M, with Q8): records of 4 B of state per param;
+// a load rounds the masters stochastically with the noise of (image uuid,
+// the load's step, param index), the core's rule; every step's masters are
+// bf16 and p_lo is exactly them; they track the fp32-master Q8 image; read
+// of state gives the masters exactly, so load_state of them is exact; verify
+// checks p_lo against the masters.
+TEST_F(EngineTest, Bf16MastersStepLoadAndRead)
+{
+	ckpt::Layout lay;
+	lay.add("a", {5000}, 0);
+	lay.add("b", {3000}, 0);
+	lay.add("c", {1000}, 1);
+	ckpt::FormatOptions o;
+	o.chunk_params = 4096;
+	o.q8 = true;
+	const std::string q8 = (dir_ / "q8.img").string(), bf = (dir_ / "bf.img").string();
+	ckpt::format(q8, lay, o);
+	o.bf16_master = true;
+	ckpt::format(bf, lay, o);
+	o.q8 = false;
+	EXPECT_THROW(ckpt::format((dir_ / "no.img").string(), lay, o), ckpt::Error);	// needs Q8
+	auto d8 = ckpt::Device::open(q8, {});
+	auto db = ckpt::Device::open(bf, {});
+	ASSERT_TRUE(db->image().sb.feature_incompat & CKPT_FEATURE_INCOMPAT_BF16M);
+	// 4 KiB header + 4 B * 4096 + 2 * 4 B * 16 scales, in 4 KiB blocks
+	EXPECT_EQ(db->layout().record_bytes, 4096u + 20480u);
+
+	std::mt19937_64 rng(13);
+	std::normal_distribution<float> nd(0.0f, 1.0f);
+	std::vector<float> a(5000), b(3000), c(1000);
+	for (auto *t : {&a, &b, &c})
+		for (float &x : *t)
+			x = nd(rng) * 0.02f;
+	for (auto *d : {d8.get(), db.get()})
+		d->load_params({{"a", a}, {"b", b}, {"c", c}});
+	// the load's rounding: the core's, with step 0 and the params' indexes
+	std::vector<float> pb(5000), mb(5000), vb(5000);
+	db->read_state("a", pb.data(), mb.data(), vb.data(), 5000);
+	{
+		std::vector<uint32_t> x(5000);
+		std::vector<uint16_t> want(5000);
+		for (size_t i = 0; i < 5000; i++)
+			x[i] = std::bit_cast<uint32_t>(a[i]);
+		struct ckpt_sr sr;
+		ckpt_sr_at(ckpt_sr_seed(db->image().sb.uuid), 0, 0, &sr);
+		ckpt_sr_round(&sr, x.data(), want.data(), 5000);
+		size_t up = 0;
+		for (size_t i = 0; i < 5000; i++) {
+			ASSERT_EQ(std::bit_cast<uint32_t>(pb[i]), static_cast<uint32_t>(want[i]) << 16) << i;
+			up += std::fabs(pb[i]) > std::fabs(a[i]);
+		}
+		EXPECT_GT(up, 2000u);	// stochastic: about half round away from zero
+		EXPECT_LT(up, 3000u);
+	}
+
+	const struct ckpt_layout &l = db->layout();
+	std::vector<float> p8(5000), m8(5000), v8(5000);
+	std::vector<uint16_t> plo(5000);
+	for (int step = 1; step <= 8; step++) {
+		std::vector<uint16_t> g(l.n_params);
+		for (uint16_t &x : g)
+			x = ckpt_f32_to_bf16(std::bit_cast<uint32_t>(nd(rng) * 1e-3f));
+		for (auto *d : {d8.get(), db.get()}) {
+			d->begin(groups(), 1.0);
+			d->write_grad_window(0, g.data(), l.window_bytes);
+			ASSERT_EQ(d->commit({}), ckpt::CommitResult::committed);
+		}
+		d8->read_state("a", p8.data(), m8.data(), v8.data(), 5000);
+		db->read_state("a", pb.data(), mb.data(), vb.data(), 5000);
+		db->read_params("a", plo.data(), 5000);
+		double dp = 0;
+		for (size_t i = 0; i < 5000; i++) {
+			ASSERT_EQ(std::bit_cast<uint32_t>(pb[i]), static_cast<uint32_t>(plo[i]) << 16) << i;
+			dp = std::max(dp, (double)std::fabs(pb[i] - p8[i]));
+		}
+		// lr 1e-3: each step moves a param by about 1e-3 at most; a bf16
+		// ulp at 0.02 * 4 sigma is 2^-11
+		EXPECT_LT(dp, 2e-3 * step + 1e-3) << "step " << step;
+	}
+
+	// read_state gives the masters exactly: loading them again keeps them
+	std::vector<float> pB(3000), mB(3000), vB(3000), pC(1000), mC(1000), vC(1000);
+	db->read_state("b", pB.data(), mB.data(), vB.data(), 3000);
+	db->read_state("c", pC.data(), mC.data(), vC.data(), 1000);
+	db.reset();
+	const std::string fresh = (dir_ / "fresh.img").string();
+	o.q8 = true;
+	ckpt::format(fresh, lay, o);
+	db = ckpt::Device::open(fresh, {});
+	db->load_state({{"a", pb, mb, vb, 8}, {"b", pB, mB, vB, 8}, {"c", pC, mC, vC, 8}}, {});
+	std::vector<float> p2(5000), m2(5000), v2(5000);
+	db->read_state("a", p2.data(), m2.data(), v2.data(), 5000);
+	EXPECT_EQ(p2, pb);
+	db.reset();
+	const std::string report = ckpt::verify_report(fresh, false);
+	EXPECT_NE(report.find("\"records_checked\":4,"), std::string::npos) << report;
+	EXPECT_NE(report.find("\"damage\":[]"), std::string::npos) << report;
+}
+
 TEST(Ring, SyncFallbackCompletesLikeIoUring)
 {
 	const fs::path path = fs::temp_directory_path() / fmt::format("ckpt-ring-{}", getpid());

@@ -292,3 +292,218 @@ TEST(Q8, NonFiniteGradientIsFlagged)
 	s.g[300] = 0x7c00;	// +Inf
 	EXPECT_NE(run(ckpt_update_chunk_q8, hp, CKPT_DTYPE_FP16, s), 0u);
 }
+
+// ---- bf16 masters with stochastic rounding (feature BF16M)
+
+namespace {
+
+std::vector<uint16_t> widen_to_bf16(const std::vector<uint32_t> &p)
+{
+	std::vector<uint16_t> out(p.size());
+	for (size_t i = 0; i < p.size(); i++)
+		out[i] = static_cast<uint16_t>(p[i] >> 16);
+	return out;
+}
+
+uint32_t run_bf(ckpt_update_q8bf_fn fn, const ckpt_hparams &hp, State &s, std::vector<uint16_t> &p16,
+		const ckpt_sr &sr)
+{
+	std::vector<uint32_t> tmp(CKPT_Q8_TMP_WORDS);
+	const struct ckpt_q8_state st = s.q.state();
+	return fn(&hp, bits(1.0f), s.g.data(), p16.data(), &st, tmp.data(), s.plo.data(), p16.size(), &sr);
+}
+
+} // namespace
+
+// The rounding is unbiased: over N draws (other params, or other steps, of
+// the same value) the mean of the bf16 results is the fp32 value within 5
+// standard deviations of that mean, ulp * sqrt(f (1 - f) / N) for a value a
+// fraction f of its bf16 ulp above the bf16 below it; every result is one of
+// the two bf16 neighbours. Values: both signs, across a binade boundary, a
+// subnormal, exact bf16 values (never moved).
+TEST(BF16M, StochasticRoundingIsUnbiased)
+{
+	const uint64_t N = 1u << 16;
+	const uint64_t seed = 0x0123456789abcdefull;
+	for (float x : {1.0f + 0.3f / 128, -3.14159f, 0.999999f, 1e-3f, 7.1e-39f, 0.5f, -2.0f, 1234.567f}) {
+		SCOPED_TRACE(x);
+		const uint32_t xb = bits(x);
+		const double lo = flt(xb & 0xffff0000u), hi = flt((xb & 0xffff0000u) + 0x10000u);
+		const double ulp = std::fabs(hi - lo), f = std::fabs(x - lo) / ulp;
+		const double bound = 5 * ulp * std::sqrt(f * (1 - f) / N) + 1e-12 * ulp;
+		// over param indexes, one step
+		const std::vector<uint32_t> xs(N, xb);
+		std::vector<uint16_t> out(N);
+		struct ckpt_sr sr;
+		ckpt_sr_at(seed, 7, 1u << 20, &sr);
+		ckpt_sr_round(&sr, xs.data(), out.data(), N);
+		double sum = 0;
+		for (uint16_t o : out) {
+			const double y = flt(static_cast<uint32_t>(o) << 16);
+			ASSERT_TRUE(y == lo || y == hi) << y;
+			sum += y;
+		}
+		EXPECT_LE(std::fabs(sum / N - x), bound);
+		// over steps, one param
+		sum = 0;
+		for (uint64_t t = 1; t <= N; t++) {
+			ckpt_sr_at(seed, t, 12345, &sr);
+			uint16_t o;
+			ckpt_sr_round(&sr, &xb, &o, 1);
+			sum += flt(static_cast<uint32_t>(o) << 16);
+		}
+		EXPECT_LE(std::fabs(sum / N - x), bound);
+	}
+}
+
+// The noise is a fixed function of (seed, step, index): these values are
+// part of the format (an image's kernel and engine must agree on them, and
+// so must every later release); they were computed by an independent Python
+// model of splitmix64 and lowbias32. The noise of a param is recovered from
+// the rounding: a value L above a bf16 rounds up exactly when noise >= 2^16 - L.
+TEST(BF16M, NoiseIsAFixedFunction)
+{
+	struct ckpt_sr sr;
+	ckpt_sr_at(0x1122334455667788ull, 42, (3ull << 32) + 77, &sr);
+	EXPECT_EQ(sr.key, 0x90817d51u);
+	EXPECT_EQ(sr.first, 77u);
+	const uint32_t want[8] = {0x6de5, 0x6d8f, 0x4d4b, 0x31a3, 0x45e8, 0x65e4, 0xd506, 0x7b5d};
+	for (uint32_t i = 0; i < 8; i++) {
+		struct ckpt_sr at = sr;
+		at.first += i;
+		uint32_t lo = 1, hi = 0x10000;	// the least L that rounds up
+		while (lo < hi) {
+			const uint32_t L = (lo + hi) / 2, x = bits(1.0f) + L;
+			uint16_t o;
+			ckpt_sr_round(&at, &x, &o, 1);
+			if (o == 0x3f81u)
+				hi = L;
+			else
+				lo = L + 1;
+		}
+		EXPECT_EQ(0x10000u - lo, want[i]) << i;
+	}
+}
+
+// Every build (the kernel's SSE2 and AVX2 among them) gives the scalar
+// build's bytes: masters, codes, scales, p_lo, flag.
+TEST(BF16M, UpdateBitIdenticalAcrossBuilds)
+{
+	ckpt_update_variant all[CKPT_UPDATE_VARIANTS_MAX];
+	const unsigned nv = ckpt_update_variants(all);
+	std::mt19937_64 rng(20261205);
+	int runs = 0;
+	for (bool l2 : {false, true})
+		for (uint64_t n : {256u, 512u, 2048u, 4096u + 256u, 65536u}) {
+			const ckpt_hparams hp = hparams(rng, l2);
+			const State s0 = random_state(rng, n, CKPT_DTYPE_BF16);
+			const std::vector<uint16_t> p0 = widen_to_bf16(s0.p);
+			struct ckpt_sr sr;
+			ckpt_sr_at(rng(), rng() % 1000, (rng() % 64) << 16, &sr);
+			State ref = s0;
+			std::vector<uint16_t> pref = p0;
+			const uint32_t rf = run_bf(ckpt_update_chunk_q8bf_scalar, hp, ref, pref, sr);
+			for (unsigned i = 1; i < nv; i++) {
+				if (!all[i].available)
+					continue;
+				SCOPED_TRACE(std::string(all[i].name) + " n=" + std::to_string(n));
+				State s = s0;
+				std::vector<uint16_t> p = p0;
+				EXPECT_EQ(run_bf(all[i].update_q8bf, hp, s, p, sr), rf);
+				EXPECT_EQ(p, pref);
+				EXPECT_TRUE(s.q == ref.q);
+				EXPECT_EQ(s.plo, ref.plo);
+				runs++;
+			}
+		}
+	EXPECT_GT(runs, 0);
+}
+
+// The update on bf16 masters is the Q8 update on the masters widened to
+// fp32, then the new fp32 masters rounded with the noise of their index:
+// the same moments, and p_lo is the new master.
+TEST(BF16M, UpdateIsTheQ8UpdateThenStochasticRounding)
+{
+	std::mt19937_64 rng(5);
+	const uint64_t n = 4096;
+	const ckpt_hparams hp = hparams(rng, false);
+	State s = random_state(rng, n, CKPT_DTYPE_BF16);
+	std::vector<uint16_t> p16 = widen_to_bf16(s.p);
+	for (uint64_t i = 0; i < n; i++)
+		s.p[i] = static_cast<uint32_t>(p16[i]) << 16;
+	State w = s;
+	struct ckpt_sr sr;
+	ckpt_sr_at(99, 3, 8192, &sr);
+	ASSERT_EQ(run(ckpt_update_chunk_q8, hp, CKPT_DTYPE_BF16, w), 0u);
+	ASSERT_EQ(run_bf(ckpt_update_chunk_q8bf, hp, s, p16, sr), 0u);
+	std::vector<uint16_t> want(n);
+	ckpt_sr_round(&sr, w.p.data(), want.data(), n);
+	EXPECT_EQ(p16, want);
+	EXPECT_EQ(s.plo, p16);
+	EXPECT_TRUE(s.q == w.q);
+	// and a non-finite gradient is flagged
+	s.g[100] = 0x7f80;
+	EXPECT_NE(run_bf(ckpt_update_chunk_q8bf, hp, s, p16, sr), 0u);
+}
+
+// The format has the one combination the update implements: with Q8 and
+// dtype bf16. Anything else is refused (E_FEATURE), by the core's layout,
+// which the kernel's constructor and every reader go through.
+TEST(BF16M, OnlyWithQ8AndBf16)
+{
+	struct ckpt_geometry g{};
+	g.n_chunks = 4;
+	g.chunk_shift = 16;
+	g.n_groups = 1;
+	g.dtype = CKPT_DTYPE_BF16;
+	g.optimizer = CKPT_OPT_ADAM;
+	g.manifest_bytes = 4096;
+	struct ckpt_layout l;
+	const uint32_t base = CKPT_FEATURE_INCOMPAT_DEFAULT;
+	EXPECT_EQ(ckpt_layout_compute_features(&g, base | CKPT_FEATURE_INCOMPAT_BF16M, &l), -CKPT_E_FEATURE);
+	ASSERT_EQ(ckpt_layout_compute_features(&g, base | CKPT_FEATURE_INCOMPAT_Q8 | CKPT_FEATURE_INCOMPAT_BF16M,
+					       &l),
+		  0);
+	// 4 KiB header + 4 B * 65536 + 2 * 4 B * 256 scales, in 4 KiB blocks
+	EXPECT_EQ(l.record_bytes, 4096u + 266240u);
+	g.dtype = CKPT_DTYPE_FP16;
+	EXPECT_EQ(ckpt_layout_compute_features(&g, base | CKPT_FEATURE_INCOMPAT_Q8 | CKPT_FEATURE_INCOMPAT_BF16M,
+					       &l),
+		  -CKPT_E_FEATURE);
+}
+
+// Why the rounding is stochastic: updates of 1/78 of a bf16 ulp (lr 1e-4 on
+// weights at 1.0, whose ulp is 2^-7) would all round back to 1.0 to nearest;
+// stochastically the masters move by the fp32 update in the mean. 100 steps
+// of a constant gradient: the expected master is 1 - 100 * 1e-4 = 0.99; the
+// mean over 4096 params is within 5% of the distance moved.
+TEST(BF16M, SmallUpdatesAccumulateInTheMean)
+{
+	const uint64_t n = 4096;
+	const double lr = 1e-4, b1 = 0.9, b2 = 0.999;
+	State s(n);
+	std::vector<uint16_t> p16(n, 0x3f80);	// 1.0
+	std::fill(s.g.begin(), s.g.end(), 0x3f80);
+	const std::vector<uint32_t> zeros(n);
+	const struct ckpt_q8_state st = s.q.state();
+	ckpt_q8_encode(&st, zeros.data(), zeros.data(), n);
+	for (int t = 1; t <= 100; t++) {
+		ckpt_hparams hp{};
+		hp.lr = bits(static_cast<float>(lr));
+		hp.beta1 = bits(static_cast<float>(b1));
+		hp.beta2 = bits(static_cast<float>(b2));
+		hp.eps = bits(1e-8f);
+		hp.one_minus_beta1 = bits(static_cast<float>(1 - b1));
+		hp.one_minus_beta2 = bits(static_cast<float>(1 - b2));
+		hp.step_size = bits(static_cast<float>(lr / (1 - std::pow(b1, t))));
+		hp.bc2_sqrt = bits(static_cast<float>(std::sqrt(1 - std::pow(b2, t))));
+		hp.decay = bits(1.0f);
+		struct ckpt_sr sr;
+		ckpt_sr_at(77, static_cast<uint64_t>(t), 0, &sr);
+		ASSERT_EQ(run_bf(ckpt_update_chunk_q8bf, hp, s, p16, sr), 0u);
+	}
+	double sum = 0;
+	for (uint16_t p : p16)
+		sum += flt(static_cast<uint32_t>(p) << 16);
+	EXPECT_NEAR(1.0 - sum / n, 100 * lr, 0.05 * 100 * lr);
+}

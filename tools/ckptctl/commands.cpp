@@ -55,10 +55,10 @@ void print_info(const json &j)
 	fmt::print("  committed step  {} (slot {}, superblock sequence {}, blob {} bytes)\n",
 		   j["committed_step"].get<uint64_t>(), j["committed_slot"].get<int>(),
 		   j["sequence"].get<uint64_t>(), j["blob_bytes"].get<int>());
-	fmt::print("  params          {} in {} chunks of {}, {} groups, {}, {} moments\n",
+	fmt::print("  params          {} in {} chunks of {}, {} groups, {}, {} moments, {} masters\n",
 		   j["n_params"].get<uint64_t>(), j["n_chunks"].get<uint64_t>(),
 		   j["chunk_params"].get<uint64_t>(), j["n_groups"].get<int>(), j["dtype"].get<std::string>(),
-		   j.value("state", "fp32"));
+		   j.value("state", "fp32"), j.value("master", "fp32"));
 	fmt::print("  backing         {} bytes used of {}\n", j["backing_bytes"].get<uint64_t>(),
 		   j["device_bytes"].get<uint64_t>());
 	fmt::print("  virtual device  {} sectors\n", j["virtual_sectors"].get<uint64_t>());
@@ -92,6 +92,8 @@ int cmd_format(const FormatArgs &a)
 		opts["size"] = a.size;
 	if (!a.state.empty())
 		opts["state"] = a.state;
+	if (!a.master.empty())
+		opts["master"] = a.master;
 	json j = report([&](char **out) { return ckpt_format_manifest(a.device.c_str(), opts.dump().c_str(), out); });
 	if (!a.json)
 		for (const json &line : j["summary"])

@@ -21,7 +21,7 @@ constexpr int exit_degraded = 3;	// verify: state intact, but a superblock or me
 constexpr int exit_usage = 64;		// a command line that cannot be parsed (sysexits.h EX_USAGE)
 
 struct FormatArgs {
-	std::string device, manifest, safetensors, dtype, state;
+	std::string device, manifest, safetensors, dtype, state, master;
 	std::vector<std::string> groups;	// "G:glob,glob"
 	std::vector<std::string> include, exclude;
 	uint32_t chunk_params = 0;

@@ -206,6 +206,11 @@ int main(int argc, char **argv)
 			   "exp_avg_sq as block-wise 8-bit codes: 6 B of state per\n"
 			   "param instead of 12; an image older tools refuse)")
 		->check(CLI::IsMember({"fp32", "8bit"}));
+	format->add_option("--master", fa.master,
+			   "master params: fp32 (default) or bf16 (rounded stochastically\n"
+			   "at every step; needs --state 8bit and dtype bf16: 4 B of\n"
+			   "state per param)")
+		->check(CLI::IsMember({"fp32", "bf16"}));
 	format->add_flag("--force", fa.force, "format over an existing dm-ckpt image or signature");
 	format->add_flag("--json", fa.json, "print the resulting geometry as JSON (as info --json)");
 	add_progress_options(format, progress);
@@ -522,7 +527,7 @@ int main(int argc, char **argv)
 	restore->footer("\nEXAMPLES\n  ckptctl restore /dev/nvme0n1\n  ckptctl restore --rollback /dev/nvme0n1");
 
 	// ---- plan
-	std::string plan_params, plan_gpus = "1", plan_nodes = "1", plan_state = "fp32", plan_output = "table";
+	std::string plan_params, plan_gpus = "1", plan_nodes = "1", plan_state = "fp32", plan_master = "fp32", plan_output = "table";
 	auto *plan = app.add_subcommand("plan",
 		"Size a training run: memory per rank and bytes per step, with and without dm-ckpt.\n\n"
 		"For a model of --params params trained with mixed-precision AdamW on\n"
@@ -542,11 +547,14 @@ int main(int argc, char **argv)
 	plan->add_option("--nodes", plan_nodes, "nodes (1 to 65536; default 1)");
 	plan->add_option("--state", plan_state, "optimizer state: fp32 moments, or 8bit (blockwise-quantized\nmoments, fp32 masters); default fp32")
 		->check(CLI::IsMember({"fp32", "8bit"}));
+	plan->add_option("--master", plan_master, "master params: fp32 (default) or bf16 (with --state 8bit)")
+		->check(CLI::IsMember({"fp32", "bf16"}));
 	auto *plan_fmt = plan->add_option("-o,--output", plan_output, "table (default) or json")
 				 ->check(CLI::IsMember({"table", "json"}));
 	bool plan_json_flag = false;
 	plan->add_flag("--json", plan_json_flag, "print JSON (as -o json)")->excludes(plan_fmt);
 	plan->footer("\nEXAMPLES\n  ckptctl plan --params 7e9\n  ckptctl plan --params 70e9 --gpus 8 --nodes 4 --state 8bit\n"
+		     "  ckptctl plan --params 7e9 --state 8bit --master bf16\n"
 		     "  ckptctl plan --params 7e9 --gpus 8 -o json | jq .dm_ckpt.host_bytes");
 
 	try {
@@ -571,6 +579,7 @@ int main(int argc, char **argv)
 			pa.gpus = parse_ranks("--gpus", plan_gpus);
 			pa.nodes = parse_ranks("--nodes", plan_nodes);
 			pa.state_8bit = plan_state == "8bit";
+			pa.master_bf16 = plan_master == "bf16";
 			const Plan p = plan_model(pa);
 			if (plan_json_flag || plan_output == "json")
 				fmt::print("{}\n", plan_json(p).dump(2));

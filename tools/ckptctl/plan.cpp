@@ -18,6 +18,7 @@ namespace {
 // Bytes per param of each thing the model counts.
 constexpr double lo = 2;		// an fp16/bf16 param or gradient
 constexpr double master = 4;		// the fp32 master param
+constexpr double master_bf16 = 2;	// a bf16 master (stochastic rounding)
 constexpr double moments_fp32 = 8;	// exp_avg and exp_avg_sq, fp32
 // 8-bit moments: one byte each plus one fp32 scale per block of 256 of each
 constexpr double quant_block = 256;
@@ -66,6 +67,8 @@ Plan plan_model(const PlanArgs &a)
 		fail(CKPT_E_INVAL, "--params: {} is not a whole number from 1 to {:g}", a.params, max_params);
 	if (a.gpus < 1 || a.gpus > max_ranks_per_axis || a.nodes < 1 || a.nodes > max_ranks_per_axis)
 		fail(CKPT_E_INVAL, "--gpus and --nodes must be from 1 to {:g}", max_ranks_per_axis);
+	if (a.master_bf16 && !a.state_8bit)
+		fail(CKPT_E_INVAL, "--master bf16 needs --state 8bit (the one combination the format has)");
 	Plan p;
 	p.args = a;
 	p.ranks = double(a.gpus) * a.nodes;
@@ -73,7 +76,8 @@ Plan plan_model(const PlanArgs &a)
 		fail(CKPT_E_INVAL, "{:g} ranks for {:g} params: at least one param per rank", p.ranks, a.params);
 	const double P = a.params, S = P / p.ranks, M = a.nodes;
 	p.shard = S;
-	const double state = master + (a.state_8bit ? moments_8bit : moments_fp32);
+	const double state = (a.master_bf16 ? master_bf16 : master) +
+			     (a.state_8bit ? moments_8bit : moments_fp32);
 	// Every case keeps the low-precision params and gradients of the whole
 	// model on each GPU (ZeRO stage 1) and exchanges them with a
 	// hierarchical reduce-scatter of gradients and all-gather of params:
@@ -149,6 +153,7 @@ nlohmann::json plan_json(const Plan &p)
 		{"ranks", whole(p.ranks)},
 		{"params_per_rank", whole(p.shard)},
 		{"state", p.args.state_8bit ? "8bit" : "fp32"},
+		{"master", p.args.master_bf16 ? "bf16" : "fp32"},
 		{"gpu_adamw", case_json(p.gpu)},
 		{"host_offload", case_json(p.offload)},
 		{"dm_ckpt", case_json(p.ckpt)}};
@@ -160,6 +165,7 @@ std::string plan_text(const Plan &p)
 				      "(model: docs/performance.md, \"Capacity model\"; activations not counted)\n\n",
 				      p.args.params, p.args.nodes, p.args.nodes == 1 ? "" : "s", p.args.gpus,
 				      p.args.gpus == 1 ? "" : "s", p.ranks, p.ranks == 1 ? "" : "s", p.shard,
+				      p.args.master_bf16 ? "bf16 masters, 8-bit moments" :
 				      p.args.state_8bit ? "8-bit moments" : "fp32");
 	out += fmt::format("{:<34}{:>12}{:>14}{:>12}\n", "", "GPU AdamW", "host offload", "dm-ckpt");
 	const auto row = [&](const char *what, double PlanCase::*f) {

@@ -17,6 +17,7 @@ struct PlanArgs {
 	uint32_t gpus = 1;	// GPUs (ranks) per node
 	uint32_t nodes = 1;
 	bool state_8bit = false;	// moments as blockwise 8-bit values
+	bool master_bf16 = false;	// bf16 masters (needs state_8bit)
 };
 
 // One way to keep the optimizer state: bytes per rank (memory, per step).

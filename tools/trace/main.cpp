@@ -120,8 +120,10 @@ int main(int argc, char **argv)
 	app.add_option("--params", params, "about this many params (with --format)");
 	app.add_option("--dtype", dtype, "bf16 or fp16 (with --format)")->check(CLI::IsMember({"bf16", "fp16"}));
 	app.add_option("--chunk-params", chunk_params, "params per chunk (with --format)");
-	app.add_option("--state", state, "optimizer state: fp32 or 8bit (with --format)")
-		->check(CLI::IsMember({"fp32", "8bit"}));
+	app.add_option("--state", state,
+		       "optimizer state: fp32, 8bit, or 8bit-bf16 (8-bit moments and\n"
+		       "bf16 masters; dtype bf16) (with --format)")
+		->check(CLI::IsMember({"fp32", "8bit", "8bit-bf16"}));
 	uint32_t piece = 0;
 	app.add_option("--piece-bytes", piece,
 		       "gradient pieces are multiples of this (default: the device's block size;\n"
@@ -139,7 +141,9 @@ int main(int argc, char **argv)
 			const int code = check(ckpt_dtype_parse(dtype.c_str()));
 			// --format asks for it: the scripts reformat their images
 			check(ckpt_format_opts(dev.c_str(), trace_layout(seed, params).get(), code, chunk_params, 0,
-					       state == "8bit" ? CKPT_FORMAT_STATE_8BIT : 0));
+					       state == "8bit"	    ? CKPT_FORMAT_STATE_8BIT
+					       : state == "8bit-bf16" ? CKPT_FORMAT_STATE_8BIT | CKPT_FORMAT_MASTER_BF16
+								      : 0));
 		}
 		DevicePtr d([&] {
 			ckpt_device *h = nullptr;

@@ -291,21 +291,28 @@ def _progress(desc, progress):
 
 
 _STATES = {"fp32": 0, "8bit": 1}  # CKPT_FORMAT_STATE_8BIT
+_MASTERS = {"fp32": 0, "bf16": 2}  # CKPT_FORMAT_MASTER_BF16
 
 
-def format(path, layout, dtype="bf16", chunk_params=65536, size=None, progress=None, state="fp32"):
+def format(path, layout, dtype="bf16", chunk_params=65536, size=None, progress=None, state="fp32",
+           master="fp32"):
     """Create or format a backing file or block device for layout.
     state: "fp32", or "8bit" for exp_avg and exp_avg_sq as block-wise 8-bit
     codes (6 B of state per param instead of 12).
+    master: "fp32", or "bf16" for bf16 master params rounded stochastically
+    at every step (with state="8bit" and dtype="bf16" only: 4 B of state per
+    param).
     progress: a tqdm bar on stderr (None: when stderr is a terminal)."""
     if dtype not in _DTYPES:
         raise CkptError(ERRORS.index("E_DTYPE"),
                         f"unknown dtype {dtype!r}: use {' or '.join(repr(d) for d in _DTYPES)}")
     if state not in _STATES:
         raise CkptError(ERRORS.index("E_INVAL"), f"unknown state {state!r}: use 'fp32' or '8bit'")
+    if master not in _MASTERS:
+        raise CkptError(ERRORS.index("E_INVAL"), f"unknown master {master!r}: use 'fp32' or 'bf16'")
     with _progress("format", progress):
         _check(_lib.ckpt_format_opts(_path_bytes(path), layout._h, _DTYPES[dtype], int(chunk_params),
-                                     int(size or 0), _STATES[state]))
+                                     int(size or 0), _STATES[state] | _MASTERS[master]))
 
 
 def _uuid_text(u):

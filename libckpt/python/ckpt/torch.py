@@ -189,6 +189,10 @@ class OffloadAdamW(torch.optim.Optimizer):
     state: "fp32" (default) or "8bit" when formatting: exp_avg and exp_avg_sq
         stored as block-wise 8-bit codes (6 B of state per param instead of
         12; docs/design.md, "8-bit moments"); an existing device keeps its own.
+    master: "fp32" (default) or "bf16" when formatting: bf16 master params
+        rounded stochastically at every step, the params the model gets back
+        (with state="8bit" and dtype "bf16": 4 B of state per param;
+        docs/design.md, "bf16 masters").
     lr, betas, eps, weight_decay, maximize: per-group defaults as in
         torch.optim.AdamW (maximize=True negates the gradient before the update,
         as torch does); adam_l2=True gives Adam with L2 weight decay
@@ -248,7 +252,7 @@ class OffloadAdamW(torch.optim.Optimizer):
                  weight_decay=1e-2, dtype=None, chunk_params=65536, *, amsgrad=False,
                  maximize=False, foreach=None, capturable=False, differentiable=False, fused=None,
                  adam_l2=False, size=None, init_from_model=False, process_group=None,
-                 state="fp32", hooks=True):
+                 state="fp32", master="fp32", hooks=True):
         _check_hparams(lr, betas, eps, weight_decay)
         if amsgrad:
             raise ValueError(_AMSGRAD_REFUSED)
@@ -303,10 +307,11 @@ class OffloadAdamW(torch.optim.Optimizer):
             if self._shard:
                 # Every rank opens its own device; then they agree on the step.
                 self._shard.agree(lambda: self._open(device_or_path, dtype, chunk_params, size,
-                                                     init_from_model, state), "open its device")
+                                                     init_from_model, state, master),
+                                  "open its device")
                 self._resumed_step = self._shard.agree_step(self.device)
             else:
-                self._open(device_or_path, dtype, chunk_params, size, init_from_model, state)
+                self._open(device_or_path, dtype, chunk_params, size, init_from_model, state, master)
             self.uuid = self.device.uuid()
             if not self._shard:
                 self._make_buffers()
@@ -321,7 +326,7 @@ class OffloadAdamW(torch.optim.Optimizer):
             self.close()
             raise
 
-    def _open(self, device_or_path, dtype, chunk_params, size, init_from_model, state):
+    def _open(self, device_or_path, dtype, chunk_params, size, init_from_model, state, master):
         if isinstance(device_or_path, Device):
             if self._shard:
                 raise ValueError("a sharded OffloadAdamW opens its rank's device from a path: give a "
@@ -333,7 +338,7 @@ class OffloadAdamW(torch.optim.Optimizer):
             self.path = _Shard.path_of(self._shard, device_or_path)
             created = not os.path.exists(self.path)
             if created:
-                self._create(self.path, dtype or "bf16", chunk_params, size, state)
+                self._create(self.path, dtype or "bf16", chunk_params, size, state, master)
             self.device = _open(self.path)
             self._owned = True
         self._check_layout(dtype)
@@ -354,14 +359,15 @@ class OffloadAdamW(torch.optim.Optimizer):
         return {dn: self._flat[i][1].detach().to(torch.float32).cpu().reshape(-1)[a:b].numpy()
                 for dn, i, a, b, _, _ in self._pieces}
 
-    def _create(self, path, dtype, chunk_params, size, state):
+    def _create(self, path, dtype, chunk_params, size, state, master):
         layout = Layout()
         for n, shape, gi in self._layout:
             layout.add(n, shape, gi)
         d = os.path.dirname(os.path.abspath(path))
         tmp = os.path.join(d, f".{os.path.basename(path)}.tmp-{os.getpid()}")
         try:
-            _format(tmp, layout, dtype=dtype, chunk_params=chunk_params, size=size, state=state)
+            _format(tmp, layout, dtype=dtype, chunk_params=chunk_params, size=size, state=state,
+                    master=master)
             with _open(tmp) as dev:
                 dev.load_params(self._model_values())
             os.replace(tmp, path)
