@@ -1,6 +1,6 @@
 # Cross-build of the userspace library, tools and unit tests for aarch64 with
 # Debian's cross toolchain (gcc/g++-aarch64-linux-gnu) and the arm64 -dev
-# packages installed through Debian multiarch (scripts/deps.sh --aarch64):
+# packages installed through Debian multiarch (scripts/deps.sh):
 #   cmake -S . -B build-aarch64 --toolchain cmake/aarch64-linux-gnu.cmake
 # The test programs run under qemu-user (CMAKE_CROSSCOMPILING_EMULATOR), so
 # gtest_discover_tests and ctest work unchanged on an x86-64 host
@@ -26,6 +26,6 @@ set(ENV{PKG_CONFIG_PATH} "")
 # pthread_create (every test that starts the engine's threads hung).
 find_program(CKPT_QEMU_AARCH64 NAMES qemu-aarch64 qemu-aarch64-static REQUIRED)
 if(NOT EXISTS /lib/ld-linux-aarch64.so.1)
-  message(FATAL_ERROR "/lib/ld-linux-aarch64.so.1 missing: install libc6:arm64 (scripts/deps.sh --aarch64)")
+  message(FATAL_ERROR "/lib/ld-linux-aarch64.so.1 missing: install libc6:arm64 (scripts/deps.sh)")
 endif()
 set(CMAKE_CROSSCOMPILING_EMULATOR ${CKPT_QEMU_AARCH64} -L /)

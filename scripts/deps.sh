@@ -1,15 +1,14 @@
 #!/bin/sh
 # Installs the Debian packages dm-ckpt needs.
 #   scripts/deps.sh              everything: build, test, benchmark, the kernel
-#                                target in VMs (make check)
+#                                target in VMs, the aarch64 cross build
+#                                (make check)
 #   scripts/deps.sh --userspace  the library, tools, Python package and their
 #                                tests and install (make demo): no kernels,
 #                                no qemu, no fuzzing toolchain
 #   scripts/deps.sh --kernel-debug  everything, and what make kernel-debug
 #                                needs to build a kernel from Debian's
 #                                linux-source-6.12
-#   scripts/deps.sh --aarch64    everything, and the aarch64 cross build
-#                                (make check-aarch64)
 # Idempotent: packages already installed are not touched, so it is cheap to run
 # before every build.
 set -eu
@@ -46,13 +45,12 @@ gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user
 libc6:arm64 libstdc++6:arm64
 liburing-dev:arm64 libblkid-dev:arm64 libfmt-dev:arm64 libgtest-dev:arm64 libdevmapper-dev:arm64
 "
-aarch64=0
+aarch64=1
 case "${1:-}" in
---userspace) PACKAGES=$USERSPACE ;;
-"") PACKAGES="$USERSPACE $CHECK" ;;
---kernel-debug) PACKAGES="$USERSPACE $CHECK $KDEBUG_PACKAGES" ;;
---aarch64) PACKAGES="$USERSPACE $CHECK $AARCH64_PACKAGES"; aarch64=1 ;;
-*) echo "usage: $0 [--userspace | --kernel-debug | --aarch64]" >&2; exit 2 ;;
+--userspace) PACKAGES=$USERSPACE; aarch64=0 ;;
+"") PACKAGES="$USERSPACE $CHECK $AARCH64_PACKAGES" ;;
+--kernel-debug) PACKAGES="$USERSPACE $CHECK $AARCH64_PACKAGES $KDEBUG_PACKAGES" ;;
+*) echo "usage: $0 [--userspace | --kernel-debug]" >&2; exit 2 ;;
 esac
 
 missing=""

@@ -35,7 +35,28 @@ mkdir -p "$BUILD_DIR/kmod"
 # one build at a time in kmod/ (make check-vm and bench-vm may overlap)
 exec 9>"$BUILD_DIR/kmod/.lock"
 flock 9
+# A module whose sources, kernel tree and make options have not changed
+# since its last build is not built again: kmod/ is one in-place tree for
+# every kernel (Kbuild), so each build redoes the whole module, ~25 s per
+# kernel, and make check asks for it before each of its VM parts.
+# sources_id KVER: a hash of all of those
+sources_id() {
+	local tree=${kdir[$1]:-/lib/modules/$1/build}
+	{
+		echo "$1 $tree"
+		cat "$tree/.config" 2>/dev/null
+		find "$ROOT/kmod" "$ROOT/libckpt/core" -type f \( -name '*.[ch]' -o -name Kbuild -o \
+			-name Makefile -o -name configure \) ! -name '*.mod.c' ! -name ckpt_config.h -print0 |
+			sort -z | xargs -0 cat
+		cat "$ROOT/VERSION"
+	} | sha256sum | cut -d' ' -f1
+}
 for v in $kvers; do
+	id=$(sources_id "$v")
+	if [ -f "$BUILD_DIR/kmod/$v/dm-ckpt.ko" ] && [ "$(cat "$BUILD_DIR/kmod/$v/sources" 2>/dev/null)" = "$id" ]; then
+		echo "build-kmod: $BUILD_DIR/kmod/$v/dm-ckpt.ko is up to date"
+		continue
+	fi
 	if [ -n "${kdir[$v]:-}" ]; then
 		echo "build-kmod: dm-ckpt.ko for $v (${kdir[$v]})"
 		make -C "$ROOT/kmod" KVER="$v" KDIR="${kdir[$v]}"
@@ -51,6 +72,7 @@ for v in $kvers; do
 	mkdir -p "$BUILD_DIR/kmod/$v"
 	cp "$ko" "$BUILD_DIR/kmod/$v/dm-ckpt.ko.tmp"
 	mv "$BUILD_DIR/kmod/$v/dm-ckpt.ko.tmp" "$BUILD_DIR/kmod/$v/dm-ckpt.ko"
+	echo "$id" >"$BUILD_DIR/kmod/$v/sources"
 	echo "build-kmod: $BUILD_DIR/kmod/$v/dm-ckpt.ko"
 done
 exit

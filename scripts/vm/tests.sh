@@ -23,7 +23,7 @@
 # CKPT_VM_PRESTEPS, CKPT_VM_STATE,
 # CKPT_VM_PROGRAMS (only these tests/kmod programs),
 # CKPT_VM_EVERY_CPU=1 (run "// vm: cpu-independent" programs on every CPU
-# model too), CKPT_VM_TIMEOUT (per VM run), CKPT_VM_RUN_ARGS (extra options for
+# model too, and "# vm: once" scripts in every -cpu max entry), CKPT_VM_TIMEOUT (per VM run), CKPT_VM_RUN_ARGS (extra options for
 # scripts/vm/run, e.g. "--smp 4"), BUILD (build directory, default build),
 # CKPT_VM_RECORD_NAME, CKPT_VM_RECORD_WHAT, CKPT_VM_RECORD_TARGET (the row of
 # docs/reliability.md the result goes to; default kernel-vm-suite).
@@ -237,11 +237,19 @@ count_tap() {
 
 # Guest scripts (tests/vm/*.sh: the tools against the kernel target), TAP on
 # the console; run once per kernel, with -cpu max.
+# A script with the line "# vm: once" tests what the kernel version does not
+# change (the Python client on the target, proved identical to the engine
+# by the identity runs of every entry): it runs in the matrix's last -cpu
+# max entry only, unless CKPT_VM_EVERY_CPU=1.
 scripts_run() { # KERNEL CPU DIR
 	local k=$1 c=$2 d=$3 rc script name
 	for script in "$ROOT"/tests/vm/*.sh; do
 		[ -f "$script" ] || continue
 		name=$(basename "$script" .sh)
+		if [ "$combo" != "$last_max_combo" ] && [ "${CKPT_VM_EVERY_CPU:-0}" != 1 ] &&
+			grep -q '^# vm: once' "$script"; then
+			continue
+		fi
 		log "$kl/$c: $name"
 		"$RUN" --kernel "$k" --cpu "$c" --log "$d/$name.log" "${run_args[@]}" "$script" \
 			>"$d/$name.out" 2>"$d/$name.runner"
@@ -310,6 +318,10 @@ if [ $preflight_ok = 1 ] && want harness; then
 fi
 
 if [ $preflight_ok = 1 ]; then
+	last_max_combo=""
+	for combo in $matrix; do
+		case $combo in *:max | *:max:* | "${combo%%:*}") last_max_combo=$combo ;; esac
+	done
 	for combo in $matrix; do
 		# KERNEL[:CPU[:STATE]]: STATE (fp32 or 8bit) overrides --state for
 		# this entry's byte identity run

@@ -1,10 +1,12 @@
 #!/bin/sh
 # vm: hostfs
+# vm: once
 # A PyTorch training loop with ckpt.torch.OffloadAdamW on the kernel target
 # (/dev/mapper/NAME), inside the test VM, against the userspace engine:
 #
 #   scripts/vm/run [--kernel 6.1|6.12] tests/vm/offload_dm.sh
 #
+# "# vm: once": scripts/vm/tests.sh runs it in one kernel of its matrix.
 # The "# vm: hostfs" line above makes the runner share the host's / read-only
 # at /host: the host's /usr/bin/python3 with torch and numpy, and the ckpt
 # package of the host's build (build/python), run chrooted there (`hostrun`).
