@@ -131,7 +131,7 @@ void BlockTarget::command(uint64_t off, const uint8_t *src, uint64_t len)
 		if (w < 0 && errno == EINTR)
 			continue;
 		if (w != static_cast<ssize_t>(n))
-			refused(off == 0 ? "command" : "write", off, n, w < 0 ? errno : EIO);
+			refused("command", off, n, w < 0 ? errno : EIO);
 		src += n;
 		off += n;
 		len -= n;
@@ -180,9 +180,7 @@ uint32_t BlockTarget::slab_for(uint64_t len)
 		slabs_[cur_].used = 0;		// all of it written: start again
 	if (cur_ != ~0u && slab_bytes - slabs_[cur_].used >= len)
 		return cur_;
-	if (cur_ != ~0u && !slabs_[cur_].writes)
-		free_slabs_.push_back(cur_);
-	cur_ = ~0u;
+	cur_ = ~0u;	// full, with writes in flight: the last one frees it
 	while (free_slabs_.empty()) {
 		submit();
 		reap(true);
