@@ -54,6 +54,7 @@
 #include <linux/string.h>
 #include <linux/kernel.h>
 #include <linux/sched.h>
+#include <linux/sched/mm.h>
 
 #include "ckpt_config.h"
 #include "dm-ckpt.h"
@@ -205,6 +206,8 @@ static void __dmckpt_commit_failed(void *host, int err)
 	dmckpt_failed_mode(c, err, !cmpxchg(&c->error, 0, err), true);
 }
 
+static int __dmckpt_rollback(void *host, u64 step, int *io);
+
 static const struct ckpt_step_ops dmckpt_step_ops = {
 	.lock = dmckpt_lock,
 	.unlock = dmckpt_unlock,
@@ -216,6 +219,7 @@ static const struct ckpt_step_ops dmckpt_step_ops = {
 	.quiesce = __dmckpt_quiesce,
 	.failed = __dmckpt_commit_failed,
 	.read_sb = __dmckpt_read_sb,
+	.rollback = __dmckpt_rollback,
 };
 
 /* ---------------------------------------------------------------- deferred bios */
@@ -831,27 +835,40 @@ static int __dmckpt_parse_message(struct dm_ckpt *c, unsigned int argc, char **a
 			goto usage;
 		return 0;
 	}
+	if (!strcasecmp(argv[0], "rollback")) {
+		if (argc > 2)
+			goto usage;
+		cmd->opcode = CKPT_OP_ROLLBACK;
+		if (argc == 2 && kstrtou64(argv[1], 10, &cmd->step))
+			goto usage;
+		return 0;
+	}
 	DMWARN_LIMIT("%s: unknown message '%s' (begin, commit, abort, rollback, stats)", dm_ckpt_name(c),
 		     argv[0]);
 	return -EINVAL;
 usage:
-	DMWARN_LIMIT("%s: usage: begin <step> <scale> <g>..., commit <step> [<blob>], abort [<step>]",
+	DMWARN_LIMIT("%s: usage: begin <step> <scale> <g>..., commit <step> [<blob>], abort [<step>], rollback [<step>]",
 		     dm_ckpt_name(c));
 	return -EINVAL;
 }
 
 /*
- * The rollback message: the previous step committed again, by the core's
- * rule (ckpt_step_rollback_*): the older superblock copy must commit it and
- * every record of the other slot must still hold it intact; the records are
- * re-stamped, flushed, then the superblock is written. Nothing changes on a
- * refusal. Answers "rolled_back <step>".
+ * The target's one rollback (ckpt_step_ops rollback), which the ROLLBACK
+ * command and the rollback message both run through ckpt_step_exec: the
+ * previous step committed again, by the core's rule (ckpt_step_rollback_*):
+ * the older superblock copy must commit it and every record of the other
+ * slot must still hold it intact; the records are re-stamped, flushed, then
+ * the superblock is written. Nothing changes on a refusal (-CKPT_E_*); an
+ * I/O error is -CKPT_E_IO with *io the errno, and the device does not fail
+ * (the current commit stands). Caller holds cmd_lock; a control write runs
+ * it from the bio work, so its memory is allocated without I/O.
  */
-static int dmckpt_rollback(struct dm_ckpt *c, char *result, unsigned int maxlen)
+static int __dmckpt_rollback(void *host, u64 step, int *io)
 {
+	struct dm_ckpt *c = host;
 	const struct ckpt_layout *l = &c->layout;
 	u64 dev_bytes = bdev_nr_bytes(c->md.dev->bdev);
-	unsigned int sz = 0;
+	unsigned int noio = memalloc_noio_save();
 	struct ckpt_sb *prev;
 	bool valid;
 	u8 *rec;
@@ -861,55 +878,55 @@ static int dmckpt_rollback(struct dm_ckpt *c, char *result, unsigned int maxlen)
 
 	prev = kvmalloc(sizeof(*prev), GFP_KERNEL);
 	rec = kvmalloc(l->record_bytes + l->plo_chunk_bytes, DM_CKPT_GFP_BIG);
+	memalloc_noio_restore(noio);
 	if (!prev || !rec) {
-		ret = -ENOMEM;
+		ret = -CKPT_E_NOMEM;
 		goto out;
 	}
-	mutex_lock(&c->cmd_lock);
-	ret = dm_ckpt_md_io(&c->md, REQ_OP_READ | REQ_SYNC, c->page,
+	/* The command is decoded: the page is free for the older copy. */
+	*io = dm_ckpt_md_io(&c->md, REQ_OP_READ | REQ_SYNC, c->page,
 			    ckpt_sb_next_offset(c->sb), CKPT_BLOCK);
-	if (ret)
-		goto unlock;
+	if (*io)
+		goto io_error;
 	valid = !ckpt_sb_decode(c->page, dev_bytes, prev);
-	ret = ckpt_step_rollback_check(&c->step, valid ? prev : NULL);
+	ret = ckpt_step_rollback_check(&c->step, valid ? prev : NULL, step);
 	if (ret) {
-		DMWARN_LIMIT("%s: message rollback refused: %s (committed step %llu)",
+		DMWARN_LIMIT("%s: rollback refused: %s (committed step %llu)",
 			     dm_ckpt_name(c), ckpt_strerror(ret), c->sb->committed_step);
-		ret = -ckpt_err_errno(ret);
-		goto unlock;
+		goto out;
 	}
 	for (ch = 0; ch < c->step.sm.n_chunks; ch++) {
 		off = ckpt_record_offset(l, prev->committed_slot, ch);
-		ret = dm_ckpt_md_io(&c->md, REQ_OP_READ | REQ_SYNC, rec, off, l->record_bytes);
-		if (!ret)
-			ret = dm_ckpt_md_io(&c->md, REQ_OP_READ | REQ_SYNC, rec + l->record_bytes,
+		*io = dm_ckpt_md_io(&c->md, REQ_OP_READ | REQ_SYNC, rec, off, l->record_bytes);
+		if (!*io)
+			*io = dm_ckpt_md_io(&c->md, REQ_OP_READ | REQ_SYNC, rec + l->record_bytes,
 					    ckpt_plo_offset(l, prev->committed_slot, ch),
 					    l->plo_chunk_bytes);
-		if (ret)
-			goto unlock;
+		if (*io)
+			goto io_error;
 		ret = ckpt_step_rollback_rec(&c->step, prev, ch, rec, rec + CKPT_BLOCK,
 					     rec + l->record_bytes);
 		if (ret < 0) {
-			DMWARN_LIMIT("%s: message rollback refused: chunk %u of slot %u no longer holds step %llu",
+			DMWARN_LIMIT("%s: rollback refused: chunk %u of slot %u no longer holds step %llu",
 				     dm_ckpt_name(c), ch, prev->committed_slot,
 				     prev->committed_step);
-			ret = -ckpt_err_errno(ret);
-			goto unlock;
+			goto out;
 		}
 		if (ret) {
-			ret = dm_ckpt_md_io(&c->md, REQ_OP_WRITE | REQ_SYNC, rec, off, CKPT_BLOCK);
-			if (ret)
-				goto unlock;
+			*io = dm_ckpt_md_io(&c->md, REQ_OP_WRITE | REQ_SYNC, rec, off, CKPT_BLOCK);
+			if (*io)
+				goto io_error;
 		}
 	}
-	ret = ckpt_step_rollback_commit(&c->step, prev);
-	if (!ret) {
-		DMINFO("%s: rolled back to step %llu", dm_ckpt_name(c), c->sb->committed_step);
-		DMEMIT("rolled_back %llu", c->sb->committed_step);
-		ret = 1;
-	}
-unlock:
-	mutex_unlock(&c->cmd_lock);
+	*io = ckpt_step_rollback_commit(&c->step, prev);
+	if (*io)
+		goto io_error;
+	DMINFO("%s: rolled back to step %llu", dm_ckpt_name(c), c->sb->committed_step);
+	ret = 0;
+	goto out;
+io_error:
+	DMWARN_LIMIT("%s: rollback failed: %d", dm_ckpt_name(c), *io);
+	ret = -CKPT_E_IO;
 out:
 	kvfree(rec);
 	kvfree(prev);
@@ -937,11 +954,6 @@ static int dmckpt_message(struct dm_target *ti, unsigned int argc, char **argv,
 			     dm_ckpt_name(c), argv[0]);
 		return -EROFS;
 	}
-	if (!strcasecmp(argv[0], "rollback")) {
-		if (argc != 1)
-			return -EINVAL;
-		return dmckpt_rollback(c, result, maxlen);
-	}
 	mutex_lock(&c->cmd_lock);
 	if (__dmckpt_parse_message(c, argc, argv)) {
 		mutex_unlock(&c->cmd_lock);
@@ -950,6 +962,8 @@ static int dmckpt_message(struct dm_target *ti, unsigned int argc, char **argv,
 	opcode = c->step.mem.cmd->opcode;
 	step = c->step.mem.cmd->step;
 	ret = ckpt_step_exec(&c->step, c->step.mem.cmd, &io);
+	if (opcode == CKPT_OP_ROLLBACK)
+		step = c->sb->committed_step;
 	mutex_unlock(&c->cmd_lock);
 	if (ret < 0) {
 		DMWARN_LIMIT("%s: message %s refused: %s", dm_ckpt_name(c), argv[0],
@@ -959,6 +973,10 @@ static int dmckpt_message(struct dm_target *ti, unsigned int argc, char **argv,
 	}
 	if (opcode == CKPT_OP_COMMIT) {
 		DMEMIT("%s %llu", ret == CKPT_RESULT_OVERFLOW ? "overflow" : "committed", step);
+		return 1;
+	}
+	if (opcode == CKPT_OP_ROLLBACK) {
+		DMEMIT("rolled_back %llu", step);
 		return 1;
 	}
 	return 0;

@@ -875,6 +875,7 @@ int ckpt_cmd_encode(const struct ckpt_cmd *cmd, void *buf)
 		len = CKPT_CMD_HDR + cmd->blob_len;
 		break;
 	case CKPT_OP_ABORT:
+	case CKPT_OP_ROLLBACK:
 		len = CKPT_CMD_HDR;
 		break;
 	case CKPT_OP_RANGE:
@@ -961,6 +962,7 @@ int ckpt_cmd_decode(const void *buf, u32 len, struct ckpt_cmd *cmd)
 		want = CKPT_CMD_HDR + blob_len;
 		break;
 	case CKPT_OP_ABORT:
+	case CKPT_OP_ROLLBACK:
 		want = CKPT_CMD_HDR;
 		break;
 	case CKPT_OP_RANGE:

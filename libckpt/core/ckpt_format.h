@@ -452,6 +452,7 @@ enum ckpt_opcode {
 	CKPT_OP_COMMIT = 2,
 	CKPT_OP_ABORT = 3,
 	CKPT_OP_RANGE = 4,	/* COUNTS: skip or bias-correct ranges of the open step */
+	CKPT_OP_ROLLBACK = 5,	/* the previous step committed again (no payload) */
 };
 
 /*
@@ -549,14 +550,21 @@ struct ckpt_cmd_disk {
 	__le32 n_groups;	/* BEGIN; RANGE: number of ranges */
 	__le32 grad_scale;	/* BEGIN: fp32 bits, multiplies every gradient */
 	__le32 blob_len;	/* COMMIT */
-	__le64 step;
+	__le64 step;		/* ABORT, ROLLBACK: 0 means whichever (see ckpt_cmd) */
 	__le64 reserved[3];
 	/*
 	 * BEGIN: struct ckpt_hparams_disk[n_groups]; COMMIT: blob[blob_len];
-	 * RANGE: struct ckpt_range_disk[n_groups]
+	 * RANGE: struct ckpt_range_disk[n_groups]; ABORT, ROLLBACK: none
 	 */
 } __packed;
 
+/*
+ * A decoded command. step: BEGIN the step it opens, COMMIT the open step,
+ * RANGE the open step (not checked), ABORT the open step, ROLLBACK the
+ * committed step it goes back from (to step - 1); for ABORT and ROLLBACK 0
+ * means whichever step is open or committed (a ROLLBACK of step 0 has
+ * nothing to go back to anyway).
+ */
 struct ckpt_cmd {
 	u32 opcode;
 	u64 step;

@@ -1028,6 +1028,30 @@ void ckpt_round_params_int(u32 dtype, const u32 *p, u16 *plo, u64 n)
 						  : ckpt_f32_to_f16_int(p[i]);
 }
 
+/*
+ * ROLLBACK: the host's rollback (ckpt_step_ops rollback), which checks by
+ * ckpt_step_rollback_check; a refusal is recorded here, as every command's.
+ */
+static int ckpt_step_rollback(struct ckpt_step *cs, const struct ckpt_cmd *cmd, int *io_errno)
+{
+	int ret = -CKPT_E_OPCODE, io = 0;
+
+	if (cs->ops->rollback)
+		ret = cs->ops->rollback(cs->host, cmd->step, &io);
+	if (ret == -CKPT_E_IO) {
+		if (io_errno)
+			*io_errno = io;
+		return ret;
+	}
+	if (ret < 0) {
+		cs->ops->lock(cs->host);
+		ckpt_sm_rejected(&cs->sm, ret);
+		cs->ops->unlock(cs->host);
+		return ret;
+	}
+	return 0;
+}
+
 int ckpt_step_exec(struct ckpt_step *cs, const struct ckpt_cmd *cmd, int *io_errno)
 {
 	const struct ckpt_step_ops *ops = cs->ops;
@@ -1042,6 +1066,8 @@ int ckpt_step_exec(struct ckpt_step *cs, const struct ckpt_cmd *cmd, int *io_err
 		ops->drain(cs->host);
 	if (cmd->opcode == CKPT_OP_BEGIN)
 		return ckpt_step_begin(cs, cmd);
+	if (cmd->opcode == CKPT_OP_ROLLBACK)
+		return ckpt_step_rollback(cs, cmd, io_errno);
 	ops->lock(cs->host);
 	switch (cmd->opcode) {
 	case CKPT_OP_ABORT:
@@ -1216,7 +1242,7 @@ int ckpt_step_load_commit(struct ckpt_step *cs, u64 step, const void *blob, u32 
 
 /* ---------------- rollback ---------------- */
 
-int ckpt_step_rollback_check(struct ckpt_step *cs, const struct ckpt_sb *prev)
+int ckpt_step_rollback_check(struct ckpt_step *cs, const struct ckpt_sb *prev, u64 step)
 {
 	const struct ckpt_sb *sb = cs->sb;
 	int ret = 0;
@@ -1226,6 +1252,8 @@ int ckpt_step_rollback_check(struct ckpt_step *cs, const struct ckpt_sb *prev)
 		ret = -CKPT_E_FAILED;
 	else if (cs->sm.state != CKPT_STATE_IDLE)
 		ret = -CKPT_E_STATE;
+	else if (step && step != cs->sm.committed_step)
+		ret = -CKPT_E_STEP;
 	cs->ops->unlock(cs->host);
 	if (ret)
 		return ret;
@@ -1270,6 +1298,12 @@ int ckpt_step_rollback_commit(struct ckpt_step *cs, const struct ckpt_sb *prev)
 
 	if (ret)
 		return ret;
-	ckpt_step_restart(cs);
+	/* IDLE before and after: no stage, no bitmap in use */
+	cs->ops->lock(cs->host);
+	cs->sm.committed_step = cs->sb->committed_step;
+	cs->sm.committed_slot = cs->sb->committed_slot & 1;
+	cs->sm.last_result = CKPT_RESULT_NONE;
+	cs->sm.last_error = CKPT_OK;
+	cs->ops->unlock(cs->host);
 	return 0;
 }

@@ -238,6 +238,17 @@ struct ckpt_step_ops {
 	 * slot the device still names as committed.
 	 */
 	int (*read_sb)(void *host, void *block, u64 off);
+	/*
+	 * Optional (without it ROLLBACK is an unknown command, E_OPCODE): the
+	 * host's one rollback, the one its other entry points (the kernel's
+	 * rollback message, Engine::rollback) run too: it reads the older
+	 * superblock copy and every record of the other slot, around
+	 * ckpt_step_rollback_check(cs, prev, step), ckpt_step_rollback_rec
+	 * and ckpt_step_rollback_commit. Returns 0, a refusal -CKPT_E_* with
+	 * nothing changed, or -CKPT_E_IO with *io_errno the host's -errno.
+	 * Called with only the command lock held.
+	 */
+	int (*rollback)(void *host, u64 step, int *io_errno);
 };
 
 #define CKPT_STAGE_FREE		0xffffffffu
@@ -356,7 +367,9 @@ int ckpt_step_grad_write(struct ckpt_step *cs, u64 off, u64 len, void *src);
 int ckpt_step_command(struct ckpt_step *cs, const void *buf, u32 len);
 
 /*
- * Run a decoded command: drain the updates, then BEGIN, ABORT or COMMIT.
+ * Run a decoded command: drain the updates, then BEGIN, ABORT, COMMIT or
+ * ROLLBACK (ops->rollback; its refusals are recorded, an I/O error is not:
+ * the device does not fail, the old commit stands).
  * BEGIN clears the step's bitmaps with the sm lock released (see
  * ckpt_sm_begin_check), then calls ops->quiesce for the slot the step
  * writes. ABORT and a discarded (overflowed) COMMIT release the stages; a
@@ -517,9 +530,11 @@ int ckpt_step_load_commit(struct ckpt_step *cs, u64 step, const void *blob, u32 
  * BEGIN writes there, and the older superblock copy commits it. A rollback
  * makes it the committed step again, in three parts (like a load):
  *
- * ckpt_step_rollback_check: may the device go back to prev, the older
- * superblock copy as the host read and decoded it (NULL: that copy is not
- * valid)? -CKPT_E_FAILED (failed device), -CKPT_E_STATE (a step is open),
+ * ckpt_step_rollback_check: may the device go back from step (the
+ * committed step, or 0: whichever) to prev, the older superblock copy as
+ * the host read and decoded it (NULL: that copy is not valid)?
+ * -CKPT_E_FAILED (failed device), -CKPT_E_STATE (a step is open),
+ * -CKPT_E_STEP (step is neither 0 nor the committed step),
  * -CKPT_E_ROLLBACK (committed step 0, or prev is not the commit of step
  * committed - 1 in the other slot at sequence - 1 of the same image: there
  * is nothing to go back to, or the device went back once already: a
@@ -536,12 +551,14 @@ int ckpt_step_load_commit(struct ckpt_step *cs, u64 step, const void *blob, u32 
  *
  * ckpt_step_rollback_commit: after every chunk passed and the re-stamped
  * headers are written, the commit of prev's step in its slot with its blob
- * (ckpt_step_write_sb: flush, then the superblock), then the machine starts
- * over from it (ckpt_step_restart). Returns 0 or the -errno of the commit
- * (the machine and *cs->sb unchanged). A crash before the superblock is
- * written leaves the current commit and the rollback repeatable.
+ * (ckpt_step_write_sb: flush, then the superblock), then the machine goes
+ * on from it: IDLE at prev's step and slot, its counters kept (a rollback
+ * is a command of the live device, like a commit). Returns 0 or the -errno
+ * of the commit (the machine and *cs->sb unchanged). A crash before the
+ * superblock is written leaves the current commit and the rollback
+ * repeatable.
  */
-int ckpt_step_rollback_check(struct ckpt_step *cs, const struct ckpt_sb *prev);
+int ckpt_step_rollback_check(struct ckpt_step *cs, const struct ckpt_sb *prev, u64 step);
 int ckpt_step_rollback_rec(const struct ckpt_step *cs, const struct ckpt_sb *prev, u32 chunk,
 			   void *header, const void *data, const void *plo);
 int ckpt_step_rollback_commit(struct ckpt_step *cs, const struct ckpt_sb *prev);

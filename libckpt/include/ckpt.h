@@ -332,6 +332,9 @@ int ckpt_abort(ckpt_device *d);
  * CKPT_E_STATE while a step is open, CKPT_E_ROLLBACK when there is nothing
  * to go back to (step 0, a step began since the last commit, or the device
  * went back once already: never two steps), CKPT_E_FAILED on a failed device.
+ * The ROLLBACK command of the control block, to the userspace engine or the
+ * kernel target alike; a kernel module that predates it refuses it with
+ * CKPT_E_OPCODE.
  */
 int ckpt_rollback(ckpt_device *d, uint64_t *step);
 

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "ckpt_error.hpp"
+#include "image.hpp"
 
 namespace ckpt {
 
@@ -60,11 +61,63 @@ bool BlockTarget::read_status(struct ckpt_status &st)
 	       ckpt_status_decode(bounce_.as(), &st) == 0;
 }
 
-// A device-mapper device is a dm-ckpt device when offset 0 reads as its
-// status page (a control read: no side effect; O_DIRECT, so no stale page is
-// cached). Any other device-mapper device (an LVM volume, dm-linear, a
-// dm-log-writes stack) is a plain block device, which may itself hold a
-// backing image: its slave is not its content.
+namespace {
+
+// The status page at offset 0 of a block device, if it has one (a control
+// read: no side effect; O_DIRECT, so no stale page is cached).
+std::optional<struct ckpt_status> status_page(const std::string &path)
+{
+	const Fd fd(::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC));
+	const Buffer page(CKPT_BLOCK);
+	struct ckpt_status status;
+	if (!fd || ::pread(fd.get(), page.as(), CKPT_BLOCK, 0) != CKPT_BLOCK ||
+	    ckpt_status_decode(page.as(), &status) != 0)
+		return std::nullopt;
+	return status;
+}
+
+// A dm-ckpt device served over NVMe-oF (ckptctl serve) is a namespace of a
+// subsystem whose other namespace is its backing device: the image's
+// manifest, step counts and committed state are read there (read-only).
+// It is the one sibling disk (same parent in sysfs: the subsystem, or the
+// controller without native multipath) whose superblock has the geometry of
+// the status page.
+std::string served_backing(const std::string &path, const std::filesystem::path &sys,
+			   const struct ckpt_status &status)
+{
+	namespace fs = std::filesystem;
+	std::error_code ec;
+	const fs::path self = fs::canonical(sys, ec);
+	std::vector<std::string> found;
+	for (const auto &e : fs::directory_iterator(self.parent_path(), ec)) {
+		const std::string name = e.path().filename().string();
+		if (e.path() == self || !fs::exists(e.path() / "dev", ec) || !fs::exists(e.path() / "queue", ec))
+			continue;	// not a whole disk
+		try {
+			const Image img = Image::open("/dev/" + name, false);
+			if (memcmp(&img.sb.geo, &status.geo, sizeof(status.geo)) == 0)
+				found.push_back("/dev/" + name);
+		} catch (const Error &) {
+			// not an image: another namespace
+		}
+	}
+	if (found.size() != 1)
+		fail(CKPT_E_INVAL,
+		     "{} answers as a dm-ckpt device but is not a device-mapper device, and {} of the disks beside it "
+		     "hold its image (a served dm-ckpt device has its backing device beside it: ckptctl serve "
+		     "exports both)",
+		     path, found.empty() ? std::string("none") : std::to_string(found.size()));
+	return found[0];
+}
+
+} // namespace
+
+// A block device is a dm-ckpt device when offset 0 reads as its status page:
+// a device-mapper device of this machine (its one slave is the backing
+// device), or one served from another (NVMe-oF: the backing device is the
+// other namespace of its subsystem). Any other device-mapper device (an LVM
+// volume, dm-linear, a dm-log-writes stack) or disk is a plain block device,
+// which may itself hold a backing image: its slave is not its content.
 std::optional<std::string> BlockTarget::backing_of(const std::string &path)
 {
 	struct stat st;
@@ -73,14 +126,11 @@ std::optional<std::string> BlockTarget::backing_of(const std::string &path)
 	namespace fs = std::filesystem;
 	const fs::path sys = fmt::format("/sys/dev/block/{}:{}", major(st.st_rdev), minor(st.st_rdev));
 	std::error_code ec;
+	const auto status = status_page(path);
+	if (!status)
+		return std::nullopt;
 	if (!fs::exists(sys / "dm", ec))
-		return std::nullopt;
-	const Fd fd(::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC));
-	const Buffer page(CKPT_BLOCK);
-	struct ckpt_status status;
-	if (!fd || ::pread(fd.get(), page.as(), CKPT_BLOCK, 0) != CKPT_BLOCK ||
-	    ckpt_status_decode(page.as(), &status) != 0)
-		return std::nullopt;
+		return served_backing(path, sys, *status);
 	std::vector<std::string> slaves;
 	for (const auto &e : fs::directory_iterator(sys / "slaves", ec))
 		slaves.push_back(e.path().filename().string());

@@ -7,6 +7,7 @@
 
 #include "block_target.hpp"
 #include "ckpt_error.hpp"
+#include "verify.hpp"
 
 extern "C" {
 #include "ckpt_step.h"
@@ -199,19 +200,42 @@ void Device::abort()
 	open_step_ = 0;
 }
 
+// The ROLLBACK command, to either target: from the committed step, so a
+// commit by another opener in between is refused (E_STEP), not undone.
 uint64_t Device::rollback()
 {
-	if (!engine_)
-		fail(CKPT_E_STATE, "rollback: this device is served by the kernel target; send it the "
-				   "'rollback' message (or deactivate it and run ckptctl restore --rollback)");
-	const uint64_t step = engine_->rollback();
+	const struct ckpt_status st = status();
+	struct ckpt_cmd &cmd = *cmd_;
+	cmd = {};
+	cmd.opcode = CKPT_OP_ROLLBACK;
+	cmd.step = st.committed_step;
+	try {
+		send(cmd);
+	} catch (const Error &e) {
+		if (!kernel_)
+			throw;	// the engine says why itself
+		if (e.code() == CKPT_E_OPCODE)
+			fail(CKPT_E_OPCODE, "rollback: the kernel target does not know the ROLLBACK command (a "
+					    "dm-ckpt module older than this library): load the current module, or "
+					    "deactivate the device and run ckptctl restore --rollback on {}",
+			     backing_->file.path);
+		if (e.code() == CKPT_E_ROLLBACK) {
+			// The target answers only the code: the backing device tells why.
+			backing_->reload_superblock();
+			const RollbackCheck rb = check_rollback(*backing_, inspect_superblocks(backing_->file));
+			fail(CKPT_E_ROLLBACK, "rollback: {}", rb.reason.empty() ? ckpt_strerror(e.code()) : rb.reason);
+		}
+		if (e.code() == CKPT_E_STATE && st.state == CKPT_STATE_OPEN)
+			fail(CKPT_E_STATE, "rollback: step {} is open; commit or abort it first", st.open_step);
+		throw;
+	}
 	// The committed state changed under the caches of the newer one.
 	known_ = false;
 	counts_at_ = ~0ULL;
 	counts_.clear();
 	pending_.clear();
 	plo_checked_.assign(plo_checked_.size(), false);
-	return step;
+	return status().committed_step;
 }
 
 const Tensor &Device::tensor(const std::string &name, uint64_t n)

@@ -88,8 +88,9 @@ public:
 	void write_grad_window(uint64_t off, const void *buf, uint64_t len);
 	CommitResult commit(std::span<const uint8_t> blob);
 	void abort();
-	// The previous step committed again (Engine::rollback); the step now
-	// committed. No step may be open; never two steps back.
+	// The previous step committed again: the ROLLBACK command, on the
+	// engine and on the kernel target alike; the step now committed. No
+	// step may be open; never two steps back.
 	uint64_t rollback();
 	void read_params(const std::string &name, uint16_t *out, uint64_t n);
 	// Several tensors' params in one batch: a step's read-back.

@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <new>
 #include <utility>
 
 #include <cfenv>
@@ -309,6 +310,24 @@ struct EngineOps {
 		return 0;
 	}
 	static void drain(void *host) { of(host).drain(); }
+	// The engine's one rollback, for the ROLLBACK command and Engine::rollback
+	// alike; its words kept for the throw that follows.
+	static int rollback(void *host, uint64_t step, int *io_errno)
+	{
+		Engine &e = of(host);
+		try {
+			e.rollback_locked(step);
+			return 0;
+		} catch (const Error &x) {
+			e.command_message_ = x.what();
+			if (x.code() == CKPT_E_IO)
+				*io_errno = -EIO;
+			return -x.code();
+		} catch (const std::bad_alloc &) {
+			e.command_message_ = "rollback: out of memory";
+			return -CKPT_E_NOMEM;
+		}
+	}
 };
 
 const struct ckpt_step_ops Engine::ops_ = {
@@ -323,6 +342,7 @@ const struct ckpt_step_ops Engine::ops_ = {
 	.quiesce = nullptr,	// reads hold call_mu_: none is in flight during a command
 	.failed = nullptr,	// control_write throws the io message instead
 	.read_sb = EngineOps::read_sb,
+	.rollback = EngineOps::rollback,
 };
 
 // ---------------------------------------------------------------- commands
@@ -330,8 +350,16 @@ const struct ckpt_step_ops Engine::ops_ = {
 void Engine::control_write(const void *buf, uint64_t len)
 {
 	io_message_.clear();
-	const int ret = ckpt_step_command(&step_, buf, static_cast<uint32_t>(len));
+	command_message_.clear();
+	command_done(ckpt_step_command(&step_, buf, static_cast<uint32_t>(len)));
+}
+
+// What a command through the core (ckpt_step_command, ckpt_step_exec) answered.
+void Engine::command_done(int ret)
+{
 	report_error();		// an update failed: the cause, before what the command says
+	if (ret < 0 && !command_message_.empty())
+		throw Error(-ret, command_message_);
 	if (ret == -CKPT_E_IO)
 		throw Error(CKPT_E_IO, io_message_.empty() ? "committing the step failed" : io_message_);
 	check_core(ret, "command rejected");
@@ -690,19 +718,34 @@ void Engine::load_state(const std::vector<StateSpan> &spans, uint64_t step, std:
 
 // ---------------------------------------------------------------- rollback
 
-uint64_t Engine::rollback()
+// The ROLLBACK command, as a client writes it to the control block.
+uint64_t Engine::rollback(uint64_t step)
 {
 	std::lock_guard call(call_mu_);
+	report_error();
+	*cmd_ = {};
+	cmd_->opcode = CKPT_OP_ROLLBACK;
+	cmd_->step = step;
+	io_message_.clear();
+	command_message_.clear();
+	command_done(ckpt_step_exec(&step_, cmd_.get(), nullptr));
+	return img_.sb.committed_step;
+}
+
+void Engine::rollback_locked(uint64_t step)
+{
 	const struct ckpt_sb &sb = img_.sb;
 	const auto copies = inspect_superblocks(img_.file);
 	const SuperblockCopy &older = copies[(sb.sequence + 1) & 1];
-	switch (const int ret = ckpt_step_rollback_check(&step_, older.valid ? &older.sb : nullptr); -ret) {
+	switch (const int ret = ckpt_step_rollback_check(&step_, older.valid ? &older.sb : nullptr, step); -ret) {
 	case 0:
 		break;
 	case CKPT_E_FAILED:
 		fail(-ret, "rollback: the device failed earlier; no changes accepted");
 	case CKPT_E_STATE:
 		fail(-ret, "rollback: step {} is open; commit or abort it first", step_.sm.open_step);
+	case CKPT_E_STEP:
+		fail(-ret, "rollback from step {}: the committed step is {}", step, sb.committed_step);
 	case CKPT_E_ROLLBACK:
 		if (!sb.committed_step)
 			fail(-ret, "rollback: the committed step is 0: there is no previous step");
@@ -739,7 +782,6 @@ uint64_t Engine::rollback()
 	io_message_.clear();
 	if (ckpt_step_rollback_commit(&step_, &prev) < 0)
 		throw Error(CKPT_E_IO, io_message_.empty() ? "rollback: commit failed" : io_message_);
-	return sb.committed_step;
 }
 
 } // namespace ckpt

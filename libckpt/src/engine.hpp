@@ -99,11 +99,13 @@ public:
 	// slot, flush, then a superblock with committed_step = step and the
 	// trainer blob), so a crash keeps either the old or the new state.
 	void load_state(const std::vector<StateSpan> &spans, uint64_t step, std::span<const uint8_t> blob);
-	// Makes the previous step the committed one again (the core's rollback:
-	// ckpt_step_rollback_*): only with no step open, once (never two steps
+	// Makes the previous step the committed one again: the ROLLBACK command
+	// (step: the committed step it goes back from, 0 whichever), which a
+	// client may also write to the control block. The core's rule
+	// (ckpt_step_rollback_*): only with no step open, once (never two steps
 	// back), and only while the other slot still holds that step intact.
 	// Returns the step now committed.
-	uint64_t rollback();
+	uint64_t rollback(uint64_t step = 0);
 	// fp32 p, m, v of n params at param offset, checksums verified.
 	void read_state(uint64_t offset, uint64_t n, float *p, float *m, float *v);
 
@@ -128,6 +130,8 @@ private:
 	void job_done(const Job &job);
 
 	void control_write(const void *buf, uint64_t len);
+	void command_done(int ret);
+	void rollback_locked(uint64_t step);	// ckpt_step_ops rollback; caller holds call_mu_
 	void grad_write(uint64_t off, const uint8_t *buf, uint64_t len);
 	static const struct ckpt_step_ops ops_;
 
@@ -149,6 +153,7 @@ private:
 	uint64_t param_bytes_ = 0;
 	uint64_t load_step_ = 0;		// the step load_state commits
 	std::string io_message_;		// why the last flush or superblock write failed
+	std::string command_message_;		// why the last rollback failed
 
 	std::mutex call_mu_;			// one virtual-device call at a time
 	// The queue of dispatched chunks and step_.sm from workers. A gradient

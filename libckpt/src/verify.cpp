@@ -295,6 +295,7 @@ void rollback(Image &img, const RollbackCheck &rb)
 				auto &o = *static_cast<Host *>(h);
 				return o.img.file.commit_read_sb(block, off, o.message);
 			},
+		.rollback = nullptr,	// this is the offline rollback itself
 	};
 	struct ckpt_sb spare;
 	if (ckpt_sb_commit(&ops, &host, &img.sb, &spare, hdr.as(), rb.step, rb.slot, rb.prev.blob,

@@ -20,6 +20,11 @@ VM_OUT_MODULES="virtio_pci virtio_blk"
 # --hostfs: the host's / over virtio-9p (netfs/fscache come as dependencies;
 # a kernel that builds them in, like make kernel-debug's, loads none)
 VM_HOSTFS_MODULES="virtio_pci 9pnet_virtio 9p"
+# --nvmeof: the kernel's NVMe-oF target and host over TCP (configfs is
+# mounted at /sys/kernel/config by /init)
+VM_NVMEOF_MODULES="configfs nvmet nvmet-tcp nvme-tcp"
+# --net: a virtio-net interface (eth0) to another guest
+VM_NET_MODULES="virtio_pci virtio_net"
 
 die() { echo "vm: error: $*" >&2; exit 2; }
 note() { echo "vm: $*" >&2; }

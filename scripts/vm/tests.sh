@@ -6,21 +6,25 @@
 #      through dm-ckpt in the guest and the seeded trace is replayed on
 #      /dev/mapper/ckpt, while the host replays the same trace on a copy with
 #      the userspace engine; then the two images must be identical (cmp) and
-#      the two traces' output too (diff).
+#      the two traces' output too (diff). The trace rolls a committed step
+#      back every --rollback-every steps (default 50; 0: never) and does it
+#      again, through the ROLLBACK command on both targets.
 # A crash, a kernel BUG/WARNING/Oops, a timeout or a missing program is a
 # failure. The last line is "N passed, N failed"; the exit status is non-zero
 # if anything failed.
 #
 #   scripts/vm/tests.sh [--matrix "6.1:max 6.1:qemu64 6.12:max:8bit"]
 #                       [--params N] [--steps N] [--seed N] [--presteps N] [--state fp32|8bit]
-#                       [--only harness|kmod|identity|scripts|assembly]
+#                       [--rollback-every N]
+#                       [--only harness|kmod|identity|scripts|assembly|nvmeof|SCRIPT]
+# --only SCRIPT: only the guest script tests/vm/SCRIPT.sh.
 # --presteps N: the host commits the first N steps (default 0) with the
 # userspace engine before the image is copied; both sides then continue from
 # step N+1 (so the kernel starts from a state the userspace engine wrote).
 # --state 8bit: the byte identity image keeps 8-bit moments (feature Q8);
 # a matrix entry KERNEL:CPU:STATE sets it for that entry alone.
 # Environment: CKPT_VM_MATRIX, CKPT_VM_PARAMS, CKPT_VM_STEPS, CKPT_VM_SEED,
-# CKPT_VM_PRESTEPS, CKPT_VM_STATE,
+# CKPT_VM_PRESTEPS, CKPT_VM_STATE, CKPT_VM_ROLLBACK_EVERY,
 # CKPT_VM_PROGRAMS (only these tests/kmod programs),
 # CKPT_VM_EVERY_CPU=1 (run "// vm: cpu-independent" programs on every CPU
 # model too, and "# vm: once" scripts in every -cpu max entry), CKPT_VM_TIMEOUT (per VM run), CKPT_VM_RUN_ARGS (extra options for
@@ -44,6 +48,7 @@ params=${CKPT_VM_PARAMS:-1000000}
 steps=${CKPT_VM_STEPS:-200}
 seed=${CKPT_VM_SEED:-}
 presteps=${CKPT_VM_PRESTEPS:-0}
+rollback_every=${CKPT_VM_ROLLBACK_EVERY:-50}
 state=${CKPT_VM_STATE:-fp32}
 only=""
 while [ $# -gt 0 ]; do
@@ -53,6 +58,7 @@ while [ $# -gt 0 ]; do
 	--steps) steps=$2; shift 2 ;;
 	--seed) seed=$2; shift 2 ;;
 	--presteps) presteps=$2; shift 2 ;;
+	--rollback-every) rollback_every=$2; shift 2 ;;
 	--state) state=$2; shift 2 ;;
 	--only) only=$2; shift 2 ;;
 	-h|--help) sed -n '2,/^set -uo/p' "$0" | sed -e '/^set -uo/d' -e 's/^# \{0,1\}//'; exit 2 ;;
@@ -170,7 +176,7 @@ kmod_run() { # KERNEL CPU DIR
 identity_run() { # KERNEL CPU DIR DTYPE STATE
 	local k=$1 c=$2 d=$3 dtype=$4 state=$5 rc hrc kimg uimg
 	kimg=$d/kernel.img uimg=$d/user.img
-	log "$kl/$c: byte identity, $dtype, $state state, $params params, $presteps step(s) on the host then $steps steps in both${seed:+, seed $seed}"
+	log "$kl/$c: byte identity, $dtype, $state state, $params params, $presteps step(s) on the host then $steps steps in both, a rollback every $rollback_every${seed:+, seed $seed}"
 	if ! "$TRACE" "$kimg" --format --dtype "$dtype" --state "$state" --params "$params" --steps 0 \
 		${seed:+--seed "$seed"} >"$d/format.txt" 2>&1; then
 		not_ok "$kl/$c byte identity: ckpt-trace --format on the host failed: $(tail -1 "$d/format.txt")"
@@ -183,11 +189,12 @@ identity_run() { # KERNEL CPU DIR DTYPE STATE
 	fi
 	cp --sparse=always "$kimg" "$uimg"
 	# the userspace engine on the copy, while the guest runs
-	( "$TRACE" "$uimg" --steps "$steps" ${seed:+--seed "$seed"} >"$d/user.trace" 2>"$d/user.err"
+	( "$TRACE" "$uimg" --steps "$steps" --rollback-every "$rollback_every" ${seed:+--seed "$seed"} \
+		>"$d/user.trace" 2>"$d/user.err"
 	  echo $? >"$d/user.rc" ) &
 	local hpid=$!
 	"$RUN" --kernel "$k" --cpu "$c" --quiet --image "$kimg" --out "$d/identity" \
-		--log "$d/identity.log" "${run_args[@]}" "$VM_DIR/guest/byte-identity.sh" "$steps" $seed \
+		--log "$d/identity.log" "${run_args[@]}" "$VM_DIR/guest/byte-identity.sh" "$steps" "$rollback_every" $seed \
 		2>"$d/identity.runner"
 	rc=$?
 	sed 's/^/# /' "$d/identity.runner"
@@ -240,12 +247,14 @@ count_tap() {
 # A script with the line "# vm: once" tests what the kernel version does not
 # change (the Python client on the target, proved identical to the engine
 # by the identity runs of every entry): it runs in the matrix's last -cpu
-# max entry only, unless CKPT_VM_EVERY_CPU=1.
+# max entry only, unless CKPT_VM_EVERY_CPU=1. --only NAME runs the script
+# NAME alone.
 scripts_run() { # KERNEL CPU DIR
 	local k=$1 c=$2 d=$3 rc script name
 	for script in "$ROOT"/tests/vm/*.sh; do
 		[ -f "$script" ] || continue
 		name=$(basename "$script" .sh)
+		case $only in "" | scripts | "$name") ;; *) continue ;; esac
 		if [ "$combo" != "$last_max_combo" ] && [ "${CKPT_VM_EVERY_CPU:-0}" != 1 ] &&
 			grep -q '^# vm: once' "$script"; then
 			continue
@@ -285,6 +294,53 @@ assembly_run() { # KERNEL CPU DIR
 	done
 }
 
+# NVMe-oF (scripts/vm/guest/nvmeof-*.sh, tests/vm/nvmeof.py): two guests on
+# one qemu socket network (10.0.2.0/24, nothing beyond the host's loopback).
+# The host formats the image and trains the reference with the userspace
+# engine; the storage guest holds the image (NVMe namespace 1) and a plain
+# device for the baseline (namespace 2), creates the kernel target and serves
+# both; the trainer guest, with no image, connects with nvme-tcp and trains
+# through the namespace with OffloadAdamW, bit-identical to the reference,
+# and counts its interface's bytes against the baseline. Once per suite, on
+# the last -cpu max entry with a Debian kernel: 2-4 min under TCG, most of
+# it the trainer's `import torch` over 9p.
+nvmeof_run() { # KERNEL CPU DIR
+	local k=$1 c=$2 d=$3/nvmeof rc i port
+	local nqn=nqn.2014-08.org.example.dm-ckpt:ckpt0 plain_nqn=nqn.2014-08.org.example.dm-ckpt:plain
+	mkdir -p "$d"
+	log "$kl/$c: NVMe-oF, a storage guest and a trainer guest"
+	if ! PYTHONPATH=$BUILD_DIR/python /usr/bin/python3 "$ROOT/tests/vm/nvmeof.py" prep "$d/img" "$d/plain" "$d/ref" \
+		>"$d/prep.out" 2>&1; then
+		not_ok "$kl/$c nvmeof: the host's reference and image failed: $(tail -1 "$d/prep.out")"
+		return
+	fi
+	# a free port of the host's loopback for the qemu socket network
+	for ((port = 20000 + RANDOM % 20000; ; port++)); do
+		grep -qi ":$(printf %04X $port) " /proc/net/tcp || break
+	done
+	"$RUN" --kernel "$k" --cpu "$c" --quiet --image "$d/img" --image "$d/plain" --net "listen:$port" \
+		--ip 10.0.2.1/24 --log "$d/storage.log" --timeout 600 "${run_args[@]}" "$VM_DIR/guest/nvmeof-storage.sh" \
+		10.0.2.1 "$nqn" "$plain_nqn" nqn.2014-08.org.example.dm-ckpt:trainer 5 2>"$d/storage.runner" &
+	local spid=$!
+	# the trainer's qemu connects once the storage's listens
+	for ((i = 0; i < 600; i++)); do
+		grep -qi "0100007F:$(printf %04X $port) 00000000:0000 0A" /proc/net/tcp && break
+		kill -0 $spid 2>/dev/null || break
+		sleep 0.1
+	done
+	"$RUN" --kernel "$k" --cpu "$c" --quiet --no-ckpt --image-size 64M --net "connect:$port" --ip 10.0.2.2/24 \
+		--log "$d/trainer.log" --timeout 600 "${run_args[@]}" "$VM_DIR/guest/nvmeof-trainer.sh" 10.0.2.1 "$d/ref" \
+		2>"$d/trainer.runner"
+	rc=$?
+	tr -d '\r' <"$d/trainer.log" | grep -aE '^(ok|not ok|#) ' >"$d/trainer.out"
+	count_tap "$kl/$c nvmeof trainer" $rc "$d/trainer"
+	wait $spid
+	rc=$?
+	tr -d '\r' <"$d/storage.log" | grep -aE '^(ok|not ok|#) ' >"$d/storage.out"
+	count_tap "$kl/$c nvmeof storage" $rc "$d/storage"
+	grep -h '^# wire bytes' "$d/trainer.out" || true
+}
+
 # The runner's boot-crash retry (scripts/vm/run): a guest that panics before
 # /init ran is booted again and reported, one that crashes after is not.
 harness_run() { # KERNEL DIR
@@ -318,9 +374,14 @@ if [ $preflight_ok = 1 ] && want harness; then
 fi
 
 if [ $preflight_ok = 1 ]; then
-	last_max_combo=""
+	# the last -cpu max entry; the NVMe-oF test's: the last one with a
+	# Debian kernel (make kernel-debug's has no networking)
+	last_max_combo="" nvmeof_combo=""
 	for combo in $matrix; do
-		case $combo in *:max | *:max:* | "${combo%%:*}") last_max_combo=$combo ;; esac
+		case $combo in *:max | *:max:* | "${combo%%:*}")
+			last_max_combo=$combo
+			is_kernel_dir "${combo%%:*}" || nvmeof_combo=$combo ;;
+		esac
 	done
 	for combo in $matrix; do
 		# KERNEL[:CPU[:STATE]]: STATE (fp32 or 8bit) overrides --state for
@@ -347,7 +408,8 @@ if [ $preflight_ok = 1 ]; then
 			identity_run "$k" "$c" "$d" "$( (((n_combo + n_kernel) % 2)) && echo fp16 || echo bf16)" \
 				"$entry_state"
 		fi
-		if want scripts && [ "$c" = max ]; then scripts_run "$k" "$c" "$d"; fi
+		if { want scripts || [ -f "$ROOT/tests/vm/$only.sh" ]; } && [ "$c" = max ]; then scripts_run "$k" "$c" "$d"; fi
+		if want nvmeof && [ "$combo" = "$nvmeof_combo" ]; then nvmeof_run "$k" "$c" "$d"; fi
 		if want assembly && [ "$c" = max ] && [ -z "${assembly_done:-}" ]; then
 			assembly_run "$k" "$c" "$d"
 			assembly_done=1

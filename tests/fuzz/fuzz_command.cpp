@@ -45,7 +45,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	case CKPT_OP_COMMIT:
 		FUZZ_ASSERT(cmd.blob_len <= CKPT_BLOB_MAX);
 		break;
+	case CKPT_OP_RANGE:
+		FUZZ_ASSERT(cmd.n_ranges >= 1 && cmd.n_ranges <= CKPT_MAX_RANGES);
+		break;
 	case CKPT_OP_ABORT:
+	case CKPT_OP_ROLLBACK:
 		break;
 	default:
 		FUZZ_ASSERT(!"unknown opcode decoded");

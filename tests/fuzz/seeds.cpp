@@ -125,6 +125,10 @@ void commands()
 	cmd.opcode = CKPT_OP_ABORT;
 	cmd.step = 2;
 	put_cmd("abort");
+	cmd = {};
+	cmd.opcode = CKPT_OP_ROLLBACK;
+	cmd.step = 2;
+	put_cmd("rollback");
 }
 
 void status_lines()

@@ -838,6 +838,19 @@ static CK_UNUSED int ck_abort(int fd, uint64_t t)
 	return r;
 }
 
+/* ROLLBACK from committed step t (0: whichever): 0 or -errno. */
+static CK_UNUSED int ck_rollback(int fd, uint64_t t)
+{
+	struct ckpt_cmd *cmd = calloc(1, sizeof(*cmd));
+	int r;
+
+	cmd->opcode = CKPT_OP_ROLLBACK;
+	cmd->step = t;
+	r = ck_send(fd, cmd);
+	free(cmd);
+	return r;
+}
+
 /* Read and decode the status page: 0 or -errno / -CKPT_E_*. */
 static CK_UNUSED int ck_status(int fd, struct ckpt_status *st)
 {

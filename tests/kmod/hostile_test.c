@@ -331,7 +331,7 @@ TEST_F_TIMEOUT(hostile, garbage_with_a_step_open, 300)
 		uint64_t r = ck_next(&self->rng);
 
 		memset(cmd, 0, sizeof(*cmd));
-		cmd->opcode = (uint32_t)(r % 5);
+		cmd->opcode = (uint32_t)(r % (CKPT_OP_ROLLBACK + 1));	/* a step is open */
 		cmd->step = (r & 8) ? ck_next(&self->rng) : (r >> 8) % 4;
 		cmd->grad_scale = (uint32_t)ck_next(&self->rng);
 		cmd->n_groups = 1 + (uint32_t)((r >> 16) % CKPT_MAX_GROUPS);

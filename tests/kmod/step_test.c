@@ -398,6 +398,79 @@ TEST_F(step, rollback_message)
 	free(rd);
 }
 
+/*
+ * The ROLLBACK command through the control block, the trainer's channel:
+ * the rule and the bytes of the message (model_rollback). A refusal (step
+ * 0, a step other than the committed one, a step open, a second time, the
+ * previous slot overwritten) fails the write with EIO, says why on the
+ * status page and changes nothing on the backing device; a rollback keeps
+ * the counters.
+ */
+static void rollback_refused(struct __test_metadata *_metadata, FIXTURE_DATA(step) *self,
+			     uint64_t t, uint32_t err)
+{
+	struct ckpt_status st;
+	uint64_t rejected;
+
+	ASSERT_EQ(0, ck_status(self->fd, &st));
+	rejected = st.commands_rejected;
+	EXPECT_EQ(-EIO, ck_rollback(self->fd, t));
+	ASSERT_EQ(0, ck_status(self->fd, &st));
+	EXPECT_EQ(err, st.last_error);
+	EXPECT_EQ(CKPT_RESULT_REJECTED, st.last_result);
+	EXPECT_EQ(rejected + 1, st.commands_rejected);
+	EXPECT_EQ(0, verify(_metadata, self));
+}
+
+TEST_F(step, rollback_command)
+{
+	uint16_t *rd = malloc(self->window);
+	char out[4096];
+	struct ckpt_status st;
+
+	rollback_refused(_metadata, self, 0, CKPT_E_ROLLBACK);	/* step 0 */
+	ASSERT_EQ(0, full_step(_metadata, self, 1, "one"));
+	ASSERT_EQ(0, full_step(_metadata, self, 2, "two"));
+	rollback_refused(_metadata, self, 1, CKPT_E_STEP);
+	rollback_refused(_metadata, self, 3, CKPT_E_STEP);
+	ASSERT_EQ(0, begin(self, 3));
+	rollback_refused(_metadata, self, 2, CKPT_E_STATE);
+	ASSERT_EQ(0, msg(out, sizeof(out), "abort"));
+
+	ASSERT_EQ(0, ck_rollback(self->fd, 2));
+	model_rollback(&self->m, "one");
+	ASSERT_EQ(0, verify(_metadata, self));
+	ASSERT_EQ(0, ck_status(self->fd, &st));
+	EXPECT_EQ(1, st.committed_step);
+	EXPECT_EQ(CKPT_STATE_IDLE, st.state);
+	EXPECT_EQ(CKPT_RESULT_NONE, st.last_result);
+	EXPECT_EQ(2, st.steps_committed);	/* counters kept */
+	EXPECT_EQ(1, st.steps_aborted);
+	EXPECT_EQ(4, st.commands_rejected);
+	EXPECT_EQ(3, st.blob_len);
+	EXPECT_EQ(0, memcmp(st.blob, "one", 3));
+	ASSERT_NE(NULL, rd);
+	ASSERT_EQ(0, ck_params(self->fd, &self->m, rd, 0, self->window));
+	EXPECT_EQ(0, memcmp(rd, self->m.plo[self->m.sb.committed_slot], self->window));
+	rollback_refused(_metadata, self, 0, CKPT_E_ROLLBACK);	/* never two steps */
+	rollback_refused(_metadata, self, 1, CKPT_E_ROLLBACK);
+
+	ASSERT_EQ(0, full_step(_metadata, self, 2, "two again"));
+	make_grads(self);
+	ASSERT_EQ(0, begin(self, 3));
+	ASSERT_EQ(0, ck_grad(self->fd, &self->m, self->grad, 0, self->cb));
+	ASSERT_EQ(0, msg(out, sizeof(out), "abort"));
+	/* the aborted step wrote the other slot: the model no longer knows it */
+	memset(self->m.valid[self->m.sb.committed_slot ^ 1], 0, sizeof(self->m.valid[0]));
+	rollback_refused(_metadata, self, 2, CKPT_E_ROLLBACK);	/* overwritten */
+	/* the message is the same rollback: refused alike */
+	EXPECT_EQ(-EINVAL, ck_dm_message(CK_NAME, "rollback 2"));
+	ASSERT_EQ(0, ck_status(self->fd, &st));
+	EXPECT_EQ(CKPT_E_ROLLBACK, st.last_error);
+	EXPECT_EQ(2, st.committed_step);
+	free(rd);
+}
+
 TEST_F(step, bad_commands_change_nothing)
 {
 	struct ckpt_status st0, st;

@@ -227,7 +227,7 @@ run_py() { "$py" st.py "$@"; }
 ok "fixtures: safetensors models (F32 with an I64 buffer, F16, BF16)" run_py models
 
 # ---------------------------------------------------------------- help
-for c in format info probe create remove status list message import export verify restore plan; do
+for c in format info probe create remove status list message serve unserve import export verify restore plan; do
 	ok "$c --help has a description, options and examples" sh -c \
 		"'$ctl' $c --help | grep -q EXAMPLES && '$ctl' $c --help | grep -q Options"
 done
@@ -241,6 +241,22 @@ fails_with "an unknown option names the command's help" 64 "^ckptctl info: .*--b
 	"$ctl" info --bogus x.img
 fails_with "a missing argument" 64 "^ckptctl verify: device is required; see ckptctl verify --help\$" "$ctl" verify
 ok "--help documents the exit statuses" sh -c "'$ctl' --help | grep -q '^  64  usage'"
+
+# ---------------------------------------------------------------- serve
+# What can be refused before configfs is touched (the VM's NVMe-oF test
+# serves for real: scripts/vm/guest/nvmeof-storage.sh).
+nqn=nqn.2014-08.org.example:ckpt0
+fails_with "serve: an NQN without 'nqn.'" 1 "'bogus' is not an NQN" "$ctl" serve ckpt0 --nqn bogus --addr 10.0.0.1
+fails_with "serve: an NQN with '/'" 1 "is not an NQN" "$ctl" serve ckpt0 --nqn nqn.a/b --addr 10.0.0.1
+fails_with "serve: a bad --host NQN" 1 "--host 'h' is not an NQN" "$ctl" serve ckpt0 --nqn $nqn --addr 10.0.0.1 --host h
+fails_with "serve: not an IP address" 1 "'example.org' is not an IPv4 or IPv6 address" \
+	"$ctl" serve ckpt0 --nqn $nqn --addr example.org
+fails_with "serve: a port out of range" 1 "port '70000' is not 1..65535" "$ctl" serve ckpt0 --nqn $nqn --addr 10.0.0.1:70000
+fails_with "serve: an IPv6 address without ']'" 1 "no ']'" "$ctl" serve ckpt0 --nqn $nqn --addr '[fe80::1:4420'
+: >served.img
+fails_with "serve: a file is not a dm-ckpt device" 1 "is not a block device" "$ctl" serve ./served.img --nqn $nqn --addr 10.0.0.1
+fails_with "serve: transport rdma is a usage error" 64 "transport" "$ctl" serve ckpt0 --nqn $nqn --addr 10.0.0.1 --transport rdma
+fails_with "unserve: a subsystem serve did not make" 1 "is not served by ckptctl serve" "$ctl" unserve nqn.2014-08.org.example:none
 
 # ---------------------------------------------------------------- plan
 # The numbers are tests/unit/test_plan.cpp's; here the command line.

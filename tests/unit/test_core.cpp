@@ -555,6 +555,11 @@ struct FakeHost {
 	size_t watch_words = 0;
 	uint64_t watch_bits = 0;
 	bool cleared_under_lock = false;
+	// rollback_ops: the host's rollback over prev, or an I/O error
+	ckpt_step *cs = nullptr;
+	const ckpt_sb *prev = nullptr;
+	int rollback_io = 0;
+	std::vector<uint64_t> rollbacks;	// the step of each call
 
 	uint64_t watched() const
 	{
@@ -636,7 +641,31 @@ const ckpt_step_ops fake_ops = {
 				std::memcpy(block, f.sb_writes.back().second.data(), CKPT_BLOCK);
 			return 0;
 		},
+	.rollback = nullptr,	// rollback_ops() has one
 };
+
+// fake_ops with a host rollback: the core's check and commit around prev
+// (the records are the host's business, and tested above).
+ckpt_step_ops rollback_ops()
+{
+	ckpt_step_ops ops = fake_ops;
+	ops.rollback = [](void *h, uint64_t step, int *io) {
+		FakeHost &f = host_of(h);
+		f.check_unlocked();
+		f.rollbacks.push_back(step);
+		if (f.rollback_io) {
+			*io = f.rollback_io;
+			return -CKPT_E_IO;
+		}
+		int ret = ckpt_step_rollback_check(f.cs, f.prev, step);
+		if (!ret && (ret = ckpt_step_rollback_commit(f.cs, f.prev)) < 0) {
+			*io = ret;
+			return -CKPT_E_IO;
+		}
+		return ret;
+	};
+	return ops;
+}
 
 // A step protocol over small_sb() with its memory, as a host would allocate it.
 struct Proto {
@@ -1247,28 +1276,28 @@ TEST(CoreLoad, Preconditions)
 TEST(CoreRollback, OnlyOneStepBackOverIntactRecords)
 {
 	Proto p(CKPT_STAGING_DEFAULT);
-	EXPECT_EQ(ckpt_step_rollback_check(&p.cs, nullptr), -CKPT_E_ROLLBACK) << "step 0";
+	EXPECT_EQ(ckpt_step_rollback_check(&p.cs, nullptr, 0), -CKPT_E_ROLLBACK) << "step 0";
 	ASSERT_EQ(p.command(CKPT_OP_BEGIN, 1), 0);
 	ASSERT_EQ(p.grad(0, pattern(8 * p.cb, 1)), 0);
 	p.apply_all();
 	ASSERT_EQ(p.command(CKPT_OP_COMMIT, 1, "one"), CKPT_RESULT_COMMITTED);
 	const ckpt_sb one = p.sb;
 	ASSERT_EQ(p.command(CKPT_OP_BEGIN, 2), 0);
-	EXPECT_EQ(ckpt_step_rollback_check(&p.cs, &one), -CKPT_E_STATE) << "a step is open";
+	EXPECT_EQ(ckpt_step_rollback_check(&p.cs, &one, 0), -CKPT_E_STATE) << "a step is open";
 	ASSERT_EQ(p.grad(0, pattern(8 * p.cb, 2)), 0);
 	p.apply_all();
 	ASSERT_EQ(p.command(CKPT_OP_COMMIT, 2, "two"), CKPT_RESULT_COMMITTED);
 	const ckpt_sb two = p.sb;
 
-	EXPECT_EQ(ckpt_step_rollback_check(&p.cs, &one), 0);
-	EXPECT_EQ(ckpt_step_rollback_check(&p.cs, nullptr), -CKPT_E_ROLLBACK) << "no valid older copy";
+	EXPECT_EQ(ckpt_step_rollback_check(&p.cs, &one, 0), 0);
+	EXPECT_EQ(ckpt_step_rollback_check(&p.cs, nullptr, 0), -CKPT_E_ROLLBACK) << "no valid older copy";
 	for (auto bad : std::vector<std::function<void(ckpt_sb &)>>{
 		     [](ckpt_sb &b) { b.committed_step--; }, [](ckpt_sb &b) { b.committed_slot ^= 1; },
 		     [](ckpt_sb &b) { b.sequence--; }, [](ckpt_sb &b) { b.uuid[0] ^= 1; },
 		     [](ckpt_sb &b) { b.manifest_crc ^= 1; }, [](ckpt_sb &b) { b.geo.n_groups++; }}) {
 		ckpt_sb b = one;
 		bad(b);
-		EXPECT_EQ(ckpt_step_rollback_check(&p.cs, &b), -CKPT_E_ROLLBACK);
+		EXPECT_EQ(ckpt_step_rollback_check(&p.cs, &b, 0), -CKPT_E_ROLLBACK);
 	}
 
 	// A record of step 1 in its slot: re-stamped for the next sequence, then
@@ -1311,12 +1340,102 @@ TEST(CoreRollback, OnlyOneStepBackOverIntactRecords)
 	EXPECT_EQ(p.cs.sm.committed_step, 1u);
 	EXPECT_EQ(p.cs.sm.committed_slot, one.committed_slot);
 	// The older copy now commits step 2: never two steps back.
-	EXPECT_EQ(ckpt_step_rollback_check(&p.cs, &two), -CKPT_E_ROLLBACK);
+	EXPECT_EQ(ckpt_step_rollback_check(&p.cs, &two, 0), -CKPT_E_ROLLBACK);
 	// The next step is step 2 again.
 	EXPECT_EQ(p.command(CKPT_OP_BEGIN, 2), 0);
 	ASSERT_EQ(p.command(CKPT_OP_ABORT, 2), 0);
 	ckpt_sm_fail(&p.cs.sm, -5);
-	EXPECT_EQ(ckpt_step_rollback_check(&p.cs, &one), -CKPT_E_FAILED);
+	EXPECT_EQ(ckpt_step_rollback_check(&p.cs, &one, 0), -CKPT_E_FAILED);
+}
+
+// The ROLLBACK command runs the host's rollback (ckpt_step_ops rollback)
+// with its step; a host without one refuses it as an unknown command (an
+// older target). Refusals are recorded and change nothing else; an I/O
+// error is passed on, not recorded, and does not fail the device; a
+// rollback keeps the counters and leaves the machine IDLE at the previous
+// step.
+TEST(CoreRollback, CommandRunsTheHostsRollback)
+{
+	Proto p(CKPT_STAGING_DEFAULT);
+	for (uint64_t t : {1, 2}) {
+		ASSERT_EQ(p.command(CKPT_OP_BEGIN, t), 0);
+		ASSERT_EQ(p.grad(0, pattern(8 * p.cb, uint8_t(t))), 0);
+		p.apply_all();
+		p.host.dispatched.clear();
+		ASSERT_EQ(p.command(CKPT_OP_COMMIT, t, t == 1 ? "one" : "two"), CKPT_RESULT_COMMITTED);
+	}
+	const ckpt_sb one = [&] {
+		ckpt_sb b;
+		EXPECT_EQ(ckpt_sb_decode(p.host.sb_writes[p.host.sb_writes.size() - 2].second.data(),
+					 p.sb.layout.dev_bytes, &b), 0);
+		return b;
+	}();
+	const ckpt_sb two = p.sb;
+	ASSERT_EQ(one.committed_step, 1u);
+
+	auto refused = [&](uint64_t step, int err, const char *why) {
+		const auto before = p.snapshot();
+		const uint64_t rejected = p.cs.sm.commands_rejected;
+		EXPECT_EQ(p.command(CKPT_OP_ROLLBACK, step), -err) << why;
+		EXPECT_EQ(p.cs.sm.commands_rejected, rejected + 1) << why;
+		EXPECT_EQ(p.cs.sm.last_error, uint32_t(err)) << why;
+		EXPECT_EQ(p.cs.sm.last_result, uint32_t(CKPT_RESULT_REJECTED)) << why;
+		EXPECT_EQ(p.snapshot(), before) << why;
+	};
+	refused(0, CKPT_E_OPCODE, "a host without rollback: an older target");
+
+	const ckpt_step_ops ops = rollback_ops();
+	p.cs.ops = &ops;
+	p.host.cs = &p.cs;
+	p.host.prev = &one;
+	const size_t writes = p.host.sb_writes.size();
+	refused(1, CKPT_E_STEP, "step 1 is not the committed step");
+	refused(3, CKPT_E_STEP, "nor is step 3");
+	ASSERT_EQ(p.command(CKPT_OP_BEGIN, 3), 0);
+	refused(2, CKPT_E_STATE, "a step is open");
+	ASSERT_EQ(p.command(CKPT_OP_ABORT, 3), 0);
+	p.host.prev = nullptr;
+	refused(0, CKPT_E_ROLLBACK, "no valid older copy");
+	p.host.prev = &one;
+
+	// An I/O error: passed on with the host's errno, not a refusal, not a failure.
+	p.host.rollback_io = -EIO;
+	{
+		const auto before = p.snapshot();
+		const uint64_t rejected = p.cs.sm.commands_rejected;
+		auto c = test_cmd(CKPT_OP_ROLLBACK, 2, 2);
+		int io = 0;
+		EXPECT_EQ(ckpt_step_exec(&p.cs, c.get(), &io), -CKPT_E_IO);
+		EXPECT_EQ(io, -EIO);
+		EXPECT_EQ(p.cs.sm.commands_rejected, rejected);
+		EXPECT_EQ(p.cs.sm.state, uint32_t(CKPT_STATE_IDLE));
+		EXPECT_EQ(p.snapshot(), before);
+	}
+	p.host.rollback_io = 0;
+	EXPECT_EQ(p.host.sb_writes.size(), writes) << "no refusal wrote anything";
+
+	const uint64_t rejected = p.cs.sm.commands_rejected, aborted = p.cs.sm.steps_aborted;
+	ASSERT_EQ(p.command(CKPT_OP_ROLLBACK, 2), 0);
+	EXPECT_EQ(p.host.rollbacks.back(), 2u);
+	EXPECT_EQ(p.host.sb_writes.size(), writes + 1);
+	EXPECT_EQ(p.sb.committed_step, 1u);
+	EXPECT_EQ(p.sb.sequence, two.sequence + 1);
+	EXPECT_EQ(p.cs.sm.state, uint32_t(CKPT_STATE_IDLE));
+	EXPECT_EQ(p.cs.sm.committed_step, 1u);
+	EXPECT_EQ(p.cs.sm.committed_slot, one.committed_slot);
+	EXPECT_EQ(p.cs.sm.last_result, uint32_t(CKPT_RESULT_NONE));
+	EXPECT_EQ(p.cs.sm.last_error, 0u);
+	EXPECT_EQ(p.cs.sm.steps_committed, 2u) << "counters kept";
+	EXPECT_EQ(p.cs.sm.steps_aborted, aborted);
+	EXPECT_EQ(p.cs.sm.commands_rejected, rejected);
+	// Never two steps back: the older copy now commits step 2.
+	p.host.prev = &two;
+	refused(0, CKPT_E_ROLLBACK, "a second rollback");
+	// The next step is step 2 again, in step 1's slot's other one.
+	EXPECT_EQ(p.command(CKPT_OP_BEGIN, 2), 0);
+	EXPECT_EQ(p.host.quiesced.back(), one.committed_slot ^ 1);
+	EXPECT_EQ(p.host.locked, 0);
+	EXPECT_FALSE(p.host.op_under_lock);
 }
 
 // A load commits like a step (the other slot, flush, then the superblock)

@@ -774,6 +774,93 @@ TEST_F(EngineTest, RollbackGoesBackOneStepOnce)
 	EXPECT_EQ(again->status().committed_step, 2u);
 }
 
+// The ROLLBACK command written to the control block is Engine::rollback:
+// two copies of one image at step 2, one rolled back by the call, the other
+// by raw command writes, end byte-identical. Every refusal (a step other
+// than the committed one, a step open, a second rollback, the previous slot
+// overwritten, a failed device) says why, is counted on the status page and
+// leaves the image byte-identical.
+TEST_F(EngineTest, RollbackCommandIsEngineRollback)
+{
+	{
+		auto d = open();
+		load_masters(*d);
+		step(*d);
+		step(*d);
+	}
+	const std::string twin = (dir_ / "twin.img").string();
+	fs::copy_file(path_, twin);
+	auto image = [](const std::string &p) {
+		std::ifstream f(p, std::ios::binary);
+		return std::vector<char>(std::istreambuf_iterator<char>(f), {});
+	};
+	{
+		auto e = ckpt::Engine::open(path_);
+		EXPECT_EQ(e->rollback(), 1u);
+	}
+
+	auto e = ckpt::Engine::open(twin);
+	std::vector<uint8_t> block(CKPT_BLOCK);
+	auto send = [&](uint32_t op, uint64_t step) {
+		auto c = std::make_unique<struct ckpt_cmd>();
+		c->opcode = op;
+		c->step = step;
+		c->n_groups = 2;
+		c->grad_scale = 0x3f800000;
+		for (uint32_t i = 0; i < 2; i++)
+			c->groups[i] = ckpt::hparams_for_step(groups()[i], step);
+		const int len = ckpt_cmd_encode(c.get(), block.data());
+		EXPECT_GT(len, 0);
+		e->write(0, block.data(), (uint64_t(len) + 511) / 512 * 512);
+	};
+	auto refused = [&](uint64_t step, int code, const char *says) {
+		const auto before = image(twin);
+		const uint64_t rejected = e->status().commands_rejected;
+		const std::string m = message_of([&] { send(CKPT_OP_ROLLBACK, step); });
+		EXPECT_NE(m.find(says), std::string::npos) << m;
+		EXPECT_EQ(code_of([&] { send(CKPT_OP_ROLLBACK, step); }), code) << m;
+		const struct ckpt_status st = e->status();
+		EXPECT_EQ(st.commands_rejected, rejected + 2) << m;
+		EXPECT_EQ(st.last_error, uint32_t(code)) << m;
+		EXPECT_EQ(image(twin), before) << m;
+	};
+	refused(1, CKPT_E_STEP, "the committed step is 2");
+	refused(3, CKPT_E_STEP, "the committed step is 2");
+	send(CKPT_OP_BEGIN, 3);
+	refused(0, CKPT_E_STATE, "step 3 is open");
+	send(CKPT_OP_ABORT, 3);	// nothing written: step 1 is still there
+	send(CKPT_OP_ROLLBACK, 2);
+	EXPECT_EQ(e->status().committed_step, 1u);
+	refused(0, CKPT_E_ROLLBACK, "once");
+	e.reset();
+	EXPECT_TRUE(image(twin) == image(path_)) << "the command and the call wrote the same bytes";
+
+	// The previous slot overwritten by a step that was then aborted.
+	e = ckpt::Engine::open(twin);
+	std::vector<uint16_t> g(e->layout().n_params, 0x3c00);
+	for (uint64_t t : {2, 3}) {
+		send(CKPT_OP_BEGIN, t);
+		e->write(e->layout().grad_off, g.data(), e->layout().window_bytes);
+		send(t == 2 ? CKPT_OP_COMMIT : CKPT_OP_ABORT, t);
+	}
+	refused(2, CKPT_E_ROLLBACK, "overwritten by step 3");
+	// A failed device: a corrupt record of the committed slot fails the step.
+	e.reset();
+	{
+		const struct ckpt_layout l = ckpt::Image::open(twin, false).sb.layout;
+		const uint32_t slot = ckpt::Image::open(twin, false).sb.committed_slot;
+		std::fstream f(twin, std::ios::in | std::ios::out | std::ios::binary);
+		f.seekp(static_cast<std::streamoff>(ckpt_record_offset(&l, slot, 0) + 16));
+		f.put('\xff');
+	}
+	e = ckpt::Engine::open(twin);
+	send(CKPT_OP_BEGIN, 3);
+	e->write(e->layout().grad_off, g.data(), e->layout().window_bytes);
+	EXPECT_EQ(e->status().state, uint32_t(CKPT_STATE_FAILED));
+	EXPECT_NE(code_of([&] { send(CKPT_OP_ABORT, 3); }), 0);	// the update's error, reported once
+	refused(0, CKPT_E_FAILED, "failed earlier");
+}
+
 // A rollback survives a reopen, and a reopened device can roll back.
 TEST_F(EngineTest, RollbackAcrossReopen)
 {

@@ -1110,7 +1110,7 @@ TEST(Command, EncodeRejectsBadCommands)
 	c = abort_cmd(1);
 	c->opcode = 0;
 	EXPECT_EQ(ckpt_cmd_encode(c.get(), b.data()), -CKPT_E_OPCODE);
-	c->opcode = 5;
+	c->opcode = CKPT_OP_ROLLBACK + 1;
 	EXPECT_EQ(ckpt_cmd_encode(c.get(), b.data()), -CKPT_E_OPCODE);
 	EXPECT_EQ(ckpt_cmd_encode(nullptr, b.data()), -CKPT_E_INVAL);
 }
@@ -1157,7 +1157,7 @@ TEST(Command, Corruptions)
 		EXPECT_EQ(decode_cmd(b, CKPT_BLOCK), -CKPT_E_VERSION);
 	}
 	// opcode
-	for (uint32_t op : {0u, 5u, 0x100u, 0xffffffffu}) {
+	for (uint32_t op : {0u, CKPT_OP_ROLLBACK + 1u, 0x100u, 0xffffffffu}) {
 		Block b = abort;
 		put32(b, offsetof(ckpt_cmd_disk, opcode), op);
 		recrc_cmd(b);
@@ -1247,6 +1247,72 @@ TEST(Command, Corruptions)
 		EXPECT_EQ(o->blob_len, 0u);
 		EXPECT_EQ(o->grad_scale, 0u);
 		EXPECT_EQ(o->step, 7u);
+	}
+}
+
+// ROLLBACK: a header and nothing else, its step carried whole (0: whichever
+// step is committed); what does not belong to it is ignored and comes back
+// zero, a payload or a short write is refused, as for ABORT.
+TEST(Command, RollbackRoundTripAndHostile)
+{
+	for (uint64_t step : {0ull, 1ull, 123456789012ull, ~0ull}) {
+		auto c = test_cmd(CKPT_OP_ROLLBACK, step);
+		int len;
+		Block b = encode_cmd(*c, &len);
+		ASSERT_EQ(len, 64);
+		EXPECT_EQ(get32(b, offsetof(ckpt_cmd_disk, opcode)), uint32_t(CKPT_OP_ROLLBACK));
+		for (size_t i = size_t(len); i < CKPT_BLOCK; i++)
+			ASSERT_EQ(b[i], 0);
+		auto o = std::make_unique<ckpt_cmd>();
+		std::memset(o.get(), 0xa5, sizeof(ckpt_cmd));
+		ASSERT_EQ(ckpt_cmd_decode(b.data(), 512, o.get()), 0);
+		EXPECT_EQ(std::memcmp(o.get(), c.get(), sizeof(ckpt_cmd)), 0) << step;
+	}
+	// Encode ignores the fields of other opcodes too.
+	auto c = test_cmd(CKPT_OP_ROLLBACK, 9);
+	c->n_groups = 3;
+	c->blob_len = 7;
+	c->n_ranges = 2;
+	int len;
+	const Block rb = encode_cmd(*c, &len);
+	ASSERT_EQ(len, 64);
+	auto o = std::make_unique<ckpt_cmd>();
+	ASSERT_EQ(ckpt_cmd_decode(rb.data(), CKPT_BLOCK, o.get()), 0);
+	EXPECT_EQ(o->opcode, uint32_t(CKPT_OP_ROLLBACK));
+	EXPECT_EQ(o->step, 9u);
+	EXPECT_EQ(o->n_groups + o->blob_len + o->n_ranges, 0u);
+
+	const size_t L = offsetof(ckpt_cmd_disk, length);
+	for (uint32_t bad : {0u, 63u, 65u, 64u + 48u, CKPT_BLOCK, CKPT_BLOCK + 1, 0xffffffffu}) {
+		Block b = rb;
+		put32(b, L, bad);
+		recrc_cmd(b);
+		EXPECT_EQ(decode_cmd(b, CKPT_BLOCK), -CKPT_E_LENGTH) << "a payload or a short header " << bad;
+	}
+	EXPECT_EQ(decode_cmd(rb, 63), -CKPT_E_LENGTH) << "a write shorter than the command";
+	for (int i = 4; i < 64; i++) {
+		if (i >= int(L) && i < int(L) + 4)
+			continue;
+		Block b = rb;
+		b[size_t(i)] ^= 0x80;
+		ASSERT_EQ(decode_cmd(b, CKPT_BLOCK), -CKPT_E_CRC) << i;
+	}
+	{
+		Block b = rb;
+		put32(b, offsetof(ckpt_cmd_disk, version), CKPT_ABI_VERSION + 1);
+		recrc_cmd(b);
+		EXPECT_EQ(decode_cmd(b, CKPT_BLOCK), -CKPT_E_VERSION);
+	}
+	{ // hostile fields of other opcodes: ignored, zero
+		Block b = rb;
+		put32(b, offsetof(ckpt_cmd_disk, n_groups), 0xffffffff);
+		put32(b, offsetof(ckpt_cmd_disk, blob_len), 0xffffffff);
+		put32(b, offsetof(ckpt_cmd_disk, grad_scale), 0x7f800000);
+		put64(b, offsetof(ckpt_cmd_disk, reserved), ~0ull);
+		recrc_cmd(b);
+		ASSERT_EQ(ckpt_cmd_decode(b.data(), CKPT_BLOCK, o.get()), 0);
+		EXPECT_EQ(o->n_groups + o->blob_len + o->grad_scale + o->n_ranges, 0u);
+		EXPECT_EQ(o->step, 9u);
 	}
 }
 

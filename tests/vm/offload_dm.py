@@ -10,7 +10,8 @@ chrooted into the host's / shared read-only over 9p):
     offload_dm.py prep   DEV           reference runs (userspace engine, files in
                                        /tmp), then format DEV (bf16) and 3 steps
     offload_dm.py resume MAPPER        OffloadAdamW on the kernel target: resumes
-                                       at step 3, 5 more steps
+                                       at step 3, 5 more steps; Device.rollback()
+                                       to step 7 and step 8 again
     offload_dm.py check  DEV MAPPER    the userspace engine on DEV at step 8 holds
                                        the reference's state; then the fp16
                                        variant (LossScaler) through the whole
@@ -271,6 +272,34 @@ def resume(mapper, dtype):
     check(f"{dtype} kernel: committed step {STEPS_TOTAL} and fp32 state identical to the "
           f"reference (read through {mapper})",
           step == STEPS_TOTAL and not same_state(st, ref_st),
+          f"step {step}; {same_state(st, ref_st)}")
+    rollback(mapper, dtype, ref_log, ref_st)
+
+
+def rollback(mapper, dtype, ref_log, ref_st):
+    """What a rank one step ahead does on open: Device.rollback() through the
+    kernel target (the ROLLBACK command, no DM message), once; then the last
+    step again, which must give the reference's state once more."""
+    with ckpt.open(mapper) as d:
+        try:
+            back = d.rollback()
+        except ckpt.CkptError as e:
+            back = str(e)
+        check(f"{dtype} kernel: Device.rollback() through {mapper} goes back to step "
+              f"{STEPS_TOTAL - 1}", back == STEPS_TOTAL - 1 and d.committed_step == back,
+              f"{back!r}, committed step {d.committed_step}")
+        try:
+            d.rollback()
+            check(f"{dtype} kernel: a second rollback is refused", False, "it was not")
+        except ckpt.CkptError as e:
+            check(f"{dtype} kernel: a second rollback is refused, saying why",
+                  "older superblock copy commits step" in str(e), str(e))
+    log, _, _ = train(mapper, dtype, STEPS_TOTAL, expect_resume=STEPS_TOTAL - 1,
+                      tag=f"{dtype} kernel after the rollback: ")
+    same_log(log, ref_log, f"{dtype} kernel after the rollback")
+    st, step, _ = state_of(mapper)
+    check(f"{dtype} kernel: step {STEPS_TOTAL} done again after the rollback, fp32 state "
+          f"identical to the reference", step == STEPS_TOTAL and not same_state(st, ref_st),
           f"step {step}; {same_state(st, ref_st)}")
 
 

@@ -18,7 +18,9 @@
 #   2. ckptctl create ckpt0 /dev/nvme0n1;
 #   3. a new process: OffloadAdamW on /dev/mapper/ckpt0 resumes at step 3 and
 #      trains 5 more steps, all committed, blobs round-trip, losses and fp32
-#      state bit-identical to the reference;
+#      state bit-identical to the reference; Device.rollback() through the
+#      target (the ROLLBACK command) goes back to step 7, a second one is
+#      refused, and step 8 done again gives the reference's state again;
 #   4. ckptctl remove ckpt0; ckptctl verify;
 #   5. a new process: the userspace engine on /dev/nvme0n1 is at step 8 with
 #      the reference's fp32 masters and moments, bit for bit; then the fp16
@@ -88,8 +90,8 @@ ok "status: idle at committed step 3" has "idle, committed step 3" ckptctl statu
 
 # ---- 3. OffloadAdamW on /dev/mapper: resume, 5 steps (a new process)
 py resume $map
-ok "status: committed step 8, 5 steps committed by the target" sh -c \
-	"ckptctl status $name | grep -q 'committed step 8' && ckptctl status --json $name | grep -q '\"steps_committed\": 5'"
+ok "status: committed step 8, 6 steps committed by the target (one done again after the rollback)" sh -c \
+	"ckptctl status $name | grep -q 'committed step 8' && ckptctl status --json $name | grep -q '\"steps_committed\": 6'"
 ckptctl status $name | sed 's/^/# /'
 
 # ---- 4. remove the target

@@ -15,6 +15,7 @@
 #include "fail.hpp"
 #include "plan.hpp"
 #include "progress.hpp"
+#include "serve.hpp"
 
 using namespace ckptctl;
 
@@ -329,6 +330,39 @@ int main(int argc, char **argv)
 	message->add_option("words", words, "the message")->required();
 	message->footer("\nEXAMPLES\n  ckptctl message ckpt0 stats\n  ckptctl message ckpt0 abort");
 
+	// ---- serve / unserve
+	ServeArgs sa;
+	auto *serve = app.add_subcommand("serve",
+		"Export a dm-ckpt kernel target over NVMe-oF (the kernel's nvmet).\n\n"
+		"Makes, in configfs (/sys/kernel/config/nvmet), the subsystem NQN with\n"
+		"namespace 1 the dm-ckpt device and namespace 2 its backing device (a\n"
+		"trainer's client reads the image's manifest, step counts and state there;\n"
+		"it never writes it), a port on --addr (one that exists with the same\n"
+		"address is shared) and the hosts allowed to connect (--host, repeatable;\n"
+		"without it any host). Needs configfs, nvmet and nvmet-tcp. What it made is\n"
+		"recorded in /run/ckpt/nvmet/NQN.json; 'ckptctl unserve' removes exactly\n"
+		"that. A failure undoes what was made.");
+	serve->add_option("device", sa.device, "device-mapper name or /dev/mapper/NAME of a dm-ckpt device")->required();
+	serve->add_option("--nqn", sa.nqn, "the subsystem's NQN (nqn.YYYY-MM.reverse.domain:...)")->required();
+	serve->add_option("--addr", sa.addr, "IP[:PORT] or [IPv6]:PORT to listen on (port default 4420)")->required();
+	serve->add_option("--transport", sa.transport, "NVMe-oF transport (tcp, the default)")
+		->check(CLI::IsMember({"tcp"}));
+	serve->add_option("--host", sa.hosts, "host NQN allowed to connect (repeatable; default: any host)");
+	serve->add_flag("--json", sa.json, "print what was made as JSON");
+	serve->footer("\nEXAMPLES\n  ckptctl serve ckpt0 --nqn nqn.2024-01.org.example:ckpt0 --addr 10.0.0.1\n"
+		      "  ckptctl serve /dev/mapper/ckpt0 --nqn nqn.2024-01.org.example:ckpt0 --addr 10.0.0.1:4420 \\\n"
+		      "      --host nqn.2014-08.org.nvmexpress:uuid:0f4c...");
+
+	std::string unserve_what;
+	auto *unserve = app.add_subcommand("unserve",
+		"Stop serving a dm-ckpt device over NVMe-oF.\n\n"
+		"Removes what 'ckptctl serve' made for it (its record in /run/ckpt/nvmet):\n"
+		"the port link, the namespaces, the allowed hosts and host entries it made,\n"
+		"the subsystem, and the port if serve made it and no other subsystem uses\n"
+		"it. Connected hosts lose the device.");
+	unserve->add_option("what", unserve_what, "the subsystem's NQN, or the device-mapper name")->required();
+	unserve->footer("\nEXAMPLES\n  ckptctl unserve ckpt0\n  ckptctl unserve nqn.2024-01.org.example:ckpt0");
+
 	// ---- activate / deactivate
 	ActivateArgs aa;
 	auto *activate = app.add_subcommand("activate",
@@ -584,6 +618,10 @@ int main(int argc, char **argv)
 			return cmd_list(la);
 		if (*message)
 			return cmd_message(name, words);
+		if (*serve)
+			return cmd_serve(sa);
+		if (*unserve)
+			return cmd_unserve(unserve_what);
 		if (*import)
 			return cmd_import(ia);
 		if (*exportc)

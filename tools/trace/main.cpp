@@ -9,7 +9,10 @@
 // not aligned to chunks, gradients written in sector pieces in random order
 // (partial chunks), PARAM reads between writes, an overflow step now and then,
 // an aborted attempt now and then, a tensor skipped every fifth step (written
-// whole, with its own bias correction, once it lags behind the step).
+// whole, with its own bias correction, once it lags behind the step), and with
+// --rollback-every a rollback of a committed step now and then (the ROLLBACK
+// command; refused a second time and while the redone step is open), after
+// which the same step is done again.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -125,6 +128,10 @@ int main(int argc, char **argv)
 		       "give the same on both targets of a comparison)");
 	app.add_option("--workers", workers, "engine worker threads (0: one per CPU)");
 	app.add_option("--depth", depth, "engine chunks in flight per worker");
+	uint64_t rollback_every = 0;
+	app.add_option("--rollback-every", rollback_every,
+		       "roll back every step that is a multiple of this once committed, then do it again\n"
+		       "(0: never; give the same on both targets of a comparison)");
 	CLI11_PARSE(app, argc, argv);
 
 	try {
@@ -183,7 +190,15 @@ int main(int argc, char **argv)
 		std::vector<float> gf;
 		check(ckpt_info(d.get(), &info));
 		const uint64_t first = info.committed_step + 1;
-		uint64_t last_attempt = 0;
+		uint64_t last_attempt = 0, rolled_back = 0;
+		// A refusal the trace expects: printed, so both targets must agree.
+		auto refused = [&](int ret, int want, const char *what) {
+			if (ret != -want)
+				throw std::runtime_error(fmt::format("{}: expected {}, got {}: {}", what,
+								     ckpt_err_name(want), ckpt_err_name(ret),
+								     ret < 0 ? ckpt_last_error() : "accepted"));
+			fmt::print("{} refused: {}\n", what, ckpt_err_name(want));
+		};
 		for (uint64_t step = first; step < first + steps;) {
 			// The first attempt at some steps overflows or is aborted; the
 			// retry of the same step goes through.
@@ -200,6 +215,9 @@ int main(int argc, char **argv)
 			const double clip = 0.5 + 0.5 * r.uniform();
 			const auto hp = trace_hparams(info.n_groups, step);
 			check(ckpt_begin(d.get(), hp.data(), info.n_groups, clip / scale));
+			uint64_t to = 0;
+			if (step == rolled_back && !retry)
+				refused(ckpt_rollback(d.get(), &to), CKPT_E_STATE, "rollback with a step open");
 
 			std::vector<size_t> order(tensors.size());
 			for (size_t i = 0; i < order.size(); i++)
@@ -266,8 +284,18 @@ int main(int argc, char **argv)
 			}
 			fmt::print("step {} {} params {:08x} reads {:08x}\n", step,
 				   ckpt_result_name(static_cast<uint32_t>(res)), params_crc, reads_crc);
-			if (res == CKPT_RESULT_COMMITTED)
-				step++;
+			if (res != CKPT_RESULT_COMMITTED)
+				continue;
+			if (rollback_every && step % rollback_every == 0 && step != rolled_back) {
+				uint64_t to = 0;
+				check(ckpt_rollback(d.get(), &to));
+				fmt::print("step {} rolled back to {}\n", step, to);
+				refused(ckpt_rollback(d.get(), &to), CKPT_E_ROLLBACK, "a second rollback");
+				rolled_back = step;
+				last_attempt = 0;	// the redo is a first attempt
+				continue;
+			}
+			step++;
 		}
 		check(ckpt_info(d.get(), &info));
 		fmt::print("committed step {}\n", info.committed_step);

@@ -564,9 +564,11 @@ class Device:
     def rollback(self):
         """Make the previous step the committed one again; returns it.
 
-        Refused (ckpt.Error, nothing changed) while a step is open, or when
-        there is nothing to go back to: step 0, a step began since the last
-        commit, or the device already went back once (never two steps)."""
+        The ROLLBACK command, on the userspace engine and on a kernel target
+        (/dev/mapper/NAME) alike. Refused (CkptError, nothing changed) while a
+        step is open, or when there is nothing to go back to: step 0, a step
+        began since the last commit, or the device already went back once
+        (never two steps)."""
         out = ctypes.c_uint64()
         _check(_lib.ckpt_rollback(self._handle(), ctypes.byref(out)))
         return out.value

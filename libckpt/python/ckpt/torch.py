@@ -177,8 +177,9 @@ class OffloadAdamW(torch.optim.Optimizer):
           params (dtype, chunk_params, size), and the params' current values become
           the fp32 masters (step 0). The file appears atomically (it is prepared
           under a temporary name), so a crash never leaves a half-made device.
-        - An existing path (a backing file, or /dev/mapper/NAME of the kernel
-          target: libckpt picks), or a Device: the layout must match (names, shapes,
+        - An existing path (a backing file, or a kernel target: /dev/mapper/NAME,
+          or its NVMe-oF namespace /dev/nvmeXnY on another node; libckpt picks
+          by the device's status page), or a Device: the layout must match (names, shapes,
           groups; else LayoutMismatchError), and the optimizer resumes from the
           committed step: the device's params are copied into the model.
           `init_from_model=True` loads the model's values instead, which is only

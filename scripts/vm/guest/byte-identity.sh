@@ -1,10 +1,11 @@
 #!/bin/sh
 # Guest side of the byte-identity check (scripts/vm/tests.sh): map the
 # pre-formatted /dev/nvme0n1 through dm-ckpt and replay the seeded trace on
-# /dev/mapper/ckpt. Usage: byte-identity.sh STEPS [SEED]
+# /dev/mapper/ckpt. Usage: byte-identity.sh STEPS ROLLBACK_EVERY [SEED]
 # The trace's output goes to /out/trace.txt for the host to diff.
 steps=${1:?steps}
-seed=${2:-}
+rollback_every=${2:?rollback_every}
+seed=${3:-}
 fail() { echo "byte-identity: FAIL: $*"; dmesg >/out/dmesg.txt; exit 1; }
 
 table=$(ckptctl info --table /dev/nvme0n1) || fail "ckptctl info --table /dev/nvme0n1 failed (exit $?)"
@@ -17,7 +18,7 @@ dmsetup mknodes ckpt
 dmsetup table ckpt
 start=$(cut -d' ' -f1 /proc/uptime)
 cpu0=$(head -1 /proc/stat)
-ckpt-trace /dev/mapper/ckpt --steps "$steps" ${seed:+--seed "$seed"} >/out/trace.txt 2>/out/trace.err
+ckpt-trace /dev/mapper/ckpt --steps "$steps" --rollback-every "$rollback_every" ${seed:+--seed "$seed"} >/out/trace.txt 2>/out/trace.err
 rc=$?
 end=$(cut -d' ' -f1 /proc/uptime)
 cpu1=$(head -1 /proc/stat)

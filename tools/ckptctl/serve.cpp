@@ -1,0 +1,476 @@
+// SPDX-License-Identifier: MIT
+// ckptctl serve / unserve. The kernel's NVMe-oF target (nvmet) is set up
+// through its configfs tree, as nvmetcli does:
+//
+//   subsystems/NQN                        attr_allow_any_host, or
+//   subsystems/NQN/allowed_hosts/HOST  -> hosts/HOST
+//   subsystems/NQN/namespaces/1           device_path /dev/mapper/NAME, enable
+//   subsystems/NQN/namespaces/2           device_path: its backing device, enable
+//   ports/P                               addr_trtype, addr_adrfam, addr_traddr, addr_trsvcid
+//   ports/P/subsystems/NQN             -> subsystems/NQN
+//
+// Namespace 2 gives a trainer on another node the image's metadata (the
+// manifest, the per-block step counts, the committed state for an export),
+// which the virtual device does not carry: the client reads it, never
+// writes it. What serve made is recorded in /run/ckpt/nvmet/NQN.json (run
+// and configfs both end with the boot), so that unserve removes exactly that:
+// a port or a host entry that existed before is left as it was.
+#include "serve.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "dm.hpp"
+#include "fail.hpp"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace ckptctl {
+
+namespace {
+
+const fs::path configfs = "/sys/kernel/config";
+const fs::path nvmet = configfs / "nvmet";
+const fs::path state_dir = "/run/ckpt/nvmet";
+
+std::string read_attr(const fs::path &p)
+{
+	std::ifstream in(p);
+	std::string s;
+	std::getline(in, s);
+	return s;
+}
+
+void write_attr(const fs::path &p, const std::string &value)
+{
+	const int fd = ::open(p.c_str(), O_WRONLY | O_CLOEXEC);
+	if (fd < 0)
+		fail(CKPT_E_IO, "cannot open {}: {}", p.string(), strerror(errno));
+	const ssize_t w = ::write(fd, value.data(), value.size());
+	const int err = errno;
+	::close(fd);
+	if (w != static_cast<ssize_t>(value.size()))
+		fail(CKPT_E_IO, "nvmet refused '{}' in {}: {} (the kernel log may say more)", value, p.string(),
+		     w < 0 ? strerror(err) : "short write");
+}
+
+void make_dir(const fs::path &p)
+{
+	if (::mkdir(p.c_str(), 0755) < 0)
+		fail(CKPT_E_IO, "cannot create {}: {}", p.string(), strerror(errno));
+}
+
+void make_link(const fs::path &target, const fs::path &link)
+{
+	if (::symlink(target.c_str(), link.c_str()) < 0)
+		fail(CKPT_E_IO, "cannot link {} to {}: {}", link.string(), target.string(), strerror(errno));
+}
+
+// Undo steps, run in reverse unless kept: serve's partial work on failure,
+// and unserve's whole list. A step that fails is reported and the rest run.
+class Undo {
+public:
+	Undo() = default;
+	Undo(const Undo &) = delete;
+	Undo &operator=(const Undo &) = delete;
+	~Undo() { run(); }
+	void add(std::function<void()> f) { steps_.push_back(std::move(f)); }
+	void keep() { steps_.clear(); }
+	// Runs every step; false if one failed (each failure is printed).
+	bool run() noexcept
+	{
+		bool ok = true;
+		for (auto it = steps_.rbegin(); it != steps_.rend(); ++it) {
+			try {
+				(*it)();
+			} catch (const std::exception &e) {
+				fmt::print(stderr, "ckptctl: {}\n", e.what());
+				ok = false;
+			}
+		}
+		steps_.clear();
+		return ok;
+	}
+
+private:
+	std::vector<std::function<void()>> steps_;
+};
+
+void remove_entry(const fs::path &p)
+{
+	// rmdir for a configfs directory, unlink for a link
+	struct stat st;
+	if (::lstat(p.c_str(), &st) < 0) {
+		if (errno == ENOENT)
+			return;
+		fail(CKPT_E_IO, "cannot stat {}: {}", p.string(), strerror(errno));
+	}
+	const int r = S_ISLNK(st.st_mode) ? ::unlink(p.c_str()) : ::rmdir(p.c_str());
+	if (r < 0)
+		fail(CKPT_E_IO, "cannot remove {}: {}", p.string(), strerror(errno));
+}
+
+bool mounted_configfs()
+{
+	std::ifstream m("/proc/mounts");
+	std::string dev, dir, type;
+	while (m >> dev >> dir >> type) {
+		if (dir == configfs.string() && type == "configfs")
+			return true;
+		m.ignore(4096, '\n');
+	}
+	return false;
+}
+
+void check_nvmet(const std::string &transport)
+{
+	std::error_code ec;
+	if (!mounted_configfs())
+		fail(CKPT_E_STATE, "configfs is not mounted at {} (mount -t configfs none {})", configfs.string(),
+		     configfs.string());
+	if (!fs::is_directory(nvmet, ec))
+		fail(CKPT_E_STATE, "the kernel's NVMe-oF target is not loaded: no {} (modprobe nvmet nvmet-{})",
+		     nvmet.string(), transport);
+	const std::string mod = "/sys/module/nvmet_" + transport;
+	if (!fs::is_directory(mod, ec))
+		fail(CKPT_E_STATE, "the NVMe-oF {} transport is not loaded: no {} (modprobe nvmet-{})", transport,
+		     mod, transport);
+}
+
+// An NQN as the NVMe base specification allows (at most 223 bytes, "nqn."
+// and no '/' so that it is one configfs name).
+void check_nqn(const std::string &nqn, const char *what)
+{
+	if (nqn.size() < 5 || nqn.size() > 223 || nqn.rfind("nqn.", 0) != 0 || nqn.find('/') != std::string::npos ||
+	    std::any_of(nqn.begin(), nqn.end(), [](char c) { return c <= ' ' || c == 0x7f; }))
+		fail(CKPT_E_INVAL, "{} '{}' is not an NQN (\"nqn.\" then up to 219 printable bytes, no '/' or blank)",
+		     what, nqn);
+}
+
+struct Address {
+	std::string family, traddr, port;
+};
+
+// IP[:PORT] or [IPv6]:PORT; the port defaults to 4420 (NVMe/TCP's).
+Address parse_addr(const std::string &s)
+{
+	Address a;
+	std::string host = s, port = "4420";
+	if (!s.empty() && s[0] == '[') {
+		const auto close = s.find(']');
+		if (close == std::string::npos)
+			fail(CKPT_E_INVAL, "--addr '{}': no ']' after the IPv6 address", s);
+		host = s.substr(1, close - 1);
+		if (close + 1 < s.size()) {
+			if (s[close + 1] != ':')
+				fail(CKPT_E_INVAL, "--addr '{}': ':PORT' must follow ']'", s);
+			port = s.substr(close + 2);
+		}
+	} else if (std::count(s.begin(), s.end(), ':') == 1) {
+		host = s.substr(0, s.find(':'));
+		port = s.substr(s.find(':') + 1);
+	}
+	unsigned char buf[16];
+	if (inet_pton(AF_INET, host.c_str(), buf) == 1)
+		a.family = "ipv4";
+	else if (inet_pton(AF_INET6, host.c_str(), buf) == 1)
+		a.family = "ipv6";
+	else
+		fail(CKPT_E_INVAL, "--addr '{}': '{}' is not an IPv4 or IPv6 address", s, host);
+	if (port.empty() || port.size() > 5 || !std::all_of(port.begin(), port.end(), ::isdigit) ||
+	    std::stoul(port) < 1 || std::stoul(port) > 65535)
+		fail(CKPT_E_INVAL, "--addr '{}': port '{}' is not 1..65535", s, port);
+	a.traddr = host;
+	a.port = port;
+	return a;
+}
+
+// The dm name of NAME, /dev/mapper/NAME or another node of a dm device.
+std::string dm_name_of(const std::string &dev)
+{
+	if (dev.find('/') == std::string::npos)
+		return dev;
+	struct stat st;
+	if (::stat(dev.c_str(), &st) < 0)
+		fail(CKPT_E_INVAL, "{}: {}", dev, strerror(errno));
+	if (!S_ISBLK(st.st_mode))
+		fail(CKPT_E_INVAL, "{} is not a block device", dev);
+	const std::string name =
+		read_attr(fmt::format("/sys/dev/block/{}:{}/dm/name", major(st.st_rdev), minor(st.st_rdev)));
+	if (name.empty())
+		fail(CKPT_E_INVAL, "{} is not a device-mapper device, so not a dm-ckpt device", dev);
+	return name;
+}
+
+// The one backing device of a dm device, as /dev/NAME.
+std::string backing_of(const dm::Info &i, const std::string &name)
+{
+	std::vector<std::string> slaves;
+	std::error_code ec;
+	for (const auto &e : fs::directory_iterator(fmt::format("/sys/dev/block/{}:{}/slaves", i.major, i.minor), ec))
+		slaves.push_back(e.path().filename().string());
+	if (slaves.size() != 1)
+		fail(CKPT_E_STATE, "{} has {} backing devices in sysfs, not one", name, slaves.size());
+	return "/dev/" + slaves[0];
+}
+
+// The subsystem serving path (a namespace's device_path), if any.
+std::string served_by(const std::string &path)
+{
+	std::error_code ec;
+	for (const auto &s : fs::directory_iterator(nvmet / "subsystems", ec))
+		for (const auto &n : fs::directory_iterator(s.path() / "namespaces", ec))
+			if (read_attr(n.path() / "device_path") == path)
+				return s.path().filename().string();
+	return "";
+}
+
+// A port of these transport and address, if one exists.
+std::string find_port(const std::string &transport, const Address &a)
+{
+	std::error_code ec;
+	for (const auto &p : fs::directory_iterator(nvmet / "ports", ec))
+		if (read_attr(p.path() / "addr_trtype") == transport &&
+		    read_attr(p.path() / "addr_adrfam") == a.family &&
+		    read_attr(p.path() / "addr_traddr") == a.traddr && read_attr(p.path() / "addr_trsvcid") == a.port)
+			return p.path().filename().string();
+	return "";
+}
+
+std::string free_port_id()
+{
+	for (unsigned id = 1; id < 65535; id++)
+		if (!fs::exists(nvmet / "ports" / std::to_string(id)))
+			return std::to_string(id);
+	fail(CKPT_E_STATE, "no free nvmet port number");
+}
+
+fs::path state_file(const std::string &nqn) { return state_dir / (nqn + ".json"); }
+
+// A port or host entry serve made goes with the last subsystem that uses
+// it. While other subsystems (users) still do, it stays: the record of one
+// that serve made takes it over (take), else it is left to whoever made them.
+void remove_shared(const fs::path &entry, const std::vector<std::string> &users,
+		   const std::function<void(json &)> &take)
+{
+	if (users.empty())
+		return remove_entry(entry);
+	for (const auto &u : users) {
+		const fs::path sf = state_file(u);
+		std::ifstream in(sf);
+		json s = json::parse(in, nullptr, false);
+		if (s.is_discarded() || !s.is_object())
+			continue;
+		take(s);
+		std::ofstream out(sf);
+		out << s.dump(2) << "\n";
+		if (!out.flush())
+			fail(CKPT_E_IO, "cannot write {}", sf.string());
+		return;
+	}
+	fmt::print(stderr, "ckptctl: {} is left: subsystem {} uses it\n", entry.string(), users[0]);
+}
+
+std::vector<std::string> port_users(const fs::path &port)
+{
+	std::vector<std::string> users;
+	std::error_code ec;
+	for (const auto &e : fs::directory_iterator(port / "subsystems", ec))
+		users.push_back(e.path().filename().string());
+	return users;
+}
+
+std::vector<std::string> host_users(const std::string &host)
+{
+	std::vector<std::string> users;
+	std::error_code ec;
+	for (const auto &e : fs::directory_iterator(nvmet / "subsystems", ec))
+		if (fs::is_symlink(e.path() / "allowed_hosts" / host, ec))
+			users.push_back(e.path().filename().string());
+	return users;
+}
+
+// What serve made, as recorded: the undo list of unserve.
+void undo_of(const json &s, Undo &undo)
+{
+	const fs::path sub = nvmet / "subsystems" / s.at("nqn").get<std::string>();
+	const fs::path port = nvmet / "ports" / s.at("port").get<std::string>();
+	if (s.at("port_created").get<bool>())
+		undo.add([port] {
+			remove_shared(port, port_users(port), [](json &other) { other["port_created"] = true; });
+		});
+	undo.add([sub] { remove_entry(sub); });
+	for (const auto &h : s.at("hosts_created"))
+		undo.add([h = h.get<std::string>()] {
+			remove_shared(nvmet / "hosts" / h, host_users(h),
+				      [&h](json &other) { other["hosts_created"].push_back(h); });
+		});
+	for (const auto &h : s.at("hosts"))
+		undo.add([sub, h = h.get<std::string>()] { remove_entry(sub / "allowed_hosts" / h); });
+	for (const auto &n : s.at("namespaces")) {
+		const fs::path ns = sub / "namespaces" / std::to_string(n.get<int>());
+		undo.add([ns] { remove_entry(ns); });
+		undo.add([ns] {
+			if (fs::exists(ns / "enable") && read_attr(ns / "enable") == "1")
+				write_attr(ns / "enable", "0");
+		});
+	}
+	undo.add([port, nqn = s.at("nqn").get<std::string>()] { remove_entry(port / "subsystems" / nqn); });
+}
+
+} // namespace
+
+int cmd_serve(const ServeArgs &a)
+{
+	if (a.transport != "tcp")
+		fail(CKPT_E_INVAL, "transport '{}' is not supported (tcp)", a.transport);
+	check_nqn(a.nqn, "--nqn");
+	for (const auto &h : a.hosts)
+		check_nqn(h, "--host");
+	const Address addr = parse_addr(a.addr);
+	const std::string name = dm_name_of(a.device);
+	const dm::Info info = dm::info(name);
+	if (!info.exists)
+		fail(CKPT_E_INVAL, "no device-mapper device named '{}'", name);
+	const auto tt = dm::table(name);
+	if (tt.size() != 1 || tt[0].type != "ckpt")
+		fail(CKPT_E_INVAL, "{} is not a dm-ckpt device (its table has {} targets{})", name, tt.size(),
+		     tt.empty() ? "" : ", the first of type " + tt[0].type);
+	const std::string node = dm::node(name, info);
+	const std::string backing = backing_of(info, name);
+	check_nvmet(a.transport);
+
+	const fs::path sub = nvmet / "subsystems" / a.nqn;
+	if (fs::exists(sub))
+		fail(CKPT_E_STATE, "subsystem {} exists already (ckptctl unserve {} removes one that serve made)",
+		     a.nqn, a.nqn);
+	for (const std::string &p : {node, backing})
+		if (const std::string by = served_by(p); !by.empty())
+			fail(CKPT_E_STATE, "{} is served already, by subsystem {}", p, by);
+
+	json s = {{"nqn", a.nqn}, {"name", name}, {"device", node}, {"backing", backing},
+		  {"transport", a.transport}, {"addr", addr.traddr}, {"adrfam", addr.family},
+		  {"trsvcid", addr.port}, {"hosts", json::array()}, {"hosts_created", json::array()},
+		  {"namespaces", json::array()}};
+	Undo undo;
+	make_dir(sub);
+	undo.add([sub] { remove_entry(sub); });
+	if (a.hosts.empty()) {
+		write_attr(sub / "attr_allow_any_host", "1");
+	} else {
+		write_attr(sub / "attr_allow_any_host", "0");
+		for (const auto &h : a.hosts) {
+			const fs::path host = nvmet / "hosts" / h;
+			if (!fs::exists(host)) {
+				make_dir(host);
+				undo.add([host] { remove_entry(host); });
+				s["hosts_created"].push_back(h);
+			}
+			make_link(host, sub / "allowed_hosts" / h);
+			undo.add([sub, h] { remove_entry(sub / "allowed_hosts" / h); });
+			s["hosts"].push_back(h);
+		}
+	}
+	// namespace 1: the virtual device; 2: the backing device (metadata)
+	int nsid = 1;
+	for (const std::string &path : {node, backing}) {
+		const fs::path ns = sub / "namespaces" / std::to_string(nsid);
+		make_dir(ns);
+		undo.add([ns] { remove_entry(ns); });
+		write_attr(ns / "device_path", path);
+		write_attr(ns / "enable", "1");
+		undo.add([ns] { write_attr(ns / "enable", "0"); });
+		s["namespaces"].push_back(nsid++);
+	}
+	std::string port = find_port(a.transport, addr);
+	s["port_created"] = port.empty();
+	if (port.empty()) {
+		port = free_port_id();
+		const fs::path p = nvmet / "ports" / port;
+		make_dir(p);
+		undo.add([p] { remove_entry(p); });
+		write_attr(p / "addr_trtype", a.transport);
+		write_attr(p / "addr_adrfam", addr.family);
+		write_attr(p / "addr_traddr", addr.traddr);
+		write_attr(p / "addr_trsvcid", addr.port);
+	}
+	s["port"] = port;
+	const fs::path link = nvmet / "ports" / port / "subsystems" / a.nqn;
+	make_link(sub, link);	// the port listens from here on
+	undo.add([link] { remove_entry(link); });
+
+	std::error_code ec;
+	fs::create_directories(state_dir, ec);
+	const fs::path sf = state_file(a.nqn);
+	{
+		std::ofstream out(sf);
+		out << s.dump(2) << "\n";
+		if (!out.flush())
+			fail(CKPT_E_IO, "cannot write {}: unserve needs it", sf.string());
+	}
+	undo.keep();
+	if (a.json) {
+		std::cout << s.dump(2) << "\n";
+	} else {
+		fmt::print("{}: served as {} on {} {}:{} (port {}{}), namespace 1 {}, namespace 2 {} (its backing "
+			   "device)\n",
+			   name, a.nqn, a.transport, addr.traddr, addr.port, port,
+			   s["port_created"].get<bool>() ? "" : ", shared", node, backing);
+		fmt::print("  hosts: {}\n", a.hosts.empty() ? std::string("any") : fmt::format("{}", fmt::join(a.hosts, ", ")));
+	}
+	return 0;
+}
+
+int cmd_unserve(const std::string &what)
+{
+	std::error_code ec;
+	fs::path sf;
+	if (what.rfind("nqn.", 0) == 0) {
+		check_nqn(what, "NQN");
+		sf = state_file(what);
+	} else {
+		for (const auto &e : fs::directory_iterator(state_dir, ec)) {
+			std::ifstream in(e.path());
+			const json s = json::parse(in, nullptr, false);
+			if (!s.is_discarded() && s.is_object() && s.value("name", "") == what)
+				sf = e.path();
+		}
+	}
+	if (sf.empty() || !fs::exists(sf))
+		fail(CKPT_E_STATE, "{} is not served by ckptctl serve (no record in {})", what, state_dir.string());
+	std::ifstream in(sf);
+	const json s = json::parse(in, nullptr, false);
+	if (s.is_discarded() || !s.is_object())
+		fail(CKPT_E_STATE, "{}: not a record of ckptctl serve", sf.string());
+	Undo undo;
+	try {
+		undo_of(s, undo);
+	} catch (const json::exception &e) {
+		undo.keep();
+		fail(CKPT_E_STATE, "{}: not a record of ckptctl serve: {}", sf.string(), e.what());
+	}
+	if (!undo.run())
+		fail(CKPT_E_IO, "{}: unserve left something behind (above); the record {} is kept",
+		     s["nqn"].get<std::string>(), sf.string());
+	fs::remove(sf, ec);
+	fmt::print("{}: no longer served ({})\n", s["name"].get<std::string>(), s["nqn"].get<std::string>());
+	return 0;
+}
+
+} // namespace ckptctl
