@@ -15,7 +15,9 @@ process times, over --steps steps after one warm-up step:
     the trainer waits for (with hooks, the gradient writes run in backward).
 The backward is a real one (loss = sum(p * c)), so hooks fire as in training.
 Prints the median ratio offload / torch per model and build, with the spread
-(min-max over repetitions), and one JSON line.
+(min-max over repetitions), what the last step moved through the device
+(OffloadAdamW.last_step_bytes: gradient and param bytes per param, control
+bytes, status-page reads), and one JSON line.
 """
 
 import argparse
@@ -72,9 +74,21 @@ for i in range(steps + 1):
 out["offload"] = sorted(ts[1:])[len(ts[1:]) // 2]
 out["offload_backward"] = sorted(bw[1:])[len(bw[1:]) // 2]
 out["hooked"] = bool(getattr(opt, "last_step_hooked", False))
+out["bytes"] = dict(getattr(opt, "last_step_bytes", None) or {})
 opt.close()
 print(json.dumps(out))
 """
+
+
+def bytes_line(b, params):
+    """OffloadAdamW.last_step_bytes in words: gradient and param bytes per param,
+    control bytes and status-page reads (a build without them says so)."""
+    if not b:
+        return "(not counted by this build)"
+    parts = [f"grad {b['grad_written'] / params:.3f} B/param", f"params {b['params_read'] / params:.3f} B/param"]
+    parts += [f"control {b['control']} B" if "control" in b else "control (not counted)",
+              f"{b['status_reads']} status reads" if "status_reads" in b else "status reads (not counted)"]
+    return ", ".join(parts)
 
 
 def main():
@@ -117,7 +131,8 @@ def main():
                     res.setdefault((params, tensors, name), []).append(o)
                     print(f"rep {rep} {params / 1e6:.0f}M x {tensors} {name}: torch {o['torch'] * 1e3:.1f} ms, "
                           f"offload step {o['offload'] * 1e3:.1f} ms (backward {o['offload_backward'] * 1e3:.1f} ms, "
-                          f"hooked {o['hooked']}), ratio {o['ratio']:.2f}", flush=True)
+                          f"hooked {o['hooked']}), ratio {o['ratio']:.2f}; last step moved "
+                          f"{bytes_line(o.get('bytes', {}), params)}", flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

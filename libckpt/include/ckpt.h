@@ -100,7 +100,8 @@ uint32_t ckpt_abi_count(const char *list);
 int ckpt_dtype_code(uint32_t index);
 /*
  * sizeof the public struct named ("ckpt_info", "ckpt_tensor_info",
- * "ckpt_group_hparams", "ckpt_device_status"); 0 for an unknown name. A
+ * "ckpt_group_hparams", "ckpt_device_status", "ckpt_traffic"); 0 for an
+ * unknown name. A
  * binding that mirrors a struct checks its size against this.
  */
 size_t ckpt_abi_sizeof(const char *name);
@@ -290,9 +291,11 @@ int ckpt_begin(ckpt_device *d, const struct ckpt_group_hparams *groups,
  * at once: the copy costs 2 bytes a param against the 28 the update moves,
  * and keeps the contract every caller had (a buffer owned until COMMIT would
  * turn a reused buffer into silently wrong gradients). When the queue is full
- * the call waits for a free chunk buffer. With the kernel target a write
- * returns when its bio has ended, after its chunks' updates (the target
- * copies the bio into its job buffers; its own workers run in parallel).
+ * the call waits for a free chunk buffer. With the kernel target the write
+ * is asynchronous too: it is copied into the client's aligned slabs and
+ * queued on an io_uring (small writes go down together), and the target's
+ * workers run across writes; a write the target refuses (E_TWICE, ...) is
+ * reported by the next ckpt_write_grad, ckpt_commit or ckpt_abort, once.
  *
  * Completion is required only at ckpt_commit: every read of the device
  * (params, state, status) and every command waits for the updates queued
@@ -340,6 +343,30 @@ int ckpt_abort(ckpt_device *d);
 int ckpt_rollback(ckpt_device *d, uint64_t *step);
 
 int ckpt_read_params(ckpt_device *d, const char *name, uint16_t *out, uint64_t n);
+/*
+ * The params of count tensors at once (a step's read-back): one batch of
+ * reads, straight into outs[i] (ns[i] elements) where it is 4 KiB aligned,
+ * else through a bounce buffer for the unaligned ends only.
+ */
+int ckpt_read_params_multi(ckpt_device *d, uint32_t count, const char *const *names,
+			   uint16_t *const *outs, const uint64_t *ns);
+
+/*
+ * What this handle moved through the virtual device since ckpt_open, the
+ * same count whichever target serves it: bytes written to the GRAD window
+ * (tails padded to the block size), read from the PARAM window, and of
+ * control (commands written, status pages read), with the number of
+ * commands and of status-page reads. A step with nothing skipped or lagging
+ * costs two commands (BEGIN, COMMIT) and one status read (after COMMIT).
+ */
+struct ckpt_traffic {
+	uint64_t grad_bytes;
+	uint64_t param_bytes;
+	uint64_t control_bytes;
+	uint64_t commands;
+	uint64_t status_reads;
+};
+int ckpt_traffic(ckpt_device *d, struct ckpt_traffic *out);
 int ckpt_read_state(ckpt_device *d, const char *name, float *p, float *m, float *v,
 		    uint64_t n);
 /* Copies the committed trainer blob; returns its length (may exceed cap). */

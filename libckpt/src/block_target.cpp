@@ -5,6 +5,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
+#include <utility>
 
 #include <fcntl.h>
 #include <linux/fs.h>
@@ -20,6 +22,11 @@ namespace ckpt {
 
 namespace {
 constexpr uint64_t bounce_bytes = 1u << 20;
+constexpr uint64_t slab_bytes = 1u << 20;	// gradients copied for a write in flight
+constexpr uint32_t n_slabs = 16;
+constexpr unsigned max_writes = 64;		// in flight; the ring's entries
+constexpr uint64_t batch_bytes = 1u << 20;	// submitted once this much is queued
+constexpr unsigned batch_writes = 32;		// or this many writes
 
 bool aligned(const void *p, uint64_t off, uint64_t len, uint32_t block)
 {
@@ -27,8 +34,16 @@ bool aligned(const void *p, uint64_t off, uint64_t len, uint32_t block)
 }
 } // namespace
 
-BlockTarget::BlockTarget(BackingFile dev) : dev_(std::move(dev)), bounce_(bounce_bytes)
+BlockTarget::BlockTarget(BackingFile dev) : dev_(std::move(dev)), bounce_(bounce_bytes), ring_(max_writes)
 {
+	slabs_.resize(n_slabs);
+	for (uint32_t i = 0; i < n_slabs; i++) {
+		slabs_[i].mem = Buffer(slab_bytes);
+		free_slabs_.push_back(n_slabs - 1 - i);
+	}
+	ios_.resize(max_writes);
+	for (unsigned i = 0; i < max_writes; i++)
+		free_ios_.push_back(max_writes - 1 - i);
 	int bs = 0;
 	if (ioctl(dev_.fd.get(), BLKSSZGET, &bs) < 0 || bs < static_cast<int>(CKPT_SECTOR) ||
 	    bs > static_cast<int>(CKPT_BLOCK) || (bs & (bs - 1)))
@@ -143,11 +158,19 @@ void BlockTarget::refused(const char *what, uint64_t off, uint64_t len, int err)
 	fail(CKPT_E_IO, "{}: {} of {} bytes at {} failed: {}", dev_.path, what, len, off, strerror(err));
 }
 
-void BlockTarget::write(uint64_t off, const void *buf, uint64_t len)
+BlockTarget::~BlockTarget()
 {
-	auto *src = static_cast<const uint8_t *>(buf);
-	if (off % block_ || len % block_)
-		fail(CKPT_E_ALIGN, "write of {} bytes at {}: not {}-byte aligned", len, off, block_);
+	try {
+		drain();	// never leave I/O on our slabs
+	} catch (const Error &) {
+	}
+}
+
+// A command is one synchronous write at offset 0, after every gradient write.
+void BlockTarget::command(uint64_t off, const uint8_t *src, uint64_t len)
+{
+	drain();
+	report_error();
 	while (len) {
 		const bool direct = aligned(src, off, len, block_);
 		const uint64_t n = direct ? len : std::min(len, bounce_bytes);
@@ -158,31 +181,133 @@ void BlockTarget::write(uint64_t off, const void *buf, uint64_t len)
 		if (w < 0 && errno == EINTR)
 			continue;
 		if (w != static_cast<ssize_t>(n))
-			refused(off == 0 ? "command" : "write", off, n, w < 0 ? errno : EIO);
+			refused("command", off, n, w < 0 ? errno : EIO);
 		src += n;
 		off += n;
 		len -= n;
 	}
 }
 
-void BlockTarget::read(uint64_t off, void *buf, uint64_t len)
+void BlockTarget::write(uint64_t off, const void *buf, uint64_t len)
 {
-	auto *dst = static_cast<uint8_t *>(buf);
+	auto *src = static_cast<const uint8_t *>(buf);
+	if (off % block_ || len % block_)
+		fail(CKPT_E_ALIGN, "write of {} bytes at {}: not {}-byte aligned", len, off, block_);
+	if (off < CKPT_BLOCK)
+		return command(off, src, len);
+	report_error();
 	while (len) {
-		if (aligned(dst, off, len, block_)) {
-			dev_.pread_all(dst, len, off);
-			return;
-		}
-		// Through the bounce buffer, widened to whole blocks.
-		const uint64_t lo = off / block_ * block_;
-		const uint64_t n = std::min(len, bounce_bytes - (off - lo) - block_);
-		const uint64_t hi = (off + n + block_ - 1) / block_ * block_;
-		dev_.pread_all(bounce_.as(), hi - lo, lo);
-		std::memcpy(dst, bounce_.as() + (off - lo), n);
-		dst += n;
+		const uint64_t n = std::min(len, slab_bytes);
+		const uint32_t si = slab_for(n);
+		Slab &s = slabs_[si];
+		uint8_t *dst = s.mem.as() + s.used;
+		std::memcpy(dst, src, n);
+		while (free_ios_.empty())
+			reap(true);
+		const uint32_t tag = free_ios_.back();
+		free_ios_.pop_back();
+		ios_[tag] = {off, n, si};
+		ring_.write(dev_.fd.get(), dst, static_cast<unsigned>(n), off, tag);
+		s.used += n;
+		s.writes++;
+		inflight_++;
+		queued_++;
+		queued_bytes_ += n;
+		if (queued_bytes_ >= batch_bytes || queued_ >= batch_writes)
+			submit();
+		src += n;
 		off += n;
 		len -= n;
 	}
+	reap(false);
+}
+
+// The slab to copy len bytes into: the current one while it has room, else
+// a free one (waiting for writes to complete while none is).
+uint32_t BlockTarget::slab_for(uint64_t len)
+{
+	if (cur_ != ~0u && !slabs_[cur_].writes)
+		slabs_[cur_].used = 0;		// all of it written: start again
+	if (cur_ != ~0u && slab_bytes - slabs_[cur_].used >= len)
+		return cur_;
+	cur_ = ~0u;	// full, with writes in flight: the last one frees it
+	while (free_slabs_.empty()) {
+		submit();
+		reap(true);
+	}
+	cur_ = free_slabs_.back();
+	free_slabs_.pop_back();
+	return cur_;
+}
+
+void BlockTarget::submit()
+{
+	if (!queued_)
+		return;
+	ring_.submit();
+	queued_ = 0;
+	queued_bytes_ = 0;
+}
+
+// Takes the completions there are (wait: at least one, submitting first).
+void BlockTarget::reap(bool wait)
+{
+	if (wait)
+		submit();
+	while (inflight_ > queued_) {
+		std::optional<std::pair<uint64_t, int>> c;
+		if (wait)
+			c = ring_.wait();
+		else if (!(c = ring_.peek()))
+			return;
+		wait = false;
+		const auto [tag, res] = *c;
+		const Io io = ios_[tag];
+		free_ios_.push_back(static_cast<uint32_t>(tag));
+		inflight_--;
+		if (static_cast<uint64_t>(res) != io.len && !error_) {
+			error_ = res < 0 ? -res : EIO;
+			error_off_ = io.off;
+			error_len_ = io.len;
+		}
+		Slab &s = slabs_[io.slab];
+		if (--s.writes == 0 && io.slab != cur_) {
+			s.used = 0;
+			free_slabs_.push_back(io.slab);
+		}
+	}
+}
+
+void BlockTarget::drain()
+{
+	submit();
+	while (inflight_)
+		reap(true);
+}
+
+// The first failed write, once, with what the target says of it; nothing
+// is in flight by then (the status page counts every write before it).
+void BlockTarget::report_error()
+{
+	if (!error_)
+		return;
+	drain();
+	const int err = std::exchange(error_, 0);
+	refused("write", error_off_, error_len_, err);
+}
+
+void BlockTarget::read(uint64_t off, void *buf, uint64_t len)
+{
+	const ReadPiece piece{off, buf, len};
+	read_many({&piece, 1});
+}
+
+// Every write before a read is complete when it is issued; the pieces go
+// down as one batch of O_DIRECT reads, straight into aligned memory.
+void BlockTarget::read_many(std::span<const ReadPiece> pieces)
+{
+	drain();
+	read_pieces(dev_, ring_, 16, pieces, bounce_);
 }
 
 } // namespace ckpt

@@ -353,6 +353,8 @@ size_t ckpt_abi_sizeof(const char *name)
 		return sizeof(struct ckpt_group_hparams);
 	if (n == "ckpt_device_status")
 		return sizeof(struct ckpt_device_status);
+	if (n == "ckpt_traffic")
+		return sizeof(struct ckpt_traffic);
 	return 0;
 }
 
@@ -769,6 +771,36 @@ int ckpt_read_params(ckpt_device *d, const char *name, uint16_t *out, uint64_t n
 		need(name, "name");
 		need(out, "out");
 		dev.read_params(name, out, n);
+		return 0;
+	});
+}
+
+int ckpt_read_params_multi(ckpt_device *d, uint32_t count, const char *const *names,
+			   uint16_t *const *outs, const uint64_t *ns)
+{
+	return with_device(d, [&](ckpt::Device &dev) {
+		if (count) {
+			need(names, "names");
+			need(outs, "outs");
+			need(ns, "ns");
+		}
+		std::vector<ckpt::ParamsOut> v;
+		for (uint32_t i = 0; i < count; i++) {
+			need(names[i], "name");
+			need(outs[i], "out");
+			v.push_back({names[i], outs[i], ns[i]});
+		}
+		dev.read_params_multi(v);
+		return 0;
+	});
+}
+
+int ckpt_traffic(ckpt_device *d, struct ckpt_traffic *out)
+{
+	return with_device(d, [&](ckpt::Device &dev) {
+		need(out, "traffic");
+		const ckpt::Traffic &t = dev.traffic();
+		*out = {t.grad_bytes, t.param_bytes, t.control_bytes, t.commands, t.status_reads};
 		return 0;
 	});
 }

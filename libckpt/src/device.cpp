@@ -79,49 +79,77 @@ struct ckpt_status Device::status()
 {
 	struct ckpt_status st;
 	target_->read(0, page_.as(), CKPT_BLOCK);
+	traffic_.status_reads++;
+	traffic_.control_bytes += CKPT_BLOCK;
 	check_core(ckpt_status_decode(page_.as(), &st), "status page");
+	committed_ = st.committed_step;
+	open_step_ = st.state == CKPT_STATE_OPEN ? st.open_step : 0;
+	known_ = true;
 	return st;
 }
 
+// A refused or failed command may leave the device other than the client
+// thought (a rollback message, a failed commit): the next step asks it.
 void Device::send(const struct ckpt_cmd &cmd)
 {
 	int len = ckpt_cmd_encode(&cmd, page_.as());
 	check_core(len, "encode command");
 	const uint64_t bs = target_->block_size();
 	uint64_t padded = (static_cast<uint64_t>(len) + bs - 1) / bs * bs;
-	target_->write(0, page_.as(), padded);
+	try {
+		target_->write(0, page_.as(), padded);
+	} catch (const Error &) {
+		known_ = false;
+		throw;
+	}
+	traffic_.commands++;
+	traffic_.control_bytes += padded;
 }
 
 void Device::begin(std::span<const GroupHparams> groups, double grad_scale)
 {
-	const struct ckpt_status st = status();
-	if (groups.size() != st.geo.n_groups)
+	if (groups.size() != geometry().n_groups)
 		fail(CKPT_E_GROUPS, "begin: {} hyperparameter groups given, the device has {}",
-		     groups.size(), st.geo.n_groups);
+		     groups.size(), geometry().n_groups);
 	if (!std::isfinite(grad_scale) || grad_scale <= 0)
 		fail(CKPT_E_HPARAM, "begin: grad_scale {} must be finite and positive", grad_scale);
-	struct ckpt_cmd &cmd = *cmd_;
-	cmd = {};
-	cmd.opcode = CKPT_OP_BEGIN;
-	cmd.step = st.committed_step + 1;
-	cmd.grad_scale = f32_bits(grad_scale);
-	cmd.n_groups = static_cast<uint32_t>(groups.size());
-	for (size_t i = 0; i < groups.size(); i++) {
+	for (size_t i = 0; i < groups.size(); i++)
 		check_hparams(groups[i], fmt::format("begin: group {}", i));
-		cmd.groups[i] = hparams_for_step(groups[i], cmd.step);
-		// What the target checks on the fp32 values (ckpt_hparams_check).
-		const char *field = nullptr;
-		if (ckpt_hparams_check(&cmd.groups[i], &field) < 0)
-			fail(CKPT_E_HPARAM, "begin: group {}: {} out of range at step {} (lr {}, betas ({}, {}), "
-					    "eps {}, weight_decay {})",
-			     i, field, cmd.step, groups[i].lr, groups[i].beta1, groups[i].beta2, groups[i].eps,
-			     groups[i].weight_decay);
+	if (!known_)
+		status();
+	struct ckpt_cmd &cmd = *cmd_;
+	// The step after the committed one as last seen; if the device moved
+	// since (a rollback message to the kernel target), it refuses the step
+	// (E_STEP, nothing changed): ask it, and once more.
+	for (bool again = true;; again = false) {
+		cmd = {};
+		cmd.opcode = CKPT_OP_BEGIN;
+		cmd.step = committed_ + 1;
+		cmd.grad_scale = f32_bits(grad_scale);
+		cmd.n_groups = static_cast<uint32_t>(groups.size());
+		for (size_t i = 0; i < groups.size(); i++) {
+			cmd.groups[i] = hparams_for_step(groups[i], cmd.step);
+			// What the target checks on the fp32 values (ckpt_hparams_check).
+			const char *field = nullptr;
+			if (ckpt_hparams_check(&cmd.groups[i], &field) < 0)
+				fail(CKPT_E_HPARAM, "begin: group {}: {} out of range at step {} (lr {}, betas ({}, {}), "
+						    "eps {}, weight_decay {})",
+				     i, field, cmd.step, groups[i].lr, groups[i].beta1, groups[i].beta2,
+				     groups[i].eps, groups[i].weight_decay);
+		}
+		try {
+			send(cmd);
+			break;
+		} catch (const Error &e) {
+			const uint64_t was = committed_;
+			if (e.code() != CKPT_E_STEP || !again || (status(), committed_ == was))
+				throw;
+		}
 	}
-	send(cmd);
 	groups_.assign(groups.begin(), groups.end());
-	if (counts_at_ != st.committed_step)
+	if (counts_at_ != committed_)
 		counts_.clear();
-	counts_at_ = st.committed_step;
+	counts_at_ = committed_;
 	pending_.clear();
 	open_step_ = cmd.step;
 }
@@ -130,10 +158,11 @@ CommitResult Device::commit(std::span<const uint8_t> blob)
 {
 	if (blob.size() > CKPT_BLOB_MAX)
 		fail(CKPT_E_BLOB, "commit: trainer blob of {} bytes, at most {}", blob.size(), CKPT_BLOB_MAX);
-	const struct ckpt_status st = status();
+	if (!known_)
+		status();
 	struct ckpt_cmd &cmd = *cmd_;
 	cmd.opcode = CKPT_OP_COMMIT;
-	cmd.step = st.state == CKPT_STATE_OPEN ? st.open_step : st.committed_step + 1;
+	cmd.step = open_step_ ? open_step_ : committed_ + 1;
 	cmd.n_groups = 0;
 	cmd.blob_len = static_cast<uint32_t>(blob.size());
 	if (!blob.empty())
@@ -147,6 +176,7 @@ CommitResult Device::commit(std::span<const uint8_t> blob)
 					  "tensors' counts); abort the step");
 		throw;
 	}
+	// The one status read of a step: committed, or skipped for an overflow.
 	if (status().last_result == CKPT_RESULT_OVERFLOW)
 		return CommitResult::overflow;
 	counts_ = std::move(pending_);	// untouched tensors are read again
@@ -159,13 +189,15 @@ CommitResult Device::commit(std::span<const uint8_t> blob)
 
 void Device::abort()
 {
-	const struct ckpt_status st = status();
+	if (!known_)
+		status();
 	struct ckpt_cmd &cmd = *cmd_;
 	cmd.opcode = CKPT_OP_ABORT;
-	cmd.step = st.open_step;
+	cmd.step = open_step_;
 	cmd.n_groups = 0;
 	cmd.blob_len = 0;
 	send(cmd);
+	open_step_ = 0;
 }
 
 // The ROLLBACK command, to either target: from the committed step, so a
@@ -198,6 +230,7 @@ uint64_t Device::rollback()
 		throw;
 	}
 	// The committed state changed under the caches of the newer one.
+	known_ = false;
 	counts_at_ = ~0ULL;
 	counts_.clear();
 	pending_.clear();
@@ -237,8 +270,10 @@ void Device::write_grad(const std::string &name, const uint16_t *grad, uint64_t 
 	// a failed body write leaves nothing to undo (the target changed nothing).
 	if (body)
 		target_->write(base, grad, body);
+	traffic_.grad_bytes += body;
 	if (tail)
 		target_->write(base + body, tail_.as(), tail);
+	traffic_.grad_bytes += tail;
 	pending_[name] = next;
 }
 
@@ -298,6 +333,7 @@ void Device::skip(const std::string &name)
 	for (uint64_t off = t.offset * 2, end = off + t.extent * 2; off < end;) {
 		const uint64_t n = std::min(end - off, cb - off % cb);	// up to a chunk end
 		target_->write(l.grad_off + off, zeros_.as(), n);
+		traffic_.grad_bytes += n;
 		off += n;
 	}
 	if (!pending_.count(name))
@@ -310,6 +346,7 @@ void Device::write_grad_window(uint64_t off, const void *buf, uint64_t len)
 	if (off > l.window_bytes || len > l.window_bytes - off)
 		fail(CKPT_E_RANGE, "gradient write of {} bytes at {}: beyond the GRAD window", len, off);
 	target_->write(l.grad_off + off, buf, len);
+	traffic_.grad_bytes += len;
 }
 
 // A bit flipped in committed p_lo would come back into a resumed model: before
@@ -351,6 +388,22 @@ void Device::read_params(const std::string &name, uint16_t *out, uint64_t n)
 	const Tensor &t = tensor(name, n);
 	check_params(t);
 	target_->read(layout().param_off + t.offset * 2, out, n * 2);
+	traffic_.param_bytes += n * 2;
+}
+
+void Device::read_params_multi(std::span<const ParamsOut> outs)
+{
+	std::vector<ReadPiece> pieces;
+	uint64_t bytes = 0;
+	for (const ParamsOut &o : outs) {
+		const Tensor &t = tensor(o.name, o.n);
+		pieces.push_back({layout().param_off + t.offset * 2, o.out, o.n * 2});
+		bytes += o.n * 2;
+	}
+	for (const ParamsOut &o : outs)
+		check_params(manifest().find(o.name));
+	target_->read_many(pieces);
+	traffic_.param_bytes += bytes;
 }
 
 void Device::read_state(const std::string &name, float *p, float *m, float *v, uint64_t n)
@@ -380,6 +433,7 @@ void Device::load_params(const std::vector<std::pair<std::string, std::span<cons
 		fail(CKPT_E_STATE, "load_params needs the userspace engine: load the backing device "
 				   "before the kernel target is created on it");
 	const struct ckpt_sb &sb = engine_->superblock();
+	known_ = false;
 	engine_->load_state(spans, sb.committed_step, {sb.blob, sb.blob_len});
 }
 
@@ -416,6 +470,7 @@ void Device::load_state(const std::vector<TensorState> &tensors, std::span<const
 		if (!given[i])
 			fail(CKPT_E_NAME, "load_state: tensor '{}' of the device is not given: the state is loaded whole",
 			     all[i].name);
+	known_ = false;
 	engine_->load_state(spans, step, blob);
 }
 

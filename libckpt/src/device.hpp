@@ -34,6 +34,26 @@ enum class CommitResult : uint32_t {
 	overflow = CKPT_RESULT_OVERFLOW,
 };
 
+// What a client moved through the virtual device since it was opened: the
+// bytes it wrote to the GRAD window (tails padded to the block size), read
+// from the PARAM window, and of control (commands written, status pages
+// read), with the count of commands and of status-page reads. The same
+// count whichever target serves the device (struct ckpt_traffic in ckpt.h).
+struct Traffic {
+	uint64_t grad_bytes = 0;
+	uint64_t param_bytes = 0;
+	uint64_t control_bytes = 0;
+	uint64_t commands = 0;
+	uint64_t status_reads = 0;
+};
+
+// One tensor's params to read back (Device::read_params_multi).
+struct ParamsOut {
+	std::string name;
+	uint16_t *out;
+	uint64_t n;
+};
+
 class Device {
 public:
 	static std::unique_ptr<Device> open(const std::string &path, const EngineOptions &opts = {});
@@ -73,6 +93,9 @@ public:
 	// step may be open; never two steps back.
 	uint64_t rollback();
 	void read_params(const std::string &name, uint16_t *out, uint64_t n);
+	// Several tensors' params in one batch: a step's read-back.
+	void read_params_multi(std::span<const ParamsOut> outs);
+	const Traffic &traffic() const { return traffic_; }
 	void read_state(const std::string &name, float *p, float *m, float *v, uint64_t n);
 	void load_params(const std::vector<std::pair<std::string, std::span<const float>>> &values);
 	// A whole optimizer state from outside (ckpt_load_state in ckpt.h): every
@@ -90,8 +113,13 @@ private:
 
 	// The open step's groups and step, and each tensor's step count as of
 	// counts_at_ (its committed step), with this step's changes in pending_.
+	// committed_ and open_step_ are what the last status page or command
+	// said (known_): a step needs no status read but the one after COMMIT.
 	std::vector<GroupHparams> groups_;
 	uint64_t open_step_ = 0;
+	uint64_t committed_ = 0;
+	bool known_ = false;
+	Traffic traffic_;
 	uint64_t counts_at_ = ~0ULL;
 	std::unordered_map<std::string, uint64_t> counts_, pending_;
 	Buffer zeros_;		// one chunk of zero gradients, for skip

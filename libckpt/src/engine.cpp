@@ -163,6 +163,7 @@ void Engine::start(const std::string &path)
 	};
 	ckpt_step_init(&step_, &ops_, this, &img_.sb, &mem);
 	bounce_ = Buffer(std::max<uint64_t>(l.record_bytes, l.plo_chunk_bytes + CKPT_BLOCK));
+	read_ring_ = std::make_unique<Ring>(32, opts_.io);
 
 	unsigned n = opts_.workers ? opts_.workers
 				   : std::clamp(std::thread::hardware_concurrency(), 1u, 4u);
@@ -222,36 +223,58 @@ void Engine::write(uint64_t off, const void *buf, uint64_t len)
 }
 
 // A read goes window by window, and chunk by chunk in the PARAM window, as
-// the core cuts it (the kernel target's dm_accept_partial_bio).
+// the core cuts it (the kernel target's dm_accept_partial_bio). The PARAM
+// pieces of every read of the call, each from the slot with its chunk's
+// latest values, are read together: one batch on the read ring, straight
+// into the caller's memory where it is aligned (or the file buffered).
 void Engine::read(uint64_t off, void *buf, uint64_t len)
+{
+	const ReadPiece piece{off, buf, len};
+	read_many({&piece, 1});
+}
+
+void Engine::read_many(std::span<const ReadPiece> pieces)
 {
 	std::lock_guard call(call_mu_);
 	drain();
-	auto *out = static_cast<uint8_t *>(buf);
-	while (len) {
-		struct ckpt_route r;
-		if (ckpt_step_route(&step_, off, len, 0, &r))
-			fail(CKPT_E_RANGE, "read of {} bytes at {}: beyond the device ({} bytes)", len, off,
-			     img_.sb.layout.virt_bytes);
-		if (r.window == CKPT_WIN_CTRL) {
-			struct ckpt_status st;
-			{
-				std::lock_guard lk(mu_);
-				ckpt_sm_status(&step_.sm, &img_.sb, &st);
-				st.grad_bytes = step_.grad_bytes;
+	const struct ckpt_layout &l = img_.sb.layout;
+	param_pieces_.clear();
+	uint64_t param_bytes = 0;
+	for (const ReadPiece &p : pieces) {
+		auto *out = static_cast<uint8_t *>(p.dst);
+		for (uint64_t off = p.off, len = p.len; len;) {
+			struct ckpt_route r;
+			if (ckpt_step_route(&step_, off, len, 0, &r))
+				fail(CKPT_E_RANGE, "read of {} bytes at {}: beyond the device ({} bytes)", len, off,
+				     l.virt_bytes);
+			if (r.window == CKPT_WIN_CTRL) {
+				struct ckpt_status st;
+				{
+					std::lock_guard lk(mu_);
+					ckpt_sm_status(&step_.sm, &img_.sb, &st);
+					st.grad_bytes = step_.grad_bytes;
+				}
+				st.param_bytes = param_bytes_;
+				ckpt_status_encode(&st, block_.as());
+				std::memcpy(out, block_.as() + r.off, r.len);
+			} else if (r.window == CKPT_WIN_GRAD) {
+				std::memset(out, 0, r.len);
+			} else {
+				uint32_t slot;
+				{
+					std::lock_guard lk(mu_);
+					slot = ckpt_sm_read_slot(&step_.sm, r.chunk);
+				}
+				param_pieces_.push_back({ckpt_plo_offset(&l, slot, r.chunk) + r.in, out, r.len});
+				param_bytes += r.len;
 			}
-			st.param_bytes = param_bytes_;
-			ckpt_status_encode(&st, block_.as());
-			std::memcpy(out, block_.as() + r.off, r.len);
-		} else if (r.window == CKPT_WIN_GRAD) {
-			std::memset(out, 0, r.len);
-		} else {
-			param_read(r, out);
+			out += r.len;
+			off += r.len;
+			len -= r.len;
 		}
-		out += r.len;
-		off += r.len;
-		len -= r.len;
 	}
+	read_pieces(img_.file, *read_ring_, 16, param_pieces_, bounce_);
+	param_bytes_ += param_bytes;
 }
 
 struct ckpt_status Engine::status()
@@ -638,21 +661,6 @@ void Engine::worker_main(Worker &w)
 }
 
 // ---------------------------------------------------------------- reads
-
-// One chunk's piece of a PARAM read, from the slot with its latest values.
-void Engine::param_read(const struct ckpt_route &r, uint8_t *buf)
-{
-	const struct ckpt_layout &l = img_.sb.layout;
-	uint32_t slot;
-	{
-		std::lock_guard lk(mu_);
-		slot = ckpt_sm_read_slot(&step_.sm, r.chunk);
-	}
-	const uint64_t lo = align_down(r.in, CKPT_BLOCK), hi = align_up(r.in + r.len, CKPT_BLOCK);
-	img_.file.pread_all(bounce_.as(), hi - lo, ckpt_plo_offset(&l, slot, r.chunk) + lo);
-	std::memcpy(buf, bounce_.as() + (r.in - lo), r.len);
-	param_bytes_ += r.len;
-}
 
 void Engine::read_state(uint64_t offset, uint64_t n, float *p, float *m, float *v)
 {

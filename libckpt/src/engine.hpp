@@ -31,6 +31,13 @@ public:
 	virtual ~Target() = default;
 	virtual void write(uint64_t off, const void *buf, uint64_t len) = 0;
 	virtual void read(uint64_t off, void *buf, uint64_t len) = 0;
+	// Several reads at once (offsets of the virtual device), as one batch
+	// where the target can (the read-back of a step's params).
+	virtual void read_many(std::span<const ReadPiece> pieces)
+	{
+		for (const ReadPiece &p : pieces)
+			read(p.off, p.dst, p.len);
+	}
 	// Writes must be multiples of it: 512 B, or 4 KiB on a 4Kn device.
 	virtual uint32_t block_size() const { return CKPT_SECTOR; }
 	// In a child forked from the process that opened it: closes this
@@ -77,6 +84,7 @@ public:
 
 	void write(uint64_t off, const void *buf, uint64_t len) override;
 	void read(uint64_t off, void *buf, uint64_t len) override;
+	void read_many(std::span<const ReadPiece> pieces) override;
 	void forsake() noexcept override { img_.file.fd.reset(); }
 
 	// Beyond the virtual device: what only the backing device knows.
@@ -125,7 +133,6 @@ private:
 	void command_done(int ret);
 	void rollback_locked(uint64_t step);	// ckpt_step_ops rollback; caller holds call_mu_
 	void grad_write(uint64_t off, const uint8_t *buf, uint64_t len);
-	void param_read(const struct ckpt_route &r, uint8_t *buf);
 	static const struct ckpt_step_ops ops_;
 
 	EngineOptions opts_;
@@ -140,7 +147,9 @@ private:
 	std::vector<uint32_t> stage_of_;	// chunk -> stage index or CKPT_STAGE_FREE
 	std::vector<uint8_t> modes_;		// COUNTS: what the open step does per block
 	Buffer block_;				// superblock/status/bounce
-	Buffer bounce_;				// PARAM reads, read_state
+	Buffer bounce_;				// PARAM reads' unaligned ends, read_state
+	std::unique_ptr<Ring> read_ring_;	// PARAM reads, batched (under call_mu_)
+	std::vector<ReadPiece> param_pieces_;	// a read's pieces in the backing file
 	uint64_t param_bytes_ = 0;
 	uint64_t load_step_ = 0;		// the step load_state commits
 	std::string io_message_;		// why the last flush or superblock write failed

@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: MIT
 #include "io.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <mutex>
 #include <random>
 #include <sstream>
+#include <vector>
 
 #include <fcntl.h>
 #include <linux/fs.h>
@@ -425,6 +427,94 @@ std::pair<uint64_t, int> Ring::wait()
 	std::pair<uint64_t, int> r{io_uring_cqe_get_data64(cqe), cqe->res};
 	io_uring_cqe_seen(&ring_, cqe);
 	return r;
+}
+
+std::optional<std::pair<uint64_t, int>> Ring::peek()
+{
+	if (sync_) {
+		if (done_.empty())
+			return std::nullopt;
+		std::pair<uint64_t, int> r = done_.front();
+		done_.pop_front();
+		return r;
+	}
+	io_uring_cqe *cqe;
+	if (io_uring_peek_cqe(&ring_, &cqe) < 0)
+		return std::nullopt;
+	std::pair<uint64_t, int> r{io_uring_cqe_get_data64(cqe), cqe->res};
+	io_uring_cqe_seen(&ring_, cqe);
+	return r;
+}
+
+void read_pieces(const BackingFile &f, Ring &ring, unsigned depth, std::span<const ReadPiece> pieces,
+		 Buffer &bounce)
+{
+	constexpr uint64_t block = 4096, max_io = 8u << 20;
+	// Each read; a bounced one at bounce offset `at`, its piece copied out after.
+	struct Io {
+		uint64_t off, len;
+		uint8_t *dst;
+		uint64_t at, skip, copy;	// bounced: bounce offset, bytes skipped, bytes copied
+		bool bounced;
+	};
+	std::vector<Io> ios;
+	uint64_t bounce_bytes = 0;
+	for (const ReadPiece &p : pieces) {
+		auto *dst = static_cast<uint8_t *>(p.dst);
+		uint64_t off = p.off, len = p.len;
+		const bool aligned = off % block == 0 && reinterpret_cast<uintptr_t>(dst) % block == 0;
+		const uint64_t body = !f.direct ? len : aligned ? len / block * block : 0;
+		for (uint64_t done = 0; done < body;) {
+			const uint64_t n = std::min(body - done, max_io);
+			ios.push_back({off + done, n, dst + done, 0, 0, 0, false});
+			done += n;
+		}
+		off += body;
+		dst += body;
+		len -= body;
+		if (!len)
+			continue;
+		const uint64_t lo = off / block * block, hi = (off + len + block - 1) / block * block;
+		ios.push_back({lo, hi - lo, dst, bounce_bytes, off - lo, len, true});
+		bounce_bytes += hi - lo;
+	}
+	if (bounce.size() < bounce_bytes)
+		bounce = Buffer(bounce_bytes);
+
+	std::string error;
+	size_t next = 0;
+	unsigned inflight = 0;
+	depth = std::max(1u, depth);
+	while (next < ios.size() || inflight) {
+		for (; next < ios.size() && inflight < depth && error.empty(); next++, inflight++) {
+			const Io &io = ios[next];
+			ring.read(f.fd.get(), io.bounced ? bounce.as() + io.at : io.dst, static_cast<unsigned>(io.len),
+				  io.off, next);
+		}
+		if (!inflight)
+			break;
+		ring.submit();
+		const auto [tag, res] = ring.wait();
+		inflight--;
+		const Io &io = ios[tag];
+		uint8_t *buf = io.bounced ? bounce.as() + io.at : io.dst;
+		if (res < 0) {
+			if (error.empty())
+				error = fmt::format("read of {} bytes at {} from {} failed: {}", io.len, io.off, f.path,
+						    strerror(-res));
+		} else if (static_cast<uint64_t>(res) < io.len && error.empty()) {
+			try {		// short: the rest at once
+				f.pread_all(buf + res, io.len - res, io.off + res);
+			} catch (const Error &e) {
+				error = e.what();
+			}
+		}
+	}
+	if (!error.empty())
+		throw Error(CKPT_E_IO, error);
+	for (const Io &io : ios)
+		if (io.bounced)
+			std::memcpy(io.dst, bounce.as() + io.at + io.skip, io.copy);
 }
 
 } // namespace ckpt

@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <optional>
+#include <span>
 #include <string>
 #include <utility>
 
@@ -153,6 +155,8 @@ public:
 	void submit();
 	// Waits for one completion; returns its tag and result (bytes or -errno).
 	std::pair<uint64_t, int> wait();
+	// A completion if one is there, without waiting.
+	std::optional<std::pair<uint64_t, int>> peek();
 	bool sync() const { return sync_; }
 
 private:
@@ -163,5 +167,21 @@ private:
 	bool sync_ = false;
 	std::deque<std::pair<uint64_t, int>> done_;	// sync: completed, not yet waited for
 };
+
+// One piece of a batched read: len bytes at off of a file into dst.
+struct ReadPiece {
+	uint64_t off;
+	void *dst;
+	uint64_t len;
+};
+
+// Reads every piece of f, at most `depth` reads in flight on ring (which
+// has none of its own in flight), each of at most 8 MiB. A piece whose file
+// offset and memory are 4 KiB aligned is read straight into dst; with
+// O_DIRECT, what is not (a tensor's tail, an odd caller buffer) goes through
+// bounce (grown as needed) widened to whole 4 KiB blocks, and is copied.
+// Throws on the first error, after every read in flight has completed.
+void read_pieces(const BackingFile &f, Ring &ring, unsigned depth, std::span<const ReadPiece> pieces,
+		 Buffer &bounce);
 
 } // namespace ckpt

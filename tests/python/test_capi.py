@@ -290,7 +290,7 @@ class TestLibraryLists(unittest.TestCase):
         import ctypes
         for cname, mirror in [("ckpt_info", ckpt._Info), ("ckpt_tensor_info", ckpt._TensorInfo),
                               ("ckpt_group_hparams", ckpt._HParams),
-                              ("ckpt_device_status", ckpt._Status)]:
+                              ("ckpt_device_status", ckpt._Status), ("ckpt_traffic", ckpt._Traffic)]:
             self.assertEqual(ckpt._lib.ckpt_abi_sizeof(cname.encode()), ctypes.sizeof(mirror), cname)
         self.assertEqual(ckpt._lib.ckpt_abi_sizeof(b"nonsense"), 0)
         # a mirror out of step fails the import

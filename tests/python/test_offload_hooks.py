@@ -92,6 +92,8 @@ class OffloadHooksTest(unittest.TestCase):
             # each gradient written once, each param read back once
             self.assertEqual(hopt.last_step_bytes, popt.last_step_bytes)
             self.assertEqual(hopt.last_step_bytes["params_read"], 2 * sum(p.numel() for p in hm.parameters()))
+            # and one status-page read, after the COMMIT
+            self.assertEqual(hopt.last_step_bytes["status_reads"], 1)
             self.assert_same_masters(hopt, popt, f"step {t}")
             for n in names:
                 r = tol_ratio(hopt.read_state(n)[0].numpy(), ref[n].detach().numpy())

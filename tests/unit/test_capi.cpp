@@ -3,6 +3,8 @@
 // checked before they are used.
 #include <gtest/gtest.h>
 
+#include <csignal>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -706,6 +708,51 @@ TEST_F(CapiTest, ImportRefusesHostileTensorSteps)
 	ASSERT_EQ(ckpt_tensor_step(d, "w", &count), 0) << ckpt_last_error();
 	EXPECT_EQ(count, 5u);
 	EXPECT_EQ(step_counts_after_a_step(d), (std::pair<uint64_t, uint64_t>{6, 4}));
+	ckpt_close(d);
+}
+
+} // namespace
+
+namespace {
+
+// A gradient write whose update fails behind it (the step's record slot
+// lies beyond RLIMIT_FSIZE: EFBIG) is taken, and the failure surfaces at
+// the COMMIT, which commits nothing: the committed step and the params read
+// back are those of before.
+TEST_F(CapiTest, AFailedWriteSurfacesAtCommitAndTheCommittedStepStays)
+{
+	char *json = nullptr;
+	ASSERT_EQ(ckpt_image_info(path_.c_str(), &json), 0) << ckpt_last_error();
+	const std::string j = take(json);
+	const size_t at = j.find("\"rec_off\":[");
+	ASSERT_NE(at, std::string::npos);
+	const uint64_t rec1 = std::stoull(j.substr(j.find(',', at) + 1));	// step 1 writes slot 1
+	ckpt_device *d = open();
+	std::vector<uint16_t> before(n_w), after(n_w), gw(n_w, 0x3c00), gb(n_b, 0xbc00);
+	ASSERT_EQ(ckpt_read_params(d, "w", before.data(), n_w), 0) << ckpt_last_error();
+	ASSERT_EQ(truncate(path_.c_str(), static_cast<off_t>(rec1)), 0);
+	struct rlimit old_lim;
+	ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old_lim), 0);
+	struct rlimit lim = old_lim;
+	lim.rlim_cur = rec1;
+	auto old_sig = signal(SIGXFSZ, SIG_IGN);
+	ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &lim), 0);
+	const int begun = ckpt_begin(d, &hp, 1, 1.0);
+	const int wrote = ckpt_write_grad(d, "b", gb.data(), n_b);	// one chunk: taken
+	const int committed = ckpt_commit(d, nullptr, 0);
+	const std::string why = ckpt_last_error();
+	setrlimit(RLIMIT_FSIZE, &old_lim);
+	signal(SIGXFSZ, old_sig);
+	EXPECT_EQ(begun, 0);
+	EXPECT_EQ(wrote, 0);
+	EXPECT_EQ(committed, -CKPT_E_IO) << why;
+	EXPECT_NE(why.find("File too large"), std::string::npos) << why;
+	struct ckpt_info info;
+	ASSERT_EQ(ckpt_info(d, &info), 0);
+	EXPECT_EQ(info.committed_step, 0u);
+	ASSERT_EQ(ckpt_read_params(d, "w", after.data(), n_w), 0) << ckpt_last_error();
+	EXPECT_EQ(before, after);
+	EXPECT_EQ(ckpt_commit(d, nullptr, 0), -CKPT_E_FAILED);
 	ckpt_close(d);
 }
 

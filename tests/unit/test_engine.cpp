@@ -346,6 +346,106 @@ TEST_F(EngineTest, WriteAfterAFailedUpdateReportsIt)
 	EXPECT_EQ(d->status().committed_step, 0u);
 }
 
+// The params each tensor should read back: its fp32 masters, rounded.
+std::vector<uint16_t> rounded_params(ckpt::Device &d, const ckpt::Tensor &t)
+{
+	std::vector<float> p(t.numel), m(t.numel), v(t.numel);
+	d.read_state(t.name, p.data(), m.data(), v.data(), t.numel);
+	std::vector<uint16_t> out(t.numel);
+	ckpt_round_params(d.geometry().dtype, reinterpret_cast<const uint32_t *>(p.data()), out.data(), t.numel);
+	return out;
+}
+
+// A step's read-back: every tensor in one batch, straight into 4 KiB aligned
+// memory or, skewed, through the bounce buffer; each chunk from the slot
+// with its latest params (mid-step: the updated chunk of c, the committed
+// ones of a and b); nothing written outside each tensor's span; the bytes
+// counted are the params asked for.
+TEST_F(EngineTest, ReadParamsMultiReadsEveryTensorInOneBatch)
+{
+	auto d = open();
+	const auto &ts = d->manifest().tensors();
+	std::vector<std::vector<float>> init;
+	std::vector<std::pair<std::string, std::span<const float>>> vals;
+	std::mt19937 rng(7);
+	std::normal_distribution<float> nd(0.0f, 0.02f);
+	for (const ckpt::Tensor &t : ts) {
+		init.emplace_back(t.numel);
+		for (float &x : init.back())
+			x = nd(rng);
+	}
+	for (size_t i = 0; i < ts.size(); i++)
+		vals.emplace_back(ts[i].name, init[i]);
+	d->load_params(vals);
+	step(*d);
+	d->begin(groups(), 1.0);
+	const ckpt::Tensor &c = d->manifest().find("c");
+	std::vector<uint16_t> gc(c.extent, 0x3f80);
+	d->write_grad_window(c.offset * 2, gc.data(), c.extent * 2);	// its own chunk: updated now
+	for (uint64_t skew : {0, 1, 3}) {
+		std::vector<uint64_t> at;
+		uint64_t words = skew;
+		for (const ckpt::Tensor &t : ts) {
+			at.push_back(words);
+			words += (t.numel + 2047) / 2048 * 2048 + skew;
+		}
+		ckpt::Buffer mem((words + 2048) * 2);
+		auto *w = mem.as<uint16_t>();
+		std::fill(w, w + words + 2048, 0xdead);
+		std::vector<ckpt::ParamsOut> outs;
+		for (size_t i = 0; i < ts.size(); i++)
+			outs.push_back({ts[i].name, w + at[i], ts[i].numel});
+		const uint64_t before = d->traffic().param_bytes;
+		d->read_params_multi(outs);
+		uint64_t bytes = 0;
+		for (size_t i = 0; i < ts.size(); i++) {
+			const std::vector<uint16_t> want = rounded_params(*d, ts[i]);
+			EXPECT_TRUE(std::equal(want.begin(), want.end(), w + at[i])) << ts[i].name << " skew " << skew;
+			EXPECT_EQ(w[at[i] + ts[i].numel], 0xdead) << ts[i].name << ": written past its end";
+			if (at[i]) {
+				EXPECT_EQ(w[at[i] - 1], 0xdead) << ts[i].name << ": written before its start";
+			}
+			bytes += ts[i].numel * 2;
+		}
+		EXPECT_EQ(d->traffic().param_bytes - before, bytes);
+	}
+	d->abort();
+}
+
+// A step asks the status page once, after COMMIT (committed or skipped):
+// BEGIN takes the step after the committed one the client last saw, COMMIT
+// the step it opened. Before, a step read it three times.
+TEST_F(EngineTest, AStepReadsTheStatusPageOnce)
+{
+	auto d = open();
+	step(*d);
+	const ckpt::Traffic t0 = d->traffic();
+	step(*d);
+	const ckpt::Traffic t1 = d->traffic();
+	EXPECT_EQ(t1.status_reads - t0.status_reads, 1u);
+	EXPECT_EQ(t1.commands - t0.commands, 2u);
+	EXPECT_EQ(t1.grad_bytes - t0.grad_bytes, d->layout().window_bytes);
+	EXPECT_EQ(t1.param_bytes - t0.param_bytes, 0u);
+	const uint64_t control = t1.control_bytes - t0.control_bytes;
+	EXPECT_GT(control, CKPT_BLOCK + 2 * CKPT_SECTOR - 1);
+	EXPECT_LE(control, 3u * CKPT_BLOCK);
+	EXPECT_EQ(d->status().committed_step, 2u);
+}
+
+// A device that moved under the client's last view (here the engine rolled
+// back behind the Device's back, as a rollback message does to the kernel
+// target) refuses the stale BEGIN, changing nothing; the client asks it and
+// opens the right step.
+TEST_F(EngineTest, BeginAfterTheDeviceMovedOpensTheRightStep)
+{
+	auto d = open();
+	step(*d);
+	step(*d);
+	ASSERT_EQ(d->engine()->rollback(), 1u);
+	step(*d);
+	EXPECT_EQ(d->status().committed_step, 2u);
+}
+
 // Writes return before their updates; the order the workers take them in
 // does not show: one worker with one queued chunk and the default pool give
 // the same PARAM reads mid-step and byte-identical images after the commit.

@@ -303,6 +303,38 @@ def rollback(mapper, dtype, ref_log, ref_st):
           f"step {step}; {same_state(st, ref_st)}")
 
 
+def kernel_client(mapper):
+    """The kernel client's writes are asynchronous: a write the target refuses
+    (a tensor's gradient written twice in a step) surfaces at a later call,
+    at the latest at COMMIT, which then commits nothing; the step is aborted
+    and the committed step stays. A step opened and aborted reads no status
+    page: BEGIN takes the committed step the client knows."""
+    with ckpt.open(mapper) as d:
+        step0 = d.committed_step
+        t = d.tensors()[0]
+        g = np.zeros(t["numel"], dtype=np.uint16 if d.dtype == "bf16" else np.float16)
+        groups = [{"lr": 1e-3, "weight_decay": 0.0}] * d.info()["n_groups"]
+        before = d.traffic()
+        d.begin(groups)
+        d.write_grad(t["name"], g)
+        err = None
+        try:
+            d.write_grad(t["name"], g)      # refused by the target, told later
+            d.commit(b"never")
+        except ckpt.CkptError as e:
+            err = e
+        check(f"kernel client: a gradient written twice through {mapper} is refused by a later "
+              f"call or the COMMIT (E_TWICE)", err is not None and err.name == "E_TWICE",
+              f"{err.name + ': ' + err.message if err else 'no error'}")
+        d.abort()
+        after = d.traffic()
+        check(f"kernel client: the step was aborted and step {step0} stays committed",
+              d.committed_step == step0, f"committed step {d.committed_step}")
+        check("kernel client: BEGIN, two writes and ABORT read the status page only to "
+              "word the refusal", after["status_reads"] - before["status_reads"] <= 1,
+              f"{after} vs {before}")
+
+
 def after(dev, dtype):
     """The userspace engine on the backing device after the kernel target."""
     _, ref_blobs, ref_st = load_ref(dtype)
@@ -382,6 +414,7 @@ def main(argv):
     elif phase == "resume":
         (mapper,) = argv[1:]
         resume(mapper, "bf16")
+        kernel_client(mapper)
     elif phase == "check":
         dev, mapper = argv[1:]
         after(dev, "bf16")

@@ -121,6 +121,12 @@ class _TensorInfo(ctypes.Structure):
                 ("numel", ctypes.c_uint64), ("offset", ctypes.c_uint64)]
 
 
+class _Traffic(ctypes.Structure):
+    _fields_ = [("grad_bytes", ctypes.c_uint64), ("param_bytes", ctypes.c_uint64),
+                ("control_bytes", ctypes.c_uint64), ("commands", ctypes.c_uint64),
+                ("status_reads", ctypes.c_uint64)]
+
+
 _lib.ckpt_status_field.restype = ctypes.c_char_p
 _lib.ckpt_status_field.argtypes = [ctypes.c_uint32]
 
@@ -160,6 +166,8 @@ for _name, _res, _args in [
     ("ckpt_abort", _int, [_vp]),
     ("ckpt_rollback", _int, [_vp, ctypes.POINTER(ctypes.c_uint64)]),
     ("ckpt_read_params", _int, [_vp, _cp, _u16p, _u64]),
+    ("ckpt_read_params_multi", _int, [_vp, _u32, ctypes.POINTER(_cp), ctypes.POINTER(_u16p), _u64p]),
+    ("ckpt_traffic", _int, [_vp, ctypes.POINTER(_Traffic)]),
     ("ckpt_read_state", _int, [_vp, _cp, _f32p, _f32p, _f32p, _u64]),
     ("ckpt_blob", _int, [_vp, _vp, ctypes.c_size_t]),
     ("ckpt_status", _int, [_vp, ctypes.POINTER(_Status)]),
@@ -181,7 +189,8 @@ for _name, _res, _args in [
 
 # The mirrors above must be the library's structs, byte for byte.
 for _cname, _mirror in [("ckpt_info", _Info), ("ckpt_tensor_info", _TensorInfo),
-                        ("ckpt_group_hparams", _HParams), ("ckpt_device_status", _Status)]:
+                        ("ckpt_group_hparams", _HParams), ("ckpt_device_status", _Status),
+                        ("ckpt_traffic", _Traffic)]:
     if _lib.ckpt_abi_sizeof(_cname.encode()) != ctypes.sizeof(_mirror):
         raise ImportError(f"ckpt: struct {_cname} is {_lib.ckpt_abi_sizeof(_cname.encode())} bytes in "
                           f"{_lib._name}, {ctypes.sizeof(_mirror)} in this package: they are out of step")
@@ -424,6 +433,15 @@ class Device:
         d["dtype"] = _DTYPE_NAMES.get(d["dtype"], d["dtype"])
         return d
 
+    def traffic(self):
+        """What this handle moved through the virtual device since it was opened
+        (the same count on the engine and the kernel target): grad_bytes written,
+        param_bytes read, control_bytes (commands, status pages), and the number
+        of commands and status_reads."""
+        t = _Traffic()
+        _check(_lib.ckpt_traffic(self._handle(), ctypes.byref(t)))
+        return {f: getattr(t, f) for f, _ in _Traffic._fields_}
+
     def uuid(self):
         """The image's uuid, "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"."""
         u = (ctypes.c_uint8 * 16)()
@@ -576,6 +594,21 @@ class Device:
         if self.dtype == "fp16":
             out = out.view(np.float16)
         return out.reshape(t["shape"])
+
+    def read_params_multi(self, names, outs):
+        """The params of several tensors in one batch into outs (contiguous uint16
+        arrays of each tensor's numel, reused across steps; 4 KiB aligned ones
+        are read into directly)."""
+        c_names = [_name_bytes(n) for n in names]
+        for name, out in zip(names, outs):
+            numel = self._tensor(name)["numel"]
+            if out.dtype != np.uint16 or out.size != numel or not out.flags.c_contiguous:
+                raise CkptError(ERRORS.index("E_SIZE"), f"read_params_multi {name!r}: out must be a "
+                                f"contiguous uint16 array of {numel} elements")
+        n = len(c_names)
+        _check(_lib.ckpt_read_params_multi(self._handle(), n, (ctypes.c_char_p * n)(*c_names),
+                                           (_u16p * n)(*[o.ctypes.data_as(_u16p) for o in outs]),
+                                           (ctypes.c_uint64 * n)(*[o.size for o in outs])))
 
     def read_state(self, name):
         """fp32 (param, exp_avg, exp_avg_sq) of the latest applied step."""

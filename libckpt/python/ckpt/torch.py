@@ -300,7 +300,7 @@ class OffloadAdamW(torch.optim.Optimizer):
         self._hooked = None             # the step opened from backward: see _hook_begin
         self._last_scale = 1.0          # the last step's grad_scale without its clip coefficient
         self._hook_handles = []
-        self.last_step_bytes = None     # {"grad_written", "params_read"} of the last step
+        self.last_step_bytes = None     # {"grad_written", "params_read", "control", "status_reads"}
 
         self.device = None
         try:
@@ -632,10 +632,13 @@ class OffloadAdamW(torch.optim.Optimizer):
             raise
 
     def _byte_counts(self):
-        """The device's counts of gradient bytes written and param bytes read (the
-        engine and the kernel target count both, in their status)."""
-        st = self.device.status()
-        return {"grad_written": int(st["grad_bytes"]), "params_read": int(st["param_bytes"])}
+        """What the device handle moved (the same count on the engine and the
+        kernel target, kept by the client: no status read): gradient bytes
+        written, param bytes read, control bytes (commands and status pages) and
+        status-page reads."""
+        t = self.device.traffic()
+        return {"grad_written": t["grad_bytes"], "params_read": t["param_bytes"],
+                "control": t["control_bytes"], "status_reads": t["status_reads"]}
 
     # -- gradients on their way to the device
     def _groups(self):
@@ -645,24 +648,32 @@ class OffloadAdamW(torch.optim.Optimizer):
     def _make_buffers(self):
         """One flat low-precision buffer for every param's gradient and one for the
         params read back, views per param, made once (pinned when the params are on
-        CUDA: their copies then run on a side stream, non-blocking)."""
+        CUDA: their copies then run on a side stream, non-blocking). Each param's
+        read-back view starts on a 4 KiB boundary, so the device reads into it
+        directly (O_DIRECT) and only a tail shorter than 4 KiB goes through a
+        bounce buffer."""
         lowp = torch.bfloat16 if self.device.dtype == "bf16" else torch.float16
-        total = sum(p.numel() for _, p, _ in self._flat)
+        sizes = [p.numel() for _, p, _ in self._flat]
         cuda = any(p.is_cuda for _, p, _ in self._flat)
         self._cuda = cuda
         self._stream = torch.cuda.Stream() if cuda else None
-        self._gflat = torch.empty(total, dtype=lowp, pin_memory=cuda)
-        self._pflat = torch.empty(total, dtype=lowp, pin_memory=cuda)
+        self._gflat = torch.empty(sum(sizes), dtype=lowp, pin_memory=cuda)
+        page = 4096 // 2
+        starts = [0]
+        for k in sizes:
+            starts.append(starts[-1] + (k + page - 1) // page * page)
+        raw = torch.empty(starts[-1] + page, dtype=lowp, pin_memory=cuda)
+        shift = (-raw.data_ptr() % 4096) // 2
+        self._pflat = raw[shift:shift + starts[-1]]
         self._gbuf, self._gwords, self._pbuf, self._pwords = [], [], [], []
         off = 0
-        for _, p, _ in self._flat:
-            k = p.numel()
-            for flat, bufs, words in ((self._gflat, self._gbuf, self._gwords),
-                                      (self._pflat, self._pbuf, self._pwords)):
-                b = flat[off:off + k]
+        for k, start in zip(sizes, starts):
+            for b, bufs, words in ((self._gflat[off:off + k], self._gbuf, self._gwords),
+                                   (self._pflat[start:start + k], self._pbuf, self._pwords)):
                 bufs.append(b)
                 words.append(b.view(torch.int16).numpy().view(np.uint16))
             off += k
+        self._pnames = [n for n, _, _ in self._flat]
 
     def _write_grad(self, i):
         """p.grad, rounded to the device's dtype (negated for maximize) in its reused
@@ -740,10 +751,7 @@ class OffloadAdamW(torch.optim.Optimizer):
     def _hook_abort(self):
         h, self._hooked = self._hooked, None
         if h is not None and not h.get("failed_begin") and getattr(self, "device", None) is not None:
-            try:
-                self.device.abort()
-            except CkptError:
-                pass
+            self._abort()
 
     @contextlib.contextmanager
     def accumulating(self):
@@ -756,10 +764,15 @@ class OffloadAdamW(torch.optim.Optimizer):
             self._accumulating = prev
 
     def _abort(self):
-        try:
-            self.device.abort()
-        except CkptError:
-            pass
+        """Aborts the open step. A failure of an earlier gradient write is
+        reported by the next call, once, instead of doing it (the kernel
+        target's client writes asynchronously): then the abort is sent again."""
+        for _ in range(2):
+            try:
+                self.device.abort()
+                return
+            except CkptError:
+                pass
 
     def _grads(self):
         """Every param's gradient as the device applies it (None: no gradient):
@@ -792,9 +805,8 @@ class OffloadAdamW(torch.optim.Optimizer):
             for (_, p, _), off in zip(self._flat, self._shard.offsets):
                 p.data.copy_(flat[off:off + p.numel()].view(p.shape))
             return
-        dev = self.device
+        self.device.read_params_multi(self._pnames, self._pwords)
         for i, (n, p, _) in enumerate(self._flat):
-            dev.read_params(n, out=self._pwords[i])
             src = self._pbuf[i].view(p.shape)
             if p.is_cuda:
                 # Reviewed, not run here: from the pinned buffer on the side
