@@ -137,7 +137,7 @@ TEST_F_TIMEOUT(torn, param_reads_return_one_step, 300)
 	uint16_t *grad = calloc(m->l.n_params, 2);
 	struct ck_rng r = { 99 };
 	pthread_t th[READERS];
-	char table[1024], bk[64];
+	char table[1024], bk[64], why[256];
 	uint64_t step, i;
 	int fd, n;
 
@@ -194,11 +194,7 @@ TEST_F_TIMEOUT(torn, param_reads_return_one_step, 300)
 	       (unsigned long long)(step - 1));
 	EXPECT_EQ(0, atomic_load(&t->bad)) TH_LOG("%s", t->why);
 	EXPECT_LT(STEPS, atomic_load(&t->reads));
-	{
-		char why[256];
-
-		EXPECT_EQ(0, ck_model_verify(m, why, sizeof(why))) TH_LOG("%s", why);
-	}
+	EXPECT_EQ(0, ck_model_verify(m, why, sizeof(why))) TH_LOG("%s", why);
 }
 
 TEST_HARNESS_MAIN
