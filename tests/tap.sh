@@ -52,3 +52,30 @@ has() {	# has PATTERN COMMAND...: COMMAND succeeds and prints PATTERN
 	"$@" >"$TAP_OUT.2" 2>&1 || { cat "$TAP_OUT.2"; return 1; }
 	grep -q -- "$pattern" "$TAP_OUT.2" || { cat "$TAP_OUT.2"; return 1; }
 }
+
+# checks DESCRIPTION COMMAND...: COMMAND prints a line "PASS what" or
+# "FAIL what" per check of its own (the Python halves of the VM tests), each
+# of which becomes a TAP line, its other lines comments; then one more test:
+# COMMAND exited 0.
+checks() {
+	desc=$1
+	shift
+	t0=$(date +%s)
+	"$@" >"$TAP_OUT.checks" 2>&1
+	rc=$?
+	while IFS= read -r line; do
+		case $line in
+		"PASS "*) n=$((n + 1)); echo "ok $n - ${line#PASS }" ;;
+		"FAIL "*) n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - ${line#FAIL }" ;;
+		"#"*) echo "$line" ;;
+		*) echo "# $line" ;;
+		esac
+	done <"$TAP_OUT.checks"
+	n=$((n + 1))
+	if [ $rc = 0 ]; then
+		echo "ok $n - $desc: exit 0 ($(($(date +%s) - t0)) s)"
+	else
+		echo "not ok $n - $desc: exit $rc ($(($(date +%s) - t0)) s)"
+		failed=$((failed + 1))
+	fi
+}

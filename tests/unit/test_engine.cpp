@@ -69,6 +69,23 @@ protected:
 
 	static std::vector<ckpt::GroupHparams> groups() { return std::vector<ckpt::GroupHparams>(2); }
 
+	// One committed step of the same random bf16 gradients on every device
+	// (their layouts alike)
+	template <class Rng>
+	static void step_alike(std::initializer_list<ckpt::Device *> devs, Rng &rng,
+			       std::normal_distribution<float> &nd)
+	{
+		const struct ckpt_layout &l = (*devs.begin())->layout();
+		std::vector<uint16_t> g(l.n_params);
+		for (uint16_t &x : g)
+			x = ckpt_f32_to_bf16(std::bit_cast<uint32_t>(nd(rng) * 1e-3f));
+		for (ckpt::Device *d : devs) {
+			d->begin(groups(), 1.0);
+			d->write_grad_window(0, g.data(), l.window_bytes);
+			ASSERT_EQ(d->commit({}), ckpt::CommitResult::committed);
+		}
+	}
+
 	// A step of g over the whole window that overflows: open with the
 	// overflow seen, skipped at commit, committed_step still `committed`.
 	static struct ckpt_status skipped_step(ckpt::Device &d, std::span<const ckpt::GroupHparams> gs,
@@ -1109,17 +1126,9 @@ TEST_F(EngineTest, EightBitMomentsStepLoadAndRead)
 	for (auto *d : {d32.get(), d8.get()})
 		d->load_params({{"a", a}, {"b", b}, {"c", c}});
 
-	const struct ckpt_layout &l = d8->layout();
 	std::vector<float> p32(5000), m32(5000), v32(5000), p8(5000), m8(5000), v8(5000);
 	for (int step = 1; step <= 8; step++) {
-		std::vector<uint16_t> g(l.n_params);
-		for (uint16_t &x : g)
-			x = ckpt_f32_to_bf16(std::bit_cast<uint32_t>(nd(rng) * 1e-3f));
-		for (auto *d : {d32.get(), d8.get()}) {
-			d->begin(groups(), 1.0);
-			d->write_grad_window(0, g.data(), l.window_bytes);
-			ASSERT_EQ(d->commit({}), ckpt::CommitResult::committed);
-		}
+		ASSERT_NO_FATAL_FAILURE(step_alike({d32.get(), d8.get()}, rng, nd));
 		d32->read_state("a", p32.data(), m32.data(), v32.data(), 5000);
 		d8->read_state("a", p8.data(), m8.data(), v8.data(), 5000);
 		if (step == 1) {
@@ -1228,18 +1237,10 @@ TEST_F(EngineTest, Bf16MastersStepLoadAndRead)
 		EXPECT_LT(up, 3000u);
 	}
 
-	const struct ckpt_layout &l = db->layout();
 	std::vector<float> p8(5000), m8(5000), v8(5000);
 	std::vector<uint16_t> plo(5000);
 	for (int step = 1; step <= 8; step++) {
-		std::vector<uint16_t> g(l.n_params);
-		for (uint16_t &x : g)
-			x = ckpt_f32_to_bf16(std::bit_cast<uint32_t>(nd(rng) * 1e-3f));
-		for (auto *d : {d8.get(), db.get()}) {
-			d->begin(groups(), 1.0);
-			d->write_grad_window(0, g.data(), l.window_bytes);
-			ASSERT_EQ(d->commit({}), ckpt::CommitResult::committed);
-		}
+		ASSERT_NO_FATAL_FAILURE(step_alike({d8.get(), db.get()}, rng, nd));
 		d8->read_state("a", p8.data(), m8.data(), v8.data(), 5000);
 		db->read_state("a", pb.data(), mb.data(), vb.data(), 5000);
 		db->read_params("a", plo.data(), 5000);

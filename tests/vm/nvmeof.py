@@ -36,6 +36,9 @@ import torch  # noqa: E402
 import ckpt  # noqa: E402
 import ckpt.torch  # noqa: E402
 
+import checks  # noqa: E402 - tests/vm/checks.py, beside this file
+from checks import check, say  # noqa: E402
+
 SEED = 4321
 WARM = 1            # steps before the bytes are counted (the client's first reads)
 MEASURE = 4         # steps counted
@@ -50,23 +53,8 @@ HOST_IDS = {HOST_NQN: "5f0e2c1a-6d4b-4c7e-9a51-000000000001",
             HOST_NQN + "-other": "5f0e2c1a-6d4b-4c7e-9a51-000000000002"}
 PORT = "4420"
 TMP = tempfile.gettempdir()
-failures = 0
 # fp32 params on a bf16 device, as the engine's reference has them too
 warnings.filterwarnings("ignore", category=ckpt.torch.PrecisionWarning)
-
-
-def say(*a):
-    print(*a, flush=True)
-
-
-def check(what, cond, why=""):
-    global failures
-    if cond:
-        say(f"PASS {what}")
-    else:
-        failures += 1
-        say(f"FAIL {what}{': ' + why if why else ''}")
-    return cond
 
 
 def model_and_groups():
@@ -280,7 +268,7 @@ def main():
         train_remote(sys.argv[2], sys.argv[3])
     else:
         raise SystemExit("usage: nvmeof.py prep IMG PLAIN REF | train ADDR REF IFACE")
-    return 1 if failures else 0
+    return 1 if checks.failures else 0
 
 
 if __name__ == "__main__":

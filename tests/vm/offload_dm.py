@@ -42,6 +42,9 @@ import torch  # noqa: E402
 import ckpt  # noqa: E402
 import ckpt.torch  # noqa: E402
 
+import checks  # noqa: E402 - tests/vm/checks.py, beside this file
+from checks import check, say  # noqa: E402
+
 SEED = 1234
 STEPS_BEFORE = 3      # userspace engine on the backing device
 STEPS_TOTAL = 8       # then 5 through the kernel target
@@ -49,21 +52,6 @@ CHUNK = 2048          # the smallest chunk: 3 chunks (groups never share one)
 TMP = tempfile.gettempdir()   # the guest's /tmp (hostrun sets TMPDIR)
 REF = os.path.join(TMP, "offload_ref")
 T0 = time.monotonic()
-failures = 0
-
-
-def say(*a):
-    print(*a, flush=True)
-
-
-def check(what, cond, why=""):
-    global failures
-    if cond:
-        say(f"PASS {what}")
-    else:
-        failures += 1
-        say(f"FAIL {what}{': ' + why if why else ''}")
-    return cond
 
 
 def model_and_groups():
@@ -433,8 +421,8 @@ def main(argv):
     else:
         raise SystemExit(f"unknown phase {phase}")
     say(f"# offload_dm.py {phase}: {time.monotonic() - T0:.1f} s after the imports, "
-        f"{failures} failure(s)")
-    return 1 if failures else 0
+        f"{checks.failures} failure(s)")
+    return 1 if checks.failures else 0
 
 
 if __name__ == "__main__":

@@ -37,25 +37,7 @@ t_start=$(date +%s)
 # py PHASE ARGS...: offload_dm.py in the host's Python; each of its PASS/FAIL
 # lines is a TAP line, then one more for the process's exit status.
 py() {
-	phase=$1
-	t=$(date +%s)
-	hostrun /usr/bin/python3 "$pyfile" "$@" >"$TAP_OUT.py" 2>&1
-	rc=$?
-	while IFS= read -r line; do
-		case $line in
-		"PASS "*) n=$((n + 1)); echo "ok $n - ${line#PASS }" ;;
-		"FAIL "*) n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - ${line#FAIL }" ;;
-		"#"*) echo "$line" ;;
-		*) echo "# $line" ;;
-		esac
-	done <"$TAP_OUT.py"
-	n=$((n + 1))
-	if [ $rc = 0 ]; then
-		echo "ok $n - offload_dm.py $phase: exit 0 ($(($(date +%s) - t)) s)"
-	else
-		echo "not ok $n - offload_dm.py $phase: exit $rc ($(($(date +%s) - t)) s)"
-		failed=$((failed + 1))
-	fi
+	checks "offload_dm.py $1" hostrun /usr/bin/python3 "$pyfile" "$@"
 }
 
 finish() {

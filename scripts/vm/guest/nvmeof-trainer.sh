@@ -20,24 +20,7 @@ ok "the host's / is shared into the guest (hostrun)" command -v hostrun
 ok "nvme-tcp is loaded" test -d /sys/module/nvme_tcp
 ok "the storage node ($addr) answers" ping -c 1 -W 30 "$addr"
 
-t=$(date +%s)
-hostrun /usr/bin/python3 "$pyfile" train "$addr" "$ref" eth0 >"$TAP_OUT.py" 2>&1
-rc=$?
-while IFS= read -r line; do
-	case $line in
-	"PASS "*) n=$((n + 1)); echo "ok $n - ${line#PASS }" ;;
-	"FAIL "*) n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - ${line#FAIL }" ;;
-	"#"*) echo "$line" ;;
-	*) echo "# $line" ;;
-	esac
-done <"$TAP_OUT.py"
-n=$((n + 1))
-if [ $rc = 0 ]; then
-	echo "ok $n - nvmeof.py train: exit 0 ($(($(date +%s) - t)) s)"
-else
-	echo "not ok $n - nvmeof.py train: exit $rc ($(($(date +%s) - t)) s)"
-	failed=$((failed + 1))
-fi
+checks "nvmeof.py train" hostrun /usr/bin/python3 "$pyfile" train "$addr" "$ref" eth0
 # a deleted controller leaves sysfs a moment later
 i=0
 while grep -qs tcp /sys/class/nvme/*/transport && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
