@@ -10,7 +10,7 @@ export CKPT_RELIABILITY_BUILD := $(CURDIR)/$(BUILD)
 
 .PHONY: all deps deps-userspace install check-dkms configure check reliability demo bench clean check-unit check-asan kmod check-vm \
 	check-powercut check-logreplay check-aarch64 vm-shell bench-vm fuzz-build check-fuzz fuzz fuzz-corpus check-tsan \
-	crash-campaign crash-campaign-userspace crash-campaign-kernel kernel-debug check-kdebug
+	crash-campaign crash-campaign-userspace crash-campaign-kernel crash-campaign-ranks kernel-debug check-kdebug
 
 all: configure
 	cmake --build $(BUILD) -j$(JOBS)
@@ -113,7 +113,22 @@ CKPT_CRASH_TORN_ALL ?= 1
 CKPT_CRASH_RESUME_EVERY ?= 1
 CKPT_CRASH_SEED ?= 1
 
-crash-campaign: crash-campaign-userspace crash-campaign-kernel
+crash-campaign: crash-campaign-userspace crash-campaign-kernel crash-campaign-ranks
+
+# sharded OffloadAdamW (2 ranks over gloo): RANK_KILLS random SIGKILLs of one
+# rank or both, each restart resuming all ranks at one step, every finished
+# run bit-identical to one device (tests/python/test_offload_shard.py; about
+# 2.5 s a kill here)
+RANK_KILLS ?= 200
+crash-campaign-ranks:
+	$(MAKE) all
+	rc=0; CKPT_SHARD_KILLS=$(RANK_KILLS) PYTHONPATH=$(BUILD)/python PYTHONDONTWRITEBYTECODE=1 \
+		$(PYTHON) -m unittest discover -s tests/python -p test_offload_shard.py \
+		-k test_kills_resume_at_one_step || rc=1; \
+	scripts/reliability.py record --build $(BUILD) --name rank-kills \
+		--what "sharded OffloadAdamW, 2 ranks over gloo, one rank or both SIGKILLed at random; every restart resumes all ranks at one step, every finished run bit-identical to one device" \
+		--count $(RANK_KILLS) --unit kills --lost $$rc --target "make crash-campaign-ranks"; \
+	scripts/reliability.py update --build $(BUILD); exit $$rc
 
 # the kernel's part: the VM suite on every kernel and CPU model (and 8-bit
 # moments on both kernels), 200 power cuts, and the log replay of a longer
