@@ -20,6 +20,8 @@
 #
 #   scripts/vm/powercut.sh [--cuts N] [--steps N] [--params N] [--seed N]
 #                          [--kernel K] [--cpu C] [--max-delay SEC]
+# A cut comes at most --max-delay seconds into stepping, drawn over the time
+# the steps left take (learnt from the boots that ran to the end).
 # Environment: BUILD (default build), CKPT_VM_RUN_ARGS. The last line is
 # "N passed, N failed"; the result goes to docs/reliability.md.
 set -uo pipefail
@@ -82,24 +84,33 @@ check_image() {
 	expect_from=$at
 }
 
+now_ms() { echo $((${EPOCHREALTIME/./} / 1000)); }
 img=$work/cut.img
 cp "$work/base.img" "$img"
-done_cuts=0 boot=0 expect_from=0
+done_cuts=0 boot=0 expect_from=0 step_ms=$((max_delay * 1000 / steps))
 while [ $done_cuts -lt "$cuts" ]; do
 	boot=$((boot + 1))
 	log=$work/boot$boot.log
 	"$RUN" --kernel "$kernel" --cpu "$cpu" --quiet --image "$img" --log "$log" --timeout 900 "${run_args[@]}" \
 		"$VM_DIR/guest/powercut.sh" "$steps" "$seed" 2>"$work/boot$boot.runner" &
 	runner=$!
-	# wait until the guest steps, then cut at a random moment
+	# wait until the guest steps, then cut at a random moment of the steps
+	# it has left (step_ms each, as the last boot that ran to the end took:
+	# a cut drawn past the end is a boot lost)
 	while kill -0 $runner 2>/dev/null && ! grep -aq '^powercut: stepping' "$log" 2>/dev/null; do sleep 0.2; done
-	delay=$((RANDOM % (max_delay * 1000)))
+	t_stepping=$(now_ms)
+	from=$(sed -n 's/^powercut: resumed at step \([0-9]*\).*/\1/p' "$log" | tr -d '\r' | tail -1)
+	window=$((step_ms * (steps - ${from:-0})))
+	[ $window -ge 1 ] && [ $window -le $((max_delay * 1000)) ] || window=$((max_delay * 1000))
+	delay=$(((RANDOM * 32768 + RANDOM) % window))
 	sleep "$(printf '%d.%03d' $((delay / 1000)) $((delay % 1000)))"
 	cut=0
 	if kill -0 $runner 2>/dev/null && pkill -KILL -f -- "file=$img,"; then cut=1; fi
 	wait $runner
 	rc=$?
-	from=$(sed -n 's/^powercut: resumed at step \([0-9]*\).*/\1/p' "$log" | tr -d '\r' | tail -1)
+	if [ $cut = 0 ] && [ $rc = 0 ] && [ "${from:-$steps}" -lt "$steps" ]; then
+		step_ms=$((($(now_ms) - t_stepping) * 9 / 10 / (steps - from)))
+	fi
 	if [ -z "$from" ]; then
 		not_ok "boot $boot: the guest did not resume (status $rc; $work/boot$boot.runner, $log)"
 		break
