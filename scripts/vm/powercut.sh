@@ -89,6 +89,11 @@ img=$work/cut.img
 cp "$work/base.img" "$img"
 done_cuts=0 boot=0 expect_from=0 step_ms=$((max_delay * 1000 / steps))
 while [ $done_cuts -lt "$cuts" ]; do
+	# near the end the steps left are too short to cut into: start over
+	if [ "$expect_from" -ge $((steps * 3 / 4)) ]; then
+		cp "$work/base.img" "$img"
+		expect_from=0
+	fi
 	boot=$((boot + 1))
 	log=$work/boot$boot.log
 	"$RUN" --kernel "$kernel" --cpu "$cpu" --quiet --image "$img" --log "$log" --timeout 900 "${run_args[@]}" \
@@ -100,7 +105,7 @@ while [ $done_cuts -lt "$cuts" ]; do
 	while kill -0 $runner 2>/dev/null && ! grep -aq '^powercut: stepping' "$log" 2>/dev/null; do sleep 0.2; done
 	t_stepping=$(now_ms)
 	from=$(sed -n 's/^powercut: resumed at step \([0-9]*\).*/\1/p' "$log" | tr -d '\r' | tail -1)
-	window=$((step_ms * (steps - ${from:-0})))
+	window=$((300 + step_ms * (steps - ${from:-0})))	# ckpt-trace's start, then the steps
 	[ $window -ge 1 ] && [ $window -le $((max_delay * 1000)) ] || window=$((max_delay * 1000))
 	delay=$(((RANDOM * 32768 + RANDOM) % window))
 	sleep "$(printf '%d.%03d' $((delay / 1000)) $((delay % 1000)))"
