@@ -69,6 +69,21 @@ protected:
 
 	static std::vector<ckpt::GroupHparams> groups() { return std::vector<ckpt::GroupHparams>(2); }
 
+	// The same random params a[5000], b[3000], c[1000] loaded into every
+	// device; returns a
+	template <class Rng>
+	static std::vector<float> load_alike(std::initializer_list<ckpt::Device *> devs, Rng &rng,
+					     std::normal_distribution<float> &nd)
+	{
+		std::vector<float> a(5000), b(3000), c(1000);
+		for (auto *t : {&a, &b, &c})
+			for (float &x : *t)
+				x = nd(rng) * 0.02f;
+		for (ckpt::Device *d : devs)
+			d->load_params({{"a", a}, {"b", b}, {"c", c}});
+		return a;
+	}
+
 	// One committed step of the same random bf16 gradients on every device
 	// (their layouts alike)
 	template <class Rng>
@@ -1123,12 +1138,7 @@ TEST_F(EngineTest, EightBitMomentsStepLoadAndRead)
 
 	std::mt19937_64 rng(12);
 	std::normal_distribution<float> nd(0.0f, 1.0f);
-	std::vector<float> a(5000), b(3000), c(1000);
-	for (auto *t : {&a, &b, &c})
-		for (float &x : *t)
-			x = nd(rng) * 0.02f;
-	for (auto *d : {d32.get(), d8.get()})
-		d->load_params({{"a", a}, {"b", b}, {"c", c}});
+	const std::vector<float> a = load_alike({d32.get(), d8.get()}, rng, nd);
 
 	std::vector<float> p32(5000), m32(5000), v32(5000), p8(5000), m8(5000), v8(5000);
 	for (int step = 1; step <= 8; step++) {
@@ -1215,12 +1225,7 @@ TEST_F(EngineTest, Bf16MastersStepLoadAndRead)
 
 	std::mt19937_64 rng(13);
 	std::normal_distribution<float> nd(0.0f, 1.0f);
-	std::vector<float> a(5000), b(3000), c(1000);
-	for (auto *t : {&a, &b, &c})
-		for (float &x : *t)
-			x = nd(rng) * 0.02f;
-	for (auto *d : {d8.get(), db.get()})
-		d->load_params({{"a", a}, {"b", b}, {"c", c}});
+	const std::vector<float> a = load_alike({d8.get(), db.get()}, rng, nd);
 	// the load's rounding: the core's, with step 0 and the params' indexes
 	std::vector<float> pb(5000), mb(5000), vb(5000);
 	db->read_state("a", pb.data(), mb.data(), vb.data(), 5000);
