@@ -9,7 +9,7 @@ export PYTHONPATH := $(CURDIR)/$(BUILD)/python
 export CKPT_RELIABILITY_BUILD := $(CURDIR)/$(BUILD)
 
 .PHONY: all deps deps-userspace install check-dkms configure check reliability demo bench clean check-unit check-asan kmod check-vm \
-	check-powercut check-logreplay check-aarch64 vm-shell bench-vm fuzz-build check-fuzz fuzz fuzz-corpus check-tsan \
+	check-powercut check-logreplay check-aarch64 vm-shell bench-vm bench-e2e fuzz-build check-fuzz fuzz fuzz-corpus check-tsan \
 	crash-campaign crash-campaign-userspace crash-campaign-kernel crash-campaign-ranks kernel-debug check-kdebug
 
 all: configure
@@ -162,6 +162,16 @@ demo: deps-userspace
 bench: deps
 	$(MAKE) all
 	scripts/bench.sh $(BUILD)
+
+# A training step end to end (bench/e2e_bench.py): OffloadAdamW against
+# torch's AdamW in RAM and a swap of the fp32 state to the same device, the
+# demo's GPT at 10M, 50M and 200M params and at 2000 tensors, on /dev/shm and
+# CKPT_BENCH_DISK (default /var/tmp); a table, build/bench/e2e.png and a JSON
+# line. About 30 minutes on 2 cores; E2E_ARGS=--quick for a smoke run.
+E2E_ARGS ?=
+bench-e2e: deps
+	$(MAKE) all
+	$(PYTHON) bench/e2e_bench.py --build $(BUILD) $(E2E_ARGS)
 
 # The library, headers, ckpt.pc, ckptctl, ckpt-trace, the Python package, man
 # pages and bash completion under PREFIX, staged under DESTDIR if given

@@ -30,6 +30,8 @@ import sys
 import tempfile
 import time
 
+from benchkit import bytes_line
+
 CHILD = r"""
 import os, sys, time, json, warnings
 import torch
@@ -78,17 +80,6 @@ out["bytes"] = dict(getattr(opt, "last_step_bytes", None) or {})
 opt.close()
 print(json.dumps(out))
 """
-
-
-def bytes_line(b, params):
-    """OffloadAdamW.last_step_bytes in words: gradient and param bytes per param,
-    control bytes and status-page reads (a build without them says so)."""
-    if not b:
-        return "(not counted by this build)"
-    parts = [f"grad {b['grad_written'] / params:.3f} B/param", f"params {b['params_read'] / params:.3f} B/param"]
-    parts += [f"control {b['control']} B" if "control" in b else "control (not counted)",
-              f"{b['status_reads']} status reads" if "status_reads" in b else "status reads (not counted)"]
-    return ", ".join(parts)
 
 
 def main():

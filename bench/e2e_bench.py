@@ -1,0 +1,570 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: MIT
+"""End to end: a training step with OffloadAdamW against torch's AdamW in RAM and
+against a ZeRO-Infinity-style swap of the fp32 state, on /dev/shm and on a disk.
+
+    make bench-e2e                      (after make all; PYTHONPATH=build/python)
+    bench/e2e_bench.py --quick          (a smoke run of a minute or two)
+
+Models: the demo's GPT (demo/train.py, random tokens, vocabulary 256, context
+64) at about 10M, 50M and 200M params, and a deep narrow GPT of 2000 tensors
+(33M params). The model's params are fp32 for every contender, so forward and
+backward are the same computation for all; a training step is forward +
+backward + optimizer step + zero_grad, on BENCH_THREADS torch threads
+(default 1). Contenders:
+  ram-*       torch.optim.AdamW in RAM, foreach=True ("foreach") and
+              foreach=False ("loop"), each with glibc malloc tuned for large
+              tensors (no mmap, no trim) and with jemalloc (LD_PRELOAD); the
+              fastest median step per model is the RAM baseline.
+  swap        the fp32 master, exp_avg and exp_avg_sq in a file on the device
+              (O_DIRECT where the file system has it, as the engine), in
+              groups of --swap-group params: a thread reads the next groups
+              while torch's AdamW (torch.optim._functional.adamw) updates
+              this one and the new params go to the model; another writes
+              the group back behind. Checkpointed: the same step also writes
+              the new state to a second file, fdatasync'd at the end of the
+              step ("swap+ckpt"). A process alternates both steps;
+              "swap ckpt/1" is the checkpointing step, "swap ckpt/10" nine
+              plain steps and one checkpointing step, averaged.
+  offload-*   OffloadAdamW on a bf16 device file in the same directory:
+              fp32 or 8-bit moments ("8bit"), bf16 masters ("bf16m"), with
+              gradient hooks (the default) or without ("nohooks").
+Swap and offload children run with jemalloc as the RAM ones that use it.
+
+Each configuration runs in a fresh child process; repetitions are
+interleaved (rep 0 of every configuration, then rep 1, ...); every figure is
+a median over repetitions of the child's median step, with min..max. Printed:
+the table (forward+backward, the exposed step = end of backward to end of
+step(), the whole step), the targets with their measured values, and as the
+last line one JSON object. A PNG of the table goes to --png.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(BENCH)
+sys.path.insert(0, BENCH)
+from benchkit import bytes_line, fmt_spread, spread  # noqa: E402
+
+VOCAB, CTX = 256, 64
+# name: demo GPT config (layers, width, heads); the tiny ones are for --quick and the smoke test
+MODELS = {
+    "gpt10m": dict(n_layer=6, d_model=384, n_head=6),
+    "gpt50m": dict(n_layer=10, d_model=640, n_head=10),
+    "gpt200m": dict(n_layer=16, d_model=1024, n_head=16),
+    "gpt2000t": dict(n_layer=166, d_model=128, n_head=4),      # 1997 tensors
+    "tiny": dict(n_layer=2, d_model=64, n_head=4),
+    "tiny2000t": dict(n_layer=166, d_model=16, n_head=2),
+}
+RAM = ["ram-foreach-glibc", "ram-loop-glibc", "ram-foreach-jemalloc", "ram-loop-jemalloc"]
+OFFLOAD = {  # name: (state, master, hooks)
+    "offload-fp32": ("fp32", "fp32", True),
+    "offload-fp32-nohooks": ("fp32", "fp32", False),
+    "offload-8bit": ("8bit", "fp32", True),
+    "offload-8bit-nohooks": ("8bit", "fp32", False),
+    "offload-8bit-bf16m": ("8bit", "bf16", True),
+}
+CONTENDERS = RAM + ["swap"] + list(OFFLOAD)
+JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+ALLOC_ENV = {
+    # glibc: large tensors from the heap (no mmap per tensor), never trimmed
+    "glibc": {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40), "MALLOC_TOP_PAD_": str(1 << 28)},
+    # jemalloc as perf-notes measured it: no oversize arena, never decays
+    "jemalloc": {"LD_PRELOAD": JEMALLOC, "MALLOC_CONF": "oversize_threshold:0,dirty_decay_ms:-1,muzzy_decay_ms:-1"},
+}
+LR, WD = 1e-4, 0.01
+TARGETS = {  # key: (target, higher is better)
+    "exposed_step_vs_torch_ram_50m": (0.5, False),
+    "speedup_vs_swap_ckpt_every_step_disk": (1.8, True),
+    "speedup_vs_swap_ckpt_every_10_disk": (1.3, True),
+    "engine_fraction_of_device_shm": (0.9, True),
+    "engine_fraction_of_device_disk": (0.9, True),
+}
+
+
+# ---------------------------------------------------------------- child side
+
+def build_gpt(name):
+    import torch
+    sys.path.insert(0, os.path.join(ROOT, "demo"))
+    import train as demo
+    torch.manual_seed(0)
+    return demo.build_model(dict(MODELS[name], ctx=CTX), VOCAB)
+
+
+class SwapAdamW:
+    """AdamW over fp32 state kept in a file, as ZeRO-Infinity swaps it: per group
+    of params, read p/m/v (one contiguous record), update with torch's AdamW,
+    copy the new params into the model, write the record back; reads run ahead
+    and writes behind on their own threads. step(ckpt=True) also writes each
+    new record to a checkpoint file and fdatasyncs it before returning."""
+
+    def __init__(self, params, path, ckpt_path, group_params):
+        import mmap
+        import queue
+        import threading
+        import torch
+        self.torch, self.queue = torch, queue
+        self.params = [p for p in params]
+        group_params = max(1024, group_params // 1024 * 1024)
+        self.groups = []        # (offset in the file, params, [(param, param offset, group offset, len)])
+        pi, poff, off = 0, 0, 0
+        while pi < len(self.params):
+            pieces, k = [], 0
+            while k < group_params and pi < len(self.params):
+                p = self.params[pi]
+                take = min(p.numel() - poff, group_params - k)
+                pieces.append((p, poff, k, take))
+                k += take
+                poff += take
+                if poff == p.numel():
+                    pi, poff = pi + 1, 0
+            padded = (k + 1023) // 1024 * 1024         # records on 4 KiB boundaries (O_DIRECT)
+            self.groups.append((off, padded, pieces))
+            off += 12 * padded
+        self.fds = [self._open(path), self._open(ckpt_path)]
+        slots = 4               # two read ahead, one updated, one written back
+        self.slots = []
+        for _ in range(slots):
+            mm = mmap.mmap(-1, 12 * group_params)
+            t = torch.frombuffer(mm, dtype=torch.float32)
+            self.slots.append((mm, t))
+        self.g = torch.empty(group_params)
+        self.steps = [torch.zeros(()) for _ in self.groups]
+        # the initial state: the model's params, zero moments, in both files
+        for off, padded, pieces in self.groups:
+            mm, t = self.slots[0]
+            t.zero_()
+            for p, po, go, ln in pieces:
+                t[go:go + ln].copy_(p.detach().reshape(-1)[po:po + ln])
+            for fd in self.fds:
+                os.pwritev(fd, [memoryview(mm)[:12 * padded]], off)
+        for fd in self.fds:
+            os.fdatasync(fd)
+        self.threading = threading
+
+    @staticmethod
+    def _open(path):
+        flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC
+        try:
+            return os.open(path, flags | os.O_DIRECT, 0o600)
+        except OSError:         # tmpfs: no O_DIRECT (the engine falls back the same way)
+            return os.open(path, flags, 0o600)
+
+    def close(self):
+        for fd in self.fds:
+            os.close(fd)
+
+    def _reader(self, free, ready):
+        for k, (off, padded, _) in enumerate(self.groups):
+            s = free.get()
+            mm, _ = self.slots[s]
+            got = os.preadv(self.fds[0], [memoryview(mm)[:12 * padded]], off)
+            assert got == 12 * padded, got
+            ready.put((k, s))
+
+    def _writer(self, written, free, ckpt, errors):
+        try:
+            while True:
+                item = written.get()
+                if item is None:
+                    break
+                k, s = item
+                off, padded, _ = self.groups[k]
+                mv = memoryview(self.slots[s][0])[:12 * padded]
+                for fd in self.fds[:2 if ckpt else 1]:
+                    assert os.pwritev(fd, [mv], off) == 12 * padded
+                free.put(s)
+            if ckpt:
+                os.fdatasync(self.fds[1])
+        except BaseException as e:      # noqa: BLE001 - reported by step()
+            errors.append(e)
+
+    def step(self, ckpt=False):
+        torch, F = self.torch, self.torch.optim._functional
+        free, ready, written, errors = self.queue.Queue(), self.queue.Queue(), self.queue.Queue(), []
+        for s in range(len(self.slots)):
+            free.put(s)
+        rd = self.threading.Thread(target=self._reader, args=(free, ready))
+        wr = self.threading.Thread(target=self._writer, args=(written, free, ckpt, errors))
+        rd.start()
+        wr.start()
+        try:
+            for _ in self.groups:
+                k, s = ready.get()
+                _, padded, pieces = self.groups[k]
+                t = self.slots[s][1]
+                p, m, v, g = t[:padded], t[padded:2 * padded], t[2 * padded:3 * padded], self.g[:padded]
+                for prm, po, go, ln in pieces:
+                    g[go:go + ln].copy_(prm.grad.reshape(-1)[po:po + ln])
+                with torch.no_grad():
+                    F.adamw([p], [g], [m], [v], [], [self.steps[k]], foreach=False, amsgrad=False,
+                            beta1=0.9, beta2=0.999, lr=LR, weight_decay=WD, eps=1e-8, maximize=False)
+                    for prm, po, go, ln in pieces:
+                        prm.view(-1)[po:po + ln].copy_(p[go:go + ln])
+                written.put((k, s))
+        finally:
+            written.put(None)
+            rd.join()
+            wr.join()
+        if errors:
+            raise errors[0]
+
+    def zero_grad(self, set_to_none=False):
+        for p in self.params:
+            if p.grad is not None:
+                p.grad.zero_()
+
+
+def proc_io():
+    """This process's bytes through the block layer (all its threads)."""
+    with open("/proc/self/io") as f:
+        d = dict(line.split(": ") for line in f.read().splitlines())
+    return int(d["read_bytes"]), int(d["write_bytes"])
+
+
+def child(cfg):
+    """One configuration: cfg = {model, contender, dir, steps, batch, swap_group};
+    prints one JSON line of per-step medians (seconds) and byte counts."""
+    import warnings
+    import torch
+    import torch.nn.functional as F
+    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))
+    model = build_gpt(cfg["model"])
+    params = sum(p.numel() for p in model.parameters())
+    gen = torch.Generator().manual_seed(1)
+    c = cfg["contender"]
+    paths = [os.path.join(cfg["dir"], f"{c}.{n}") for n in ("img", "ckpt")] if cfg["dir"] else []
+    out = {"params": params, "tensors": len(list(model.parameters()))}
+    try:
+        if c.startswith("ram-"):
+            opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WD, foreach=c.startswith("ram-foreach"))
+            kinds = ["step"]
+        elif c == "swap":
+            opt = SwapAdamW(model.parameters(), paths[0], paths[1], cfg["swap_group"])
+            kinds = ["step", "ckpt"]
+        else:
+            import ckpt.torch as ct
+            state, master, hooks = OFFLOAD[c]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")     # the fp32 model's PrecisionWarning
+                opt = ct.OffloadAdamW(model.named_parameters(), paths[0], lr=LR, weight_decay=WD, dtype="bf16",
+                                      state=state, master=master, hooks=hooks)
+            kinds = ["step"]
+        times = {k: {"fb": [], "exposed": [], "iter": []} for k in kinds}
+        io = {}
+        for i in range(cfg["steps"] + 1):
+            for kind in kinds:      # a warm-up step of each kind, then the timed ones, alternating
+                x = torch.randint(0, VOCAB, (cfg["batch"], CTX), generator=gen)
+                y = torch.randint(0, VOCAB, (cfg["batch"], CTX), generator=gen)
+                io0 = proc_io()
+                t0 = time.perf_counter()
+                loss = F.cross_entropy(model(x).view(-1, VOCAB), y.view(-1))
+                loss.backward()
+                t1 = time.perf_counter()
+                if kind == "ckpt":
+                    opt.step(ckpt=True)
+                else:
+                    opt.step()
+                t2 = time.perf_counter()
+                opt.zero_grad(set_to_none=False)
+                t3 = time.perf_counter()
+                io[kind] = [b - a for a, b in zip(io0, proc_io())]
+                if i:
+                    for key, v in (("fb", t1 - t0), ("exposed", t2 - t1), ("iter", t3 - t0)):
+                        times[kind][key].append(v)
+        for kind, t in times.items():
+            for key, v in t.items():
+                out[f"{kind}_{key}"] = spread(v)[0]
+            out[f"{kind}_io_read"], out[f"{kind}_io_write"] = io[kind]
+        if hasattr(opt, "last_step_bytes"):
+            out["bytes"] = dict(opt.last_step_bytes or {})
+            out["hooked"] = bool(opt.last_step_hooked)
+        if hasattr(opt, "close"):
+            opt.close()
+    finally:
+        for p in paths:
+            if os.path.exists(p):
+                os.unlink(p)
+    print(json.dumps(out))
+
+
+# ---------------------------------------------------------------- parent side
+
+def run_micro(build, dirs, quick):
+    """The update loop against the memory bound and the engine against fio on
+    the same file (as scripts/bench.sh runs them): their JSON lines, merged."""
+    res = {}
+    cmds = [[os.path.join(build, "bench", "ckpt_bench_update")] + (["22", "3"] if quick else []),
+            [os.path.join(build, "bench", "ckpt_bench_engine")] + [f"{k}={d}" for k, d in dirs.items()]
+            + (["--params", str(1 << 22), "--rounds", "2"] if quick else [])]
+    for cmd in cmds:
+        if not os.access(cmd[0], os.X_OK):
+            sys.exit(f"e2e_bench: {cmd[0]} is missing: run make all first")
+        print("==", " ".join(cmd), flush=True)
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        print(r.stdout, end="", flush=True)
+        if r.returncode:
+            sys.exit(f"e2e_bench: {cmd[0]} failed:\n{r.stderr}")
+        res.update(json.loads(r.stdout.strip().splitlines()[-1]))
+    return res
+
+
+def configs(models, devices, contenders):
+    """Every (model, device, contender) of one repetition, in run order: the RAM
+    contenders once per model, the others per device."""
+    out = []
+    for m in models:
+        out += [(m, "ram", c) for c in contenders if c in RAM]
+        out += [(m, d, c) for d in devices for c in contenders if c not in RAM]
+    return out
+
+
+def run_child(cfg, env_extra):
+    env = dict(os.environ, **env_extra)
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps(cfg)]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if r.returncode:
+        sys.exit(f"e2e_bench: {cfg['model']} {cfg['contender']} on {cfg['dir'] or 'RAM'} failed:\n{r.stderr}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def alloc_of(contender):
+    return "glibc" if contender.endswith("-glibc") else "jemalloc"
+
+
+def rows_of(res):
+    """Table rows: (model, device, name, [per-rep dicts of fb/exposed/iter]),
+    swap split into its two schedules."""
+    rows = []
+    for (m, d, c), reps in res.items():
+        if c == "swap":
+            for name, w in (("swap ckpt/1", 1.0), ("swap ckpt/10", 0.1)):
+                rows.append((m, d, name, [{k: (1 - w) * r[f"step_{k}"] + w * r[f"ckpt_{k}"]
+                                           for k in ("fb", "exposed", "iter")} for r in reps]))
+        else:
+            rows.append((m, d, c, [{k: r[f"step_{k}"] for k in ("fb", "exposed", "iter")} for r in reps]))
+    return rows
+
+
+def med(reps, key):
+    return spread([r[key] for r in reps])[0]
+
+
+def ram_baseline(rows, model):
+    """The fastest RAM contender's row for a model (by median step)."""
+    cand = [r for r in rows if r[0] == model and r[1] == "ram"]
+    return min(cand, key=lambda r: med(r[3], "iter")) if cand else None
+
+
+def per_rep_ratio(a, b, ka, kb):
+    """Median over repetitions of a[rep][ka] / b[rep][kb] (neighbours in time)."""
+    n = min(len(a), len(b))
+    return spread([a[i][ka] / b[i][kb] for i in range(n)])
+
+
+def print_table(rows, res):
+    print(f"\n{'model':<10} {'device':<5} {'contender':<21} {'fwd+bwd ms':>22} {'exposed step ms':>24} "
+          f"{'step ms':>24} {'vs RAM':>6}  device B/param/step")
+    order = {c: i for i, c in enumerate(RAM + ["swap ckpt/1", "swap ckpt/10"] + list(OFFLOAD))}
+    for m, d, c, reps in sorted(rows, key=lambda r: (r[0], r[1] != "ram", r[1], order[r[2]])):
+        base = ram_baseline(rows, m)
+        vs = f"{med(reps, 'iter') / med(base[3], 'iter'):6.2f}" if base else "     -"
+        note = ""
+        raw = res.get((m, d, "swap" if c.startswith("swap") else c), [{}])[-1]
+        if "bytes" in raw:
+            note = bytes_line(raw["bytes"], raw["params"])
+        if raw.get("step_io_write") and d == "disk":
+            k = "ckpt" if c == "swap ckpt/1" else "step"
+            note = (f"block I/O {(raw[f'{k}_io_read'] + raw[f'{k}_io_write']) / raw['params']:.1f}"
+                    + (f"; {note}" if note else ""))
+        print(f"{m:<10} {d:<5} {c:<21} {fmt_spread([r['fb'] for r in reps], 1e3):>22} "
+              f"{fmt_spread([r['exposed'] for r in reps], 1e3):>24} {fmt_spread([r['iter'] for r in reps], 1e3):>24} "
+              f"{vs}  {note}")
+
+
+def find(rows, m, d, c):
+    for r in rows:
+        if r[:3] == (m, d, c):
+            return r
+    return None
+
+
+def headline(rows, res, micro, big):
+    """The JSON figures (see the module doc and docs/performance.md)."""
+    out = {k: micro[k] for k in ("loop_fraction_of_bound", "engine_fraction_of_device_shm",
+                                 "engine_fraction_of_device_disk") if k in micro}
+    base = ram_baseline(rows, big)
+    off = find(rows, big, "shm", "offload-fp32")
+    if base and off:
+        out["exposed_step_vs_torch_ram_50m"] = round(per_rep_ratio(off[3], base[3], "exposed", "exposed")[0], 4)
+        out["exposed_step_vs_torch_ram_50m_from"] = f"{big}: offload-fp32 over {base[2]}"
+    offs = [r for r in rows if r[0] == big and r[1] == "disk" and r[2] in OFFLOAD]
+    if offs:
+        best = min(offs, key=lambda r: med(r[3], "iter"))
+        for key, name in (("every_step", "swap ckpt/1"), ("every_10", "swap ckpt/10")):
+            sw = find(rows, big, "disk", name)
+            if sw:
+                out[f"speedup_vs_swap_ckpt_{key}_disk"] = round(per_rep_ratio(sw[3], best[3], "iter", "iter")[0], 4)
+                out[f"speedup_vs_swap_ckpt_{key}_disk_exposed"] = round(
+                    per_rep_ratio(sw[3], best[3], "exposed", "exposed")[0], 4)
+        out["speedup_vs_swap_from"] = f"{big}: whole steps, swap over {best[2]}"
+    out["device_bytes_per_param_step"] = device_bytes(res, big)
+    return out
+
+
+def device_bytes(res, model):
+    """Bytes per param per step through the disk's block layer, of each state
+    format: the child's /proc/self/io (all its threads: the engine's workers
+    reading one slot's state records and writing the other's, headers and
+    padding included, writing the new low-precision params, the commit's
+    metadata, and the trainer's read-back of the params) over the last
+    timed step, median over repetitions, for model. Gradients written to the engine do
+    not reach the disk (last_step_bytes counts them: 2 B/param)."""
+    out = {}
+    names = {"offload-fp32": "fp32", "offload-8bit": "8bit", "offload-8bit-bf16m": "8bit_bf16_master",
+             "swap": "swap_fp32"}
+    for (m, d, c), reps in res.items():
+        if m == model and d == "disk" and c in names:
+            v = [(r["step_io_read"] + r["step_io_write"]) / r["params"] for r in reps]
+            out[names[c]] = round(spread(v)[0], 3)
+            if c == "swap":
+                out["swap_fp32_ckpt"] = round(spread([(r["ckpt_io_read"] + r["ckpt_io_write"]) / r["params"]
+                                                      for r in reps])[0], 3)
+    return out
+
+
+def print_targets(j, cpu_avx512):
+    loop_target = 0.95 if cpu_avx512 else 0.9
+    print("\ntargets (measured, target, result):")
+    for key, (target, higher) in [("loop_fraction_of_bound", (loop_target, True))] + list(TARGETS.items()):
+        if key not in j:
+            print(f"  {key:<40} not measured in this run")
+            continue
+        v = j[key]
+        ok = v >= target if higher else v <= target
+        miss = (target - v) if higher else (v - target)
+        print(f"  {key:<40} {v:8.3f}  {'>=' if higher else '<='} {target:<5} "
+              f"{'met' if ok else f'missed by {miss:.3f} ({miss / target:.0%})'}")
+
+
+def plot(rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    devices = [d for d in ("shm", "disk") if any(r[1] == d for r in rows)]
+    models = sorted({r[0] for r in rows}, key=lambda m: list(MODELS).index(m))
+    fig, axes = plt.subplots(1, len(devices), figsize=(6 * len(devices), 4.2), squeeze=False)
+    names = ["RAM baseline", "swap ckpt/1", "swap ckpt/10"] + list(OFFLOAD)
+    for ax, d in zip(axes[0], devices):
+        w = 0.8 / len(names)
+        for k, name in enumerate(names):
+            ys, yerr_lo, yerr_hi = [], [], []
+            for m in models:
+                r = ram_baseline(rows, m) if name == "RAM baseline" else find(rows, m, d, name)
+                if not r:
+                    ys.append(0), yerr_lo.append(0), yerr_hi.append(0)
+                    continue
+                med_, lo, hi = spread([x["iter"] for x in r[3]])
+                ys.append(med_ * 1e3), yerr_lo.append((med_ - lo) * 1e3), yerr_hi.append((hi - med_) * 1e3)
+            ax.bar([i + k * w for i in range(len(models))], ys, w, yerr=[yerr_lo, yerr_hi], label=name)
+        ax.set_xticks([i + 0.4 - w / 2 for i in range(len(models))], models)
+        ax.set_yscale("log")
+        ax.set_ylabel("training step, ms (median, min..max)")
+        ax.set_title(f"device on {d}")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=80)
+    print(f"wrote {path}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--models", default="gpt10m,gpt50m,gpt200m,gpt2000t", help="of " + ", ".join(MODELS))
+    ap.add_argument("--devices", default="shm,disk", help="shm and/or disk")
+    ap.add_argument("--contenders", default=",".join(CONTENDERS), help="of " + ", ".join(CONTENDERS))
+    ap.add_argument("--shm-dir", default="/dev/shm")
+    ap.add_argument("--disk-dir", default=os.environ.get("CKPT_BENCH_DISK", "/var/tmp"))
+    ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions (default %(default)s)")
+    ap.add_argument("--reps-200m", type=int, default=2, help="repetitions of gpt200m (default %(default)s)")
+    ap.add_argument("--steps", type=int, default=3, help="timed steps per child, after one warm-up")
+    ap.add_argument("--batch", type=int, default=2, help=f"sequences of {CTX} tokens per step")
+    ap.add_argument("--swap-group", type=int, default=2 << 20, help="params per swap group")
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--micro", choices=("run", "none"), default="run",
+                    help="run ckpt_bench_update and ckpt_bench_engine (default) or not")
+    ap.add_argument("--png", default=None, help="default BUILD/bench/e2e.png")
+    ap.add_argument("--headline-model", default="gpt50m", help="the model of the JSON ratios")
+    ap.add_argument("--quick", action="store_true",
+                    help="a smoke run: tiny models, 1 repetition, 2 steps, small micro benchmarks")
+    a = ap.parse_args()
+    if a.child:
+        return child(json.loads(a.child))
+    if a.quick:
+        a.models = a.models if a.models != ap.get_default("models") else "tiny,tiny2000t"
+        a.reps, a.steps = 1, 2
+        a.headline_model = "tiny" if a.headline_model == ap.get_default("headline_model") else a.headline_model
+    models = a.models.split(",")
+    devices = a.devices.split(",")
+    contenders = a.contenders.split(",")
+    for what, vals, known in (("model", models, MODELS), ("device", devices, ("shm", "disk")),
+                              ("contender", contenders, CONTENDERS)):
+        bad = [v for v in vals if v not in known]
+        if bad:
+            sys.exit(f"e2e_bench: unknown {what} {', '.join(bad)} (known: {', '.join(known)})")
+    dirs = {"shm": a.shm_dir, "disk": a.disk_dir}
+    for d in devices:
+        if not os.path.isdir(dirs[d]):
+            sys.exit(f"e2e_bench: {dirs[d]} ({d}) is not a directory")
+    if any(c.endswith("jemalloc") or c not in RAM for c in contenders) and not os.path.exists(JEMALLOC):
+        sys.exit(f"e2e_bench: {JEMALLOC} is missing (libjemalloc2; scripts/deps.sh installs it)")
+    png = a.png or os.path.join(a.build, "bench", "e2e.png")
+    with open("/proc/loadavg") as f:
+        print(f"e2e_bench: {', '.join(models)} on {', '.join(devices)}; {a.reps} repetitions, {a.steps} steps "
+              f"each, batch {a.batch}x{CTX}, BENCH_THREADS={os.environ.get('BENCH_THREADS', '1')}; "
+              f"load average {f.read().split()[0]}", flush=True)
+
+    micro = run_micro(a.build, {d: dirs[d] for d in devices}, a.quick) if a.micro == "run" else {}
+    tmp = {d: tempfile.mkdtemp(prefix="ckpt-e2e-", dir=dirs[d]) for d in devices}
+    res = {}
+    t_start = time.time()
+    try:
+        for rep in range(max(a.reps, a.reps_200m if "gpt200m" in models else 0)):
+            for m, d, c in configs(models, devices, contenders):
+                if rep >= (a.reps_200m if m == "gpt200m" else a.reps):
+                    continue
+                cfg = {"model": m, "contender": c, "dir": tmp.get(d), "steps": a.steps, "batch": a.batch,
+                       "swap_group": a.swap_group}
+                o = run_child(cfg, ALLOC_ENV[alloc_of(c)])
+                res.setdefault((m, d, c), []).append(o)
+                extra = (f", ckpt step {o['ckpt_iter'] * 1e3:.1f} ms" if "ckpt_iter" in o else "")
+                print(f"[{time.time() - t_start:6.0f} s] rep {rep} {m} ({o['params'] / 1e6:.1f}M x {o['tensors']}) "
+                      f"{d} {c}: fwd+bwd {o['step_fb'] * 1e3:.1f} ms, exposed {o['step_exposed'] * 1e3:.1f} ms, "
+                      f"step {o['step_iter'] * 1e3:.1f} ms{extra}", flush=True)
+    finally:
+        for t in tmp.values():
+            shutil.rmtree(t, ignore_errors=True)
+    rows = rows_of(res)
+    print_table(rows, res)
+    big = a.headline_model if a.headline_model in models else models[0]
+    j = headline(rows, res, micro, big)
+    with open("/proc/cpuinfo") as f:
+        avx512 = " avx512f" in f.read()
+    print_targets(j, avx512)
+    plot(rows, png)
+    with open("/proc/loadavg") as f:
+        j["load_average_end"] = float(f.read().split()[0])
+    print(json.dumps(j))
+
+
+if __name__ == "__main__":
+    main()
