@@ -266,7 +266,8 @@ def child(cfg):
                 y = torch.randint(0, VOCAB, (cfg["batch"], CTX), generator=gen)
                 io0 = proc_io()
                 t0 = time.perf_counter()
-                loss = F.cross_entropy(model(x).view(-1, VOCAB), y.view(-1))
+                with torch.autocast("cpu", dtype=torch.bfloat16):     # as the demo: bf16 matmuls
+                    loss = F.cross_entropy(model(x).view(-1, VOCAB).float(), y.view(-1))
                 loss.backward()
                 t1 = time.perf_counter()
                 if kind == "ckpt":
@@ -456,33 +457,33 @@ def print_targets(j, cpu_avx512):
 
 
 def plot(rows, path):
+    """Bars per model and contender, one column per device: the whole step
+    (top) and the exposed step (bottom), medians with min..max."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     devices = [d for d in ("shm", "disk") if any(r[1] == d for r in rows)]
     models = sorted({r[0] for r in rows}, key=lambda m: list(MODELS).index(m))
-    fig, axes = plt.subplots(1, len(devices), figsize=(6 * len(devices), 4.2), squeeze=False)
     names = ["RAM baseline", "swap ckpt/1", "swap ckpt/10"] + list(OFFLOAD)
-    for ax, d in zip(axes[0], devices):
-        w = 0.8 / len(names)
-        for k, name in enumerate(names):
-            ys, yerr_lo, yerr_hi = [], [], []
-            for m in models:
-                r = ram_baseline(rows, m) if name == "RAM baseline" else find(rows, m, d, name)
-                if not r:
-                    ys.append(0), yerr_lo.append(0), yerr_hi.append(0)
-                    continue
-                med_, lo, hi = spread([x["iter"] for x in r[3]])
-                ys.append(med_ * 1e3), yerr_lo.append((med_ - lo) * 1e3), yerr_hi.append((hi - med_) * 1e3)
-            ax.bar([i + k * w for i in range(len(models))], ys, w, yerr=[yerr_lo, yerr_hi], label=name)
-        ax.set_xticks([i + 0.4 - w / 2 for i in range(len(models))], models)
-        ax.set_yscale("log")
-        ax.set_ylabel("training step, ms (median, min..max)")
-        ax.set_title(f"device on {d}")
+    fig, axes = plt.subplots(2, len(devices), figsize=(6 * len(devices), 7), squeeze=False)
+    w = 0.8 / len(names)
+    for row, key, what in ((0, "iter", "training step"), (1, "exposed", "exposed step")):
+        for ax, d in zip(axes[row], devices):
+            for k, name in enumerate(names):
+                ys, lo, hi = [], [], []
+                for m in models:
+                    r = ram_baseline(rows, m) if name == "RAM baseline" else find(rows, m, d, name)
+                    med_, mn, mx = spread([x[key] * 1e3 for x in r[3]]) if r else (0, 0, 0)
+                    ys.append(med_), lo.append(med_ - mn), hi.append(mx - med_)
+                ax.bar([i + k * w for i in range(len(models))], ys, w, yerr=[lo, hi], label=name)
+            ax.set_xticks([i + 0.4 - w / 2 for i in range(len(models))], models)
+            ax.set_yscale("log")
+            ax.set_ylabel(f"{what}, ms")
+            ax.set_title(f"{what} (median, min..max), device on {d}", fontsize=9)
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=80)
+    fig.savefig(path, dpi=72)
     print(f"wrote {path}")
 
 
@@ -503,6 +504,9 @@ def main():
     ap.add_argument("--micro", choices=("run", "none"), default="run",
                     help="run ckpt_bench_update and ckpt_bench_engine (default) or not")
     ap.add_argument("--png", default=None, help="default BUILD/bench/e2e.png")
+    ap.add_argument("--raw", default=None, help="every child's figures, saved as they come (default "
+                    "BUILD/bench/e2e-raw.json)")
+    ap.add_argument("--report", metavar="RAW", help="no run: the report of a saved run")
     ap.add_argument("--headline-model", default="gpt50m", help="the model of the JSON ratios")
     ap.add_argument("--quick", action="store_true",
                     help="a smoke run: tiny models, 1 repetition, 2 steps, small micro benchmarks")
@@ -527,15 +531,30 @@ def main():
             sys.exit(f"e2e_bench: {dirs[d]} ({d}) is not a directory")
     if any(c.endswith("jemalloc") or c not in RAM for c in contenders) and not os.path.exists(JEMALLOC):
         sys.exit(f"e2e_bench: {JEMALLOC} is missing (libjemalloc2; scripts/deps.sh installs it)")
-    png = a.png or os.path.join(a.build, "bench", "e2e.png")
+    out_dir = os.path.join(a.build, "bench")
+    png, raw = a.png or os.path.join(out_dir, "e2e.png"), a.raw or os.path.join(out_dir, "e2e-raw.json")
+    if a.report:
+        with open(a.report) as f:
+            return report(json.load(f), png)
     with open("/proc/loadavg") as f:
-        print(f"e2e_bench: {', '.join(models)} on {', '.join(devices)}; {a.reps} repetitions, {a.steps} steps "
-              f"each, batch {a.batch}x{CTX}, BENCH_THREADS={os.environ.get('BENCH_THREADS', '1')}; "
-              f"load average {f.read().split()[0]}", flush=True)
+        load = f.read().split()[0]
+    print(f"e2e_bench: {', '.join(models)} on {', '.join(devices)}; {a.reps} repetitions, {a.steps} steps "
+          f"each, batch {a.batch}x{CTX}, BENCH_THREADS={os.environ.get('BENCH_THREADS', '1')}; "
+          f"load average {load}", flush=True)
+    run = {"models": models, "headline_model": a.headline_model if a.headline_model in models else models[0],
+           "load_average_start": float(load), "micro": {}, "results": []}
+    if a.micro == "run":
+        run["micro"] = run_micro(a.build, {d: dirs[d] for d in devices}, a.quick)
+    measure(a, run, raw, models, devices, contenders, dirs)
+    report(run, png)
 
-    micro = run_micro(a.build, {d: dirs[d] for d in devices}, a.quick) if a.micro == "run" else {}
+
+def measure(a, run, raw, models, devices, contenders, dirs):
+    """Every configuration, a.reps interleaved times, each in a fresh child;
+    run["results"] gets [model, device, contender, child's JSON], and the whole
+    run is saved to raw after each child (--report redoes the report from it)."""
+    os.makedirs(os.path.dirname(os.path.abspath(raw)), exist_ok=True)
     tmp = {d: tempfile.mkdtemp(prefix="ckpt-e2e-", dir=dirs[d]) for d in devices}
-    res = {}
     t_start = time.time()
     try:
         for rep in range(max(a.reps, a.reps_200m if "gpt200m" in models else 0)):
@@ -545,24 +564,35 @@ def main():
                 cfg = {"model": m, "contender": c, "dir": tmp.get(d), "steps": a.steps, "batch": a.batch,
                        "swap_group": a.swap_group}
                 o = run_child(cfg, ALLOC_ENV[alloc_of(c)])
-                res.setdefault((m, d, c), []).append(o)
+                run["results"].append([m, d, c, o])
+                with open(raw, "w") as f:
+                    json.dump(run, f)
                 extra = (f", ckpt step {o['ckpt_iter'] * 1e3:.1f} ms" if "ckpt_iter" in o else "")
                 print(f"[{time.time() - t_start:6.0f} s] rep {rep} {m} ({o['params'] / 1e6:.1f}M x {o['tensors']}) "
                       f"{d} {c}: fwd+bwd {o['step_fb'] * 1e3:.1f} ms, exposed {o['step_exposed'] * 1e3:.1f} ms, "
                       f"step {o['step_iter'] * 1e3:.1f} ms{extra}", flush=True)
+        with open("/proc/loadavg") as f:
+            run["load_average_end"] = float(f.read().split()[0])
+        with open(raw, "w") as f:
+            json.dump(run, f)
     finally:
         for t in tmp.values():
             shutil.rmtree(t, ignore_errors=True)
+
+
+def report(run, png):
+    """The table, the targets, the PNG and the JSON line of a run."""
+    res = {}
+    for m, d, c, o in run["results"]:
+        res.setdefault((m, d, c), []).append(o)
     rows = rows_of(res)
     print_table(rows, res)
-    big = a.headline_model if a.headline_model in models else models[0]
-    j = headline(rows, res, micro, big)
+    j = headline(rows, res, run["micro"], run["headline_model"])
     with open("/proc/cpuinfo") as f:
         avx512 = " avx512f" in f.read()
     print_targets(j, avx512)
     plot(rows, png)
-    with open("/proc/loadavg") as f:
-        j["load_average_end"] = float(f.read().split()[0])
+    j["load_average"] = [run["load_average_start"], run.get("load_average_end")]
     print(json.dumps(j))
 
 
