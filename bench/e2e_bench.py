@@ -375,7 +375,8 @@ def print_table(rows, res):
     print(f"\n{'model':<10} {'device':<5} {'contender':<21} {'fwd+bwd ms':>22} {'exposed step ms':>24} "
           f"{'step ms':>24} {'vs RAM':>6}  device B/param/step")
     order = {c: i for i, c in enumerate(RAM + ["swap ckpt/1", "swap ckpt/10"] + list(OFFLOAD))}
-    for m, d, c, reps in sorted(rows, key=lambda r: (r[0], r[1] != "ram", r[1], order[r[2]])):
+    models = list(MODELS)
+    for m, d, c, reps in sorted(rows, key=lambda r: (models.index(r[0]), r[1] != "ram", r[1] != "shm", order[r[2]])):
         base = ram_baseline(rows, m)
         vs = f"{med(reps, 'iter') / med(base[3], 'iter'):6.2f}" if base else "     -"
         note = ""
