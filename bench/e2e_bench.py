@@ -29,7 +29,8 @@ backward + optimizer step + zero_grad, on BENCH_THREADS torch threads
   offload-*   OffloadAdamW on a bf16 device file in the same directory:
               fp32 or 8-bit moments ("8bit"), bf16 masters ("bf16m"), with
               gradient hooks (the default) or without ("nohooks").
-Swap and offload children run with jemalloc as the RAM ones that use it.
+Swap and offload children run with --alloc's allocator (default glibc, tuned
+as for the RAM ones: on Debian's torch its forward and backward are faster).
 
 Each configuration runs in a fresh child process; repetitions are
 interleaved (rep 0 of every configuration, then rep 1, ...); every figure is
@@ -51,7 +52,7 @@ import time
 BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH)
 sys.path.insert(0, BENCH)
-from benchkit import bytes_line, fmt_spread, spread  # noqa: E402
+from benchkit import fmt_spread, spread  # noqa: E402
 
 VOCAB, CTX = 256, 64
 # name: demo GPT config (layers, width, heads); the tiny ones are for --quick and the smoke test
@@ -337,8 +338,9 @@ def run_child(cfg, env_extra):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def alloc_of(contender):
-    return "glibc" if contender.endswith("-glibc") else "jemalloc"
+def alloc_of(contender, default):
+    """The allocator of a contender's child: its own (RAM) or the default."""
+    return next((a for a in ALLOC_ENV if contender.endswith("-" + a)), default)
 
 
 def rows_of(res):
@@ -373,7 +375,7 @@ def per_rep_ratio(a, b, ka, kb):
 
 def print_table(rows, res):
     print(f"\n{'model':<10} {'device':<5} {'contender':<21} {'fwd+bwd ms':>22} {'exposed step ms':>24} "
-          f"{'step ms':>24} {'vs RAM':>6}  device B/param/step")
+          f"{'step ms':>24} {'vs RAM':>6}  B/param/step")
     order = {c: i for i, c in enumerate(RAM + ["swap ckpt/1", "swap ckpt/10"] + list(OFFLOAD))}
     models = list(MODELS)
     for m, d, c, reps in sorted(rows, key=lambda r: (models.index(r[0]), r[1] != "ram", r[1] != "shm", order[r[2]])):
@@ -382,10 +384,11 @@ def print_table(rows, res):
         note = ""
         raw = res.get((m, d, "swap" if c.startswith("swap") else c), [{}])[-1]
         if "bytes" in raw:
-            note = bytes_line(raw["bytes"], raw["params"])
+            b = raw["bytes"]    # last_step_bytes: what the trainer wrote to and read from the engine
+            note = f"engine: grad {b['grad_written'] / raw['params']:.2f} + params {b['params_read'] / raw['params']:.2f}"
         if raw.get("step_io_write") and d == "disk":
             k = "ckpt" if c == "swap ckpt/1" else "step"
-            note = (f"block I/O {(raw[f'{k}_io_read'] + raw[f'{k}_io_write']) / raw['params']:.1f}"
+            note = (f"disk {(raw[f'{k}_io_read'] + raw[f'{k}_io_write']) / raw['params']:.1f}"
                     + (f"; {note}" if note else ""))
         print(f"{m:<10} {d:<5} {c:<21} {fmt_spread([r['fb'] for r in reps], 1e3):>22} "
               f"{fmt_spread([r['exposed'] for r in reps], 1e3):>24} {fmt_spread([r['iter'] for r in reps], 1e3):>24} "
@@ -507,6 +510,8 @@ def main():
     ap.add_argument("--batch", type=int, default=2, help=f"sequences of {CTX} tokens per step")
     ap.add_argument("--swap-group", type=int, default=2 << 20, help="params per swap group")
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--alloc", choices=list(ALLOC_ENV), default="glibc",
+                    help="the allocator of the swap and offload children (default %(default)s)")
     ap.add_argument("--micro", choices=("run", "none"), default="run",
                     help="run ckpt_bench_update and ckpt_bench_engine (default) or not")
     ap.add_argument("--png", default=None, help="default BUILD/bench/e2e.png")
@@ -535,7 +540,7 @@ def main():
     for d in devices:
         if not os.path.isdir(dirs[d]):
             sys.exit(f"e2e_bench: {dirs[d]} ({d}) is not a directory")
-    if any(c.endswith("jemalloc") or c not in RAM for c in contenders) and not os.path.exists(JEMALLOC):
+    if any(alloc_of(c, a.alloc) == "jemalloc" for c in contenders) and not os.path.exists(JEMALLOC):
         sys.exit(f"e2e_bench: {JEMALLOC} is missing (libjemalloc2; scripts/deps.sh installs it)")
     out_dir = os.path.join(a.build, "bench")
     png, raw = a.png or os.path.join(out_dir, "e2e.png"), a.raw or os.path.join(out_dir, "e2e-raw.json")
@@ -545,10 +550,11 @@ def main():
     with open("/proc/loadavg") as f:
         load = f.read().split()[0]
     print(f"e2e_bench: {', '.join(models)} on {', '.join(devices)}; {a.reps} repetitions, {a.steps} steps "
-          f"each, batch {a.batch}x{CTX}, BENCH_THREADS={os.environ.get('BENCH_THREADS', '1')}; "
+          f"each, batch {a.batch}x{CTX}, BENCH_THREADS={os.environ.get('BENCH_THREADS', '1')}, "
+          f"swap and offload with {a.alloc}; "
           f"load average {load}", flush=True)
     run = {"models": models, "headline_model": a.headline_model if a.headline_model in models else models[0],
-           "load_average_start": float(load), "micro": {}, "results": []}
+           "load_average_start": float(load), "alloc": a.alloc, "micro": {}, "results": []}
     if a.micro == "run":
         run["micro"] = run_micro(a.build, {d: dirs[d] for d in devices}, a.quick)
     measure(a, run, raw, models, devices, contenders, dirs)
@@ -569,7 +575,7 @@ def measure(a, run, raw, models, devices, contenders, dirs):
                     continue
                 cfg = {"model": m, "contender": c, "dir": tmp.get(d), "steps": a.steps, "batch": a.batch,
                        "swap_group": a.swap_group}
-                o = run_child(cfg, ALLOC_ENV[alloc_of(c)])
+                o = run_child(cfg, ALLOC_ENV[alloc_of(c, a.alloc)])
                 run["results"].append([m, d, c, o])
                 with open(raw, "w") as f:
                     json.dump(run, f)

@@ -20,7 +20,7 @@ libgtest-dev libgmock-dev libbenchmark-dev
 libdevmapper-dev libnvme-dev
 python3 python3-numpy python3-torch python3-matplotlib python3-tqdm
 python3-pip python3-venv python3-setuptools python3-wheel python3-docutils
-libjemalloc2 fio
+libjemalloc2 fio linux-perf
 "
 # make check also: the kernels the module is built and tested against, qemu and
 # the VM tools, DKMS, the fuzzing toolchain
