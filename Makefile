@@ -138,7 +138,7 @@ crash-campaign-ranks:
 # kernels. Measured on the shared 2-core machine: a VM entry ~5 min, a power
 # cut ~1 min (one boot), a log replay of 24 steps ~12 min.
 CAMPAIGN_VM_MATRIX ?= 6.1:max 6.1:qemu64 6.12:qemu64 6.12:qemu64:8bit 6.1:qemu64:8bit-bf16 6.12:max:8bit-bf16
-CAMPAIGN_POWERCUTS ?= 60
+CAMPAIGN_POWERCUTS ?= 40
 crash-campaign-kernel: crash-campaign-vm crash-campaign-powercut crash-campaign-logreplay
 
 crash-campaign-vm:
