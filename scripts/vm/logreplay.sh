@@ -7,7 +7,8 @@
 #
 #   scripts/vm/logreplay.sh [--steps N] [--params N] [--seed N] [--kernel K] [--cpu C]
 # Environment: BUILD (default build), CKPT_VM_RUN_ARGS. The last line is
-# "N passed, N failed"; the result goes to docs/reliability.md.
+# "N passed, N failed"; the result goes to docs/reliability.md, row
+# CKPT_VM_RECORD_NAME (default kernel-log-replay), run by CKPT_VM_RECORD_TARGET.
 set -uo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 {
@@ -59,9 +60,9 @@ if [ $rc -ne 0 ] && [ $fail = 0 ]; then
 	echo "not ok - $kernel/$cpu replay run: status $rc ($work/runner, $work/console.log)"
 fi
 [ $pass -gt 0 ] || { fail=$((fail + 1)); echo "not ok - $kernel/$cpu replay: no state checked"; }
-"$ROOT/scripts/reliability.py" record --build "$BUILD_DIR" --name kernel-log-replay \
+"$ROOT/scripts/reliability.py" record --build "$BUILD_DIR" --name "${CKPT_VM_RECORD_NAME:-kernel-log-replay}" \
 	--what "crash states of the kernel target replayed from dm-log-writes at every flush/FUA ($kernel/$cpu), checked by the engine and the target" \
-	--count $((pass + fail)) --unit states --lost "$fail" --target "make check-logreplay" ||
+	--count $((pass + fail)) --unit states --lost "$fail" --target "${CKPT_VM_RECORD_TARGET:-make check-logreplay}" ||
 	echo "# could not record the result for docs/reliability.md"
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

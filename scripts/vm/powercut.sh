@@ -23,7 +23,8 @@
 # A cut comes at most --max-delay seconds into stepping, drawn over the time
 # the steps left take (learnt from the boots that ran to the end).
 # Environment: BUILD (default build), CKPT_VM_RUN_ARGS. The last line is
-# "N passed, N failed"; the result goes to docs/reliability.md.
+# "N passed, N failed"; the result goes to docs/reliability.md, row
+# CKPT_VM_RECORD_NAME (default kernel-power-cuts), run by CKPT_VM_RECORD_TARGET.
 set -uo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 {
@@ -151,9 +152,9 @@ if [ $fail = 0 ]; then
 		not_ok "after $done_cuts cuts, the last boot failed (status $rc; $work/boot$boot.runner)"
 	fi
 fi
-"$ROOT/scripts/reliability.py" record --build "$BUILD_DIR" --name kernel-power-cuts \
+"$ROOT/scripts/reliability.py" record --build "$BUILD_DIR" --name "${CKPT_VM_RECORD_NAME:-kernel-power-cuts}" \
 	--what "qemu killed mid-step under the kernel target ($kernel/$cpu), state checked against an uncut run" \
-	--count "$done_cuts" --unit cuts --lost "$fail" --target "make check-powercut" ||
+	--count "$done_cuts" --unit cuts --lost "$fail" --target "${CKPT_VM_RECORD_TARGET:-make check-powercut}" ||
 	echo "# could not record the result for docs/reliability.md"
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -230,14 +230,26 @@ std::string backing_of(const dm::Info &i, const std::string &name)
 	return "/dev/" + slaves[0];
 }
 
-// The subsystem serving path (a namespace's device_path), if any.
+// The block device a path names (0 if it names none): one device has many
+// names (/dev/nvme0n1, /dev/block/259:0, /dev/disk/by-id/...).
+dev_t block_device(const std::string &path)
+{
+	struct stat st;
+	return stat(path.c_str(), &st) == 0 && S_ISBLK(st.st_mode) ? st.st_rdev : 0;
+}
+
+// The subsystem whose namespace has path's device as its device_path, under
+// whatever name, if any.
 std::string served_by(const std::string &path)
 {
+	const dev_t dev = block_device(path);
 	std::error_code ec;
 	for (const auto &s : fs::directory_iterator(nvmet / "subsystems", ec))
-		for (const auto &n : fs::directory_iterator(s.path() / "namespaces", ec))
-			if (read_attr(n.path() / "device_path") == path)
+		for (const auto &n : fs::directory_iterator(s.path() / "namespaces", ec)) {
+			const std::string other = read_attr(n.path() / "device_path");
+			if (other == path || (dev != 0 && block_device(other) == dev))
 				return s.path().filename().string();
+		}
 	return "";
 }
 

@@ -35,6 +35,14 @@ ok "eth0 is $addr" sh -c "ip -4 addr show eth0 | grep -q 'inet $addr/'"
 find $nvmet | sort >/tmp/nvmet.before
 
 ok "ckptctl create ckpt0 $img" has "committed step 0" ckptctl create ckpt0 "$img"
+# the backing device already in a namespace of another subsystem, under
+# another of its names: serve must see it is the same device
+alias=/tmp/backing-alias other=$nvmet/subsystems/${nqn}.other
+ok "$img put in another subsystem as $alias" sh -c "mknod $alias b \$(tr : ' ' </sys/block/${img#/dev/}/dev) &&
+	mkdir $other && mkdir $other/namespaces/1 && echo $alias >$other/namespaces/1/device_path"
+fails_with "serve refuses a device whose backing is in another subsystem under another name" 1 \
+	"served already, by subsystem ${nqn}.other" ckptctl serve ckpt0 --nqn "$nqn" --addr "$addr"
+ok "that subsystem removed" sh -c "rmdir $other/namespaces/1 $other && rm $alias"
 ok "ckptctl serve ckpt0 on $addr to $host_nqn" has "served as $nqn" \
 	ckptctl serve ckpt0 --nqn "$nqn" --addr "$addr" --host "$host_nqn"
 fails_with "a second serve of the device is refused" 1 "served already" \
