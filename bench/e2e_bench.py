@@ -23,7 +23,7 @@ backward + optimizer step + zero_grad, on BENCH_THREADS torch threads
               this one and the new params go to the model; another writes
               the group back behind. Checkpointed: the same step also writes
               the new state to a second file, fdatasync'd at the end of the
-              step ("swap+ckpt"). A process alternates both steps;
+              step. A process alternates both steps;
               "swap ckpt/1" is the checkpointing step, "swap ckpt/10" nine
               plain steps and one checkpointing step, averaged.
   offload-*   OffloadAdamW on a bf16 device file in the same directory:
@@ -112,7 +112,7 @@ class SwapAdamW:
         import queue
         import threading
         import torch
-        self.torch, self.queue = torch, queue
+        self.torch, self.queue, self.threading = torch, queue, threading
         self.params = [p for p in params]
         group_params = max(1024, group_params // 1024 * 1024)
         self.groups = []        # (offset in the file, params, [(param, param offset, group offset, len)])
@@ -149,7 +149,6 @@ class SwapAdamW:
                 os.pwritev(fd, [memoryview(mm)[:12 * padded]], off)
         for fd in self.fds:
             os.fdatasync(fd)
-        self.threading = threading
 
     @staticmethod
     def _open(path):
@@ -386,6 +385,8 @@ def print_table(rows, res):
         if "bytes" in raw:
             b = raw["bytes"]    # last_step_bytes: what the trainer wrote to and read from the engine
             note = f"engine: grad {b['grad_written'] / raw['params']:.2f} + params {b['params_read'] / raw['params']:.2f}"
+            if c in OFFLOAD and OFFLOAD[c][2] and not all(r.get("hooked") for r in res[(m, d, c)]):
+                note += " (a step did not keep the hooks' writes)"
         if raw.get("step_io_write") and d == "disk":
             k = "ckpt" if c == "swap ckpt/1" else "step"
             note = (f"disk {(raw[f'{k}_io_read'] + raw[f'{k}_io_write']) / raw['params']:.1f}"
