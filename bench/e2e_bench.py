@@ -170,32 +170,39 @@ class SwapAdamW:
             assert got == 12 * padded, got
             ready.put((k, s))
 
-    def _writer(self, written, free, ckpt, errors):
+    def _writer(self, fd, todo, done, sync, errors):
+        """Writes each group of todo to fd, then passes it to done; fdatasync at the end if sync."""
         try:
             while True:
-                item = written.get()
+                item = todo.get()
                 if item is None:
                     break
                 k, s = item
                 off, padded, _ = self.groups[k]
-                mv = memoryview(self.slots[s][0])[:12 * padded]
-                for fd in self.fds[:2 if ckpt else 1]:
-                    assert os.pwritev(fd, [mv], off) == 12 * padded
-                free.put(s)
-            if ckpt:
-                os.fdatasync(self.fds[1])
+                assert os.pwritev(fd, [memoryview(self.slots[s][0])[:12 * padded]], off) == 12 * padded
+                done.put(item)
+            if sync:
+                os.fdatasync(fd)
         except BaseException as e:      # noqa: BLE001 - reported by step()
             errors.append(e)
+        finally:
+            done.put(None)
 
     def step(self, ckpt=False):
-        torch, F = self.torch, self.torch.optim._functional
-        free, ready, written, errors = self.queue.Queue(), self.queue.Queue(), self.queue.Queue(), []
+        """One step; ckpt=True: the checkpoint file is written by a second writer
+        thread behind the first (each record once to each file), then fdatasync'd."""
+        torch, F, Queue = self.torch, self.torch.optim._functional, self.queue.Queue
+        free, ready, written, errors = Queue(), Queue(), Queue(), []
         for s in range(len(self.slots)):
             free.put(s)
-        rd = self.threading.Thread(target=self._reader, args=(free, ready))
-        wr = self.threading.Thread(target=self._writer, args=(written, free, ckpt, errors))
-        rd.start()
-        wr.start()
+        chain = [written, Queue()] + ([Queue()] if ckpt else [])   # the last one's groups are done
+        threads = [self.threading.Thread(target=self._reader, args=(free, ready))]
+        threads += [self.threading.Thread(target=self._writer, args=(self.fds[i], chain[i], chain[i + 1], i == 1,
+                                                                     errors)) for i in range(len(chain) - 1)]
+        recycle = self.threading.Thread(target=lambda: [free.put(it[1]) for it in iter(chain[-1].get, None)])
+        threads.append(recycle)
+        for th in threads:
+            th.start()
         try:
             for _ in self.groups:
                 k, s = ready.get()
@@ -212,8 +219,8 @@ class SwapAdamW:
                 written.put((k, s))
         finally:
             written.put(None)
-            rd.join()
-            wr.join()
+            for th in threads:
+                th.join()
         if errors:
             raise errors[0]
 
