@@ -186,7 +186,7 @@ bench: deps
 # torch's AdamW in RAM and a swap of the fp32 state to the same device, the
 # demo's GPT at 10M, 50M and 200M params and at 2000 tensors, on /dev/shm and
 # CKPT_BENCH_DISK (default /var/tmp); a table, build/bench/e2e.png and a JSON
-# line. About 30 minutes on 2 cores; E2E_ARGS=--quick for a smoke run.
+# line. About 45 minutes on 2 cores; E2E_ARGS=--quick for a smoke run.
 E2E_ARGS ?=
 bench-e2e: deps
 	$(MAKE) all
