@@ -15,7 +15,7 @@ set -eu
 
 USERSPACE="
 build-essential cmake pkg-config
-liburing-dev libblkid-dev libcli11-dev libfmt-dev nlohmann-json3-dev
+liburing-dev libblkid-dev libcli11-dev libfmt-dev nlohmann-json3-dev libisal-dev
 libgtest-dev libgmock-dev libbenchmark-dev
 libdevmapper-dev libnvme-dev
 python3 python3-numpy python3-torch python3-matplotlib python3-tqdm
@@ -37,9 +37,10 @@ KDEBUG_PACKAGES="linux-source-6.12 flex bison bc libelf-dev libssl-dev"
 # The aarch64 cross build: Debian's cross toolchain and qemu-user, and the
 # arm64 -dev packages of the libraries through multiarch (dpkg architecture
 # arm64, added below); CLI11 and nlohmann-json are headers (Architecture: all).
-# libnvme-dev is not Multi-Arch: same in Debian 12 (installing its arm64
-# build would remove the host's), so ckptctl's NVMe code is left out of the
-# cross build (tools/CMakeLists.txt); a native aarch64 build has it.
+# libnvme-dev and libisal-dev are not Multi-Arch: same in Debian 12
+# (installing their arm64 builds would remove the host's), so ckptctl's NVMe
+# code is left out of the cross build (tools/CMakeLists.txt) and its crc32c
+# is the project's own (libckpt/src/crc32c.c); a native aarch64 build has both.
 AARCH64_PACKAGES="
 gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user
 libc6:arm64 libstdc++6:arm64
