@@ -20,7 +20,6 @@
  */
 #include "ckpt_platform.h"
 
-#include <limits.h>
 #include <pthread.h>
 
 #ifdef CKPT_HAVE_ISAL
