@@ -171,12 +171,10 @@ int ckpt_crc32c_hw_available(void)
 }
 #endif
 
-typedef u32 (*crc_fn)(u32, const void *, size_t);
-static crc_fn crc_impl;
-
 #ifdef CKPT_HAVE_ISAL
-/* crc32_iscsi takes an int length: whole buffers in 1 GiB pieces. */
-static u32 crc32c_isal(u32 crc, const void *buf, size_t len)
+/* ISA-L dispatches by itself. crc32_iscsi takes an int length: whole buffers
+ * go in 1 GiB pieces. */
+u32 ckpt_crc32c_raw(u32 crc, const void *buf, size_t len)
 {
 	const unsigned char *p = buf;
 
@@ -189,17 +187,15 @@ static u32 crc32c_isal(u32 crc, const void *buf, size_t len)
 	}
 	return crc;
 }
-#endif
+#else
+typedef u32 (*crc_fn)(u32, const void *, size_t);
+static crc_fn crc_impl;
 
 __attribute__((constructor))
 static void crc_select(void)
 {
-#ifdef CKPT_HAVE_ISAL
-	crc_fn f = crc32c_isal;
-#else
-	crc_fn f = ckpt_crc32c_hw_available() ? ckpt_crc32c_hw : ckpt_crc32c_sw;
-#endif
-	__atomic_store_n(&crc_impl, f, __ATOMIC_RELAXED);
+	__atomic_store_n(&crc_impl, ckpt_crc32c_hw_available() ?
+			 ckpt_crc32c_hw : ckpt_crc32c_sw, __ATOMIC_RELAXED);
 }
 
 u32 ckpt_crc32c_raw(u32 seed, const void *p, size_t len)
@@ -213,3 +209,4 @@ u32 ckpt_crc32c_raw(u32 seed, const void *p, size_t len)
 	}
 	return f(seed, p, len);
 }
+#endif
