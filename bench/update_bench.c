@@ -9,6 +9,8 @@
  *            is the ceiling.
  *   update:  ckpt_update_chunk (each variant and the dispatched one) over the
  *            same arrays, in chunks of 65536 params.
+ *   q8:      ckpt_update_chunk_q8 (each variant), the same step on 8-bit
+ *            moments (feature Q8): its speed against the fp32 update's.
  *
  * 64 Mi params, buffers allocated once with MADV_HUGEPAGE and touched before
  * timing; every measurement repeated several times, interleaved (A B C A B C
@@ -103,9 +105,10 @@ typedef void (*ceiling_fn)(CEILING_ARGS);
 
 struct meas {
 	const char *name;
-	int kind;		/* 0 ceiling, 1 update */
+	int kind;		/* 0 ceiling, 1 update, 2 q8 update */
 	ceiling_fn cfn;
 	ckpt_update_fn ufn;
+	ckpt_update_q8_fn qfn;
 	u32 dtype;
 	int ok;
 	double t[64];	/* each repeat's time */
@@ -144,7 +147,9 @@ int main(int argc, char **argv)
 	int reps = argc > 2 ? atoi(argv[2]) : 7;
 	u64 n = 1ull << lg;
 	u16 *g, *gb, *plo;
-	u32 *p, *m, *v;
+	u32 *p, *m, *v, *qscale;
+	u32 qtmp[CKPT_Q8_TMP_WORDS];
+	struct ckpt_q8_state q8;
 	struct ckpt_hparams hp;
 	u32 scale = fbits(1.0f);
 	u32 seed = 12345;
@@ -173,6 +178,12 @@ int main(int argc, char **argv)
 		v[i] = fbits(r * r * 1e-5f + 1e-9f);
 		plo[i] = 0;
 	}
+	q8.m = big_alloc(n);
+	q8.v = big_alloc(n);
+	qscale = big_alloc(n / CKPT_Q8_BLOCK * 8);
+	q8.m_scale = qscale;
+	q8.v_scale = qscale + n / CKPT_Q8_BLOCK;
+	ckpt_q8_encode(&q8, m, v, n);
 	memset(&hp, 0, sizeof(hp));
 	hp.lr = fbits(1e-3f);
 	hp.beta1 = fbits(0.9f);
@@ -190,7 +201,7 @@ int main(int argc, char **argv)
 	struct ckpt_update_variant var[CKPT_UPDATE_VARIANTS_MAX];
 	unsigned int nv = ckpt_update_variants(var);
 	u32 flags = 0;
-	double ceiling = 1e30, dispatched = 0;
+	double ceiling = 1e30, dispatched_med = 0, q8_med = 0;
 
 #if defined(__x86_64__)
 	ms[nm++] = meas_of("ceiling[sse2]", 0, ceiling_sse2, NULL, 0, 1);
@@ -209,6 +220,15 @@ int main(int argc, char **argv)
 	}
 	ms[nm++] = meas_of("update[dispatched,bf16]", 1, NULL, ckpt_update_chunk,
 				 CKPT_DTYPE_BF16, 1);
+	for (unsigned int i = 0; i < nv; i++) {
+		static char names[CKPT_UPDATE_VARIANTS_MAX][40];
+
+		if (!strcmp(var[i].name, "avx2+f16c") || !strcmp(var[i].name, "avx512+f16c"))
+			continue;	/* the same Q8 builds as avx2 and avx512 */
+		snprintf(names[i], sizeof(names[i]), "q8[%s]", var[i].name);
+		ms[nm] = meas_of(names[i], 2, NULL, NULL, CKPT_DTYPE_FP16, var[i].available);
+		ms[nm++].qfn = var[i].update_q8;
+	}
 #ifdef CKPT_BENCH_KMOD_FPU
 	ms[nm++] = meas_of("update[kmod sse2]", 1, NULL, dm_ckpt_update_sse2, CKPT_DTYPE_FP16,
 				 1);
@@ -231,6 +251,18 @@ int main(int argc, char **argv)
 			t0 = now();
 			if (x->kind == 0) {
 				x->cfn(g, p, m, v, plo, n, g_zero);
+			} else if (x->kind == 2) {
+				for (u64 off = 0; off < n; off += CHUNK) {
+					u64 len = n - off < CHUNK ? n - off : CHUNK;
+					struct ckpt_q8_state at = {
+						q8.m + off, q8.v + off,
+						q8.m_scale + off / CKPT_Q8_BLOCK,
+						q8.v_scale + off / CKPT_Q8_BLOCK,
+					};
+
+					flags |= x->qfn(&hp, scale, x->dtype, g + off, p + off, &at,
+							qtmp, plo + off, len);
+				}
 			} else {
 				for (u64 off = 0; off < n; off += CHUNK) {
 					u64 len = n - off < CHUNK ? n - off : CHUNK;
@@ -251,12 +283,22 @@ int main(int argc, char **argv)
 		summarize(&ms[j], reps);
 		if (ms[j].kind == 0 && ms[j].med < ceiling)
 			ceiling = ms[j].med;
+		if (!strcmp(ms[j].name, "update[dispatched]"))
+			dispatched_med = ms[j].med;
+		if (!strcmp(ms[j].name, "q8[dispatched]"))
+			q8_med = ms[j].med;
 	}
 	for (int j = 0; j < nm; j++) {
 		struct meas *x = &ms[j];
 
 		if (!x->ok) {
 			printf("%-34s (not supported by this CPU)\n", x->name);
+			continue;
+		}
+		if (x->kind == 2) {
+			printf("%-34s %6.3f Gparams/s (%.3f..%.3f)  %.2f of the fp32 update's speed\n",
+			       x->name, n / x->med * 1e-9, n / x->max * 1e-9, n / x->min * 1e-9,
+			       dispatched_med / x->med);
 			continue;
 		}
 		printf("%-34s %6.3f Gparams/s (%.3f..%.3f)  %5.1f GB/s  %.2f of ceiling\n", x->name,
@@ -266,10 +308,9 @@ int main(int argc, char **argv)
 	if (flags)
 		printf("(note: a non-finite gradient was flagged)\n");
 	/* the JSON line: the dispatched fp16 update, then every variant */
-	for (int j = 0; j < nm; j++)
-		if (ms[j].ok && !strcmp(ms[j].name, "update[dispatched]"))
-			dispatched = ceiling / ms[j].med;
-	printf("{\"loop_fraction_of_bound\": %.4f, \"loop_bound_gparams_s\": %.4f", dispatched, n / ceiling * 1e-9);
+	printf("{\"loop_fraction_of_bound\": %.4f, \"loop_bound_gparams_s\": %.4f, "
+	       "\"q8_gparams_s\": %.4f, \"q8_vs_fp32_update\": %.4f",
+	       ceiling / dispatched_med, n / ceiling * 1e-9, n / q8_med * 1e-9, dispatched_med / q8_med);
 	for (int j = 0; j < nm; j++) {
 		char key[64];
 		const char *c = ms[j].name + strlen("update[");

@@ -325,46 +325,55 @@ static __always_inline u32 ckpt_update_loop(const struct ckpt_upd_k *k, const in
 /* ---------------------------------------------------------------------- */
 
 /*
- * The code nearest x (x in [-1, 1]): the number of midpoints below x, by a
- * branch-free binary search over the 256 midpoints (the last is +Inf). Only
- * comparisons: the same index on every build.
+ * The code nearest x (bits; |x| <= 1 or NaN): the number of the map's
+ * midpoints below x, from its bucket table (scripts/gen_q8_tables.py). The
+ * magnitude's high bits pick the bucket, which holds at most one midpoint, so
+ * one compare of the low bits against it finishes the count: a load and a
+ * few integer operations that vectorize (a gather), where a search over 256
+ * midpoints is eight dependent loads. Integer only: the same index on every
+ * build. NaN (a non-finite step, which is refused) takes 0.
  */
-static __always_inline u32 ckpt_q8_index(const u32 *mid, float x)
+static __always_inline u32 ckpt_q8_index(const u32 *bkt, const u32 shift, const u32 klo,
+					 const u32 nk, u32 x)
 {
-	u32 i = 0;
+	u32 s = x >> 31, a = x & 0x7fffffffu;
+	u32 nan = CKPT_MASK(a > 0x7f800000u);
+	u32 k, e;
 
-	i += CKPT_MASK(x > ckpt_as_f(mid[i + 127])) & 128u;
-	i += CKPT_MASK(x > ckpt_as_f(mid[i + 63])) & 64u;
-	i += CKPT_MASK(x > ckpt_as_f(mid[i + 31])) & 32u;
-	i += CKPT_MASK(x > ckpt_as_f(mid[i + 15])) & 16u;
-	i += CKPT_MASK(x > ckpt_as_f(mid[i + 7])) & 8u;
-	i += CKPT_MASK(x > ckpt_as_f(mid[i + 3])) & 4u;
-	i += CKPT_MASK(x > ckpt_as_f(mid[i + 1])) & 2u;
-	i += CKPT_MASK(x > ckpt_as_f(mid[i])) & 1u;
-	return i;
+	a = ckpt_sel(CKPT_MASK(a < (klo << shift)), klo << shift, a);
+	k = ckpt_sel(CKPT_MASK((a >> shift) - klo > nk - 1), nk - 1, (a >> shift) - klo);
+	e = bkt[s * nk + k];
+	return ((e >> 24) + ((u32)((a & ((1u << shift) - 1)) >= (e & 0x3ffffu)) ^ s)) & ~nan;
 }
 
 /*
  * Quantize one block of CKPT_Q8_BLOCK fp32 values (bits): the scale is the
  * largest magnitude (0 for an all-zero block, whose values are divided by 1),
  * each value divided by it (correctly rounded, so within [-1, 1]) and
- * stored as its nearest code of mid's map.
+ * stored as its nearest code: of exp_avg's map, or (sq, a compile-time
+ * constant) of exp_avg_sq's.
  */
-static __always_inline void ckpt_q8_quant_block(const u32 *mid, const u32 *__restrict x,
+static __always_inline void ckpt_q8_quant_block(const int sq, const u32 *__restrict x,
 						u8 *__restrict q, u32 *scale)
 {
 	u32 amax = 0, i;
 	float d;
 
-	/* |x| compares as an integer: finite non-negative floats order as their bits */
+	/*
+	 * |x| compares as an integer: finite non-negative floats order as their
+	 * bits. A plain max, which the vectorizer knows as a reduction.
+	 */
 	for (i = 0; i < CKPT_Q8_BLOCK; i++) {
 		u32 a = x[i] & 0x7fffffffu;
 
-		amax = ckpt_sel(CKPT_MASK(a > amax), a, amax);
+		amax = a > amax ? a : amax;
 	}
 	d = ckpt_as_f(amax ? amax : 0x3f800000u);
 	for (i = 0; i < CKPT_Q8_BLOCK; i++)
-		q[i] = (u8)ckpt_q8_index(mid, ckpt_as_f(x[i]) / d);
+		q[i] = (u8)(sq ? ckpt_q8_index(ckpt_q8_bkt_v, CKPT_Q8_V_SHIFT, CKPT_Q8_V_KLO,
+					       CKPT_Q8_V_NK, ckpt_as_u(ckpt_as_f(x[i]) / d))
+			       : ckpt_q8_index(ckpt_q8_bkt_m, CKPT_Q8_M_SHIFT, CKPT_Q8_M_KLO,
+					       CKPT_Q8_M_NK, ckpt_as_u(ckpt_as_f(x[i]) / d)));
 	*scale = amax;
 }
 
@@ -421,8 +430,8 @@ static __always_inline u32 ckpt_update_loop_q8(const struct ckpt_upd_k *k, const
 				plo[b + i] = ckpt_plo_of(bf16, pp);
 			}
 		}
-		ckpt_q8_quant_block(ckpt_q8_mid_m, tm, s->m + b, &s->m_scale[b >> CKPT_Q8_SHIFT]);
-		ckpt_q8_quant_block(ckpt_q8_mid_v, tv, s->v + b, &s->v_scale[b >> CKPT_Q8_SHIFT]);
+		ckpt_q8_quant_block(0, tm, s->m + b, &s->m_scale[b >> CKPT_Q8_SHIFT]);
+		ckpt_q8_quant_block(1, tv, s->v + b, &s->v_scale[b >> CKPT_Q8_SHIFT]);
 	}
 	return nf >> 31;
 }
@@ -514,8 +523,8 @@ static __always_inline void ckpt_q8_encode_body(const struct ckpt_q8_state *s, c
 	u64 b;
 
 	for (b = 0; b < n; b += CKPT_Q8_BLOCK) {
-		ckpt_q8_quant_block(ckpt_q8_mid_m, m + b, s->m + b, &s->m_scale[b >> CKPT_Q8_SHIFT]);
-		ckpt_q8_quant_block(ckpt_q8_mid_v, v + b, s->v + b, &s->v_scale[b >> CKPT_Q8_SHIFT]);
+		ckpt_q8_quant_block(0, m + b, s->m + b, &s->m_scale[b >> CKPT_Q8_SHIFT]);
+		ckpt_q8_quant_block(1, v + b, s->v + b, &s->v_scale[b >> CKPT_Q8_SHIFT]);
 	}
 }
 

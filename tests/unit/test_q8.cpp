@@ -172,6 +172,99 @@ TEST(Q8, EncodeTakesTheNearestCode)
 
 namespace {
 
+// The midpoints of a map as scripts/gen_q8_tables.py defines them: between
+// neighbouring codes, rounded to fp32.
+std::vector<float> midpoints(const uint32_t *code)
+{
+	std::vector<float> mid;
+	for (int j = 0; j < 255; j++)
+		mid.push_back(static_cast<float>(((double)flt(code[j]) + flt(code[j + 1])) / 2));
+	return mid;
+}
+
+// The index the format defines: how many midpoints are below x (NaN: 0).
+uint8_t index_by_count(const std::vector<float> &mid, uint32_t x)
+{
+	uint32_t i = 0;
+	for (float m : mid)
+		i += m < flt(x);
+	return static_cast<uint8_t>(i);
+}
+
+} // namespace
+
+// The bucket tables give exactly the count of midpoints below x, for x of
+// both signs in both maps: at every bucket's edges, beside every midpoint,
+// at +-0, +-1, NaN and 2^20 random values of [-1, 1]. The encode of a block
+// whose scale is 1 is the index of each value.
+TEST(Q8, BucketIndexIsTheMidpointCount)
+{
+	std::vector<uint32_t> x = {0u, 0x80000000u, bits(1.0f), bits(-1.0f), 0x7fc00000u, 0xffc00000u,
+				   1u, 0x80000001u, 0x00800000u};
+	for (const uint32_t *code : {ckpt_q8_code_m, ckpt_q8_code_v})
+		for (float m : midpoints(code))
+			for (uint32_t d = 0; d < 4; d++)
+				for (uint32_t sign : {0u, 0x80000000u})
+					for (uint32_t u : {bits(m) + d, bits(m) - d})
+						x.push_back((u & 0x7fffffffu) | sign);
+	for (uint32_t shift : {(uint32_t)CKPT_Q8_M_SHIFT, (uint32_t)CKPT_Q8_V_SHIFT})
+		for (uint32_t k = 0x3000; k <= (0x3f800000u >> shift); k++)
+			for (uint32_t sign : {0u, 0x80000000u})
+				for (uint32_t r : {0u, 1u, (1u << shift) - 1})
+					x.push_back(((k << shift) + r) | sign);
+	std::mt19937_64 rng(11);
+	for (int i = 0; i < (1 << 20); i++) {
+		uint32_t u = static_cast<uint32_t>(rng());
+		x.push_back((u & 0x80000000u) | (u & 0x7fffffffu) % 0x3f800001u);
+	}
+	std::erase_if(x, [](uint32_t u) { return (u & 0x7fffffffu) > 0x3f800000u && (u & 0x7fffffffu) <= 0x7f800000u; });
+	// blocks of scale 1: a first value of 1 (or -1 for the signed map's
+	// negative half would do too; 1 keeps both maps' scale 1)
+	std::vector<uint32_t> blk;
+	for (size_t i = 0; i < x.size(); i++) {
+		if (blk.size() % CKPT_Q8_BLOCK == 0)
+			blk.push_back(bits(1.0f));
+		blk.push_back(x[i]);
+	}
+	blk.resize((blk.size() + CKPT_Q8_BLOCK - 1) / CKPT_Q8_BLOCK * CKPT_Q8_BLOCK, 0);
+	// a NaN makes the block's scale NaN: take NaN's blocks without a scale of 1
+	const std::vector<float> mid_m = midpoints(ckpt_q8_code_m), mid_v = midpoints(ckpt_q8_code_v);
+	Q8 q(blk.size());
+	const struct ckpt_q8_state s = q.state();
+	ckpt_q8_encode(&s, blk.data(), blk.data(), blk.size());
+	uint64_t checked = 0;
+	for (size_t b = 0; b < blk.size(); b += CKPT_Q8_BLOCK) {
+		if (q.ms[b / CKPT_Q8_BLOCK] != bits(1.0f))
+			continue;	// a NaN in the block: checked below
+		for (size_t i = b; i < b + CKPT_Q8_BLOCK; i++) {
+			ASSERT_EQ(q.m[i], index_by_count(mid_m, blk[i])) << std::hex << blk[i];
+			ASSERT_EQ(q.v[i], index_by_count(mid_v, blk[i])) << std::hex << blk[i];
+			checked++;
+		}
+	}
+	EXPECT_GT(checked, x.size() - 4 * CKPT_Q8_BLOCK);
+}
+
+// A block with a NaN (a non-finite step, which is refused) is encoded
+// without reading outside the tables: its scale is NaN's bits, every value
+// divides to NaN and takes code 0.
+TEST(Q8, NanBlockTakesCodeZero)
+{
+	std::vector<uint32_t> x(CKPT_Q8_BLOCK, bits(0.5f));
+	x[7] = 0x7fc00000u;
+	x[8] = bits(-0.25f);
+	Q8 q(CKPT_Q8_BLOCK);
+	const struct ckpt_q8_state s = q.state();
+	ckpt_q8_encode(&s, x.data(), x.data(), CKPT_Q8_BLOCK);
+	EXPECT_EQ(q.ms[0], 0x7fc00000u);
+	for (uint32_t i = 0; i < CKPT_Q8_BLOCK; i++) {
+		EXPECT_EQ(q.m[i], 0u) << i;
+		EXPECT_EQ(q.v[i], 0u) << i;
+	}
+}
+
+namespace {
+
 ckpt_hparams hparams(std::mt19937_64 &rng, bool l2)
 {
 	std::uniform_real_distribution<double> u(0.0, 1.0);
