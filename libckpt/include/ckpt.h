@@ -148,6 +148,16 @@ int ckpt_open(const char *path, ckpt_device **out);
  * ignores them.
  */
 int ckpt_open_engine(const char *path, uint32_t workers, uint32_t depth, ckpt_device **out);
+/*
+ * ckpt_open_engine with flags (any other bit: E_INVAL). CKPT_OPEN_PARAM_CACHE:
+ * the engine keeps the params each chunk was last written with (2 bytes per
+ * param of memory) and answers reads of them from memory while the backing
+ * device holds the same bytes, so reading the params back after every step
+ * costs no device reads. A kernel target's device ignores it.
+ */
+#define CKPT_OPEN_PARAM_CACHE 1u
+int ckpt_open_engine_flags(const char *path, uint32_t workers, uint32_t depth, uint32_t flags,
+			   ckpt_device **out);
 /* Waits for the call in flight, then closes; a closed or unknown d is ignored. */
 void ckpt_close(ckpt_device *d);
 

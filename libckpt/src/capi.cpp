@@ -488,13 +488,22 @@ int ckpt_open(const char *path, ckpt_device **out)
 
 int ckpt_open_engine(const char *path, uint32_t workers, uint32_t depth, ckpt_device **out)
 {
+	return ckpt_open_engine_flags(path, workers, depth, 0, out);
+}
+
+int ckpt_open_engine_flags(const char *path, uint32_t workers, uint32_t depth, uint32_t flags,
+			   ckpt_device **out)
+{
 	return guarded([&] {
 		need(path, "path");
 		need(out, "out");
+		if (flags & ~CKPT_OPEN_PARAM_CACHE)
+			ckpt::fail(CKPT_E_INVAL, "unknown open flags {:#x}", flags & ~CKPT_OPEN_PARAM_CACHE);
 		ckpt::EngineOptions opts;
 		opts.workers = workers;
 		if (depth)
 			opts.depth = depth;
+		opts.param_cache = flags & CKPT_OPEN_PARAM_CACHE;
 		*out = handles().add(ckpt::Device::open(path, opts), path);
 		return 0;
 	});

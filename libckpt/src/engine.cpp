@@ -164,6 +164,10 @@ void Engine::start(const std::string &path)
 	ckpt_step_init(&step_, &ops_, this, &img_.sb, &mem);
 	bounce_ = Buffer(std::max<uint64_t>(l.record_bytes, l.plo_chunk_bytes + CKPT_BLOCK));
 	read_ring_ = std::make_unique<Ring>(32, opts_.io);
+	if (opts_.param_cache) {
+		plo_cache_ = Buffer(static_cast<size_t>(n_chunks) * l.plo_chunk_bytes);
+		plo_cache_slot_.assign(n_chunks, kUncached);
+	}
 
 	unsigned n = opts_.workers ? opts_.workers
 				   : std::clamp(std::thread::hardware_concurrency(), 1u, 4u);
@@ -265,7 +269,11 @@ void Engine::read_many(std::span<const ReadPiece> pieces)
 					std::lock_guard lk(mu_);
 					slot = ckpt_sm_read_slot(&step_.sm, r.chunk);
 				}
-				param_pieces_.push_back({ckpt_plo_offset(&l, slot, r.chunk) + r.in, out, r.len});
+				if (!plo_cache_slot_.empty() && plo_cache_slot_[r.chunk] == slot)
+					std::memcpy(out, plo_cache_.as() + r.chunk * l.plo_chunk_bytes + r.in, r.len);
+				else
+					param_pieces_.push_back({ckpt_plo_offset(&l, slot, r.chunk) + r.in, out,
+								 r.len});
 				param_bytes += r.len;
 			}
 			out += r.len;
@@ -550,6 +558,14 @@ void Engine::worker_main(Worker &w)
 						o->written(ckpt_plo_offset(&l, dst, chunk), s.plo.as(),
 							   l.plo_chunk_bytes, false);
 					}
+					// the chunk's cache entry was dropped when
+					// its writes were queued (no reader meanwhile:
+					// reads drain the workers first)
+					if (!plo_cache_slot_.empty()) {
+						std::memcpy(plo_cache_.as() + chunk * l.plo_chunk_bytes, s.plo.as(),
+							    l.plo_chunk_bytes);
+						plo_cache_slot_[chunk] = static_cast<uint8_t>(dst);
+					}
 					std::lock_guard lk(mu_);
 					if (!load)
 						ckpt_sm_applied(&step_.sm, chunk, false, true);
@@ -633,6 +649,8 @@ void Engine::worker_main(Worker &w)
 			}
 			ckpt_rec_next(&img_.sb, chunk, step, &id);
 			ckpt_rec_seal(s.rec.as(), p, s.plo.as(), &id, img_.sb.feature_incompat);
+			if (!plo_cache_slot_.empty())
+				plo_cache_slot_[chunk] = kUncached;	// until both writes are done
 			w.ring.write(fd, s.rec.as(), static_cast<unsigned>(l.record_bytes),
 				     ckpt_record_offset(&l, dst, chunk), tag);
 			w.ring.write(fd, s.plo.as(), static_cast<unsigned>(l.plo_chunk_bytes),

@@ -55,6 +55,11 @@ struct EngineOptions {
 	uint64_t staging_bytes = CKPT_STAGING_DEFAULT;	// partial-chunk gradients
 	IoObserver *observer = nullptr;		// sees every backing write and flush (tests/crash)
 	Ring::Mode io = Ring::Mode::Auto;	// Sync: pread/pwrite even where io_uring works (tests)
+	// Keep each chunk's params as last written (2 B/param of memory) and
+	// serve reads of the PARAM window from them while the backing device
+	// holds the same bytes: a trainer's read-back after every step then
+	// costs no device reads.
+	bool param_cache = false;
 };
 
 // fp32 p, exp_avg, exp_avg_sq of n params at a param offset, for load_state;
@@ -149,6 +154,13 @@ private:
 	Buffer block_;				// superblock/status/bounce
 	Buffer bounce_;				// PARAM reads' unaligned ends, read_state
 	std::unique_ptr<Ring> read_ring_;	// PARAM reads, batched (under call_mu_)
+	// param_cache: each chunk's params as last written, and the slot they
+	// were written to (kUncached while a write is under way or failed). A
+	// read whose slot (ckpt_sm_read_slot) is that slot gets these bytes:
+	// only the workers write a slot's params, and they update both.
+	static constexpr uint8_t kUncached = 0xff;
+	Buffer plo_cache_;
+	std::vector<uint8_t> plo_cache_slot_;
 	std::vector<ReadPiece> param_pieces_;	// a read's pieces in the backing file
 	uint64_t param_bytes_ = 0;
 	uint64_t load_step_ = 0;		// the step load_state commits

@@ -229,10 +229,6 @@ class TestNames(DeviceCase):
         self.assertFalse(os.path.exists(stub))
 
 
-if __name__ == "__main__":
-    unittest.main()
-
-
 class TestProgress(DeviceCase):
     """ckpt.format and Device.export show a tqdm bar fed by libckpt's
     progress hook: with progress=True on any stderr, never when it is not
@@ -425,3 +421,34 @@ class TestStatusUuidExport(DeviceCase):
             safetensors.load_file(os.path.join(d, "bad.index.json"))
         self.assertEqual(e.exception.name, "E_INVAL")
         self.assertIn("not a file name in the index's folder", str(e.exception))
+
+
+class TestOpenFlags(DeviceCase):
+    """ckpt_open_engine_flags: the param cache reads what the device holds
+    (after the load and after a step, the same params as an engine without
+    it); an unknown flag is refused with E_INVAL and opens nothing."""
+
+    def test_param_cache_reads_the_same(self):
+        with ckpt.open(self.path) as plain:
+            want = plain.read_params("w").copy()
+        with ckpt.open(self.path, param_cache=True) as dev:
+            np.testing.assert_array_equal(dev.read_params("w"), want)
+            dev.begin(GROUPS)
+            for n, s in TENSORS:
+                dev.write_grad(n, np.full(s, 0x3c00, np.uint16))
+            dev.commit()
+            after = dev.read_params("w").copy()
+        self.assertFalse(np.array_equal(after, want))
+        with ckpt.open(self.path) as plain:
+            np.testing.assert_array_equal(plain.read_params("w"), after)
+
+    def test_unknown_flag_is_refused(self):
+        import ctypes
+        h = ctypes.c_void_p()
+        ret = ckpt._lib.ckpt_open_engine_flags(os.fsencode(self.path), 0, 0, 2, ctypes.byref(h))
+        self.assertEqual(ckpt.ERRORS[-ret], "E_INVAL")
+        self.assertIsNone(h.value)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -806,6 +806,79 @@ TEST_F(EngineTest, RollbackGoesBackOneStepOnce)
 	EXPECT_EQ(again->status().committed_step, 2u);
 }
 
+// The param cache (EngineOptions::param_cache) answers what the device
+// holds: a cached and an uncached engine on two copies of one image read the
+// same params after a load, committed steps, a step skipped for overflow, a
+// step written and aborted, a rollback and a reopen. After a committed step
+// the cached engine reads no device: the params on the image are overwritten
+// behind its back and it still reads the step's.
+TEST_F(EngineTest, ParamCacheReadsWhatTheDeviceHolds)
+{
+	const std::string twin = (dir_ / "twin.img").string();
+	fs::copy_file(path_, twin);
+	ckpt::EngineOptions o;
+	o.param_cache = true;
+	auto cached = ckpt::Device::open(twin, o);
+	auto plain = open();
+	const auto same = [&](const char *when) {
+		for (const char *n : {"a", "b", "c"}) {
+			const uint64_t k = plain->manifest().find(n).numel;
+			std::vector<uint16_t> x(k, 1), y(k, 2);
+			plain->read_params(n, x.data(), k);
+			cached->read_params(n, y.data(), k);
+			EXPECT_EQ(x, y) << n << " " << when;
+		}
+	};
+	load_masters(*plain);
+	load_masters(*cached);
+	same("after the load");
+	for (int t = 1; t <= 2; t++) {
+		ASSERT_EQ(step_with(*plain, t, {"a", "b", "c"}), ckpt::CommitResult::committed);
+		ASSERT_EQ(step_with(*cached, t, {"a", "b", "c"}), ckpt::CommitResult::committed);
+		same("after a step");
+	}
+	std::vector<uint16_t> inf(plain->layout().n_params, 0x7c00);
+	for (ckpt::Device *d : {plain.get(), cached.get()})
+		skipped_step(*d, groups(), 1.0, inf, 2);
+	same("after an overflow");
+	std::vector<uint16_t> g(plain->layout().n_params, 0x3c00);
+	for (ckpt::Device *d : {plain.get(), cached.get()}) {
+		d->begin(groups(), 1.0);
+		d->write_grad_window(0, g.data(), d->layout().window_bytes);
+		d->abort();
+	}
+	same("after an aborted step");
+	for (ckpt::Device *d : {plain.get(), cached.get()})
+		ASSERT_EQ(step_with(*d, 3, {"a", "c"}), ckpt::CommitResult::committed);
+	for (ckpt::Device *d : {plain.get(), cached.get()})
+		EXPECT_EQ(d->rollback(), 2u);
+	same("after a rollback");
+	for (ckpt::Device *d : {plain.get(), cached.get()})
+		ASSERT_EQ(step_with(*d, 3, {"a", "b"}), ckpt::CommitResult::committed);
+	same("after the step after the rollback");
+
+	// read from memory: the committed params on the image zeroed
+	const ckpt::Tensor &a = cached->manifest().find("a");
+	std::vector<uint16_t> want(a.numel);
+	cached->read_params("a", want.data(), a.numel);
+	{
+		const ckpt::Image img = ckpt::Image::open(twin, false);
+		const struct ckpt_layout &l = img.sb.layout;
+		std::fstream f(twin, std::ios::in | std::ios::out | std::ios::binary);
+		f.seekp(static_cast<std::streamoff>(ckpt_plo_offset(&l, img.sb.committed_slot, 0)));
+		const std::vector<char> zeros(l.plo_chunk_bytes);
+		f.write(zeros.data(), static_cast<std::streamsize>(zeros.size()));
+	}
+	std::vector<uint16_t> got(a.numel, 1);
+	cached->read_params("a", got.data(), a.numel);
+	EXPECT_EQ(got, want);
+	// and a reopened engine starts with no cache: it reads the device's
+	cached.reset();
+	cached = ckpt::Device::open(twin, o);
+	EXPECT_NE(code_of([&] { cached->read_params("a", got.data(), a.numel); }), 0)
+		<< "the zeroed params fail their checksum";
+}
+
 // The ROLLBACK command written to the control block is Engine::rollback:
 // two copies of one image at step 2, one rolled back by the call, the other
 // by raw command writes, end byte-identical. Every refusal (a step other

@@ -149,6 +149,7 @@ for _name, _res, _args in [
     ("ckpt_format", _int, [_cp, _vp, _int, _u32, _u64]),
     ("ckpt_format_opts", _int, [_cp, _vp, _int, _u32, _u64, _u32]),
     ("ckpt_open", _int, [_cp, ctypes.POINTER(_vp)]),
+    ("ckpt_open_engine_flags", _int, [_cp, _u32, _u32, _u32, ctypes.POINTER(_vp)]),
     ("ckpt_close", None, [_vp]),
     ("ckpt_info", _int, [_vp, ctypes.POINTER(_Info)]),
     ("ckpt_warning", _int, [_vp, _u32, ctypes.POINTER(_cp)]),
@@ -353,10 +354,14 @@ def restore(path, rollback=False):
         _lib.ckpt_free(out)
 
 
-def open(path):  # noqa: A001 - the module's verb, like the builtin for files
-    """Open a formatted backing file or device with the userspace engine."""
+def open(path, param_cache=False):  # noqa: A001 - the module's verb, like the builtin for files
+    """Open a formatted backing file or device with the userspace engine.
+
+    param_cache: the engine keeps the params as it last wrote them (2 bytes
+    per param of memory) and read_params answers from them while the device
+    holds the same bytes: no device reads for a read-back after each step."""
     h = ctypes.c_void_p()
-    _check(_lib.ckpt_open(_path_bytes(path), ctypes.byref(h)))
+    _check(_lib.ckpt_open_engine_flags(_path_bytes(path), 0, 0, 1 if param_cache else 0, ctypes.byref(h)))
     try:
         return Device(h, os.fspath(path))
     except BaseException:

@@ -339,7 +339,9 @@ class OffloadAdamW(torch.optim.Optimizer):
             created = not os.path.exists(self.path)
             if created:
                 self._create(self.path, dtype or "bf16", chunk_params, size, state, master)
-            self.device = _open(self.path)
+            # it reads the params back after every step: from the
+            # engine's memory rather than the device
+            self.device = _open(self.path, param_cache=True)
             self._owned = True
         self._check_layout(dtype)
         if created:
