@@ -12,6 +12,7 @@ refused, by name, when they cannot cross into C unchanged (a NUL would cut
 Run: PYTHONPATH=<build>/python /usr/bin/python3 -m unittest -v test_capi
 """
 
+import ctypes
 import io
 import os
 import sys
@@ -443,7 +444,6 @@ class TestOpenFlags(DeviceCase):
             np.testing.assert_array_equal(plain.read_params("w"), after)
 
     def test_unknown_flag_is_refused(self):
-        import ctypes
         h = ctypes.c_void_p()
         ret = ckpt._lib.ckpt_open_engine_flags(os.fsencode(self.path), 0, 0, 2, ctypes.byref(h))
         self.assertEqual(ckpt.ERRORS[-ret], "E_INVAL")
