@@ -341,7 +341,8 @@ static __always_inline u32 ckpt_q8_index(const u32 *bkt, const u32 shift, const 
 	u32 k, e;
 
 	a = ckpt_sel(CKPT_MASK(a < (klo << shift)), klo << shift, a);
-	k = ckpt_sel(CKPT_MASK((a >> shift) - klo > nk - 1), nk - 1, (a >> shift) - klo);
+	k = (a >> shift) - klo;
+	k = ckpt_sel(CKPT_MASK(k > nk - 1), nk - 1, k);
 	e = bkt[s * nk + k];
 	return ((e >> 24) + ((u32)((a & ((1u << shift) - 1)) >= (e & 0x3ffffu)) ^ s)) & ~nan;
 }
@@ -356,6 +357,10 @@ static __always_inline u32 ckpt_q8_index(const u32 *bkt, const u32 shift, const 
 static __always_inline void ckpt_q8_quant_block(const int sq, const u32 *__restrict x,
 						u8 *__restrict q, u32 *scale)
 {
+	const u32 *bkt = sq ? ckpt_q8_bkt_v : ckpt_q8_bkt_m;
+	const u32 shift = sq ? CKPT_Q8_V_SHIFT : CKPT_Q8_M_SHIFT;
+	const u32 klo = sq ? CKPT_Q8_V_KLO : CKPT_Q8_M_KLO;
+	const u32 nk = sq ? CKPT_Q8_V_NK : CKPT_Q8_M_NK;
 	u32 amax = 0, i;
 	float d;
 
@@ -370,10 +375,7 @@ static __always_inline void ckpt_q8_quant_block(const int sq, const u32 *__restr
 	}
 	d = ckpt_as_f(amax ? amax : 0x3f800000u);
 	for (i = 0; i < CKPT_Q8_BLOCK; i++)
-		q[i] = (u8)(sq ? ckpt_q8_index(ckpt_q8_bkt_v, CKPT_Q8_V_SHIFT, CKPT_Q8_V_KLO,
-					       CKPT_Q8_V_NK, ckpt_as_u(ckpt_as_f(x[i]) / d))
-			       : ckpt_q8_index(ckpt_q8_bkt_m, CKPT_Q8_M_SHIFT, CKPT_Q8_M_KLO,
-					       CKPT_Q8_M_NK, ckpt_as_u(ckpt_as_f(x[i]) / d)));
+		q[i] = (u8)ckpt_q8_index(bkt, shift, klo, nk, ckpt_as_u(ckpt_as_f(x[i]) / d));
 	*scale = amax;
 }
 
