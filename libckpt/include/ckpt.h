@@ -107,15 +107,19 @@ int ckpt_dtype_code(uint32_t index);
 size_t ckpt_abi_sizeof(const char *name);
 /*
  * The value of a constant of this header by name ("CKPT_EXPORT_LOWP",
- * "CKPT_EXPORT_OPTIMIZER", "CKPT_RESTORE_ROLLBACK"), or of the format
- * ("CKPT_BLOCK", the metadata block, 4096; "CKPT_SECTOR", 512); -1 when
- * unknown.
+ * "CKPT_EXPORT_OPTIMIZER", "CKPT_RESTORE_ROLLBACK", "CKPT_MAX_DIMS"), or of
+ * the format ("CKPT_BLOCK", the metadata block, 4096; "CKPT_SECTOR", 512);
+ * -1 when unknown.
  */
 int64_t ckpt_abi_constant(const char *name);
 
 ckpt_layout_builder *ckpt_layout_new(void);
 void ckpt_layout_free(ckpt_layout_builder *l);
-/* Tensors of different groups never share a chunk. */
+/*
+ * Tensors of different groups never share a chunk. shape has ndim entries,
+ * at most CKPT_MAX_DIMS (a larger ndim is refused before shape is read).
+ */
+#define CKPT_MAX_DIMS	8
 int ckpt_layout_add(ckpt_layout_builder *l, const char *name, const uint64_t *shape,
 		    uint32_t ndim, uint32_t group);
 
@@ -244,7 +248,7 @@ struct ckpt_tensor_info {
 	const char *name;	/* valid until ckpt_close */
 	uint32_t ndim;
 	uint32_t group;
-	uint64_t shape[8];
+	uint64_t shape[CKPT_MAX_DIMS];
 	uint64_t numel;
 	uint64_t offset;	/* in params */
 };

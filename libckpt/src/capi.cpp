@@ -168,6 +168,16 @@ void need(const void *p, const char *what)
 		ckpt::fail(CKPT_E_INVAL, "{} is NULL", what);
 }
 
+// A count of the caller's arrays, checked against what it can be before a
+// single entry is read: a name may appear once, so no call names more
+// tensors than the device has.
+void need_count(const ckpt::Device &dev, uint32_t count, const char *call)
+{
+	const size_t n = dev.manifest().tensors().size();
+	if (count > n)
+		ckpt::fail(CKPT_E_RANGE, "{}: {} tensors given, the device has {}", call, count, n);
+}
+
 // guarded(f(open device)) with d's open device, as the only call on it.
 template <typename F> int with_open(ckpt_device *d, F &&f)
 {
@@ -366,6 +376,7 @@ int64_t ckpt_abi_constant(const char *name)
 		{"CKPT_RESTORE_ROLLBACK", CKPT_RESTORE_ROLLBACK},
 		{"CKPT_BLOCK", CKPT_BLOCK},
 		{"CKPT_SECTOR", CKPT_SECTOR},
+		{"CKPT_MAX_DIMS", CKPT_MAX_DIMS},
 	};
 	for (const auto &[n, v] : constants)
 		if (name && !std::strcmp(name, n))
@@ -443,6 +454,10 @@ int ckpt_layout_add(ckpt_layout_builder *l, const char *name, const uint64_t *sh
 	return guarded([&] {
 		need(l, "layout");
 		need(name, "name");
+		// before the copy: ndim is the length of the caller's array
+		if (ndim > CKPT_MAX_DIMS)
+			ckpt::fail(CKPT_E_INVAL, "tensor '{}': {} dimensions, at most {}", name, ndim,
+				   CKPT_MAX_DIMS);
 		if (ndim)
 			need(shape, "shape");
 		l->layout.add(name, std::vector<uint64_t>(shape, shape + ndim), group);
@@ -615,6 +630,7 @@ int ckpt_load_params_multi(ckpt_device *d, uint32_t count, const char *const *na
 			   const float *const *values, const uint64_t *ns)
 {
 	return with_device(d, [&](ckpt::Device &dev) {
+		need_count(dev, count, "load_params_multi");
 		if (count) {
 			need(names, "names");
 			need(values, "values");
@@ -636,6 +652,7 @@ int ckpt_load_state(ckpt_device *d, uint32_t count, const char *const *names, co
 		    const void *blob, size_t blob_len)
 {
 	return with_device(d, [&](ckpt::Device &dev) {
+		need_count(dev, count, "load_state");
 		if (count) {
 			need(names, "names");
 			need(p, "p");
@@ -788,6 +805,7 @@ int ckpt_read_params_multi(ckpt_device *d, uint32_t count, const char *const *na
 			   uint16_t *const *outs, const uint64_t *ns)
 {
 	return with_device(d, [&](ckpt::Device &dev) {
+		need_count(dev, count, "read_params_multi");
 		if (count) {
 			need(names, "names");
 			need(outs, "outs");

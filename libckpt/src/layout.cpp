@@ -11,12 +11,13 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "ckpt.h"
 #include "ckpt_error.hpp"
 
 namespace ckpt {
 
 namespace {
-constexpr size_t max_dims = 8;
+constexpr size_t max_dims = CKPT_MAX_DIMS;
 constexpr size_t max_name = 255;
 
 uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }

@@ -92,6 +92,50 @@ TEST_F(CapiTest, BeginChecksTheGroupCountFirst)
 	ckpt_close(d);
 }
 
+// Every count of a caller's array is checked before an entry is read: ndim
+// against CKPT_MAX_DIMS, and a call's tensor count against the device's
+// (each name may appear once). The arrays here hold one entry, so reading
+// a second would run past them (ASan reports it; 2^32-1 faults anyway).
+TEST_F(CapiTest, CountsAreCheckedBeforeTheArraysAreRead)
+{
+	ckpt_layout_builder *l = ckpt_layout_new();
+	ASSERT_NE(l, nullptr);
+	const uint64_t one[1] = {4};
+	for (uint32_t ndim : {uint32_t{CKPT_MAX_DIMS + 1}, 1000u, UINT32_MAX}) {
+		EXPECT_EQ(ckpt_layout_add(l, "x", one, ndim, 0), -CKPT_E_INVAL) << ndim;
+		EXPECT_NE(std::string(ckpt_last_error()).find(std::to_string(ndim) + " dimensions"),
+			  std::string::npos)
+			<< ckpt_last_error();
+	}
+	const uint64_t eight[CKPT_MAX_DIMS] = {1, 1, 1, 1, 1, 1, 1, 2};
+	EXPECT_EQ(ckpt_layout_add(l, "x", eight, CKPT_MAX_DIMS, 0), 0) << ckpt_last_error();
+	ckpt_layout_free(l);
+	EXPECT_EQ(ckpt_abi_constant("CKPT_MAX_DIMS"), CKPT_MAX_DIMS);
+
+	ckpt_device *d = open();	// two tensors, w and b
+	const char *names[1] = {"b"};
+	std::vector<float> f(n_b);
+	std::vector<uint16_t> h(n_b);
+	const float *fs[1] = {f.data()};
+	uint16_t *hs[1] = {h.data()};
+	const uint64_t ns[1] = {n_b}, steps[1] = {0};
+	for (uint32_t count : {3u, UINT32_MAX}) {
+		const std::string want = std::to_string(count) + " tensors given, the device has 2";
+		EXPECT_EQ(ckpt_load_params_multi(d, count, names, fs, ns), -CKPT_E_RANGE) << count;
+		EXPECT_NE(std::string(ckpt_last_error()).find(want), std::string::npos) << ckpt_last_error();
+		EXPECT_EQ(ckpt_load_state(d, count, names, fs, fs, fs, ns, steps, nullptr, 0), -CKPT_E_RANGE);
+		EXPECT_NE(std::string(ckpt_last_error()).find(want), std::string::npos) << ckpt_last_error();
+		EXPECT_EQ(ckpt_read_params_multi(d, count, names, hs, ns), -CKPT_E_RANGE);
+		EXPECT_NE(std::string(ckpt_last_error()).find(want), std::string::npos) << ckpt_last_error();
+	}
+	// nothing changed: still at step 0, and one tensor at a time works
+	struct ckpt_info info;
+	ASSERT_EQ(ckpt_info(d, &info), 0);
+	EXPECT_EQ(info.committed_step, 0u);
+	EXPECT_EQ(ckpt_read_params_multi(d, 1, names, hs, ns), 0) << ckpt_last_error();
+	ckpt_close(d);
+}
+
 TEST_F(CapiTest, CallsAfterCloseFail)
 {
 	ckpt_device *d = open();
