@@ -107,9 +107,9 @@ int ckpt_dtype_code(uint32_t index);
 size_t ckpt_abi_sizeof(const char *name);
 /*
  * The value of a constant of this header by name ("CKPT_EXPORT_LOWP",
- * "CKPT_EXPORT_OPTIMIZER", "CKPT_RESTORE_ROLLBACK", "CKPT_MAX_DIMS"), or of
- * the format ("CKPT_BLOCK", the metadata block, 4096; "CKPT_SECTOR", 512);
- * -1 when unknown.
+ * "CKPT_EXPORT_OPTIMIZER", "CKPT_EXPORT_FORCE", "CKPT_RESTORE_ROLLBACK",
+ * "CKPT_MAX_DIMS"), or of the format ("CKPT_BLOCK", the metadata block, 4096;
+ * "CKPT_SECTOR", 512); -1 when unknown.
  */
 int64_t ckpt_abi_constant(const char *name);
 
@@ -394,11 +394,16 @@ uint32_t ckpt_crc32c_update(uint32_t crc, const void *p, size_t len);
 /* ckpt_export flags */
 #define CKPT_EXPORT_LOWP	(1u << 0)	/* params in the device dtype (F16/BF16), not fp32 masters */
 #define CKPT_EXPORT_OPTIMIZER	(1u << 1)	/* also NAME.exp_avg, NAME.exp_avg_sq, the trainer blob */
+#define CKPT_EXPORT_FORCE	(1u << 2)	/* out may be a dm-ckpt image: it is replaced */
 
 /*
  * Writes the committed step's tensors to the safetensors file out (written
  * as out.tmp, flushed and renamed: a failed export leaves no half file), in
- * manifest order. __metadata__: "format" "pt", "step", "ckpt.dtype",
+ * manifest order. out is a new path (never replacing a file that appears
+ * there meanwhile) or a regular file, replaced; never a device node, FIFO or
+ * directory, nor a file a writer (a trainer) has open (CKPT_E_STATE, even
+ * with CKPT_EXPORT_FORCE), nor a dm-ckpt image unless CKPT_EXPORT_FORCE
+ * (CKPT_E_STATE). __metadata__: "format" "pt", "step", "ckpt.dtype",
  * "ckpt.uuid", "ckpt.params" "lowp" (CKPT_EXPORT_LOWP), "ckpt.trainer_blob"
  * in hex (CKPT_EXPORT_OPTIMIZER, when there is one), then the members of
  * meta_json (a JSON object of strings, NULL for none), which may replace

@@ -373,6 +373,7 @@ int64_t ckpt_abi_constant(const char *name)
 	static const std::pair<const char *, int64_t> constants[] = {
 		{"CKPT_EXPORT_LOWP", CKPT_EXPORT_LOWP},
 		{"CKPT_EXPORT_OPTIMIZER", CKPT_EXPORT_OPTIMIZER},
+		{"CKPT_EXPORT_FORCE", CKPT_EXPORT_FORCE},
 		{"CKPT_RESTORE_ROLLBACK", CKPT_RESTORE_ROLLBACK},
 		{"CKPT_BLOCK", CKPT_BLOCK},
 		{"CKPT_SECTOR", CKPT_SECTOR},

@@ -94,8 +94,9 @@ std::map<std::string, std::string> metadata(const Source &src, uint32_t flags, c
 
 ExportReport write(const Source &src, const std::string &out, uint32_t flags, const std::string &meta_json)
 {
-	if (flags & ~(CKPT_EXPORT_LOWP | CKPT_EXPORT_OPTIMIZER))
-		fail(CKPT_E_INVAL, "export: unknown flags {:#x}", flags & ~(CKPT_EXPORT_LOWP | CKPT_EXPORT_OPTIMIZER));
+	constexpr uint32_t known = CKPT_EXPORT_LOWP | CKPT_EXPORT_OPTIMIZER | CKPT_EXPORT_FORCE;
+	if (flags & ~known)
+		fail(CKPT_E_INVAL, "export: unknown flags {:#x}", flags & ~known);
 	const bool lowp = flags & CKPT_EXPORT_LOWP, opt = flags & CKPT_EXPORT_OPTIMIZER;
 	const char *pdtype = lowp ? ckpt_dtype_safetensors(src.sb->geo.dtype) : "F32";
 	std::vector<safetensors::Writer::Entry> entries;
@@ -106,7 +107,7 @@ ExportReport write(const Source &src, const std::string &out, uint32_t flags, co
 			entries.push_back({t.name + ".exp_avg_sq", "F32", t.shape});
 		}
 	}
-	safetensors::Writer w(out, entries, metadata(src, flags, meta_json));
+	safetensors::Writer w(out, entries, metadata(src, flags, meta_json), flags & CKPT_EXPORT_FORCE);
 	ExportReport r;
 	r.step = src.step;
 	uint64_t total = 0;

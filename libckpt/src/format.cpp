@@ -41,11 +41,8 @@ std::string signature(const std::string &path)
 {
 	struct stat st;
 	Fd fd = open_file(path, O_RDONLY, true, st);	// no O_DIRECT: libblkid reads unaligned
-	uint8_t magic[4];
-	for (uint64_t copy = 0; copy < 2; copy++)
-		if (::pread(fd.get(), magic, 4, static_cast<off_t>(copy * CKPT_BLOCK)) == 4 &&
-		    (magic[0] | magic[1] << 8 | magic[2] << 16 | static_cast<uint32_t>(magic[3]) << 24) == CKPT_SB_MAGIC)
-			return "a dm-ckpt image";
+	if (has_image_magic(fd.get()))
+		return "a dm-ckpt image";
 	std::unique_ptr<std::remove_pointer_t<blkid_probe>, decltype(&blkid_free_probe)> pr(blkid_new_probe(),
 											       blkid_free_probe);
 	if (!pr)
@@ -71,7 +68,8 @@ std::string signature(const std::string &path)
 // that the old file stays whole until the new one is complete and flushed.
 class NewFile {
 public:
-	NewFile(const std::string &path, const struct stat *old) : path_(path), tmp_(path, "format", O_RDWR)
+	NewFile(const std::string &path, const struct stat *old)
+		: path_(path), replaces_(old != nullptr), tmp_(path, "format", O_RDWR)
 	{
 		if (old) {	// the image replaces the file: keep its mode and owner
 			if (fchmod(tmp_.fd(), old->st_mode & 07777) < 0)
@@ -109,16 +107,21 @@ public:
 	}
 
 	// The complete, flushed image takes the file's name; the directory is
-	// flushed so that the rename survives a crash.
+	// flushed so that the rename survives a crash. A new path is never
+	// replaced: another process that created it meanwhile keeps its image.
 	void replace()
 	{
 		if (fsync(tmp_.fd()) < 0)
 			fail(CKPT_E_IO, "flush of {} failed: {}", tmp_.path(), strerror(errno));
-		tmp_.rename_over(path_, true);
+		if (replaces_)
+			tmp_.rename_over(path_, true);
+		else
+			tmp_.link_new(path_, true);
 	}
 
 private:
 	std::string path_;
+	bool replaces_;
 	TempFile tmp_;
 };
 

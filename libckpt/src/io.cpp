@@ -111,6 +111,30 @@ void TempFile::rename_over(const std::string &target, bool sync_dir)
 {
 	if (::rename(tmp_.c_str(), target.c_str()) < 0)
 		fail(CKPT_E_IO, "cannot rename {} to {}: {}", tmp_, target, strerror(errno));
+	placed(target, sync_dir);
+}
+
+void TempFile::link_new(const std::string &target, bool sync_dir)
+{
+	int ret = ::renameat2(AT_FDCWD, tmp_.c_str(), AT_FDCWD, target.c_str(), RENAME_NOREPLACE);
+	if (ret < 0 && (errno == EINVAL || errno == ENOSYS)) {
+		// No RENAME_NOREPLACE on this file system: link(2) never replaces either.
+		ret = ::link(tmp_.c_str(), target.c_str());
+		if (ret == 0)
+			::unlink(tmp_.c_str());
+	}
+	if (ret < 0 && errno == EEXIST)
+		fail(CKPT_E_STATE, "{} appeared while it was being created (another process created it): it is "
+				   "left as it is", target);
+	if (ret < 0)
+		fail(CKPT_E_IO, "cannot put {} in place as {}: {}", tmp_, target, strerror(errno));
+	placed(target, sync_dir);
+}
+
+// The temporary file is at target now: nothing to remove; the rename or link
+// survives a crash once the directory is flushed.
+void TempFile::placed(const std::string &target, bool sync_dir)
+{
 	tmp_.clear();
 	if (!sync_dir)
 		return;
@@ -171,25 +195,30 @@ std::string lock_holder(const struct stat &st)
 	return {};
 }
 
-// The writer's lock on a regular file. A process that died holding it may
-// keep it for a moment: the lock goes with the last reference to the open
-// file, and io_uring requests in flight hold references until the kernel
-// has torn the ring down. So when no live process holds it, try again for
-// a while before calling the file busy.
-void lock(int fd, const std::string &path, const struct stat &st)
+// The writer's lock on a regular file: "" once taken, else who holds it. A
+// process that died holding it may keep it for a moment: the lock goes with
+// the last reference to the open file, and io_uring requests in flight hold
+// references until the kernel has torn the ring down. So when no live
+// process holds it, try again for a while before calling the file busy.
+std::string take_lock(int fd, const std::string &path, const struct stat &st)
 {
 	for (int tries = 0;; tries++) {
 		if (flock(fd, LOCK_EX | LOCK_NB) == 0)
-			return;
+			return {};
 		if (errno != EWOULDBLOCK)
 			fail(CKPT_E_IO, "cannot lock {}: {}", path, strerror(errno));
 		const std::string who = lock_holder(st);
 		if (!who.empty() || tries == 200)
-			fail(CKPT_E_STATE, "{} is in use: {} has it open for writing (a trainer or a ckptctl "
-					   "command); one writer at a time (info, verify and export only read, "
-					   "they still work)", path, who.empty() ? "another process" : who);
+			return who.empty() ? "another process" : who;
 		usleep(10000);
 	}
+}
+
+void lock(int fd, const std::string &path, const struct stat &st)
+{
+	if (const std::string who = take_lock(fd, path, st); !who.empty())
+		fail(CKPT_E_STATE, "{} is in use: {} has it open for writing (a trainer or a ckptctl command); one "
+				   "writer at a time (info, verify and export only read, they still work)", path, who);
 }
 
 } // namespace
@@ -200,6 +229,37 @@ Fd open_file(const std::string &path, int flags, bool block_ok, struct stat &st)
 	if (fd < 0)
 		fail(CKPT_E_IO, "cannot open {}: {}", path, strerror(-fd));
 	return Fd(fd);
+}
+
+bool has_image_magic(int fd)
+{
+	uint8_t m[4];
+	for (uint64_t copy = 0; copy < 2; copy++)
+		if (::pread(fd, m, 4, static_cast<off_t>(copy * CKPT_BLOCK)) == 4 &&
+		    (m[0] | m[1] << 8 | m[2] << 16 | static_cast<uint32_t>(m[3]) << 24) == CKPT_SB_MAGIC)
+			return true;
+	return false;
+}
+
+Fd claim_output(const std::string &path, bool force)
+{
+	struct stat st;
+	if (stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))	// the words for it; open checks again
+		fail(CKPT_E_INVAL, "{} is {}: the output must be a new path or a regular file{}", path,
+		     file_kind(st.st_mode), S_ISDIR(st.st_mode) ? " (give a file name in the directory)" : "");
+	const int fd = open_checked(path, O_RDONLY, false, st);
+	if (fd == -ENOENT)
+		return {};
+	if (fd < 0)
+		fail(CKPT_E_IO, "cannot open {} to see what the output would replace: {}", path, strerror(-fd));
+	Fd f(fd);
+	if (const std::string who = take_lock(fd, path, st); !who.empty())
+		fail(CKPT_E_STATE, "{} is in use: {} has it open for writing; an output never replaces a file a "
+				   "trainer has open", path, who);
+	if (!force && has_image_magic(fd))
+		fail(CKPT_E_STATE, "{} holds a dm-ckpt image: the output would replace it and the state in it "
+				   "(--force replaces it anyway)", path);
+	return f;
 }
 
 BackingFile BackingFile::open(const std::string &path, bool writable)

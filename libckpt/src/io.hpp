@@ -80,14 +80,34 @@ public:
 	void close() { fd_.reset(); }
 	// Renames it over target (whose directory is flushed when sync_dir).
 	void rename_over(const std::string &target, bool sync_dir);
+	// Puts it in place at target, which must not exist: a file that
+	// appeared there meanwhile (another process creating the same path) is
+	// never replaced, the call fails (CKPT_E_STATE) and this stays a
+	// temporary file. renameat2(RENAME_NOREPLACE), or link and unlink
+	// where the file system has no such rename.
+	void link_new(const std::string &target, bool sync_dir);
 
 private:
+	void placed(const std::string &target, bool sync_dir);
 	std::string tmp_;
 	Fd fd_;
 };
 
 // "a FIFO", "a directory", ...: what a file of mode m is, for messages.
 const char *file_kind(mode_t m);
+
+// Whether the file open at fd has a dm-ckpt superblock magic in either copy.
+bool has_image_magic(int fd);
+
+// The one rule for an output that a rename puts in place of what is at path
+// (an export): path is new, or an existing regular file that this claims,
+// open and locked as a writer locks it, so that no trainer opens it before
+// the rename; the Fd is empty for a new path. Refused: anything but a
+// regular file (the rename would put a file in place of a device node or
+// FIFO); a file a writer holds, even when forced (a trainer would go on
+// committing into the unlinked inode); a dm-ckpt image unless forced (its
+// state would be gone).
+Fd claim_output(const std::string &path, bool force);
 
 // Sees the writes and flushes made on a backing file, each once it has
 // completed: what a crash-consistency test (tests/crash) needs to rebuild the

@@ -417,25 +417,10 @@ Checkpoint Checkpoint::open(const std::string &given)
 	return c;
 }
 
-namespace {
-
-// The output may be a new path or a regular file, which the rename replaces;
-// never a device node or FIFO (the rename would put a file in its place) nor
-// a directory.
-const std::string &check_output(const std::string &path)
-{
-	struct stat st;
-	if (stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
-		fail(CKPT_E_INVAL, "{} is {}: the output must be a new path or a regular file{}", path,
-		     file_kind(st.st_mode), S_ISDIR(st.st_mode) ? " (give a file name in the directory)" : "");
-	return path;
-}
-
-} // namespace
-
 Writer::Writer(const std::string &path, std::vector<Entry> entries,
-	       const std::map<std::string, std::string> &metadata)
-	: path_(path), entries_(std::move(entries)), tmp_(check_output(path), "tmp", O_WRONLY)
+	       const std::map<std::string, std::string> &metadata, bool force)
+	: path_(path), entries_(std::move(entries)), force_(force),
+	  tmp_((claim_output(path, force), path), "tmp", O_WRONLY)	// refused before any work
 {
 	json h = json::object();
 	if (!metadata.empty())
@@ -481,7 +466,13 @@ void Writer::finish()
 	if (fsync(tmp_.fd()) < 0)
 		fail(CKPT_E_IO, "{}: fsync failed: {}", tmp_.path(), strerror(errno));
 	tmp_.close();
-	tmp_.rename_over(check_output(path_), true);	// checked again: it may have changed meanwhile
+	// Checked again, as it is now, and claimed until the rename is done: a
+	// new path is still never replaced if it has appeared meanwhile.
+	const Fd held = claim_output(path_, force_);
+	if (held)
+		tmp_.rename_over(path_, true);
+	else
+		tmp_.link_new(path_, true);
 }
 
 } // namespace ckpt::safetensors

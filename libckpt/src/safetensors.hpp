@@ -79,8 +79,10 @@ public:
 		std::string dtype;
 		std::vector<uint64_t> shape;
 	};
+	// path: what claim_output() takes (force: a dm-ckpt image there may be
+	// replaced), checked here and again when finish() puts the file there.
 	Writer(const std::string &path, std::vector<Entry> entries,
-	       const std::map<std::string, std::string> &metadata);
+	       const std::map<std::string, std::string> &metadata, bool force);
 	Writer(const Writer &) = delete;
 	Writer &operator=(const Writer &) = delete;
 	// The next entry's data, exactly its size in bytes.
@@ -92,6 +94,7 @@ private:
 	std::vector<Entry> entries_;
 	std::vector<uint64_t> sizes_;
 	size_t next_ = 0;
+	bool force_;
 	TempFile tmp_;	// becomes path_ in finish(); removed on any failure
 };
 

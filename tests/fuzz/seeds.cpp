@@ -178,14 +178,14 @@ void safetensors_files()
 	ckpt::safetensors::Writer w((dir / "seed-mixed").string(),
 				    {{"w", "F32", {4, 4}}, {"h", "F16", {8}}, {"b", "BF16", {2, 3}},
 				     {"d", "F64", {2}}, {"i", "I32", {3}}},
-				    {{"format", "pt"}});
+				    {{"format", "pt"}}, false);
 	std::vector<uint8_t> buf(64);
 	for (size_t i = 0; i < buf.size(); i++)
 		buf[i] = static_cast<uint8_t>(i * 37);
 	for (uint64_t bytes : {64u, 16u, 12u, 16u, 12u})
 		w.write(buf.data(), bytes);
 	w.finish();
-	ckpt::safetensors::Writer e((dir / "seed-empty-tensor").string(), {{"z", "F32", {0, 4}}}, {});
+	ckpt::safetensors::Writer e((dir / "seed-empty-tensor").string(), {{"z", "F32", {0, 4}}}, {}, false);
 	e.write(nullptr, 0);
 	e.finish();
 	// What export writes: the dm-ckpt.* metadata of two groups.
@@ -199,7 +199,7 @@ void safetensors_files()
 	std::map<std::string, std::string> meta = {{"format", "pt"}};
 	ckpt::interchange::write(ix, meta);
 	ckpt::safetensors::Writer x((dir / "seed-dm-ckpt").string(), {{"w", "F32", {4, 4}}, {"b", "F32", {4}}},
-				    meta);
+				    meta, false);
 	x.write(buf.data(), 64);
 	x.write(buf.data(), 16);
 	x.finish();

@@ -164,6 +164,38 @@ class LockTest(unittest.TestCase):
         self.assert_first_keeps_working(dev)
         dev.close()
 
+    def test_export_never_replaces_an_image(self):
+        """An export's destination that is a dm-ckpt image (a swapped argument) is
+        refused unless forced, and one a trainer has open is refused even then:
+        the trainer would go on committing into a file no longer there."""
+        import ckpt.torch
+        other = os.path.join(self.dir, "other.img")
+        trace_format(other, SEED + 1, "fp16").close()
+        on_disk = file_digest(other)
+        dev = ckpt.open(self.path)
+        trace_step(dev, SEED)
+        for export in (dev.export, lambda out, **kw: ckpt.torch.export_safetensors(dev, out, **kw)):
+            with self.assertRaises(ckpt.CkptError) as cm:
+                export(other)
+            self.assertEqual(cm.exception.name, "E_STATE")
+            self.assertIn(f"{other} holds a dm-ckpt image", cm.exception.message)
+            self.assertEqual(file_digest(other), on_disk)
+        held = ckpt.open(other)     # a trainer has it open
+        with self.assertRaises(ckpt.CkptError) as cm:
+            dev.export(other, force=True)
+        self.assertIn(f"{other} is in use: this process", cm.exception.message)
+        self.assertEqual(file_digest(other), on_disk)
+        self.assert_first_keeps_working(held)
+        held.close()
+        self.assertEqual(sorted(os.listdir(self.dir)), ["lock.img", "other.img"], "a temporary file is left")
+        # forced, with no one holding it: replaced by the export
+        self.assertEqual(dev.export(other, force=True), other)
+        with open(other, "rb") as f:
+            self.assertNotEqual(f.read(4), b"", "empty export")
+        with self.assertRaises(ckpt.CkptError):
+            ckpt.open(other)        # a safetensors file now
+        dev.close()
+
 
 if __name__ == "__main__":
     unittest.main()

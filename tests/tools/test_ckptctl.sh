@@ -698,6 +698,10 @@ fails_with "a second trainer is refused and told who holds it" 1 "in use: proces
 fails_with "import is refused" 1 "lk.img is in use: process $holder" "$ctl" import lk.img --from f32.safetensors
 fails_with "format is refused, even with --force" 1 "lk.img is in use" "$ctl" format lk.img --force --from-safetensors f32.safetensors
 fails_with "restore --rollback is refused" 1 "lk.img is in use" "$ctl" restore --rollback lk.img
+cp lk.img lk.ref
+fails_with "export --to the trainer's image is refused, even with --force" 1 "lk.img is in use: process $holder" \
+	"$ctl" export f32.img --to lk.img --force
+ok "... and it is the trainer's still" cmp lk.img lk.ref
 ok "info, verify, restore and export still work" sh -c \
 	"'$ctl' info lk.img >/dev/null && '$ctl' verify lk.img >/dev/null && '$ctl' restore lk.img >/dev/null &&
 	 '$ctl' export lk.img --to lk.safetensors >/dev/null"
@@ -745,6 +749,13 @@ mkdir outdir
 fails_with "export --to a directory is refused" 1 "outdir is a directory" "$ctl" export f32.img --to outdir
 fails_with "export --to the device itself is refused" 1 "is the device itself" "$ctl" export z.img --to z.img
 ok "... which still verifies" "$ctl" verify z.img
+# A swapped argument names another image as the output: refused, not replaced.
+cp z.img zc.img
+fails_with "export --to a dm-ckpt image is refused without --force" 1 "zc.img holds a dm-ckpt image.*--force" \
+	"$ctl" export f32.img --to zc.img
+ok "... which is left as it was" cmp z.img zc.img
+ok "export --to a dm-ckpt image --force replaces it" sh -c \
+	"'$ctl' export f32.img --to zc.img --force >/dev/null && $py st.py meta zc.img format pt"
 fails_with "export --to a missing directory" 1 "cannot create nodir/x.safetensors" "$ctl" export f32.img --to nodir/x.safetensors
 cp f32.img vd.img
 run_py flip vd.img "$(run_py recoff v.json head.bias)"

@@ -279,6 +279,7 @@ TEST(CapiNames, ListsAndNames)
 	EXPECT_EQ(ckpt_abi_sizeof("struct ckpt_info"), 0u);
 	EXPECT_EQ(ckpt_abi_constant("CKPT_EXPORT_LOWP"), CKPT_EXPORT_LOWP);
 	EXPECT_EQ(ckpt_abi_constant("CKPT_EXPORT_OPTIMIZER"), CKPT_EXPORT_OPTIMIZER);
+	EXPECT_EQ(ckpt_abi_constant("CKPT_EXPORT_FORCE"), CKPT_EXPORT_FORCE);
 	EXPECT_EQ(ckpt_abi_constant("CKPT_NOPE"), -1);
 	// member i of the status struct is the uint64_t ckpt_status_field(i) names
 	const uint32_t n = ckpt_abi_count("status");
@@ -445,7 +446,7 @@ TEST_F(CapiTest, ExportRefusals)
 {
 	ckpt_device *d = open();
 	const std::string out = (dir_ / "out.safetensors").string();
-	EXPECT_EQ(ckpt_export(d, out.c_str(), 4, nullptr), -CKPT_E_INVAL);
+	EXPECT_EQ(ckpt_export(d, out.c_str(), 1u << 3, nullptr), -CKPT_E_INVAL);
 	EXPECT_EQ(ckpt_export(d, out.c_str(), 0, "[1]"), -CKPT_E_INVAL);
 	EXPECT_EQ(ckpt_export(d, out.c_str(), 0, "{\"a\": 1}"), -CKPT_E_INVAL);
 	EXPECT_NE(std::string(ckpt_last_error()).find("'a'"), std::string::npos) << ckpt_last_error();

@@ -1390,3 +1390,39 @@ TEST(Ring, SyncFallbackCompletesLikeIoUring)
 	}
 	fs::remove(path);
 }
+
+// A new path is put in place without replacing anything: a file another
+// process created there meanwhile stays, and the temporary one is removed.
+TEST(TempFile, LinkNewNeverReplacesAFileThatAppeared)
+{
+	const fs::path dir = fs::temp_directory_path() / fmt::format("ckpt-linknew-{}", getpid());
+	fs::remove_all(dir);
+	fs::create_directory(dir);
+	const std::string target = dir / "x.img";
+	{
+		ckpt::TempFile t(target, "tmp", O_WRONLY);
+		ASSERT_EQ(::write(t.fd(), "mine", 4), 4);
+		std::ofstream(target) << "theirs";	// created meanwhile
+		try {
+			t.link_new(target, true);
+			ADD_FAILURE() << "link_new replaced " << target;
+		} catch (const ckpt::Error &e) {
+			EXPECT_EQ(e.code(), CKPT_E_STATE);
+			EXPECT_NE(std::string(e.what()).find("appeared while it was being created"), std::string::npos)
+				<< e.what();
+		}
+	}
+	std::string have;
+	std::getline(std::ifstream(target), have);
+	EXPECT_EQ(have, "theirs");
+	EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator{}), 1);	// no temporary left
+	{
+		ckpt::TempFile t(dir / "y.img", "tmp", O_WRONLY);
+		ASSERT_EQ(::write(t.fd(), "mine", 4), 4);
+		t.link_new(dir / "y.img", true);
+	}
+	std::getline(std::ifstream(dir / "y.img"), have);
+	EXPECT_EQ(have, "mine");
+	EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator{}), 2);
+	fs::remove_all(dir);
+}

@@ -135,7 +135,7 @@ TEST(Safetensors, WriterReaderRoundTrip)
 	{
 		st::Writer w(p,
 			     {{"a", "F32", {2, 3}}, {"h", "F16", {4}}, {"b", "BF16", {2, 2}}, {"d", "F64", {2}}},
-			     {{"step", "42"}});
+			     {{"step", "42"}}, false);
 		w.write(a.data(), a.size() * 4);
 		w.write(h16.data(), h16.size() * 2);
 		w.write(b16.data(), b16.size() * 2);
@@ -176,20 +176,20 @@ TEST(Safetensors, WriterLeavesNoFileOnFailure)
 	const std::string p = tmp_path("partial");
 	std::remove(p.c_str());
 	{
-		st::Writer w(p, {{"a", "F32", {4}}}, {});
+		st::Writer w(p, {{"a", "F32", {4}}}, {}, false);
 		std::vector<float> x(3);
 		EXPECT_THROW(w.write(x.data(), 12), ckpt::Error);	// wrong size
 	}
 	EXPECT_NE(access(p.c_str(), F_OK), 0);
 	EXPECT_NE(access((p + ".tmp").c_str(), F_OK), 0);
-	EXPECT_THROW(st::Writer(p, {{"a", "F32", {1}}, {"a", "F32", {1}}}, {}), ckpt::Error);
+	EXPECT_THROW(st::Writer(p, {{"a", "F32", {1}}, {"a", "F32", {1}}}, {}, false), ckpt::Error);
 }
 
 TEST(Safetensors, NonFloatDoesNotConvert)
 {
 	const std::string p = tmp_path("int");
 	{
-		st::Writer w(p, {{"i", "I64", {2}}}, {});
+		st::Writer w(p, {{"i", "I64", {2}}}, {}, false);
 		int64_t v[2] = {1, 2};
 		w.write(v, 16);
 		w.finish();

@@ -170,11 +170,10 @@ int cmd_import(const ImportArgs &a)
 	return exit_ok;
 }
 
-int cmd_export(const std::string &device, const std::string &to, bool with_optimizer)
+int cmd_export(const std::string &device, const std::string &to, bool with_optimizer, bool force)
 {
-	const json r = report([&](char **out) {
-		return ckpt_export_image(device.c_str(), to.c_str(), with_optimizer ? CKPT_EXPORT_OPTIMIZER : 0, out);
-	});
+	const uint32_t flags = (with_optimizer ? CKPT_EXPORT_OPTIMIZER : 0) | (force ? CKPT_EXPORT_FORCE : 0);
+	const json r = report([&](char **out) { return ckpt_export_image(device.c_str(), to.c_str(), flags, out); });
 	const std::string path = r["path"];
 	print_warnings(path, r["warnings"]);
 	fmt::print("{}: exported {} tensors ({} params{}) at committed step {} to {}\n", path,

@@ -83,7 +83,7 @@ struct ImportArgs {
 	std::optional<uint64_t> step;
 };
 int cmd_import(const ImportArgs &a);
-int cmd_export(const std::string &device, const std::string &to, bool with_optimizer);
+int cmd_export(const std::string &device, const std::string &to, bool with_optimizer, bool force);
 int cmd_verify(const std::string &device, bool json, bool repair);
 int cmd_restore(const std::string &device, bool rollback, bool json);
 

@@ -451,7 +451,7 @@ int main(int argc, char **argv)
 		       "  ckptctl import new.img --from step1000.safetensors --with-optimizer");
 
 	std::string to;
-	bool with_opt = false;
+	bool with_opt = false, export_force = false;
 	auto *exportc = app.add_subcommand("export",
 		"Write the committed state to a safetensors file.\n\n"
 		"The fp32 master params of every tensor at the committed step, as F32 with\n"
@@ -465,12 +465,15 @@ int main(int argc, char **argv)
 		"when complete:\n"
 		"it is written under a temporary name beside it, removed on any failure.\n"
 		"--to must be a new path or a regular file (which is replaced); a directory,\n"
-		"device node or FIFO is refused. A backing file shorter than its layout is\n"
+		"device node or FIFO is refused, and so is a file a trainer has open (even\n"
+		"with --force) and a dm-ckpt image (unless --force): an argument typo never\n"
+		"replaces a device's state. A backing file shorter than its layout is\n"
 		"read as far as it goes (with a warning naming the missing bytes): the\n"
 		"export works if the committed state is all there.");
 	exportc->add_option("device", dev, "backing file or block device, or a dm-ckpt device")->required();
 	exportc->add_option("--to", to, "output safetensors file (new, or a regular file to replace)")->required();
 	exportc->add_flag("--with-optimizer", with_opt, "also write exp_avg and exp_avg_sq");
+	exportc->add_flag("--force", export_force, "replace --to even if it is a dm-ckpt image (not one in use)");
 	add_progress_options(exportc, progress);
 	exportc->footer("\nEXAMPLES\n  ckptctl export /dev/nvme0n1 --to weights.safetensors\n"
 			"  ckptctl export /dev/mapper/ckpt0 --to step.safetensors --with-optimizer");
@@ -634,7 +637,7 @@ int main(int argc, char **argv)
 		if (*import)
 			return cmd_import(ia);
 		if (*exportc)
-			return cmd_export(dev, to, with_opt);
+			return cmd_export(dev, to, with_opt, export_force);
 		if (*verify)
 			return cmd_verify(dev, as_json, repair);
 		if (*restore)

@@ -212,6 +212,7 @@ def _constant(name):
 
 # ckpt_export flags
 _EXPORT_LOWP, _EXPORT_OPTIMIZER = _constant("CKPT_EXPORT_LOWP"), _constant("CKPT_EXPORT_OPTIMIZER")
+_EXPORT_FORCE = _constant("CKPT_EXPORT_FORCE")
 _RESTORE_ROLLBACK = _constant("CKPT_RESTORE_ROLLBACK")
 
 
@@ -453,16 +454,20 @@ class Device:
         _check(_lib.ckpt_uuid(self._handle(), u))
         return _uuid_text(u)
 
-    def export(self, out, what="master", with_optimizer=False, metadata=None, progress=None):
+    def export(self, out, what="master", with_optimizer=False, metadata=None, progress=None, force=False):
         """Writes the committed step to the safetensors file out (see
         ckpt_export in ckpt.h): what="master", the fp32 master params (F32),
         or "lowp", the params in the device dtype (F16/BF16); with_optimizer
         adds NAME.exp_avg and NAME.exp_avg_sq. metadata: {str: str} added to
         (and replacing entries of) the file's __metadata__. progress: a tqdm
-        bar on stderr (None: when stderr is a terminal). Returns out."""
+        bar on stderr (None: when stderr is a terminal). out is a new path or
+        a regular file, which is replaced; a dm-ckpt image only with
+        force=True, and never one a trainer has open (CkptError E_STATE).
+        Returns out."""
         if what not in ("master", "lowp"):
             raise ValueError("what must be 'master' or 'lowp'")
-        flags = (_EXPORT_LOWP if what == "lowp" else 0) | (_EXPORT_OPTIMIZER if with_optimizer else 0)
+        flags = (_EXPORT_LOWP if what == "lowp" else 0) | (_EXPORT_OPTIMIZER if with_optimizer else 0) \
+            | (_EXPORT_FORCE if force else 0)
         meta = None
         if metadata:
             meta = json.dumps({str(k): str(v) for k, v in metadata.items()}).encode()

@@ -1375,19 +1375,20 @@ class LossScaler:
 
 # ------------------------------------------------------------------ export
 
-def export_safetensors(device_or_path, out, what="master", metadata=None):
+def export_safetensors(device_or_path, out, what="master", metadata=None, force=False):
     """Writes a device's params to a safetensors file and returns its path.
 
     what="master": the fp32 master params (F32); "lowp": the low-precision
     params the model trains with (BF16 / F16). The metadata records the device's
     committed step, dtype and uuid, with the keys of `ckptctl export DEV --to
     FILE`, which writes the same F32 tensors from the command line (and checks
-    every record's checksum on the way).
+    every record's checksum on the way). out is never a dm-ckpt image unless
+    force=True, nor one a trainer has open (Device.export).
     """
     own = not isinstance(device_or_path, Device)
     dev = _open(device_or_path) if own else device_or_path
     try:
-        return dev.export(out, what=what, metadata=metadata)
+        return dev.export(out, what=what, metadata=metadata, force=force)
     finally:
         if own:
             dev.close()
