@@ -133,6 +133,7 @@ int ckpt_format(const char *path, const ckpt_layout_builder *l, int dtype,
 /* ckpt_format_opts flags */
 #define CKPT_FORMAT_STATE_8BIT	(1u << 0)	/* 8-bit moments (feature Q8) */
 #define CKPT_FORMAT_MASTER_BF16	(1u << 1)	/* bf16 masters (feature BF16M) */
+#define CKPT_FORMAT_KEEP	(1u << 2)	/* refuse to format over an image or signature */
 
 /*
  * ckpt_format with flags: CKPT_FORMAT_STATE_8BIT stores exp_avg and
@@ -141,6 +142,11 @@ int ckpt_format(const char *path, const ckpt_layout_builder *l, int dtype,
  * CKPT_FORMAT_MASTER_BF16 (with CKPT_FORMAT_STATE_8BIT and dtype bf16 only,
  * else E_FEATURE) stores the masters as bf16, rounded stochastically at every
  * step: 4 B of state per param (docs/design.md, "bf16 masters").
+ * CKPT_FORMAT_KEEP refuses (CKPT_E_STATE) a path holding a dm-ckpt image or
+ * a signature libblkid recognizes, as `ckptctl format` does without --force;
+ * without it, what is there is formatted over. A path that does not exist is
+ * created without ever replacing a file that appears there meanwhile
+ * (CKPT_E_STATE).
  */
 int ckpt_format_opts(const char *path, const ckpt_layout_builder *l, int dtype,
 		     uint32_t chunk_params, uint64_t size, uint32_t flags);

@@ -472,7 +472,7 @@ int ckpt_format_opts(const char *path, const ckpt_layout_builder *l, int dtype, 
 	return guarded([&] {
 		need(path, "path");
 		need(l, "layout");
-		if (flags & ~(CKPT_FORMAT_STATE_8BIT | CKPT_FORMAT_MASTER_BF16))
+		if (flags & ~(CKPT_FORMAT_STATE_8BIT | CKPT_FORMAT_MASTER_BF16 | CKPT_FORMAT_KEEP))
 			ckpt::fail(CKPT_E_INVAL, "format: unknown flags {:#x}", flags);
 		ckpt::FormatOptions opts;
 		opts.dtype = static_cast<uint32_t>(dtype);
@@ -480,7 +480,8 @@ int ckpt_format_opts(const char *path, const ckpt_layout_builder *l, int dtype, 
 		opts.size = size;
 		opts.q8 = flags & CKPT_FORMAT_STATE_8BIT;
 		opts.bf16_master = flags & CKPT_FORMAT_MASTER_BF16;
-		opts.force = true;	// the ABI formats what it is given, as it always did
+		// Without CKPT_FORMAT_KEEP the ABI formats what it is given, as it always did.
+		opts.force = !(flags & CKPT_FORMAT_KEEP);
 		ckpt::format(path, l->layout, opts);
 		return 0;
 	});

@@ -34,7 +34,7 @@ mkdir -p "$d"
 # keep the last 3 benchmark runs (each holds a 1 GiB image, half of it written)
 ls -1d "$VM_CACHE"/bench/*/ 2>/dev/null | head -n -3 | xargs -r rm -rf
 img=$d/nvme.img
-"$TRACE" "$img" --format --params "$params" --steps 0 >/dev/null
+"$TRACE" "$img" --format --force --params "$params" --steps 0 >/dev/null
 truncate -s 1G "$img"
 
 set +e

@@ -179,7 +179,7 @@ trace_reference() {
 	local dir=$1 params=$2 steps=$3 seed=$4 s
 	local trace=$BUILD_DIR/tools/ckpt-trace ctl=$BUILD_DIR/tools/ckptctl
 	mkdir -p "$dir/ref"
-	"$trace" "$dir/base.img" --format --params "$params" --steps 0 --seed "$seed" >/dev/null || return 1
+	"$trace" "$dir/base.img" --format --force --params "$params" --steps 0 --seed "$seed" >/dev/null || return 1
 	cp "$dir/base.img" "$dir/ref.img"
 	"$ctl" export --with-optimizer "$dir/ref.img" --to "$dir/ref/0.st" >/dev/null || return 1
 	for ((s = 1; s <= steps; s++)); do

@@ -180,7 +180,7 @@ identity_run() { # KERNEL CPU DIR DTYPE STATE
 	kimg=$d/kernel.img uimg=$d/user.img
 	[ "$state" != 8bit-bf16 ] || dtype=bf16	# bf16 masters need bf16 params
 	log "$kl/$c: byte identity, $dtype, $state state, $params params, $presteps step(s) on the host then $steps steps in both, a rollback every $rollback_every${seed:+, seed $seed}"
-	if ! "$TRACE" "$kimg" --format --dtype "$dtype" --state "$state" --params "$params" --steps 0 \
+	if ! "$TRACE" "$kimg" --format --force --dtype "$dtype" --state "$state" --params "$params" --steps 0 \
 		${seed:+--seed "$seed"} >"$d/format.txt" 2>&1; then
 		not_ok "$kl/$c byte identity: ckpt-trace --format on the host failed: $(tail -1 "$d/format.txt")"
 		return

@@ -48,6 +48,13 @@ ok "trace: overflow and abort steps happened" sh -c "grep -q overflow '$tmp/t1.t
 ok "trace: the same output" cmp "$tmp/t1.txt" "$tmp/t2.txt"
 ok "trace: byte-identical images" cmp "$tmp/t1.img" "$tmp/t2.img"
 ok "trace: resumes from the committed step" sh -c "'$bin/ckpt-trace' '$tmp/t1.img' --steps 5 --seed 3 | tail -1 | grep -q 'committed step 65'"
+cp "$tmp/t1.img" "$tmp/t1.ref"
+fails_with "trace: --format over an image is refused without --force" 1 "t1.img holds a dm-ckpt image" \
+	"$bin/ckpt-trace" "$tmp/t1.img" --format --params 200000 --chunk-params 4096 --steps 0 --seed 3
+ok "... and leaves it as it was" cmp "$tmp/t1.img" "$tmp/t1.ref"
+ok "trace: --format --force formats it again" sh -c \
+	"'$bin/ckpt-trace' '$tmp/t1.ref' --format --force --params 200000 --chunk-params 4096 --steps 0 --seed 3 |
+	 tail -1 | grep -q 'committed step 0'"
 
 # A step must not build upon a corrupt committed record: the flipped bit would
 # become new committed state with a fresh checksum (and verify would say ok).

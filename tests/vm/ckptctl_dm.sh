@@ -45,8 +45,10 @@ JSON
 ok "format $dev from a manifest" ckptctl format $dev -m /tmp/m.json
 fails_with "format again is refused without --force" any "holds a dm-ckpt image" ckptctl format $dev -m /tmp/m.json
 ok "format --force formats it again" ckptctl format $dev -m /tmp/m.json --force
-ok "ckpt-trace: format and 2 steps on the backing device (userspace engine)" \
+fails_with "ckpt-trace --format over the image is refused without --force" any "holds a dm-ckpt image" \
 	ckpt-trace $dev --format --params 200000 --chunk-params 4096 --steps 2 --seed 3
+ok "ckpt-trace: format and 2 steps on the backing device (userspace engine)" \
+	ckpt-trace $dev --format --force --params 200000 --chunk-params 4096 --steps 2 --seed 3
 ok "create $name --queue-depth 4 --staging-kb 2048" has "created /dev/mapper/$name" \
 	ckptctl create $name $dev --queue-depth 4 --staging-kb 2048
 ok "the node exists without udev" test -b /dev/mapper/$name

@@ -111,12 +111,16 @@ int main(int argc, char **argv)
 	std::string dev, dtype = "bf16", state = "fp32";
 	uint64_t seed = 1, steps = 200, params = 1u << 20;
 	uint32_t chunk_params = 16384;
-	bool do_format = false;
+	bool do_format = false, force = false;
 	uint32_t workers = 0, depth = 0;
 	app.add_option("device", dev, "backing file or device")->required();
 	app.add_option("--seed", seed, "trace seed");
 	app.add_option("--steps", steps, "steps to commit");
-	app.add_flag("--format", do_format, "format the device with the trace's layout first");
+	app.add_flag("--format", do_format,
+		     "format the device with the trace's layout first (a device holding\n"
+		     "a dm-ckpt image or another signature only with --force)");
+	app.add_flag("--force", force, "with --format: format over an existing image or signature")
+		->needs("--format");
 	app.add_option("--params", params, "about this many params (with --format)");
 	app.add_option("--dtype", dtype, "bf16 or fp16 (with --format)")->check(CLI::IsMember({"bf16", "fp16"}));
 	app.add_option("--chunk-params", chunk_params, "params per chunk (with --format)");
@@ -139,11 +143,12 @@ int main(int argc, char **argv)
 	try {
 		if (do_format) {
 			const int code = check(ckpt_dtype_parse(dtype.c_str()));
-			// --format asks for it: the scripts reformat their images
+			const uint32_t flags = (state == "8bit"	     ? CKPT_FORMAT_STATE_8BIT
+						: state == "8bit-bf16" ? CKPT_FORMAT_STATE_8BIT | CKPT_FORMAT_MASTER_BF16
+								       : 0) |
+					       (force ? 0 : CKPT_FORMAT_KEEP);
 			check(ckpt_format_opts(dev.c_str(), trace_layout(seed, params).get(), code, chunk_params, 0,
-					       state == "8bit"	    ? CKPT_FORMAT_STATE_8BIT
-					       : state == "8bit-bf16" ? CKPT_FORMAT_STATE_8BIT | CKPT_FORMAT_MASTER_BF16
-								      : 0));
+					       flags));
 		}
 		DevicePtr d([&] {
 			ckpt_device *h = nullptr;

@@ -33,9 +33,9 @@ no_targets() { [ -z "$(dmsetup ls --target ckpt 2>/dev/null | grep -v 'No device
 if [ "$phase" = format ]; then
 	dev_a=$(ns 1) dev_b=$(ns 2)
 	ok "format A on namespace 1 ($dev_a), 2 steps" has "committed step 2" \
-		ckpt-trace $dev_a --format --params 100000 --chunk-params 4096 --steps 2 --seed 1
+		ckpt-trace $dev_a --format --force --params 100000 --chunk-params 4096 --steps 2 --seed 1
 	ok "format B on namespace 2 ($dev_b), 3 steps" has "committed step 3" \
-		ckpt-trace $dev_b --format --params 150000 --chunk-params 4096 --steps 3 --seed 2
+		ckpt-trace $dev_b --format --force --params 150000 --chunk-params 4096 --steps 3 --seed 2
 	ua=$(uuid_of $dev_a) ub=$(uuid_of $dev_b)
 	ok "two images, two uuids ($ua, $ub)" sh -c "[ -n '$ua' ] && [ -n '$ub' ] && [ '$ua' != '$ub' ]"
 	cat >/etc/ckpttab <<EOF
