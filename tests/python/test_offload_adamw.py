@@ -230,6 +230,28 @@ class OffloadAdamWTest(unittest.TestCase):
             self.assertTrue(torch.equal(p.detach(), bf16_round(init[n])), n)
         opt.close()
 
+    def test_zero_size_param(self):
+        """A param with a zero-size dimension, which torch.optim.AdamW takes, stays
+        off the device: the others train as they would without it."""
+        torch.manual_seed(0)
+        w = torch.nn.Parameter(torch.randn(8, 4).to(torch.bfloat16))
+        w2 = torch.nn.Parameter(w.detach().clone())
+        e = torch.nn.Parameter(torch.zeros(0, 4, dtype=torch.bfloat16))
+        a = OffloadAdamW([("w", w), ("e", e)], self.path("a.img"), chunk_params=4096)
+        self.addCleanup(a.close)
+        b = OffloadAdamW([("w", w2)], self.path("b.img"), chunk_params=4096)
+        self.addCleanup(b.close)
+        for _ in range(3):
+            g = torch.randn(8, 4).to(torch.bfloat16)
+            w.grad, w2.grad, e.grad = g.clone(), g.clone(), torch.zeros_like(e)
+            a.step()
+            b.step()
+        self.assertEqual(a.committed_step, 3)
+        self.assertTrue(torch.equal(w, w2))
+        self.assertEqual(e.shape, (0, 4))
+        self.assertEqual(a.names(), ["w"])
+        self.assertEqual(sorted(ckpt.torch.to_torch_state_dict(a)["state"]), [0])
+
     def test_generated_names(self):
         a, b, c = (torch.nn.Parameter(torch.randn(s)) for s in ((3, 4), (5,), (2, 2, 2)))
         opt = OffloadAdamW([{"params": [a, b]}, {"params": [c], "lr": 1e-2}], self.path())

@@ -281,6 +281,9 @@ class OffloadAdamW(torch.optim.Optimizer):
             if self.param_groups[gi]["capturable"] and not p.is_cuda:
                 raise ValueError(f"capturable=True: {n!r} is on {p.device}; torch.optim.AdamW "
                                  f"refuses it too (params must be CUDA tensors)")
+        # A param with a zero-size dimension has nothing to keep or update (torch
+        # takes it and does nothing): it stays off the device.
+        flat = [(n, p, gi) for n, p, gi in flat if p.numel()]
         self._flat = flat
         self._shard = _Shard.of(process_group, flat)
         self._pieces = self._shard.pieces if self._shard else [
@@ -829,10 +832,10 @@ class OffloadAdamW(torch.optim.Optimizer):
                 "layout": [[n, list(s), g] for n, s, g in self._layout]}
 
     def _param_steps(self):
-        """The step count of every param (order of param_groups), torch's
+        """{name: step count} of every param on the device, torch's
         state["step"]: the committed steps that updated it (a param skipped for
         want of a gradient does not count)."""
-        return [int(self.device.tensor_step(n)) for n, _, _ in self._flat]
+        return {n: int(self.device.tensor_step(n)) for n, _, _ in self._flat}
 
     def state_dict(self):
         """torch's format, pointing at the device: {"state": {}, "param_groups": [...],
@@ -962,6 +965,8 @@ class OffloadAdamW(torch.optim.Optimizer):
         state = {}
         for s, g, ns in zip(saved, self.param_groups, self._names):
             for pid, p, n in zip(s["params"], g["params"], ns):
+                if n not in masters:    # zero-size: not on the device
+                    continue
                 st = state_dict["state"].get(pid, {})
                 if "max_exp_avg_sq" in st:
                     raise ValueError(f"{n!r}: " + _AMSGRAD_REFUSED)
@@ -1214,8 +1219,10 @@ def to_torch_state_dict(opt):
         d = {k: v for k, v in g.items() if k not in ("params", "adam_l2")}
         d["params"] = list(range(index, index + len(ns)))
         for i, n in zip(d["params"], ns):
+            if n not in steps:  # zero-size: no state, as torch has none before an update
+                continue
             _, m, v = opt.read_state(n)
-            state[i] = {"step": torch.tensor(float(steps[i])), "exp_avg": m, "exp_avg_sq": v}
+            state[i] = {"step": torch.tensor(float(steps[n])), "exp_avg": m, "exp_avg_sq": v}
         index += len(ns)
         groups.append(d)
     return {"state": state, "param_groups": groups}
