@@ -864,6 +864,13 @@ tab 'ckpt0 /dev/x'
 fails_with "ckpttab: a name twice" 1 "t.tab:4: the name ckpt0 is listed twice" "$ctl" activate --all --ckpttab t.tab
 tab "ckpt1 UUID=$(echo $u | tr a-f A-F)"
 fails_with "ckpttab: an image twice (uuids in any case)" 1 "t.tab:4: the image $u is listed twice" "$ctl" activate --all --ckpttab t.tab
+printf 'ckpt1 /dev/x\nckpt2 /dev/../dev//x\n' >t.tab
+fails_with "ckpttab: a device twice, spelled two ways" 1 "t.tab:2: the device /dev/../dev//x is listed twice (as /dev/x)" \
+	"$ctl" activate --all --ckpttab t.tab
+: >tabdev && ln -s tabdev tabdev.lnk
+printf 'ckpt1 %s/tabdev\nckpt2 %s/tabdev.lnk\n' "$PWD" "$PWD" >t.tab
+fails_with "ckpttab: a device twice, through a symlink" 1 "t.tab:2: the device .*/tabdev.lnk is listed twice" \
+	"$ctl" activate --all --ckpttab t.tab
 tab 'ckpt1 /dev/x - extra'
 fails_with "ckpttab: too many fields" 1 "t.tab:4: 4 fields; want NAME DEVICE" "$ctl" activate --all --ckpttab t.tab
 tab 'a/b /dev/x'

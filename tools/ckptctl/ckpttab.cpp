@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -79,7 +80,8 @@ void parse_options(TabEntry &e, const std::string &where, const std::string &fie
 std::vector<TabEntry> parse_ckpttab(const std::string &text, const std::string &file)
 {
 	std::vector<TabEntry> out;
-	std::set<std::string> names, uuids, paths;
+	std::set<std::string> names, uuids;
+	std::map<std::string, std::string> paths;	// the path as resolved -> as first written
 	std::stringstream in(text);
 	std::string line;
 	for (unsigned no = 1; std::getline(in, line); no++) {
@@ -116,8 +118,15 @@ std::vector<TabEntry> parse_ckpttab(const std::string &text, const std::string &
 				fail(CKPT_E_INVAL, "{}: the image {} is listed twice", where, e.uuid);
 		} else if (dev[0] == '/') {
 			e.path = dev;
-			if (!paths.insert(e.path).second)
-				fail(CKPT_E_INVAL, "{}: the device {} is listed twice", where, e.path);
+			// One device, however it is spelled: symlinks (/dev/disk/by-id/...)
+			// and '..' resolved as far as the path exists, the rest lexically.
+			std::error_code ec;
+			std::string key = std::filesystem::weakly_canonical(dev, ec).string();
+			if (ec)
+				key = std::filesystem::path(dev).lexically_normal().string();
+			if (const auto [it, fresh] = paths.emplace(key, dev); !fresh)
+				fail(CKPT_E_INVAL, "{}: the device {} is listed twice{}", where, dev,
+				     it->second == dev ? "" : fmt::format(" (as {})", it->second));
 		} else {
 			fail(CKPT_E_INVAL, "{}: device '{}' is neither UUID=<image uuid> nor an absolute path", where,
 			     dev);
