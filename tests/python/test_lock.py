@@ -197,5 +197,80 @@ class LockTest(unittest.TestCase):
         dev.close()
 
 
+def _create_and_train(path, steps, go, out):
+    """One of two processes that create the same new OffloadAdamW path at once:
+    waits for the other while it trains (one writer at a time), then trains
+    `steps` steps; writes "resumed S", "ino I" (the file the optimizer opened)
+    and "done S" to out."""
+    import time
+
+    import torch
+
+    import ckpt.torch
+    code = 0
+    try:
+        with open(out, "w") as f:
+            torch.manual_seed(0)
+            p = torch.nn.Parameter(torch.randn(5000).to(torch.bfloat16))
+            while time.time() < go:
+                pass
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    opt = ckpt.torch.OffloadAdamW([("w", p)], path, chunk_params=4096, hooks=False)
+                    break
+                except ckpt.CkptError as e:
+                    if "is in use" not in e.message or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.005)
+            f.write(f"resumed {opt.committed_step}\nino {os.stat(path).st_ino}\n")
+            for _ in range(steps):
+                p.grad = torch.ones_like(p)
+                opt.step()
+            f.write(f"done {opt.committed_step}\n")
+            opt.close()
+    except BaseException:  # noqa: BLE001 - the parent reads it from out
+        import traceback
+        with open(out, "a") as f:
+            traceback.print_exc(file=f)
+        code = 1
+    os._exit(code)
+
+
+class CreateRaceTest(unittest.TestCase):
+    def test_two_processes_creating_one_path_share_one_image(self):
+        """Two processes create the same new path at the same moment (a job
+        launched twice): creation never replaces an image, the second resumes the
+        first's, and the one image at the path holds every commit of both."""
+        import multiprocessing
+        import time
+        ctx = multiprocessing.get_context("fork")
+        steps = 3
+        for trial in range(8):
+            with self.subTest(trial=trial), tempdir() as d:
+                path = os.path.join(d, "state.img")
+                outs = [os.path.join(d, f"p{i}.out") for i in range(2)]
+                go = time.time() + 0.5
+                procs = [ctx.Process(target=_create_and_train, args=(path, steps, go, o)) for o in outs]
+                for pr in procs:
+                    pr.start()
+                for pr in procs:
+                    pr.join(180)
+                text = []
+                for o in outs:
+                    with open(o) as f:
+                        text.append(f.read())
+                self.assertEqual([pr.exitcode for pr in procs], [0, 0], text)
+                final = os.stat(path).st_ino
+                for t in text:
+                    self.assertIn(f"ino {final}\n", t, "a process trained on a file no longer at the path")
+                resumed = sorted(int(t.split("resumed ")[1].split()[0]) for t in text)
+                self.assertEqual(resumed, [0, steps], text)
+                with ckpt.open(path) as dev:
+                    self.assertEqual(dev.committed_step, 2 * steps, text)
+                self.assertEqual(sorted(os.listdir(d)), ["p0.out", "p1.out", "state.img"],
+                                 "a temporary file is left")
+
+
 if __name__ == "__main__":
     unittest.main()

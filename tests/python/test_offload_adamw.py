@@ -230,6 +230,16 @@ class OffloadAdamWTest(unittest.TestCase):
             self.assertTrue(torch.equal(p.detach(), bf16_round(init[n])), n)
         opt.close()
 
+    def test_no_space_names_the_path(self):
+        """The image is prepared under a temporary name: a failure names the
+        path asked for, and leaves nothing."""
+        path = self.path("big.img")
+        with self.assertRaises(ckpt.CkptError) as cm:
+            OffloadAdamW(groups_of(make_model()), path, size=1 << 60)
+        self.assertIn(f"not enough space for {path}:", cm.exception.message)
+        self.assertNotIn(".tmp-", cm.exception.message)
+        self.assertEqual(os.listdir(self.dir), [])
+
     def test_zero_size_param(self):
         """A param with a zero-size dimension, which torch.optim.AdamW takes, stays
         off the device: the others train as they would without it."""

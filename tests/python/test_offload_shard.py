@@ -271,6 +271,38 @@ class ShardTest(unittest.TestCase):
                 self.assertNotEqual(rc, 0, f"rank {r} {out}")
                 self.assertIn("more than one step apart", err, f"rank {r}")
             self.assertEqual(committed(), [ITERS - 1, 1])
+    def test_missing_rank_device_is_refused(self):
+        """A rank's device missing beside the others' is refused on every rank,
+        never made anew at step 0 while the others resume (or roll back); a
+        sharded open that fails leaves no device it created behind."""
+        world = 2
+        with tempdir() as d:
+            paths = [os.path.join(d, f"state-{r}.img") for r in range(world)]
+            self.check_ok(Run(d, world).wait())
+            os.remove(paths[1])
+            with open(paths[0], "rb") as f:
+                before = f.read()
+            for r, (rc, out, err) in enumerate(Run(d, world).wait(timeout=120)):
+                self.assertNotEqual(rc, 0, f"rank {r} {out}")
+                self.assertIn("rank(s) [1] of 2 have no device at their path", err, f"rank {r}")
+            self.assertFalse(os.path.exists(paths[1]), "rank 1's device was made anew")
+            with open(paths[0], "rb") as f:
+                self.assertEqual(f.read(), before, "rank 0's device changed")
+            # Every device missing, so every rank creates its own; rank 1's path is
+            # taken meanwhile by something it cannot open (a dangling symlink): the
+            # open fails on every rank and rank 0's new device is removed again.
+            os.remove(paths[0])
+            os.symlink(os.path.join(d, "nowhere", "x.img"), paths[1])
+            for r, (rc, out, err) in enumerate(Run(d, world).wait(timeout=120)):
+                self.assertNotEqual(rc, 0, f"rank {r} {out}")
+            self.assertFalse(os.path.exists(paths[0]), "the failed open left rank 0's new device")
+            self.assertEqual(sorted(n for n in os.listdir(d) if not n.startswith("rank")), ["state-1.img"])
+
+    def test_duplicate_paths_are_refused(self):
+        with self.assertRaisesRegex(ValueError, "ranks 0 and 1 are given the same path"):
+            ckpt.torch._Shard.path_of(type("S", (), {"rank": 1, "world": 2})(),
+                                      ["/tmp/a.img", "/tmp/../tmp/a.img"])
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -31,6 +31,7 @@ export_safetensors writes a device's params as a safetensors checkpoint.
 import contextlib
 import math
 import os
+import secrets
 import warnings
 
 import numpy as np
@@ -176,7 +177,12 @@ class OffloadAdamW(torch.optim.Optimizer):
         - A path that does not exist: a backing file is formatted for exactly these
           params (dtype, chunk_params, size), and the params' current values become
           the fp32 masters (step 0). The file appears atomically (it is prepared
-          under a temporary name), so a crash never leaves a half-made device.
+          under a temporary name), so a crash never leaves a half-made device,
+          and never replaces a file: when another process has created the path
+          meanwhile (a job launched twice), its image is resumed from as an
+          existing path is (while that process trains, its lock refuses the
+          open). Sharded, the ranks create their devices together or not at
+          all: some ranks' devices missing beside the others' is refused.
         - An existing path (a backing file, or a kernel target: /dev/mapper/NAME,
           or its NVMe-oF namespace /dev/nvmeXnY on another node; libckpt picks
           by the device's status page), or a Device: the layout must match (names, shapes,
@@ -306,11 +312,14 @@ class OffloadAdamW(torch.optim.Optimizer):
         self.last_step_bytes = None     # {"grad_written", "params_read", "control", "status_reads"}
 
         self.device = None
+        self._created = None            # (st_dev, st_ino) of the image this open created
         try:
             if self._shard:
-                # Every rank opens its own device; then they agree on the step.
+                # The ranks create their devices together or not at all; every
+                # rank opens its own device; then they agree on the step.
+                create = self._shard.agree_create(lambda: self._rank_path(device_or_path))
                 self._shard.agree(lambda: self._open(device_or_path, dtype, chunk_params, size,
-                                                     init_from_model, state, master),
+                                                     init_from_model, state, master, create),
                                   "open its device")
                 self._resumed_step = self._shard.agree_step(self.device)
             else:
@@ -327,21 +336,30 @@ class OffloadAdamW(torch.optim.Optimizer):
                 self._install_hooks()
         except BaseException:
             self.close()
+            if self._shard:
+                self._remove_created()
             raise
 
-    def _open(self, device_or_path, dtype, chunk_params, size, init_from_model, state, master):
+    def _rank_path(self, device_or_path):
         if isinstance(device_or_path, Device):
-            if self._shard:
-                raise ValueError("a sharded OffloadAdamW opens its rank's device from a path: give a "
-                                 "path holding {rank}, or a list of one path per rank")
+            raise ValueError("a sharded OffloadAdamW opens its rank's device from a path: give a "
+                             "path holding {rank}, or a list of one path per rank")
+        return _Shard.path_of(self._shard, device_or_path)
+
+    def _open(self, device_or_path, dtype, chunk_params, size, init_from_model, state, master, create=None):
+        """create: whether the ranks agreed to create their devices (sharded);
+        None: a path that does not exist is created."""
+        if isinstance(device_or_path, Device) and not self._shard:
             self.device = device_or_path
             self.path = getattr(device_or_path, "path", None)
             created = False
         else:
-            self.path = _Shard.path_of(self._shard, device_or_path)
-            created = not os.path.exists(self.path)
-            if created:
-                self._create(self.path, dtype or "bf16", chunk_params, size, state, master)
+            self.path = self._rank_path(device_or_path)
+            if create is None:
+                create = not os.path.exists(self.path)
+            # Another process may have created the path meanwhile: then it
+            # is resumed from, like any existing path.
+            created = create and self._create(self.path, dtype or "bf16", chunk_params, size, state, master)
             # it reads the params back after every step: from the
             # engine's memory rather than the device
             self.device = _open(self.path, param_cache=True)
@@ -365,26 +383,49 @@ class OffloadAdamW(torch.optim.Optimizer):
                 for dn, i, a, b, _, _ in self._pieces}
 
     def _create(self, path, dtype, chunk_params, size, state, master):
+        """Formats an image for these params under a temporary name beside path,
+        loads the model's values into it, and links it in as path, which is never
+        replaced: an image another process created there meanwhile (a job
+        launched twice, a duplicate path) is that process's, and this returns
+        False (path is then resumed from). True when this created path."""
         layout = Layout()
         for n, shape, gi in self._layout:
             layout.add(n, shape, gi)
         d = os.path.dirname(os.path.abspath(path))
-        tmp = os.path.join(d, f".{os.path.basename(path)}.tmp-{os.getpid()}")
+        tmp = os.path.join(d, f".{os.path.basename(path)}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
         try:
-            _format(tmp, layout, dtype=dtype, chunk_params=chunk_params, size=size, state=state,
-                    master=master)
-            with _open(tmp) as dev:
-                dev.load_params(self._model_values())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
+            try:
+                _format(tmp, layout, dtype=dtype, chunk_params=chunk_params, size=size, state=state,
+                        master=master)
+                with _open(tmp) as dev:
+                    dev.load_params(self._model_values())
+            except CkptError as e:  # the temporary name is ours: the user asked for path
+                raise CkptError(e.code, e.message.replace(tmp, path)) from None
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                return False
+        finally:
+            if os.path.lexists(tmp):
                 os.unlink(tmp)
-            raise
+        st = os.stat(path)
+        self._created = (st.st_dev, st.st_ino)
         fd = os.open(d, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
+        return True
+
+    def _remove_created(self):
+        """A sharded open that failed leaves no image it created: the next open
+        would find some ranks' images and not the others' (and refuse)."""
+        if self._created and self.path:
+            with contextlib.suppress(OSError):
+                st = os.stat(self.path)
+                if (st.st_dev, st.st_ino) == self._created:
+                    os.unlink(self.path)
+        self._created = None
 
     def _check_layout(self, dtype):
         have = [(t["name"], tuple(int(d) for d in t["shape"]), int(t["group"]))
@@ -1045,6 +1086,11 @@ class _Shard:
         if isinstance(path, (list, tuple)):
             if len(path) != world:
                 raise ValueError(f"{len(path)} paths given for {world} ranks")
+            real = [os.path.realpath(os.fspath(p)) for p in path]
+            for r, p in enumerate(real):
+                if p in real[:r]:
+                    raise ValueError(f"ranks {real.index(p)} and {r} are given the same path "
+                                     f"{os.fspath(path[r])!r}: each rank needs its own device")
             return os.fspath(path[rank])
         path = os.fspath(path)
         if "{rank}" in path:
@@ -1079,6 +1125,31 @@ class _Shard:
             raise err
         if failed:
             raise RuntimeError(f"rank {self.rank}: rank(s) {failed} could not {what}")
+
+    def agree_create(self, path_fn):
+        """Whether this open creates the ranks' devices: path_fn() gives this rank's
+        path; all ranks create theirs or none does. Some ranks' devices missing
+        while others exist is refused on every rank: a rank's device made anew
+        at step 0 would make the others roll back or refuse, or train from
+        state of another run or world size."""
+        err, exists = None, False
+        try:
+            exists = os.path.exists(path_fn())
+        except Exception as e:  # noqa: BLE001 - re-raised below, after the vote
+            err = e
+        votes = self._gather([int(err is not None), int(exists)])
+        if err is not None:
+            raise err
+        failed = [r for r, (f, _) in enumerate(votes) if f]
+        if failed:
+            raise RuntimeError(f"rank {self.rank}: rank(s) {failed} could not find their device's path")
+        missing = [r for r, (_, e) in enumerate(votes) if not e]
+        if missing and len(missing) < self.world:
+            raise RuntimeError(f"rank(s) {missing} of {self.world} have no device at their path while the "
+                               f"other ranks have one: a missing device is not made anew at step 0 "
+                               f"beside the others' state; restore it, or remove every rank's device "
+                               f"to start from the model")
+        return bool(missing)
 
     def agree_step(self, device):
         """On open: the ranks resume from the lowest committed step; a rank one step
