@@ -151,6 +151,14 @@ int ckpt_format(const char *path, const ckpt_layout_builder *l, int dtype,
 int ckpt_format_opts(const char *path, const ckpt_layout_builder *l, int dtype,
 		     uint32_t chunk_params, uint64_t size, uint32_t flags);
 
+/*
+ * Renames the file from to path, which must not exist (a new image prepared
+ * under a temporary name, as ckpt.torch.OffloadAdamW prepares one): a file
+ * at path, even one another process created meanwhile, is never replaced
+ * (CKPT_E_STATE, and from stays). The directory is flushed.
+ */
+int ckpt_rename_new(const char *from, const char *path);
+
 int ckpt_open(const char *path, ckpt_device **out);
 /*
  * ckpt_open with the userspace engine's worker threads (0: one per CPU) and

@@ -23,6 +23,7 @@
 #include "export.hpp"
 #include "format.hpp"
 #include "image.hpp"
+#include "io.hpp"
 #include "progress.hpp"
 #include "tools.hpp"
 
@@ -491,6 +492,16 @@ int ckpt_format(const char *path, const ckpt_layout_builder *l, int dtype, uint3
 		uint64_t size)
 {
 	return ckpt_format_opts(path, l, dtype, chunk_params, size, 0);
+}
+
+int ckpt_rename_new(const char *from, const char *path)
+{
+	return guarded([&] {
+		need(from, "from");
+		need(path, "path");
+		ckpt::rename_new(from, path, true);
+		return 0;
+	});
 }
 
 int ckpt_open(const char *path, ckpt_device **out)

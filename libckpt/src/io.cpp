@@ -107,42 +107,50 @@ TempFile::~TempFile()
 		::unlink(tmp_.c_str());
 }
 
+// The directory holding path, flushed: a rename or link into it then
+// survives a crash.
+static void flush_dir_of(const std::string &path)
+{
+	const size_t slash = path.rfind('/');
+	const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
+	Fd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+	if (!d || fsync(d.get()) < 0)
+		fail(CKPT_E_IO, "flush of directory {} failed: {}", dir, strerror(errno));
+}
+
 void TempFile::rename_over(const std::string &target, bool sync_dir)
 {
 	if (::rename(tmp_.c_str(), target.c_str()) < 0)
 		fail(CKPT_E_IO, "cannot rename {} to {}: {}", tmp_, target, strerror(errno));
-	placed(target, sync_dir);
+	tmp_.clear();
+	if (sync_dir)
+		flush_dir_of(target);
 }
 
 void TempFile::link_new(const std::string &target, bool sync_dir)
 {
-	int ret = ::renameat2(AT_FDCWD, tmp_.c_str(), AT_FDCWD, target.c_str(), RENAME_NOREPLACE);
+	rename_new(tmp_, target, false);
+	tmp_.clear();
+	if (sync_dir)
+		flush_dir_of(target);
+}
+
+void rename_new(const std::string &from, const std::string &to, bool sync_dir)
+{
+	int ret = ::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE);
 	if (ret < 0 && (errno == EINVAL || errno == ENOSYS)) {
 		// No RENAME_NOREPLACE on this file system: link(2) never replaces either.
-		ret = ::link(tmp_.c_str(), target.c_str());
+		ret = ::link(from.c_str(), to.c_str());
 		if (ret == 0)
-			::unlink(tmp_.c_str());
+			::unlink(from.c_str());
 	}
 	if (ret < 0 && errno == EEXIST)
 		fail(CKPT_E_STATE, "{} appeared while it was being created (another process created it): it is "
-				   "left as it is", target);
+				   "left as it is", to);
 	if (ret < 0)
-		fail(CKPT_E_IO, "cannot put {} in place as {}: {}", tmp_, target, strerror(errno));
-	placed(target, sync_dir);
-}
-
-// The temporary file is at target now: nothing to remove; the rename or link
-// survives a crash once the directory is flushed.
-void TempFile::placed(const std::string &target, bool sync_dir)
-{
-	tmp_.clear();
-	if (!sync_dir)
-		return;
-	const size_t slash = target.rfind('/');
-	const std::string dir = slash == std::string::npos ? "." : target.substr(0, slash + 1);
-	Fd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-	if (!d || fsync(d.get()) < 0)
-		fail(CKPT_E_IO, "flush of directory {} failed: {}", dir, strerror(errno));
+		fail(CKPT_E_IO, "cannot put {} in place as {}: {}", from, to, strerror(errno));
+	if (sync_dir)
+		flush_dir_of(to);
 }
 
 namespace {
@@ -258,7 +266,7 @@ Fd claim_output(const std::string &path, bool force)
 				   "trainer has open", path, who);
 	if (!force && has_image_magic(fd))
 		fail(CKPT_E_STATE, "{} holds a dm-ckpt image: the output would replace it and the state in it "
-				   "(--force replaces it anyway)", path);
+				   "(forced, it does: ckptctl export --force, CKPT_EXPORT_FORCE, force=True)", path);
 	return f;
 }
 

@@ -80,21 +80,24 @@ public:
 	void close() { fd_.reset(); }
 	// Renames it over target (whose directory is flushed when sync_dir).
 	void rename_over(const std::string &target, bool sync_dir);
-	// Puts it in place at target, which must not exist: a file that
-	// appeared there meanwhile (another process creating the same path) is
-	// never replaced, the call fails (CKPT_E_STATE) and this stays a
-	// temporary file. renameat2(RENAME_NOREPLACE), or link and unlink
-	// where the file system has no such rename.
+	// Puts it in place at target with rename_new(): if a file appeared
+	// there meanwhile, this stays a temporary file (removed as ever).
 	void link_new(const std::string &target, bool sync_dir);
 
 private:
-	void placed(const std::string &target, bool sync_dir);
 	std::string tmp_;
 	Fd fd_;
 };
 
 // "a FIFO", "a directory", ...: what a file of mode m is, for messages.
 const char *file_kind(mode_t m);
+
+// Renames from to `to`, which must not exist: a file there, even one that
+// appeared meanwhile (another process creating the same path), is never
+// replaced: CKPT_E_STATE, and from stays. renameat2(RENAME_NOREPLACE), or
+// link and unlink where the file system has no such rename. The directory
+// is flushed when sync_dir.
+void rename_new(const std::string &from, const std::string &to, bool sync_dir);
 
 // Whether the file open at fd has a dm-ckpt superblock magic in either copy.
 bool has_image_magic(int fd);

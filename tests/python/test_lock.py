@@ -211,7 +211,7 @@ def _create_and_train(path, steps, go, out):
     try:
         with open(out, "w") as f:
             torch.manual_seed(0)
-            p = torch.nn.Parameter(torch.randn(5000).to(torch.bfloat16))
+            p = torch.nn.Parameter(torch.randn(1 << 20).to(torch.bfloat16))
             while time.time() < go:
                 pass
             deadline = time.monotonic() + 120
@@ -238,6 +238,22 @@ def _create_and_train(path, steps, go, out):
 
 
 class CreateRaceTest(unittest.TestCase):
+    def test_rename_new_never_replaces(self):
+        with tempdir() as d:
+            a, b, c = (os.path.join(d, n) for n in ("a", "b", "c"))
+            for path, text in ((a, "mine"), (b, "theirs")):
+                with open(path, "w") as f:
+                    f.write(text)
+            self.assertFalse(ckpt.rename_new(a, b))
+            with open(b) as f:
+                self.assertEqual(f.read(), "theirs")
+            self.assertTrue(os.path.exists(a), "the file to rename is kept")
+            self.assertTrue(ckpt.rename_new(a, c))
+            self.assertEqual(sorted(os.listdir(d)), ["b", "c"])
+            with self.assertRaises(ckpt.CkptError) as cm:
+                ckpt.rename_new(os.path.join(d, "nope"), os.path.join(d, "x"))
+            self.assertEqual(cm.exception.name, "E_IO")
+
     def test_two_processes_creating_one_path_share_one_image(self):
         """Two processes create the same new path at the same moment (a job
         launched twice): creation never replaces an image, the second resumes the

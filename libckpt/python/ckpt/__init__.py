@@ -148,6 +148,7 @@ for _name, _res, _args in [
     ("ckpt_layout_add", _int, [_vp, _cp, _u64p, _u32, _u32]),
     ("ckpt_format", _int, [_cp, _vp, _int, _u32, _u64]),
     ("ckpt_format_opts", _int, [_cp, _vp, _int, _u32, _u64, _u32]),
+    ("ckpt_rename_new", _int, [_cp, _cp]),
     ("ckpt_open", _int, [_cp, ctypes.POINTER(_vp)]),
     ("ckpt_open_engine_flags", _int, [_cp, _u32, _u32, _u32, ctypes.POINTER(_vp)]),
     ("ckpt_close", None, [_vp]),
@@ -324,6 +325,17 @@ def format(path, layout, dtype="bf16", chunk_params=65536, size=None, progress=N
     with _progress("format", progress):
         _check(_lib.ckpt_format_opts(_path_bytes(path), layout._h, _DTYPES[dtype], int(chunk_params),
                                      int(size or 0), _STATES[state] | _MASTERS[master]))
+
+
+def rename_new(src, path):
+    """Renames the file src to path, which must not exist (ckpt_rename_new):
+    a file at path, even one another process created meanwhile, is never
+    replaced. Returns False (src stays) when path exists, else True."""
+    ret = _lib.ckpt_rename_new(_path_bytes(src), _path_bytes(path))
+    if ret == -ERRORS.index("E_STATE") and os.path.lexists(path):
+        return False
+    _check(ret)
+    return True
 
 
 def _uuid_text(u):

@@ -40,6 +40,7 @@ import torch
 from . import CkptError, Device, Layout
 from . import format as _format
 from . import open as _open
+from . import rename_new as _rename_new
 from . import restore as _restore
 from . import safetensors as _safetensors
 
@@ -384,8 +385,8 @@ class OffloadAdamW(torch.optim.Optimizer):
 
     def _create(self, path, dtype, chunk_params, size, state, master):
         """Formats an image for these params under a temporary name beside path,
-        loads the model's values into it, and links it in as path, which is never
-        replaced: an image another process created there meanwhile (a job
+        loads the model's values into it, and renames it to path, which is never
+        replaced (ckpt_rename_new): an image another process created there meanwhile (a job
         launched twice, a duplicate path) is that process's, and this returns
         False (path is then resumed from). True when this created path."""
         layout = Layout()
@@ -401,20 +402,13 @@ class OffloadAdamW(torch.optim.Optimizer):
                     dev.load_params(self._model_values())
             except CkptError as e:  # the temporary name is ours: the user asked for path
                 raise CkptError(e.code, e.message.replace(tmp, path)) from None
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
+            if not _rename_new(tmp, path):
                 return False
         finally:
             if os.path.lexists(tmp):
                 os.unlink(tmp)
         st = os.stat(path)
         self._created = (st.st_dev, st.st_ino)
-        fd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
         return True
 
     def _remove_created(self):
