@@ -348,11 +348,55 @@ static __always_inline u32 ckpt_q8_index(const u32 *bkt, const u32 shift, const 
 }
 
 /*
- * Quantize one block of CKPT_Q8_BLOCK fp32 values (bits): the scale is the
- * largest magnitude (0 for an all-zero block, whose values are divided by 1),
- * each value divided by it (correctly rounded, so within [-1, 1]) and
- * stored as its nearest code: of exp_avg's map, or (sq, a compile-time
- * constant) of exp_avg_sq's.
+ * The scale of a block (bits) from the largest magnitudes of its positive
+ * values (p) and of its negative ones (n), chosen so that decoding a block
+ * and encoding it again gives back its codes and scale (a load of state that
+ * an export or read_state decoded rewrites the same bytes):
+ *  - at least p: the positive extreme divides to exactly 1, the map's top
+ *    code, which decodes to the scale itself;
+ *  - for exp_avg's map, whose most negative code c0 is -0.993, at least the
+ *    least scale t whose c0 * t (in fp32, as the decode computes it) reaches
+ *    n: the negative extreme takes c0 and decodes to the least decodable
+ *    value at or above its magnitude, from which this rule finds t again
+ *    (the largest magnitude would shrink it 0.7% at every encode). n is
+ *    capped where c0 * FLT_MAX stops, so t stays finite. exp_avg_sq's map
+ *    has no negative code (negatives take 0): n plays no part;
+ *  - at least 2^-126, the least normal fp32: with a subnormal scale the
+ *    decode's products would be rounded to few bits, far enough to move a
+ *    value to another code. Below it a code's product errs by at most
+ *    2^-150, 2^-24 of this scale, within every code's interval.
+ * The first two bounds are monotone and tight, so they hold for the decoded
+ * block with equality; every decoded value is below them; the codes come
+ * back since every decoded value divides to within its code's interval.
+ * A block whose largest magnitude is not finite (a step that is refused)
+ * takes its bits.
+ */
+static __always_inline u32 ckpt_q8_scale(const int sq, u32 p, u32 n)
+{
+	const float c0 = ckpt_as_f(ckpt_q8_code_m[0] & 0x7fffffffu);
+	const u32 ncap = ckpt_as_u(c0 * ckpt_as_f(0x7f7fffffu));	/* c0 * FLT_MAX */
+	u32 s = p > 0x00800000u ? p : 0x00800000u, t;
+
+	if ((p > n ? p : n) >= 0x7f800000u)
+		return p > n ? p : n;
+	if (!sq && n) {
+		n = n < ncap ? n : ncap;
+		/* the quotient is within an ulp of the least t: step to it */
+		t = ckpt_as_u(ckpt_as_f(n) / c0);
+		t -= ckpt_as_u(c0 * ckpt_as_f(t - 1)) >= n;
+		t += ckpt_as_u(c0 * ckpt_as_f(t)) < n;
+		s = t > s ? t : s;
+	}
+	return s;
+}
+
+/*
+ * Quantize one block of CKPT_Q8_BLOCK fp32 values (bits): each value divided
+ * by the block's scale (ckpt_q8_scale; correctly rounded, so within the map's
+ * range) and stored as its nearest code: of exp_avg's map, or (sq, a
+ * compile-time constant) of exp_avg_sq's. A block whose codes are all zero
+ * (all its values zero, or below half the least code at the least scale)
+ * stores scale 0, which decodes to the same zeros.
  */
 static __always_inline void ckpt_q8_quant_block(const int sq, const u32 *__restrict x,
 						u8 *__restrict q, u32 *scale)
@@ -361,22 +405,28 @@ static __always_inline void ckpt_q8_quant_block(const int sq, const u32 *__restr
 	const u32 shift = sq ? CKPT_Q8_V_SHIFT : CKPT_Q8_M_SHIFT;
 	const u32 klo = sq ? CKPT_Q8_V_KLO : CKPT_Q8_M_KLO;
 	const u32 nk = sq ? CKPT_Q8_V_NK : CKPT_Q8_M_NK;
-	u32 amax = 0, i;
+	const u32 zero = ckpt_q8_index(bkt, shift, klo, nk, 0);
+	u32 pmax = 0, nmax = 0, nz = 0, s, i;
 	float d;
 
 	/*
 	 * |x| compares as an integer: finite non-negative floats order as their
-	 * bits. A plain max, which the vectorizer knows as a reduction.
+	 * bits. Plain maxima, which the vectorizer knows as reductions.
 	 */
 	for (i = 0; i < CKPT_Q8_BLOCK; i++) {
-		u32 a = x[i] & 0x7fffffffu;
+		u32 a = x[i] & 0x7fffffffu, neg = CKPT_MASK(x[i] >> 31);
+		u32 ap = a & ~neg, an = a & neg;
 
-		amax = a > amax ? a : amax;
+		pmax = ap > pmax ? ap : pmax;
+		nmax = an > nmax ? an : nmax;
 	}
-	d = ckpt_as_f(amax ? amax : 0x3f800000u);
-	for (i = 0; i < CKPT_Q8_BLOCK; i++)
+	s = ckpt_q8_scale(sq, pmax, nmax);
+	d = ckpt_as_f(s);
+	for (i = 0; i < CKPT_Q8_BLOCK; i++) {
 		q[i] = (u8)ckpt_q8_index(bkt, shift, klo, nk, ckpt_as_u(ckpt_as_f(x[i]) / d));
-	*scale = amax;
+		nz |= q[i] ^ zero;
+	}
+	*scale = (nz || s >= 0x7f800000u) ? s : 0;
 }
 
 static __always_inline u32 ckpt_q8_value(const u32 *code, u8 q, float scale)

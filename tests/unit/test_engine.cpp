@@ -1269,6 +1269,78 @@ TEST_F(EngineTest, EightBitMomentsStepLoadAndRead)
 	EXPECT_NE(report.find("\"damage\":[]"), std::string::npos) << report;
 }
 
+// 8-bit state read out and loaded into a new image (read_state then
+// load_state, as an export and import or torch's state_dict do) is the same
+// bytes: masters,
+// codes and scales of every record, with fp32 and with bf16 masters, after
+// steps that leave blocks of both signs' extremes.
+TEST_F(EngineTest, EightBitStateReloadsBitForBit)
+{
+	const std::pair<const char *, size_t> tensors[] = {{"a", 5000}, {"b", 3000}, {"c", 1000}};
+	ckpt::Layout lay;
+	lay.add("a", {5000}, 0);
+	lay.add("b", {3000}, 0);
+	lay.add("c", {1000}, 1);
+	const auto state_bytes = [](const std::string &path) {
+		const ckpt::Image img = ckpt::Image::open(path, false);
+		const struct ckpt_layout &l = img.sb.layout;
+		const uint64_t n = ckpt_rec_data_bytes(img.sb.geo.chunk_shift, img.sb.feature_incompat);
+		std::ifstream f(path, std::ios::binary);
+		std::vector<char> out;
+		for (uint64_t c = 0; c < img.sb.geo.n_chunks; c++) {
+			std::vector<char> rec(n);
+			f.seekg(static_cast<std::streamoff>(ckpt_record_offset(&l, img.sb.committed_slot, c) + CKPT_BLOCK));
+			f.read(rec.data(), static_cast<std::streamsize>(n));
+			out.insert(out.end(), rec.begin(), rec.end());
+		}
+		return out;
+	};
+	for (bool bm : {false, true}) {
+		SCOPED_TRACE(bm ? "bf16 masters" : "fp32 masters");
+		const std::string path = (dir_ / (bm ? "bf.img" : "q8.img")).string();
+		ckpt::FormatOptions o;
+		o.chunk_params = 4096;
+		o.q8 = true;
+		o.bf16_master = bm;
+		ckpt::format(path, lay, o);
+		auto d = ckpt::Device::open(path, {});
+		std::mt19937_64 rng(14);
+		std::normal_distribution<float> nd(0.0f, 1.0f);
+		load_alike({d.get()}, rng, nd);
+		for (int step = 1; step <= 4; step++) {	// gradients of the tensors only, as a trainer's
+			d->begin(groups(), 1.0);
+			for (const auto &[name, n] : tensors) {
+				std::vector<uint16_t> g(n);
+				for (uint16_t &x : g)
+					x = ckpt_f32_to_bf16(std::bit_cast<uint32_t>(nd(rng) * 1e-3f));
+				d->write_grad(name, g.data(), n);
+			}
+			ASSERT_EQ(d->commit({}), ckpt::CommitResult::committed);
+		}
+		std::vector<std::vector<float>> st;
+		std::vector<ckpt::TensorState> ts;
+		st.reserve(std::size(tensors));	// ts points into st
+		for (const auto &[name, n] : tensors) {
+			float *x = st.emplace_back(3 * n).data();
+			d->read_state(name, x, x + n, x + 2 * n, n);
+			ts.push_back({name, {x, n}, {x + n, n}, {x + 2 * n, n}, 4});
+		}
+		d.reset();
+		const std::vector<char> before = state_bytes(path);
+		const std::string again = path + ".again";	// a load goes before the first step
+		ckpt::format(again, lay, o);
+		d = ckpt::Device::open(again, {});
+		d->load_state(ts, {});
+		d.reset();
+		const std::vector<char> after = state_bytes(again);
+		ASSERT_EQ(after.size(), before.size());
+		size_t diff = 0;
+		for (size_t k = 0; k < after.size(); k++)
+			diff += after[k] != before[k];
+		EXPECT_EQ(diff, 0u) << "bytes of the state changed by a reload";
+	}
+}
+
 // bf16 masters (feature BF16M, with Q8): records of 4 B of state per param;
 // a load rounds the masters stochastically with the noise of (image uuid,
 // the load's step, param index), the core's rule; every step's masters are

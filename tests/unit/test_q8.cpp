@@ -5,6 +5,7 @@
 // the map's resolution of the values they stand for.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -80,11 +81,15 @@ TEST(Q8, MapsAreSortedWithZeroAndOne)
 	EXPECT_EQ(ckpt_q8_code_v[0], 0u);	// exp_avg_sq's map is non-negative
 }
 
-// decode(encode(x)): the scale is the block's largest magnitude, exactly; a
-// zero block stays zero; each value is its nearest code times the scale, so
-// within half the map's gap there (in [-1, 1]: at most 0.0072 of the scale for
-// exp_avg, 0.0036 for exp_avg_sq; relative 7.1% and 3.6% from a tenth of the
-// scale up).
+// decode(encode(x)): the scale is the block's largest magnitude, exactly
+// (and its extreme decodes to itself), except where exp_avg's largest
+// negative magnitude is beyond 0.993 of its largest positive value: then it is
+// the least scale at which the map's most negative code (-0.993) reaches that
+// magnitude, which decodes to itself or an fp32 or two above; a zero block
+// stays zero; each value is its
+// nearest code times the scale, so within half the map's gap there (in
+// [-1, 1]: at most 0.0072 of the scale for exp_avg, 0.0036 for exp_avg_sq;
+// relative 7.1% and 3.6% from a tenth of the scale up).
 TEST(Q8, RoundTripWithinTheMapsResolution)
 {
 	std::mt19937_64 rng(8);
@@ -108,13 +113,26 @@ TEST(Q8, RoundTripWithinTheMapsResolution)
 		const std::vector<uint32_t> *ds[2] = {&dm, &dv};
 		const uint32_t scales[2] = {q.ms[b / CKPT_Q8_BLOCK], q.vs[b / CKPT_Q8_BLOCK]};
 		for (int k = 0; k < 2; k++) {
-			float amax = 0;
-			for (uint64_t i = b; i < b + CKPT_Q8_BLOCK; i++)
-				amax = std::max(amax, std::fabs(flt((*xs[k])[i])));
-			ASSERT_EQ(scales[k], bits(amax)) << "block " << b / CKPT_Q8_BLOCK;
-			// the endpoint -1 of exp_avg's map is -0.993: one more gap there
+			float pmax = 0, nmax = 0;
+			for (uint64_t i = b; i < b + CKPT_Q8_BLOCK; i++) {
+				const float x = flt((*xs[k])[i]);
+				pmax = std::max(pmax, x);
+				nmax = std::max(nmax, -x);
+			}
+			const float amax = std::max(pmax, nmax), c0 = -flt(ckpt_q8_code_m[0]), sc = flt(scales[k]);
+			// the least scale >= pmax at which c0 reaches nmax
+			ASSERT_GE(sc, pmax) << "block " << b / CKPT_Q8_BLOCK;
+			if (nmax > pmax) {
+				ASSERT_EQ(k, 0);
+			}
+			if (k == 0 && sc > pmax) {
+				ASSERT_GE(c0 * sc, nmax) << "block " << b / CKPT_Q8_BLOCK;
+				ASSERT_LT(c0 * flt(scales[k] - 1), nmax) << "block " << b / CKPT_Q8_BLOCK;
+			} else {
+				ASSERT_EQ(scales[k], bits(amax)) << "block " << b / CKPT_Q8_BLOCK;
+			}
 			// (slack: the fp32 division and midpoints, a few ulps)
-			const double ab = ((k ? abs_v : abs_m) + 1e-6) * amax + 1e-45;
+			const double ab = ((k ? abs_v : abs_m) + 1e-6) * sc + 1e-45;
 			const double rel = (k ? rel_v : rel_m) + 1e-5;
 			for (uint64_t i = b; i < b + CKPT_Q8_BLOCK; i++) {
 				const double x = flt((*xs[k])[i]), d = flt((*ds[k])[i]);
@@ -125,8 +143,12 @@ TEST(Q8, RoundTripWithinTheMapsResolution)
 				if (x == 0) {
 					ASSERT_EQ(d, 0.0) << k << " i=" << i;
 				}
-				if (x == amax) {
+				if (x == amax && sc == amax) {	// the top code: the scale
 					ASSERT_EQ(d, x) << k << " i=" << i;
+				}
+				if (x == -amax && amax > 0) {	// the least decodable value at or above it
+					ASSERT_LE(d, x) << k << " i=" << i;
+					ASSERT_LE(bits(d) - bits(x), 2u) << k << " i=" << i;
 				}
 			}
 		}
@@ -218,8 +240,13 @@ TEST(Q8, BucketIndexIsTheMidpointCount)
 		x.push_back((u & 0x80000000u) | (u & 0x7fffffffu) % 0x3f800001u);
 	}
 	std::erase_if(x, [](uint32_t u) { return (u & 0x7fffffffu) > 0x3f800000u && (u & 0x7fffffffu) <= 0x7f800000u; });
-	// blocks of scale 1: a first value of 1 (or -1 for the signed map's
-	// negative half would do too; 1 keeps both maps' scale 1)
+	// blocks of scale 1: a first value of 1. A negative value beyond the
+	// signed map's -0.993 sets a larger scale for exp_avg (ckpt_q8_scale):
+	// those go last, in blocks of their own, where exp_avg's index is that
+	// of the value divided by the block's scale (as the encode divides)
+	std::stable_partition(x.begin(), x.end(), [](uint32_t u) {
+		return u < 0x80000000u || (u & 0x7fffffffu) <= (ckpt_q8_code_m[0] & 0x7fffffffu);
+	});
 	std::vector<uint32_t> blk;
 	for (size_t i = 0; i < x.size(); i++) {
 		if (blk.size() % CKPT_Q8_BLOCK == 0)
@@ -232,17 +259,20 @@ TEST(Q8, BucketIndexIsTheMidpointCount)
 	Q8 q(blk.size());
 	const struct ckpt_q8_state s = q.state();
 	ckpt_q8_encode(&s, blk.data(), blk.data(), blk.size());
-	uint64_t checked = 0;
+	uint64_t checked = 0, unscaled = 0;
 	for (size_t b = 0; b < blk.size(); b += CKPT_Q8_BLOCK) {
-		if (q.ms[b / CKPT_Q8_BLOCK] != bits(1.0f))
+		const float ms = flt(q.ms[b / CKPT_Q8_BLOCK]);
+		if (q.vs[b / CKPT_Q8_BLOCK] != bits(1.0f))
 			continue;	// a NaN in the block: checked below
 		for (size_t i = b; i < b + CKPT_Q8_BLOCK; i++) {
-			ASSERT_EQ(q.m[i], index_by_count(mid_m, blk[i])) << std::hex << blk[i];
+			ASSERT_EQ(q.m[i], index_by_count(mid_m, bits(flt(blk[i]) / ms))) << std::hex << blk[i];
 			ASSERT_EQ(q.v[i], index_by_count(mid_v, blk[i])) << std::hex << blk[i];
 			checked++;
+			unscaled += ms == 1.0f;
 		}
 	}
 	EXPECT_GT(checked, x.size() - 4 * CKPT_Q8_BLOCK);
+	EXPECT_GT(unscaled, x.size() - 1024 * CKPT_Q8_BLOCK);
 }
 
 // A block with a NaN (a non-finite step, which is refused) is encoded
@@ -261,6 +291,179 @@ TEST(Q8, NanBlockTakesCodeZero)
 		EXPECT_EQ(q.m[i], 0u) << i;
 		EXPECT_EQ(q.v[i], 0u) << i;
 	}
+}
+
+namespace {
+
+// Encode m and v (a multiple of CKPT_Q8_BLOCK values), decode, encode the
+// decoded values again: the second encode must give the first one's codes
+// and scales, bit for bit (a load of exported state rewrites the same bytes).
+// Counts in neg the blocks whose m extreme is negative.
+void expect_reencode_identical(const std::vector<uint32_t> &m, const std::vector<uint32_t> &v, uint64_t &neg)
+{
+	const uint64_t n = m.size();
+	Q8 a(n), b(n);
+	const struct ckpt_q8_state sa = a.state(), sb = b.state();
+	ckpt_q8_encode(&sa, m.data(), v.data(), n);
+	std::vector<uint32_t> dm(n), dv(n);
+	ckpt_q8_decode(&sa, dm.data(), dv.data(), n);
+	ckpt_q8_encode(&sb, dm.data(), dv.data(), n);
+	neg = 0;
+	for (uint64_t k = 0; k < n / CKPT_Q8_BLOCK; k++) {
+		const uint64_t b0 = k * CKPT_Q8_BLOCK;
+		uint32_t ext = 0;
+		for (uint64_t i = b0; i < b0 + CKPT_Q8_BLOCK; i++)
+			if ((m[i] & 0x7fffffffu) > (ext & 0x7fffffffu))
+				ext = m[i];
+		neg += ext >> 31;
+		const auto where = [&] {
+			return ::testing::Message() << "block " << k << " extreme " << std::hex << ext << " scales "
+						    << a.ms[k] << " " << a.vs[k];
+		};
+		ASSERT_EQ(b.ms[k], a.ms[k]) << where();
+		ASSERT_EQ(b.vs[k], a.vs[k]) << where();
+		for (uint64_t i = b0; i < b0 + CKPT_Q8_BLOCK; i++) {
+			ASSERT_EQ(b.m[i], a.m[i]) << where() << " m[" << i - b0 << "] " << m[i];
+			ASSERT_EQ(b.v[i], a.v[i]) << where() << " v[" << i - b0 << "] " << v[i];
+		}
+	}
+}
+
+std::vector<uint32_t> magnitudes(const std::vector<uint32_t> &x)
+{
+	std::vector<uint32_t> a(x.size());
+	for (size_t i = 0; i < x.size(); i++)
+		a[i] = x[i] & 0x7fffffffu;
+	return a;
+}
+
+} // namespace
+
+// Encode of a decoded block is the block's encode again: codes and scales,
+// for random blocks over many decades (both signs: half of them have a
+// negative extreme) and for the edge cases: a negative extreme alone, a
+// positive and a negative extreme within the map's 0.7% of each other,
+// zeros of both signs, subnormals (alone, whole blocks, beside normal
+// values), the least normal, the largest finite values.
+TEST(Q8, EncodeOfADecodedBlockIsItsEncode)
+{
+	std::mt19937_64 rng(9);
+	const uint64_t n = 256 * CKPT_Q8_BLOCK;
+	uint64_t neg = 0;
+	ASSERT_NO_FATAL_FAILURE(expect_reencode_identical(spread(rng, n, false), spread(rng, n, true), neg));
+	EXPECT_GT(neg, 64u);
+
+	const float c0 = -flt(ckpt_q8_code_m[0]);	// 0.993
+	const uint32_t edge[] = {1u, 2u, 3u, 7u, 0x00400000u, 0x007fffffu, 0x00800000u, 0x00800001u,
+				 bits(flt(0x00800000u) / c0), bits(1e-30f), bits(1.0f), bits(c0),
+				 bits(1.0f / c0), bits(3.3e38f), bits(c0 * flt(0x7f7fffffu)), 0x7f7ffffeu,
+				 0x7f7fffffu};
+	std::vector<uint32_t> x;
+	const auto block = [&](std::initializer_list<uint32_t> head, uint32_t rest) {
+		const size_t b = x.size();
+		x.insert(x.end(), head);
+		x.resize(b + CKPT_Q8_BLOCK, rest);
+		return b;
+	};
+	for (uint32_t e : edge)
+		for (uint32_t sign : {0u, 0x80000000u}) {
+			block({e | sign}, 0);					// alone
+			block({e | sign}, bits(flt(e) * 0.3f));		// beside a third of it
+			const size_t b = block({e | sign}, 0);			// beside spread values
+			for (size_t i = b + 1; i < b + CKPT_Q8_BLOCK; i++)
+				x[i] = bits(flt(e) * static_cast<float>(std::pow(10.0, -7.0 * (rng() % 1000) / 1000.0))) |
+				       static_cast<uint32_t>(rng() & 0x80000000u);
+			// the other sign's extreme just above and just below the map's -0.993
+			for (float r : {0.99f, 0.993f, 0.9931f, 0.996f, 1.0f})
+				block({e | sign, bits(flt(e) * r) | (sign ^ 0x80000000u)}, bits(flt(e) * 0.01f));
+		}
+	block({}, 0);
+	block({}, 0x80000000u);
+	block({0x80000000u, 0, 0x80000000u}, 0);
+	// at a subnormal scale (these extremes) the decode of these values' codes
+	// would round to a value of the next code down
+	block({0x58u, 0xau}, 0);
+	block({0x92u, 0xfu}, 0);
+	block({0xceu, 0x15u}, 0);
+	for (int k = 0; k < 64; k++) {	// subnormal blocks
+		const size_t b = block({}, 0);
+		for (size_t i = b; i < b + CKPT_Q8_BLOCK; i++)
+			x[i] = static_cast<uint32_t>(rng() % (0x00800000u >> (k % 23))) | static_cast<uint32_t>(rng() & 0x80000000u);
+	}
+	ASSERT_NO_FATAL_FAILURE(expect_reencode_identical(x, magnitudes(x), neg));
+	EXPECT_GT(neg, 100u);
+
+	// every code of each map decoded at one scale, subnormal (whose products
+	// round far from their codes) to the largest finite
+	std::vector<uint32_t> xm, xv;
+	std::vector<uint32_t> scales = {1u, 2u, 3u, 0x001d884eu, 0x007fffffu, 0x00800000u, 0x00800001u, bits(1.0f),
+					0x7f7fffffu};
+	for (int k = 0; k < 64; k++) {
+		scales.push_back(static_cast<uint32_t>(rng() % 0x00800000u));
+		scales.push_back(static_cast<uint32_t>(rng() % 0x7f800000u));
+	}
+	for (uint32_t sc : scales)
+		for (int j = 0; j < 256; j++) {
+			xm.push_back(bits(flt(ckpt_q8_code_m[j]) * flt(sc)));
+			xv.push_back(bits(flt(ckpt_q8_code_v[j]) * flt(sc)));
+		}
+	ASSERT_NO_FATAL_FAILURE(expect_reencode_identical(xm, xv, neg));
+}
+
+// The scale of a block whose extreme is negative, n: the least t (at least
+// 2^-126) at which the map's most negative code decodes to at least n,
+// fl(0.993 t) >= n; n beyond fl(0.993 FLT_MAX) takes that value's. The
+// extreme takes that code. 2^15 random n over all binades.
+TEST(Q8, NegativeExtremeTakesTheLeastScaleReachingIt)
+{
+	std::mt19937_64 rng(12);
+	const uint64_t nb = 1u << 15, n = nb * CKPT_Q8_BLOCK;
+	const float c0 = -flt(ckpt_q8_code_m[0]);
+	const uint32_t ncap = bits(c0 * flt(0x7f7fffffu));
+	std::vector<uint32_t> x(n), zeros(n);
+	for (uint64_t k = 0; k < nb; k++) {
+		x[k * CKPT_Q8_BLOCK] = 0x80000000u | static_cast<uint32_t>(1 + rng() % 0x7f7fffffu);
+		x[k * CKPT_Q8_BLOCK + 1] = bits(flt(x[k * CKPT_Q8_BLOCK] & 0x7fffffffu) * 0.5f);
+	}
+	Q8 q(n);
+	const struct ckpt_q8_state s = q.state();
+	ckpt_q8_encode(&s, x.data(), zeros.data(), n);
+	for (uint64_t k = 0; k < nb; k++) {
+		const uint32_t nm = std::min(x[k * CKPT_Q8_BLOCK] & 0x7fffffffu, ncap), sc = q.ms[k];
+		if (sc == 0x00800000u) {	// the least normal: the floor
+			ASSERT_LE(nm, bits(c0 * flt(sc))) << std::hex << nm;
+			continue;
+		}
+		ASSERT_EQ(q.m[k * CKPT_Q8_BLOCK], 0u) << std::hex << nm;
+		ASSERT_GE(bits(c0 * flt(sc)), nm) << std::hex << nm << " scale " << sc;
+		ASSERT_LT(bits(c0 * flt(sc - 1)), nm) << std::hex << nm << " scale " << sc;
+	}
+	uint64_t neg = 0;
+	ASSERT_NO_FATAL_FAILURE(expect_reencode_identical(x, zeros, neg));
+	EXPECT_EQ(neg, nb);
+}
+
+// The same for 2^20 values: 4096 blocks, whose extremes step through every
+// binade of fp32, the other values of each its extreme times ratios from 1
+// down to 10^-12 (into the subnormals), of random signs.
+TEST(Q8, EncodeOfADecodedBlockIsItsEncodeOver2To20Values)
+{
+	std::mt19937_64 rng(10);
+	const uint64_t nb = 4096, n = nb * CKPT_Q8_BLOCK;
+	std::vector<uint32_t> x(n);
+	for (uint64_t k = 0; k < nb; k++) {
+		const uint32_t top = static_cast<uint32_t>(k * 0x7f7fffffull / (nb - 1));
+		const uint32_t ext = top > 64 ? top - static_cast<uint32_t>(rng() % 64) : top;
+		const float e = flt(ext);
+		x[k * CKPT_Q8_BLOCK] = ext | static_cast<uint32_t>(k & 1u) << 31;
+		for (uint64_t i = 1; i < CKPT_Q8_BLOCK; i++) {
+			const double r = std::pow(10.0, -12.0 * static_cast<double>(rng() % 100000) / 100000.0);
+			x[k * CKPT_Q8_BLOCK + i] = bits(e * static_cast<float>(r)) | static_cast<uint32_t>(rng() & 0x80000000u);
+		}
+	}
+	uint64_t neg = 0;
+	ASSERT_NO_FATAL_FAILURE(expect_reencode_identical(x, magnitudes(x), neg));
+	EXPECT_GE(neg, nb / 2 - 1);
 }
 
 namespace {
@@ -318,6 +521,26 @@ uint32_t run(ckpt_update_q8_fn fn, const ckpt_hparams &hp, uint32_t dtype, State
 }
 
 } // namespace
+
+// The update's own encode: the state a step leaves, decoded and encoded
+// again (as an export and import of it would), gives the same bytes.
+TEST(Q8, UpdatedStateReencodesToTheSameBytes)
+{
+	std::mt19937_64 rng(6);
+	const uint64_t n = 65536;
+	for (uint32_t dtype : {(uint32_t)CKPT_DTYPE_FP16, (uint32_t)CKPT_DTYPE_BF16}) {
+		const ckpt_hparams hp = hparams(rng, false);
+		State s = random_state(rng, n, dtype);
+		ASSERT_EQ(run(ckpt_update_chunk_q8, hp, dtype, s), 0u);
+		std::vector<uint32_t> m(n), v(n);
+		const struct ckpt_q8_state st = s.q.state();
+		ckpt_q8_decode(&st, m.data(), v.data(), n);
+		Q8 again(n);
+		const struct ckpt_q8_state sa = again.state();
+		ckpt_q8_encode(&sa, m.data(), v.data(), n);
+		EXPECT_TRUE(again == s.q);
+	}
+}
 
 // Every build (SSE2 is the kernel's baseline, AVX2 its other) gives the
 // scalar build's bytes: params, codes, scales, low-precision params, flag.
