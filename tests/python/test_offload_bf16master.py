@@ -13,8 +13,8 @@ step's loss agrees to 0.01 (the bf16 masters are the init rounded
 stochastically, the fp32 run's model gets them rounded to nearest), and the
 image is at most 0.45x the fp32 one (two slots of p_lo and records: 12.2
 against 28.1 B per param; 8-bit moments alone give 16.2, 0.58x).
-Measured: 0.0067 against a noise of 0.067 (0.10 x noise; final losses 2.8835
-fp32, 2.8872 bf16+8bit), images 5.55 and 2.43 MB, about 17 s on the 2-core
+Measured: 0.0072 against a noise of 0.067 (0.11 x noise; final losses 2.8773
+fp32, 2.8824 bf16+8bit), images 5.55 and 2.43 MB, about 17 s on the 2-core
 build machine.
 Run: PYTHONPATH=<build>/python /usr/bin/python3 -m unittest -v test_offload_bf16master
 """
