@@ -443,8 +443,10 @@ int ckpt_image_info(const char *path, char **json);
  * Formats device from {"manifest": PATH} (a JSON tensor manifest) or
  * {"safetensors": PATH} (its floating-point tensors; "groups":
  * ["G:GLOB,..."], "include"/"exclude": [GLOB]) with "dtype", "chunk_params",
- * "size" and "force" overriding; the report is ckpt_image_info's plus
- * "summary", lines describing a safetensors file's selection.
+ * "state" ("fp32" | "8bit"), "master" ("fp32" | "bf16"), "size" and "force"
+ * overriding (an export's own metadata, or the defaults); the report is
+ * ckpt_image_info's plus "summary", lines describing a safetensors file's
+ * selection.
  */
 int ckpt_format_manifest(const char *device, const char *opts_json, char **json);
 /*

@@ -71,6 +71,8 @@ std::map<std::string, std::string> metadata(const Source &src, uint32_t flags, c
 			ix.tensor_step[t.name] = n;
 	}
 	ix.hparams = src.manifest->hparams();
+	ix.q8 = src.sb->feature_incompat & CKPT_FEATURE_INCOMPAT_Q8;
+	ix.bf16_master = src.sb->feature_incompat & CKPT_FEATURE_INCOMPAT_BF16M;
 	interchange::write(ix, meta);
 	if (flags & CKPT_EXPORT_LOWP)
 		meta["ckpt.params"] = "lowp";

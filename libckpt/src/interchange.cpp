@@ -58,6 +58,19 @@ struct Parser {
 		return n;
 	}
 
+	// An optional key of two values: false for the first (also when absent),
+	// true for the second.
+	bool choice(const std::string &key, std::map<std::string, const std::string *> &scalars, const char *no,
+		    const char *yes) const
+	{
+		const auto it = scalars.find(key.substr(pre.size()));
+		if (it == scalars.end() || *it->second == no)
+			return false;
+		if (*it->second != yes)
+			bad(key, fmt::format("'{}' is not {} or {}", shown(*it->second), no, yes));
+		return true;
+	}
+
 	double real(const std::string &key, const std::string &v) const
 	{
 		char *end = nullptr;
@@ -80,6 +93,8 @@ void write(const Metadata &m, std::map<std::string, std::string> &meta)
 	meta[pre + "chunk_params"] = std::to_string(m.chunk_params);
 	meta[pre + "step"] = std::to_string(m.step);
 	meta[pre + "n_groups"] = std::to_string(m.n_groups);
+	meta[pre + "state"] = m.q8 ? "8bit" : "fp32";
+	meta[pre + "master"] = m.bf16_master ? "bf16" : "fp32";
 	for (const auto &[name, g] : m.tensor_group)
 		meta[tensor_pre + name] = std::to_string(g);
 	for (const auto &[name, n] : m.tensor_step)
@@ -126,7 +141,7 @@ std::optional<Metadata> read(const std::map<std::string, std::string> &meta, con
 						       ".weight_decay and .flags", group_pre.substr(0, group_pre.size() - 1)));
 			groups[p.uint(key, g.substr(0, dot), CKPT_MAX_GROUPS - 1)][field] = &value;
 		} else if (rest == "format_version" || rest == "dtype" || rest == "chunk_params" || rest == "step" ||
-			   rest == "n_groups") {
+			   rest == "n_groups" || rest == "state" || rest == "master") {
 			scalars[rest] = &value;
 		} else {
 			p.bad(key, "unknown dm-ckpt key");
@@ -154,6 +169,11 @@ std::optional<Metadata> read(const std::map<std::string, std::string> &meta, con
 	m.n_groups = static_cast<uint32_t>(p.uint(pre + "n_groups", *scalars["n_groups"], CKPT_MAX_GROUPS));
 	if (m.n_groups == 0)
 		p.bad(pre + "n_groups", "must be at least 1");
+	m.q8 = p.choice(pre + "state", scalars, "fp32", "8bit");
+	m.bf16_master = p.choice(pre + "master", scalars, "fp32", "bf16");
+	// the one combination the update implements (format refuses the others)
+	if (m.bf16_master && (!m.q8 || m.dtype != CKPT_DTYPE_BF16))
+		p.bad(pre + "master", "bf16 masters come only with dm-ckpt.state 8bit and dm-ckpt.dtype bf16");
 	if (m.tensor_group.empty())
 		fail(CKPT_E_INVAL, "{}: __metadata__ has dm-ckpt keys but no {}NAME (each tensor's group)", what,
 		     tensor_pre);

@@ -16,6 +16,11 @@
 //   dm-ckpt.group.G.lr, .beta1, .beta2, .eps, .weight_decay, .flags
 //                                each group's hyperparameters (flags: 1 for
 //                                Adam with L2), when the image records them
+//   dm-ckpt.state                "fp32" | "8bit" (the moments' format,
+//                                feature Q8); absent (exports before it): fp32
+//   dm-ckpt.master               "fp32" | "bf16" (the masters' format, feature
+//                                BF16M: only with 8bit and dtype bf16);
+//                                absent: fp32
 //
 // The metadata is outside input: every dm-ckpt.* key is checked (known
 // key, canonical number, values in range, consistent with each other), and
@@ -42,6 +47,8 @@ struct Metadata {
 	std::map<std::string, uint32_t> tensor_group;
 	std::map<std::string, uint64_t> tensor_step;	// only the tensors that lag step
 	std::vector<GroupHparams> hparams;	// n_groups entries, or none
+	bool q8 = false;			// 8-bit moments
+	bool bf16_master = false;		// bf16 masters
 };
 
 // Adds m's keys to meta.

@@ -98,6 +98,9 @@ struct LayoutFile {
 	Layout layout;
 	std::string dtype = "bf16";
 	uint32_t chunk_params = 1u << CKPT_DEFAULT_CHUNK_SHIFT;
+	// the state formats of the image an export came from (a manifest's
+	// JSON has none: fp32)
+	bool q8 = false, bf16_master = false;
 };
 // Parses the JSON text of such a file; `what` (its name) starts every
 // error message. Throws ckpt::Error.

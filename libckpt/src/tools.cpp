@@ -135,8 +135,8 @@ struct FormatArgs {
 	uint32_t chunk_params = 0;
 	uint64_t size = 0;
 	bool force = false;
-	std::string state;	// "fp32" (default) or "8bit"
-	std::string master;	// "fp32" (default) or "bf16"
+	std::string state;	// "fp32" or "8bit"; empty: not given
+	std::string master;	// "fp32" or "bf16"; empty: not given
 };
 
 // A tensor manifest from a user (ckpt::parse_layout_json).
@@ -285,11 +285,23 @@ ckpt::LayoutFile manifest_from_safetensors(const FormatArgs &a, json &summary)
 		const std::string dtype = dtype_name(ix->dtype);
 		m.dtype = dtype;
 		m.chunk_params = ix->chunk_params;
+		const char *state = ix->q8 ? "8bit" : "fp32", *master = ix->bf16_master ? "bf16" : "fp32";
+		m.q8 = ix->q8;
+		m.bf16_master = ix->bf16_master;
 		summary.push_back(fmt::format("  layout of the image it was exported from (dm-ckpt metadata): {}, "
-					      "chunks of {}, {} groups{}", dtype, ix->chunk_params, ix->n_groups,
-					      ix->hparams.empty() ? "" : " with their hyperparameters"));
+					      "chunks of {}, {} groups{}, {} moments, {} masters", dtype,
+					      ix->chunk_params, ix->n_groups,
+					      ix->hparams.empty() ? "" : " with their hyperparameters", state, master));
 		if (!a.dtype.empty() && a.dtype != dtype)
 			summary.push_back(fmt::format("  --dtype {} overrides the file's {}", a.dtype, dtype));
+		if (!a.state.empty() && a.state != state)
+			summary.push_back(fmt::format("  --state {} overrides the file's {}", a.state, state));
+		if (!a.master.empty() && a.master != master)
+			summary.push_back(fmt::format("  --master {} overrides the file's {}", a.master, master));
+		else if (a.master.empty() && ix->bf16_master && (a.state == "fp32" || a.dtype == "fp16")) {
+			m.bf16_master = false;	// what the override asks for cannot have them
+			summary.push_back("  the file's bf16 masters are dropped: they need 8-bit moments and dtype bf16");
+		}
 		if (a.chunk_params && a.chunk_params != ix->chunk_params)
 			summary.push_back(fmt::format("  --chunk-params {} overrides the file's {}", a.chunk_params,
 						      ix->chunk_params));
@@ -485,11 +497,12 @@ std::string format_manifest(const std::string &device, const std::string &opts_j
 	a.chunk_params = opt<uint32_t>(o, "chunk_params", 0, "format");
 	a.size = opt<uint64_t>(o, "size", 0, "format");
 	a.force = opt<bool>(o, "force", false, "format");
-	a.state = opt<std::string>(o, "state", "fp32", "format");
-	if (a.state != "fp32" && a.state != "8bit")
+	// empty: not given (fp32, or what an export's metadata says)
+	a.state = opt<std::string>(o, "state", "", "format");
+	if (!a.state.empty() && a.state != "fp32" && a.state != "8bit")
 		fail(CKPT_E_INVAL, "format: state '{}': use fp32 or 8bit", a.state);
-	a.master = opt<std::string>(o, "master", "fp32", "format");
-	if (a.master != "fp32" && a.master != "bf16")
+	a.master = opt<std::string>(o, "master", "", "format");
+	if (!a.master.empty() && a.master != "fp32" && a.master != "bf16")
 		fail(CKPT_E_INVAL, "format: master '{}': use fp32 or bf16", a.master);
 	if (a.manifest.empty() == a.safetensors.empty())
 		fail(CKPT_E_INVAL, "format: give a manifest or a safetensors file, one of them");
@@ -500,8 +513,8 @@ std::string format_manifest(const std::string &device, const std::string &opts_j
 	fo.chunk_params = a.chunk_params ? a.chunk_params : m.chunk_params;
 	fo.size = a.size;
 	fo.force = a.force;
-	fo.q8 = a.state == "8bit";
-	fo.bf16_master = a.master == "bf16";
+	fo.q8 = a.state.empty() ? m.q8 : a.state == "8bit";
+	fo.bf16_master = a.master.empty() ? m.bf16_master : a.master == "bf16";
 	check_unused(device, "format");
 	format(device, m.layout, fo);
 	json j = image_json(Image::open(device, false));

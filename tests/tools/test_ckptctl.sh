@@ -404,6 +404,40 @@ ok "bf16 masters: export --with-optimizer gives F32" sh -c \
 fails_with "format --master bf16 needs --state 8bit" any "bf16 masters need 8-bit moments" \
 	"$ctl" format qb2.img --from-safetensors f32.safetensors --chunk-params 4096 --dtype bf16 --master bf16
 
+# ---------------------------------------------------------------- 8-bit images through an export
+# The export says which state formats the image had (dm-ckpt.state,
+# dm-ckpt.master); format --from-safetensors lays them out again, and an
+# import of the export gives back the state bit for bit: exported again, it
+# is the same file. Each encode of a decoded block is that block's encode.
+ok "8bit: export records the state formats" sh -c \
+	"$py st.py meta q5.safetensors dm-ckpt.state 8bit && $py st.py meta q5.safetensors dm-ckpt.master fp32 &&
+	 $py st.py meta qb5.safetensors dm-ckpt.state 8bit && $py st.py meta qb5.safetensors dm-ckpt.master bf16 &&
+	 $py st.py meta s3.safetensors dm-ckpt.state fp32 && $py st.py meta s3.safetensors dm-ckpt.master fp32"
+for i in q5:'8bit moments, fp32 masters' qb5:'8bit moments, bf16 masters'; do
+	f=${i%%:*}
+	ok "8bit: format --from-safetensors of $f's export lays out ${i#*:}" sh -c \
+		"'$ctl' format x$f.img --from-safetensors $f.safetensors 2>fmt.err | grep -q 'bf16, ${i#*:}' &&
+		 grep -q 'dm-ckpt metadata): bf16, chunks of 4096, .*, ${i#*:}' fmt.err"
+	ok "... import of the export, exported again, is the same state bit for bit" sh -c \
+		"'$ctl' import x$f.img --from $f.safetensors --with-optimizer >/dev/null &&
+		 '$ctl' export x$f.img --to x$f.safetensors --with-optimizer >/dev/null &&
+		 $py st.py identical $f.safetensors x$f.safetensors"
+	ok "... and so is a second round trip" sh -c \
+		"'$ctl' format y$f.img --from-safetensors x$f.safetensors 2>/dev/null >/dev/null &&
+		 '$ctl' import y$f.img --from x$f.safetensors --with-optimizer >/dev/null &&
+		 '$ctl' export y$f.img --to y$f.safetensors --with-optimizer >/dev/null &&
+		 $py st.py identical $f.safetensors y$f.safetensors"
+done
+ok "8bit: --state overrides the file's, and drops bf16 masters, saying so" sh -c \
+	"'$ctl' format xs.img --from-safetensors qb5.safetensors --state fp32 2>fmt.err | grep -q 'bf16, fp32 moments, fp32 masters' &&
+	 grep -q -- '--state fp32 overrides the file.s 8bit' fmt.err && grep -q 'bf16 masters are dropped' fmt.err"
+ok "8bit: --master overrides the file's" sh -c \
+	"'$ctl' format xm.img --from-safetensors qb5.safetensors --master fp32 2>fmt.err | grep -q 'bf16, 8bit moments, fp32 masters' &&
+	 grep -q -- '--master fp32 overrides the file.s bf16' fmt.err"
+ok "8bit: an export without the keys (an older one) lays out fp32 state" sh -c \
+	"$py st.py setmeta q5.safetensors old.safetensors dm-ckpt.state && $py st.py setmeta old.safetensors old.safetensors dm-ckpt.master &&
+	 '$ctl' format xo.img --from-safetensors old.safetensors 2>/dev/null | grep -q 'bf16, fp32 moments, fp32 masters'"
+
 # ---------------------------------------------------------------- lossless interchange
 # export -> format --from-safetensors -> import -> export: the dm-ckpt.*
 # metadata carries the layout (interleaved groups, chunk size, dtype) and the
@@ -440,7 +474,8 @@ for c in "dm-ckpt.colour=red:unknown dm-ckpt key" "dm-ckpt.chunk_params=02048:no
 	"dm-ckpt.group.0.flags=2:unknown bits" "dm-ckpt.group.0.momentum=1:unknown key" \
 	"dm-ckpt.group.2.lr=1:group 2 is not below" "dm-ckpt.step=x:not an integer" \
 	"dm-ckpt.step:no dm-ckpt.step" "dm-ckpt.group.1.beta1:no dm-ckpt.group.1.beta1" \
-	"dm-ckpt.tensor_group.head:no dm-ckpt.tensor_group.head"; do
+	"dm-ckpt.tensor_group.head:no dm-ckpt.tensor_group.head" "dm-ckpt.state=4bit:'4bit' is not fp32 or 8bit" \
+	"dm-ckpt.master=bf16:bf16 masters come only with dm-ckpt.state 8bit" "dm-ckpt.master=fp16:is not fp32 or bf16"; do
 	kv=${c%%:*}
 	if [ "$kv" = "${kv#*=}" ]; then run_py setmeta ix.safetensors bad.safetensors "$kv"
 	else run_py setmeta ix.safetensors bad.safetensors "${kv%%=*}" "${kv#*=}"; fi

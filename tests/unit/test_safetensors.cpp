@@ -212,6 +212,7 @@ TEST(Interchange, MetadataRoundTrip)
 	m.tensor_group = {{"a.weight", 0}, {"b.bias.group", 1}, {"dm-ckpt.odd", 0}};
 	m.hparams = {ckpt::GroupHparams{1.0 / 3, 0.9, 0.999, 1e-8, 0.1, false},
 		     ckpt::GroupHparams{2.5e-4, 0.0, 0.95, 0.0, 1e-300, true}};
+	m.q8 = true;
 	std::map<std::string, std::string> meta = {{"format", "pt"}};
 	ix::write(m, meta);
 	const auto r = ix::read(meta, "f");
@@ -222,11 +223,24 @@ TEST(Interchange, MetadataRoundTrip)
 	EXPECT_EQ(r->n_groups, m.n_groups);
 	EXPECT_EQ(r->tensor_group, m.tensor_group);
 	EXPECT_EQ(r->hparams, m.hparams);
+	EXPECT_TRUE(r->q8);
+	EXPECT_FALSE(r->bf16_master);
+	// bf16 masters (with 8-bit moments and dtype bf16); no state keys: fp32
+	auto bm = m;
+	bm.dtype = CKPT_DTYPE_BF16;
+	bm.bf16_master = true;
+	std::map<std::string, std::string> bmeta;
+	ix::write(bm, bmeta);
+	EXPECT_TRUE(ix::read(bmeta, "f")->bf16_master);
+	bmeta.erase("dm-ckpt.state");
+	bmeta.erase("dm-ckpt.master");
+	EXPECT_FALSE(ix::read(bmeta, "f")->q8);
 	EXPECT_FALSE(ix::read({{"format", "pt"}, {"step", "3"}}, "f"));
 	for (const auto &[key, value] : std::map<std::string, std::string>{
 		     {"dm-ckpt.step", "+1"}, {"dm-ckpt.step", " 1"}, {"dm-ckpt.step", "9223372036854775808"},
 		     {"dm-ckpt.group.0.lr", "0x1p-3"}, {"dm-ckpt.group.0.lr", "1e999"},
-		     {"dm-ckpt.group.00.lr", "1"}, {"dm-ckpt.tensor_group.", "0"}}) {
+		     {"dm-ckpt.group.00.lr", "1"}, {"dm-ckpt.tensor_group.", "0"}, {"dm-ckpt.state", "8BIT"},
+		     {"dm-ckpt.master", "bf16"}}) {	// bf16 masters of an fp16 image
 		auto bad = meta;
 		bad[key] = value;
 		try {

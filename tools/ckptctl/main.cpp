@@ -180,9 +180,9 @@ int main(int argc, char **argv)
 		"'<name>.exp_avg[_sq]' entries written by 'ckptctl export' are skipped.\n"
 		"The dtype is fp16 if every tensor is F16, else bf16 (--dtype overrides).\n"
 		"A file written by 'ckptctl export' (dm-ckpt.* metadata) gives the layout of\n"
-		"the image it came from: tensor order, groups, dtype, chunk size and the\n"
-		"groups' hyperparameters; --dtype, --chunk-params and --group override\n"
-		"them, and the summary says so.");
+		"the image it came from: tensor order, groups, dtype, chunk size, state and\n"
+		"master formats and the groups' hyperparameters; --dtype, --chunk-params,\n"
+		"--state, --master and --group override them, and the summary says so.");
 	format->add_option("device", fa.device, "backing file (created if missing) or block device")->required();
 	auto *src_m = format->add_option("-m,--manifest", fa.manifest, "tensor manifest (JSON)");
 	auto *src_s = format->add_option("--from-safetensors", fa.safetensors,
@@ -202,14 +202,15 @@ int main(int argc, char **argv)
 			   "params per chunk, a power of two from 2048 to 4194304\n(default: the manifest's, else 65536)");
 	format->add_option("--size", fa.size, "size of a file in bytes (default: what the layout needs)");
 	format->add_option("--state", fa.state,
-			   "optimizer state: fp32 (default) or 8bit (exp_avg and\n"
-			   "exp_avg_sq as block-wise 8-bit codes: 6 B of state per\n"
-			   "param instead of 12; an image older tools refuse)")
+			   "optimizer state: fp32 (default; from an export, its\n"
+			   "image's) or 8bit (exp_avg and exp_avg_sq as block-wise\n"
+			   "8-bit codes: 6 B of state per param instead of 12; an\n"
+			   "image older tools refuse)")
 		->check(CLI::IsMember({"fp32", "8bit"}));
 	format->add_option("--master", fa.master,
-			   "master params: fp32 (default) or bf16 (rounded stochastically\n"
-			   "at every step; needs --state 8bit and dtype bf16: 4 B of\n"
-			   "state per param)")
+			   "master params: fp32 (default; from an export, its image's)\n"
+			   "or bf16 (rounded stochastically at every step; needs\n"
+			   "--state 8bit and dtype bf16: 4 B of state per param)")
 		->check(CLI::IsMember({"fp32", "bf16"}));
 	format->add_flag("--force", fa.force, "format over an existing dm-ckpt image or signature");
 	format->add_flag("--json", fa.json, "print the resulting geometry as JSON (as info --json)");
