@@ -363,8 +363,9 @@ static __always_inline u32 ckpt_q8_index(const u32 *bkt, const u32 shift, const 
  *    has no negative code (negatives take 0): n plays no part;
  *  - at least 2^-126, the least normal fp32: with a subnormal scale the
  *    decode's products would be rounded to few bits, far enough to move a
- *    value to another code. Below it a code's product errs by at most
- *    2^-150, 2^-24 of this scale, within every code's interval.
+ *    value to another code. At or above it a code's product errs by half
+ *    an ulp or by 2^-150 at most, 2^-24 of the scale, inside every code's
+ *    interval.
  * The first two bounds are monotone and tight, so they hold for the decoded
  * block with equality; every decoded value is below them; the codes come
  * back since every decoded value divides to within its code's interval.
