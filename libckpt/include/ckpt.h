@@ -395,6 +395,11 @@ struct ckpt_traffic {
 	uint64_t status_reads;
 };
 int ckpt_traffic(ckpt_device *d, struct ckpt_traffic *out);
+/*
+ * fp32 master params, exp_avg and exp_avg_sq of tensor name (n: its numel)
+ * at the committed step, on either target, also while a step is open (what
+ * it has applied is not state until it commits; read_params returns that).
+ */
 int ckpt_read_state(ckpt_device *d, const char *name, float *p, float *m, float *v,
 		    uint64_t n);
 /* Copies the committed trainer blob; returns its length (may exceed cap). */

@@ -684,19 +684,16 @@ void Engine::read_state(uint64_t offset, uint64_t n, float *p, float *m, float *
 {
 	std::lock_guard call(call_mu_);
 	drain();
-	// Latest applied: the new slot for chunks this open step has written.
-	// A state read spans the tensor's chunks; all of them must be on one
-	// side, which holds outside an open step and after its last write.
+	// The committed state, as the kernel target's client reads it from the
+	// backing device, even while a step is open: an open step may yet be
+	// aborted, so a checkpoint of its state would hold a step that never
+	// existed. The open step writes the other slot; this one stays intact.
 	const struct ckpt_sb &sb = img_.sb;
 	if (offset >= sb.layout.n_params || n > sb.layout.n_params - offset)
 		fail(CKPT_E_RANGE, "state read of {} params at {}: out of range", n, offset);
 	for_each_piece(offset, n, sb.layout.chunk_params, [&](uint32_t c, uint64_t in, uint64_t k) {
-		const uint32_t slot = ckpt_sm_read_slot(&step_.sm, c);
 		struct ckpt_rec id;
-		if (slot == sb.committed_slot)
-			ckpt_rec_committed(&sb, c, &id);
-		else
-			ckpt_rec_next(&sb, c, step_.sm.open_step, &id);
+		ckpt_rec_committed(&sb, c, &id);
 		img_.read_state(id, c * sb.layout.chunk_params + in, k, p, m, v, bounce_);
 		p += k;
 		m += k;

@@ -313,11 +313,30 @@ class TestBadInput(EngineCase):
         self.assertRefused("E_STATE", self.dev.write_grad, "w", np.zeros(5000, np.uint16))
         self.assertEqual(self.dev.blob(), b"one")
 
+    def test_read_state_during_open_step_is_committed(self):
+        """State reads return the committed step, whatever the open step has applied
+        (the kernel target's client reads the committed slot too): what a
+        checkpoint taken mid-step holds is a step that exists."""
+        self.full_step(b"one")
+        committed = snapshot(self.dev)["tensors"]
+        g = self.grads()
+        self.dev.begin(self.groups)
+        for n, _, _ in self.tensors:    # every chunk applied
+            self.dev.write_grad(n, g[n])
+            self.assertEqual({k: t[:3] for k, t in snapshot(self.dev)["tensors"].items()},
+                             {k: t[:3] for k, t in committed.items()}, f"after writing {n}")
+        self.assertEqual(self.dev.status()["chunks_done"], self.dev.info()["n_chunks"])
+        self.dev.abort()
+        self.assertEqual(snapshot(self.dev)["tensors"], committed)
+        self.full_step(b"two")          # and the committed step's state once it commits
+
     def test_read_params_during_open_step(self):
         """PARAM reads return the latest applied values chunk by chunk: a tensor whose
-        chunks completed reads new values, one whose chunk is still partial reads old."""
+        chunks completed reads new values, one whose chunk is still partial reads old.
+        State reads return the committed step's until the step commits."""
         self.full_step(b"one")
         old = {n: as_bits(self.dev.read_params(n)).copy() for n, _, _ in self.tensors}
+        old_state = {n: [a.copy() for a in self.model.state[n]] for n, _, _ in self.tensors}
         g = self.grads()
         self.dev.begin(self.groups)
         self.dev.write_grad("b", g["b"])  # chunk 1 partial (w is missing)
@@ -328,7 +347,11 @@ class TestBadInput(EngineCase):
                                        f32_to_lowp_bits(self.model.state["e"][0], self.dtype)))
         self.assertTrue(np.array_equal(as_bits(self.dev.read_params("w")), old["w"]))
         self.dev.write_grad("w", g["w"])
-        self.assertMatchesModel()
+        for n, _, _ in self.tensors:
+            self.assertTrue(np.array_equal(as_bits(self.dev.read_params(n)).reshape(-1),
+                                           f32_to_lowp_bits(self.model.state[n][0], self.dtype)))
+            for a, b in zip(self.dev.read_state(n), old_state[n]):
+                self.assertTrue(np.array_equal(a.reshape(-1).view(np.uint32), b.view(np.uint32)), n)
         self.assertEqual(self.dev.committed_step, 1)
         self.assertEqual(self.dev.commit(b"two"), "committed")
         self.assertMatchesModel()

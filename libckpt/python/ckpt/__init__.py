@@ -633,7 +633,9 @@ class Device:
                                            (ctypes.c_uint64 * n)(*[o.size for o in outs])))
 
     def read_state(self, name):
-        """fp32 (param, exp_avg, exp_avg_sq) of the latest applied step."""
+        """fp32 (param, exp_avg, exp_avg_sq) of the committed step, also while a step
+        is open (what it has applied is not state until it commits; read_params
+        returns the latest applied params)."""
         c_name = _name_bytes(name)
         t = self._tensor(name)
         p, m, v = (np.empty(t["numel"], dtype=np.float32) for _ in range(3))
