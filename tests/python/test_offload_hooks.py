@@ -9,7 +9,9 @@
 - what step() decides after backward and the writes could not know is caught
   and the step is written again, with the same result as hooks=False: a clip
   coefficient below 1, an lr changed after backward, a second backward without
-  accumulating(), a .grad set to None or changed in place after backward;
+  accumulating(), a .grad set to None or changed in place after backward, also
+  where torch counts no version (.data, numpy, torch 1.13's clip_grad_value_);
+- reads of state between backward and step() return the committed step's;
 - a param without a gradient is skipped (its step count stays) with hooks too.
 
 Run: PYTHONPATH=<build>/python /usr/bin/python3 -m unittest -v test_offload_hooks
@@ -25,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from ckpt.torch import OffloadAdamW, PrecisionWarning  # noqa: E402
+from ckpt.torch import OffloadAdamW, PrecisionWarning, to_torch_state_dict  # noqa: E402
 from ckpt_testlib import tempdir  # noqa: E402
 from test_offload_adamw import batch, bf16_round, groups_of, loss_of, make_model, tol_ratio  # noqa: E402
 
@@ -40,13 +42,13 @@ class OffloadHooksTest(unittest.TestCase):
     def tearDown(self):
         self._tmp.cleanup()
 
-    def pair(self, **kw):
+    def pair(self, tag="", **kw):
         """Two models from the same init, with hooks and without."""
         out = []
         warnings.simplefilter("ignore", PrecisionWarning)   # an fp32 model, as in test_offload_adamw
         for hooks in (True, False):
             model = make_model()
-            opt = OffloadAdamW(groups_of(model), os.path.join(self.dir, f"h{hooks}.img"), lr=3e-3,
+            opt = OffloadAdamW(groups_of(model), os.path.join(self.dir, f"h{hooks}{tag}.img"), lr=3e-3,
                                hooks=hooks, **kw)
             self.addCleanup(opt.close)
             out.append((model, opt))
@@ -138,6 +140,80 @@ class OffloadHooksTest(unittest.TestCase):
         def in_place(m, o):
             m[0].weight.grad.mul_(0.5)
         self.run_both(pairs, rng, in_place, False)
+
+    def test_edits_without_a_version_are_caught(self):
+        """Edits of the gradient after backward that bump no version counter (a
+        write through .data, numpy, torch 1.13's clip_grad_value_) change what
+        step() would write: the step is written again, as hooks=False writes it."""
+        rng = np.random.default_rng(7)
+        for kw in ({}, {"maximize": True}):
+            pairs = self.pair(tag=str(len(kw)), **kw)
+
+            def clip_value(m, o):       # p.grad.data.clamp_ in torch 1.13
+                torch.nn.utils.clip_grad_value_(m.parameters(), 1e-3)
+
+            def data_mul(m, o):
+                m[0].weight.grad.data.mul_(0.5)
+
+            def data_set(m, o):
+                m[3].bias.grad.data = m[3].bias.grad.data * 0.5
+
+            def numpy_average(m, o):    # a hand-made all-reduce over two ranks
+                for p in m.parameters():
+                    a = p.grad.numpy()
+                    a += a
+                    a /= 4
+
+            for edit in (clip_value, data_mul, data_set, numpy_average):
+                with self.subTest(kw=kw, edit=edit.__name__):
+                    self.run_both(pairs, rng, edit, False)
+            # an edit that rounds to the same device words changes nothing written
+            with self.subTest(kw=kw, edit="same rounding"):
+                self.run_both(pairs, rng, lambda m, o: m[0].weight.grad.data.mul_(1.0), True)
+            for _, opt in pairs:
+                opt.close()
+
+    def test_state_read_between_backward_and_step_is_committed(self):
+        """The hooks open the step during backward; until step() commits it, reads
+        of state (read_state, master_params, to_torch_state_dict) return the
+        committed step's, as with hooks=False: a checkpoint taken there holds a
+        step that exists, whether the step then commits or is aborted."""
+        pairs = self.pair()
+        (hm, hopt), (pm, popt) = pairs
+        rng = np.random.default_rng(13)
+        self.run_both(pairs, rng, lambda m, o: None, True)     # moments not zero
+
+        def reads(opt):
+            sd = to_torch_state_dict(opt)
+            return ({n: [x.clone() for x in opt.read_state(n)] for n in opt.names()},
+                    {n: t.clone() for n, t in opt.master_params().items()},
+                    {i: {k: v.clone() for k, v in s.items()} for i, s in sd["state"].items()})
+
+        def assert_same(a, b, what):
+            for k, (da, db) in enumerate(zip(a, b)):
+                self.assertEqual(da.keys(), db.keys())
+                for n in da:
+                    xs, ys = da[n], db[n]
+                    xs, ys = (xs.values(), ys.values()) if isinstance(xs, dict) else (xs, ys)
+                    for x, y in zip(xs, ys):
+                        self.assertTrue(torch.equal(x, y), f"{what}: read {k}, {n}")
+
+        committed = reads(hopt)
+        x, y = batch(rng)
+        for model, _ in pairs:
+            loss_of(model, x, y).backward()
+        self.assertEqual(hopt.device.status()["state"], "open", "the hooks opened step 2")
+        self.assertEqual(hopt.device.status()["chunks_done"], hopt.device.info()["n_chunks"])
+        during = reads(hopt)
+        assert_same(during, committed, "hooks, step open")
+        assert_same(during, reads(popt), "hooks vs hooks=False")
+        for _, opt in pairs:
+            opt.step()
+            self.assertEqual(opt.last_result, "committed")
+        self.assertTrue(hopt.last_step_hooked)
+        self.assert_same_masters(hopt, popt, "step 2")
+        with self.assertRaises(AssertionError):     # the reads do show the new step
+            assert_same(reads(hopt), committed, "after step 2")
 
     def test_param_without_gradient_is_skipped(self):
         pairs = self.pair()

@@ -244,12 +244,16 @@ class OffloadAdamW(torch.optim.Optimizer):
     the param groups' values then and the previous step's grad_scale (without
     its clip coefficient); step() checks that nothing it decides differs (the
     hyperparameters, grad_scale, a clip coefficient below 1, a param
-    accumulated twice, a .grad dropped since) and otherwise aborts that step and
-    writes every gradient again, as with hooks=False: the result is the same
-    either way, only the time differs. Gradient accumulation: run the backward
-    of every micro-batch but the last inside `with opt.accumulating():` (as
-    DDP's no_sync()); gradients must not be changed after the last backward
-    except through opt.clip_grad_norm_() and LossScaler. hooks=False writes
+    accumulated twice, a .grad dropped since, or any gradient that no longer
+    rounds to the words written: edits through .data or numpy included) and
+    otherwise aborts that step and writes every gradient again, as with
+    hooks=False: the result is the same either way, only the time differs.
+    Until step() commits, reads of state (read_state, master_params,
+    to_torch_state_dict) return the committed step's, as with hooks=False.
+    Gradient accumulation: run the backward of every micro-batch but the last
+    inside `with opt.accumulating():` (as DDP's no_sync()); a gradient changed
+    after the last backward otherwise (rather than through opt.clip_grad_norm_()
+    and LossScaler) costs the step its writes from backward. hooks=False writes
     every gradient in step(), and so does a sharded optimizer (process_group):
     its rank writes its slice of the gradients averaged over the ranks, which
     exist only once every rank's backward has ended.
@@ -536,7 +540,8 @@ class OffloadAdamW(torch.optim.Optimizer):
         return self._shard.world if self._shard else 1
 
     def read_state(self, name):
-        """(param, exp_avg, exp_avg_sq) of one tensor, fp32 torch tensors."""
+        """(param, exp_avg, exp_avg_sq) of one tensor at the committed step (also
+        between backward and step(), while the hooks' step is open), fp32 torch tensors."""
         return tuple(torch.from_numpy(a) for a in self.device.read_state(name))
 
     def close(self):
@@ -647,11 +652,9 @@ class OffloadAdamW(torch.optim.Optimizer):
         dev = self.device
         hooked = self._hooked
         self._hooked = None
-        # The gradient written is still .grad, unchanged (in place: its version)
         if hooked is not None and not (hooked["ok"] and hooked["groups"] == self._groups()
                                        and hooked["scale"] == scale
-                                       and all(self._flat[i][1].grad is g and g._version == v
-                                               for i, (g, v) in hooked["written"].items())):
+                                       and all(self._sent_unchanged(i) for i in hooked["written"])):
             self._abort()
             hooked = None
         self.last_step_hooked = hooked is not None
@@ -716,12 +719,20 @@ class OffloadAdamW(torch.optim.Optimizer):
         self._pnames = [n for n, _, _ in self._flat]
 
     def _write_grad(self, i):
-        """p.grad, rounded to the device's dtype (negated for maximize) in its reused
-        buffer, written to the device (which copies it: the buffer is free again)."""
-        n, p, gi = self._flat[i]
+        """p.grad as the device takes it (_round_grad) in its reused buffer, written
+        to the device (which copies it; the buffer keeps it until the next write:
+        _sent_unchanged compares with it)."""
+        n, p, _ = self._flat[i]
         if p.grad.is_sparse:
             raise RuntimeError(f"{n!r}: OffloadAdamW does not support sparse gradients")
-        buf = self._gbuf[i]
+        self._round_grad(i, self._gbuf[i])
+        self.device.write_grad(n, self._gwords[i])
+
+    def _round_grad(self, i, buf):
+        """p.grad rounded to the device's dtype, negated for maximize, into buf:
+        what the device is sent for param i, and what step() compares a write
+        made from backward with."""
+        _, p, gi = self._flat[i]
         g = p.grad.detach().reshape(-1)
         if g.is_cuda:
             # Reviewed, not run here (no CUDA on the test machine): the copy to
@@ -738,9 +749,25 @@ class OffloadAdamW(torch.optim.Optimizer):
             buf.copy_(g)
         if self.param_groups[gi]["maximize"]:
             buf.neg_()
-        self.device.write_grad(n, self._gwords[i])
+
+    def _sent_unchanged(self, i):
+        """Whether p.grad still rounds to the words written from backward. The words
+        themselves are compared: a write through .data or numpy (torch 1.13's
+        clip_grad_value_, a hand-made average) bumps no version counter, and an
+        edit that rounds to the same words changes nothing the device would get."""
+        p = self._flat[i][1]
+        g = p.grad
+        if g is None or g.is_sparse or g.numel() != p.numel():
+            return False    # step() writes it again and says what is wrong
+        now = self._gcheck[:p.numel()]
+        self._round_grad(i, now)
+        return torch.equal(now.view(torch.int16), self._gbuf[i].view(torch.int16))
 
     def _install_hooks(self):
+        # step()'s check of the writes made from backward rounds each p.grad
+        # again into this (one param at a time)
+        self._gcheck = torch.empty(max(b.numel() for b in self._gbuf), dtype=self._gflat.dtype,
+                                   pin_memory=self._cuda)
         for i, (_, p, _) in enumerate(self._flat):
             if not p.requires_grad:
                 continue
@@ -767,9 +794,8 @@ class OffloadAdamW(torch.optim.Optimizer):
                 h["ok"] = False
                 return
             try:
-                g = self._flat[i][1].grad
                 self._write_grad(i)
-                h["written"][i] = (g, g._version)
+                h["written"].add(i)
             except Exception:       # step() writes it again, and says what is wrong
                 h["ok"] = False
         return hook
@@ -778,7 +804,7 @@ class OffloadAdamW(torch.optim.Optimizer):
         """Opens the step from backward, with the values step() most likely uses."""
         groups = self._groups()
         scale = self._last_scale
-        h = {"groups": groups, "scale": scale, "written": {}, "ok": True}
+        h = {"groups": groups, "scale": scale, "written": set(), "ok": True}
         try:
             self.device.begin([{k: g[k] for k in _HPARAM_KEYS} for g in self.param_groups],
                               grad_scale=scale)
