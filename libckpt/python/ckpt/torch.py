@@ -759,15 +759,16 @@ class OffloadAdamW(torch.optim.Optimizer):
         g = p.grad
         if g is None or g.is_sparse or g.numel() != p.numel():
             return False    # step() writes it again and says what is wrong
-        now = self._gcheck[:p.numel()]
-        self._round_grad(i, now)
-        return torch.equal(now.view(torch.int16), self._gbuf[i].view(torch.int16))
+        self._round_grad(i, self._gcheck[:p.numel()])
+        # numpy's comparison: a quarter of torch.equal's time on int16 words
+        return np.array_equal(self._gcheck_words[:p.numel()], self._gwords[i])
 
     def _install_hooks(self):
         # step()'s check of the writes made from backward rounds each p.grad
         # again into this (one param at a time)
         self._gcheck = torch.empty(max(b.numel() for b in self._gbuf), dtype=self._gflat.dtype,
                                    pin_memory=self._cuda)
+        self._gcheck_words = self._gcheck.view(torch.int16).numpy().view(np.uint16)
         for i, (_, p, _) in enumerate(self._flat):
             if not p.requires_grad:
                 continue
