@@ -11,7 +11,8 @@ chrooted into the host's / shared read-only over 9p):
                                        /tmp), then format DEV (bf16) and 3 steps
     offload_dm.py resume MAPPER        OffloadAdamW on the kernel target: resumes
                                        at step 3, 5 more steps; Device.rollback()
-                                       to step 7 and step 8 again
+                                       to step 7 and step 8 again; state reads
+                                       during an open step
     offload_dm.py check  DEV MAPPER    the userspace engine on DEV at step 8 holds
                                        the reference's state; then the fp16
                                        variant (LossScaler) through the whole
@@ -323,6 +324,29 @@ def kernel_client(mapper):
               f"{after} vs {before}")
 
 
+def state_during_step(mapper):
+    """read_state while a step is open returns the committed step's state, on
+    the kernel target as on the engine (the open step writes the other slot):
+    read after every gradient of a step is written, then the step aborted."""
+    with ckpt.open(mapper) as d:
+        names = [t["name"] for t in d.tensors()]
+        committed = {n: [bits(a).copy() for a in d.read_state(n)] for n in names}
+        d.begin([{"lr": 1e-3, "weight_decay": 0.0}] * d.info()["n_groups"])
+        err, differ = None, []
+        try:
+            for t in d.tensors():
+                d.write_grad(t["name"], ckpt.torch.torch_to_lowp(torch.ones(t["numel"]), d.dtype))
+            differ = [n for n in names if not all(np.array_equal(bits(a), b) for a, b in
+                                                  zip(d.read_state(n), committed[n]))]
+        except ckpt.CkptError as e:
+            err = e
+        finally:
+            d.abort()
+        check(f"kernel client: read_state through {mapper} during an open step returns the "
+              f"committed step's state", err is None and not differ,
+              f"{err.name + ': ' + err.message}" if err else f"{differ} differ")
+
+
 def after(dev, dtype):
     """The userspace engine on the backing device after the kernel target."""
     _, ref_blobs, ref_st = load_ref(dtype)
@@ -403,6 +427,7 @@ def main(argv):
         (mapper,) = argv[1:]
         resume(mapper, "bf16")
         kernel_client(mapper)
+        state_during_step(mapper)
     elif phase == "check":
         dev, mapper = argv[1:]
         after(dev, "bf16")
