@@ -197,12 +197,16 @@ static void __dmckpt_quiesce(void *host, u32 slot)
 	wait_event(c->readers_wait, !atomic_read(&c->readers[slot]));
 }
 
-/* Core op, cmd_lock held: the commit's superblock write failed, the machine has failed. */
-static void __dmckpt_commit_failed(void *host, int err)
+/*
+ * Core op, cmd_lock held: a superblock write failed (a commit's, or a
+ * rollback's once issued), the machine has failed.
+ */
+static void __dmckpt_sb_failed(void *host, int err)
 {
 	struct dm_ckpt *c = host;
 
-	DMERR("%s: committing a step failed: %d", dm_ckpt_name(c), err);
+	DMERR("%s: writing the superblock failed: %d; a table reload reads which commit stands",
+	      dm_ckpt_name(c), err);
 	dmckpt_failed_mode(c, err, !cmpxchg(&c->error, 0, err), true);
 }
 
@@ -217,7 +221,7 @@ static const struct ckpt_step_ops dmckpt_step_ops = {
 	.copy = __dmckpt_copy,
 	.dispatch = __dmckpt_dispatch,
 	.quiesce = __dmckpt_quiesce,
-	.failed = __dmckpt_commit_failed,
+	.failed = __dmckpt_sb_failed,
 	.read_sb = __dmckpt_read_sb,
 	.rollback = __dmckpt_rollback,
 };
@@ -859,9 +863,11 @@ usage:
  * the older superblock copy must commit it and every record of the other
  * slot must still hold it intact; the records are re-stamped, flushed, then
  * the superblock is written. Nothing changes on a refusal (-CKPT_E_*); an
- * I/O error is -CKPT_E_IO with *io the errno, and the device does not fail
- * (the current commit stands). Caller holds cmd_lock; a control write runs
- * it from the bio work, so its memory is allocated without I/O.
+ * I/O error is -CKPT_E_IO with *io the errno. Before the superblock write
+ * the device does not fail (the current commit stands); from it on the
+ * core fails it (ckpt_step_rollback_commit): the device may commit either
+ * step. Caller holds cmd_lock; a control write runs it from the bio work,
+ * so its memory is allocated without I/O.
  */
 static int __dmckpt_rollback(void *host, u64 step, int *io)
 {

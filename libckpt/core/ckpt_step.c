@@ -792,10 +792,12 @@ int ckpt_step_grad_write(struct ckpt_step *cs, u64 off, u64 len, void *src)
 
 int ckpt_sb_commit(const struct ckpt_step_ops *ops, void *host, struct ckpt_sb *sb,
 		   struct ckpt_sb *spare, void *block, u64 step, u32 slot, const void *blob,
-		   u32 blob_len)
+		   u32 blob_len, bool *issued)
 {
 	int ret;
 
+	if (issued)
+		*issued = false;
 	if (ckpt_sb_next(sb, step, slot, blob, blob_len, spare))
 		return -CKPT_EIO_ERRNO;
 	/* Every write the superblock commits is complete; make them durable first. */
@@ -805,6 +807,8 @@ int ckpt_sb_commit(const struct ckpt_step_ops *ops, void *host, struct ckpt_sb *
 	memset(block, 0, CKPT_BLOCK);
 	if (ckpt_sb_encode(spare, block))
 		return -CKPT_EIO_ERRNO;
+	if (issued)
+		*issued = true;
 	ret = ops->write_sb(host, block, ckpt_sb_next_offset(sb));
 	if (ret)
 		return ret;
@@ -821,11 +825,40 @@ int ckpt_sb_commit(const struct ckpt_step_ops *ops, void *host, struct ckpt_sb *
 	return 0;
 }
 
+/*
+ * A superblock write failed with io: the machine enters FAILED, and the host
+ * hears of it once (ops->failed), however many commits fail.
+ */
+static void ckpt_step_sb_failed(struct ckpt_step *cs, int io)
+{
+	bool entered;
+
+	cs->ops->lock(cs->host);
+	entered = cs->sm.state != CKPT_STATE_FAILED;
+	if (entered)
+		ckpt_sm_commit_failed(&cs->sm, io);
+	cs->ops->unlock(cs->host);
+	if (entered && cs->ops->failed)
+		cs->ops->failed(cs->host, io);
+}
+
 int ckpt_step_write_sb(struct ckpt_step *cs, u64 step, u32 slot, const void *blob,
 		       u32 blob_len)
 {
-	return ckpt_sb_commit(cs->ops, cs->host, cs->sb, cs->mem.spare, cs->mem.block, step,
-			      slot, blob, blob_len);
+	bool issued;
+	int ret = ckpt_sb_commit(cs->ops, cs->host, cs->sb, cs->mem.spare, cs->mem.block, step,
+				 slot, blob, blob_len, &issued);
+
+	/*
+	 * Once the write is issued, a failure says nothing of what the device
+	 * holds (a write it kept, a read-back that failed): it may name the
+	 * new commit, whose slot the machine takes for free. Going on from
+	 * *cs->sb could overwrite the committed state; only a reload that
+	 * reads the device again knows which commit stands.
+	 */
+	if (ret && issued)
+		ckpt_step_sb_failed(cs, ret);
+	return ret;
 }
 
 /*
@@ -1092,19 +1125,16 @@ int ckpt_step_exec(struct ckpt_step *cs, const struct ckpt_cmd *cmd, int *io_err
 		ckpt_step_release_stages(cs);
 	} else if (ret == CKPT_RESULT_COMMITTED) {
 		io = ckpt_step_write_sb(cs, step, slot, cmd->blob, cmd->blob_len);
-		ops->lock(cs->host);
-		if (io)
-			ckpt_sm_commit_failed(&cs->sm, io);
-		else
-			ckpt_sm_committed(&cs->sm);
-		ops->unlock(cs->host);
 		if (io) {
-			if (ops->failed)
-				ops->failed(cs->host, io);
+			/* even before the superblock write: the step cannot commit */
+			ckpt_step_sb_failed(cs, io);
 			if (io_errno)
 				*io_errno = io;
 			return -CKPT_E_IO;
 		}
+		ops->lock(cs->host);
+		ckpt_sm_committed(&cs->sm);
+		ops->unlock(cs->host);
 		ckpt_step_release_stages(cs);
 	}
 	return ret;

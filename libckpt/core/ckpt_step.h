@@ -10,6 +10,12 @@
  *                                          : host writes superblock -> IDLE, committed = t
  *   OPEN --ABORT--> IDLE
  *   any  --I/O error--> FAILED (refuses new steps; committed state untouched)
+ *   IDLE --ROLLBACK--> host re-stamps, writes superblock -> IDLE, committed - 1
+ *
+ * A superblock write that failed once it was issued (any commit: COMMIT, a
+ * load, a ROLLBACK) leaves the device naming either copy as committed, so
+ * the machine fails there too: it never steps on from a superblock the
+ * device may no longer hold.
  */
 #ifndef CKPT_STEP_H
 #define CKPT_STEP_H
@@ -96,7 +102,10 @@ void ckpt_sm_count_fault(struct ckpt_step_sm *sm, u32 chunk);
  */
 int ckpt_sm_commit(struct ckpt_step_sm *sm, const struct ckpt_cmd *cmd);
 void ckpt_sm_committed(struct ckpt_step_sm *sm);
-/* The superblock write failed: the machine fails, the old commit stands. */
+/*
+ * The commit's superblock write failed: the machine fails; which commit
+ * stands is the device's (the newest valid copy a table reload reads).
+ */
 void ckpt_sm_commit_failed(struct ckpt_step_sm *sm, int io_errno);
 int ckpt_sm_abort(struct ckpt_step_sm *sm, const struct ckpt_cmd *cmd);
 /* Any backing I/O error. */
@@ -225,9 +234,10 @@ struct ckpt_step_ops {
 	 */
 	void (*quiesce)(void *host, u32 slot);
 	/*
-	 * Optional: the commit's superblock write failed with io_errno and the
-	 * step machine has just entered FAILED (the host's failed mode: its
-	 * sticky error, an event for userspace).
+	 * Optional: a superblock write failed with io_errno (a COMMIT's, or
+	 * any commit's once its write was issued: ckpt_step_write_sb) and
+	 * the step machine has just entered FAILED (the host's failed mode:
+	 * its sticky error, an event for userspace).
 	 */
 	void (*failed)(void *host, int io_errno);
 	/*
@@ -245,7 +255,8 @@ struct ckpt_step_ops {
 	 * superblock copy and every record of the other slot, around
 	 * ckpt_step_rollback_check(cs, prev, step), ckpt_step_rollback_rec
 	 * and ckpt_step_rollback_commit. Returns 0, a refusal -CKPT_E_* with
-	 * nothing changed, or -CKPT_E_IO with *io_errno the host's -errno.
+	 * nothing changed, or -CKPT_E_IO with *io_errno the host's -errno (the
+	 * machine has failed when the superblock write had been issued).
 	 * Called with only the command lock held.
 	 */
 	int (*rollback)(void *host, u64 step, int *io_errno);
@@ -369,7 +380,8 @@ int ckpt_step_command(struct ckpt_step *cs, const void *buf, u32 len);
 /*
  * Run a decoded command: drain the updates, then BEGIN, ABORT, COMMIT or
  * ROLLBACK (ops->rollback; its refusals are recorded, an I/O error is not:
- * the device does not fail, the old commit stands).
+ * before the superblock write the device does not fail and the old commit
+ * stands, after it the device fails as for COMMIT).
  * BEGIN clears the step's bitmaps with the sm lock released (see
  * ckpt_sm_begin_check), then calls ops->quiesce for the slot the step
  * writes. ABORT and a discarded (overflowed) COMMIT release the stages; a
@@ -410,9 +422,12 @@ void ckpt_round_params_int(u32 dtype, const u32 *p, u16 *plo, u64 n);
 /*
  * Commit: flush, then the superblock after cs->sb committing step in slot
  * with blob, with FUA at its copy; on success *cs->sb is it. Returns 0 or
- * -errno (of ops->flush or ops->write_sb; -EIO if it cannot be encoded); the
- * step machine is not touched (a load of state re-inits it). Caller holds
- * the command lock.
+ * -errno (of ops->flush, ops->write_sb or ops->read_sb; -EIO if it cannot be
+ * encoded or does not read back). An error before the superblock write
+ * leaves the step machine untouched. One after it is issued leaves the
+ * device naming either copy as committed, so the machine fails
+ * (ckpt_sm_commit_failed, then ops->failed): the next BEGIN would write
+ * the slot the device may name as committed. Caller holds the command lock.
  */
 int ckpt_step_write_sb(struct ckpt_step *cs, u64 step, u32 slot, const void *blob,
 		       u32 blob_len);
@@ -431,13 +446,16 @@ void ckpt_step_restart(struct ckpt_step *cs);
  * the successor of *sb committing step in slot with blob (ckpt_sb_next) is
  * built in spare, ops->flush makes the writes before it durable, then it is
  * encoded into block (CKPT_BLOCK bytes) and written with ops->write_sb at
- * its copy; on success *sb is it. Uses only ops->flush and ops->write_sb.
- * Returns 0, the -errno of an op, or -EIO when it cannot be built or
- * encoded (nothing written).
+ * its copy, then read back (ops->read_sb, if any); on success *sb is it.
+ * Uses only ops->flush, ops->write_sb and ops->read_sb. Returns 0, the
+ * -errno of an op, or -EIO when it cannot be built or encoded (nothing
+ * written) or does not read back. *issued (if not NULL) says whether the
+ * superblock write was issued: after that a failure leaves the device
+ * naming either copy as committed.
  */
 int ckpt_sb_commit(const struct ckpt_step_ops *ops, void *host, struct ckpt_sb *sb,
 		   struct ckpt_sb *spare, void *block, u64 step, u32 slot, const void *blob,
-		   u32 blob_len);
+		   u32 blob_len, bool *issued);
 
 /* Release every stage (ABORT, a new commit). Caller holds the command lock. */
 void ckpt_step_release_stages(struct ckpt_step *cs);
@@ -518,8 +536,9 @@ int ckpt_step_load_span(const struct ckpt_step *cs, u64 offset, u64 n);
  * ckpt_sm_dst_slot(): the superblock committing step in that slot with the
  * blob (ckpt_step_write_sb), then the machine starts over from it
  * (ckpt_step_restart: counters too). Returns 0 or the -errno of the commit
- * (the machine and *cs->sb unchanged). No update in flight; caller holds
- * the command lock, not the sm lock.
+ * (*cs->sb unchanged; the machine too, unless the error came after the
+ * superblock write was issued: then it has failed). No update in flight;
+ * caller holds the command lock, not the sm lock.
  */
 int ckpt_step_load_commit(struct ckpt_step *cs, u64 step, const void *blob, u32 blob_len);
 
@@ -554,9 +573,12 @@ int ckpt_step_load_commit(struct ckpt_step *cs, u64 step, const void *blob, u32 
  * (ckpt_step_write_sb: flush, then the superblock), then the machine goes
  * on from it: IDLE at prev's step and slot, its counters kept (a rollback
  * is a command of the live device, like a commit). Returns 0 or the -errno
- * of the commit (the machine and *cs->sb unchanged). A crash before the
- * superblock is written leaves the current commit and the rollback
- * repeatable.
+ * of the commit. An error before the superblock write leaves the machine
+ * and *cs->sb unchanged, and so does a crash there: the current commit
+ * stands and the rollback is repeatable. An error after the superblock
+ * write was issued (the write itself, its read-back) fails the machine
+ * (ckpt_step_write_sb): the device may already commit prev's step in the
+ * slot the machine would write next.
  */
 int ckpt_step_rollback_check(struct ckpt_step *cs, const struct ckpt_sb *prev, u64 step);
 int ckpt_step_rollback_rec(const struct ckpt_step *cs, const struct ckpt_sb *prev, u32 chunk,

@@ -303,7 +303,7 @@ void rollback(Image &img, const RollbackCheck &rb)
 	};
 	struct ckpt_sb spare;
 	if (ckpt_sb_commit(&ops, &host, &img.sb, &spare, hdr.as(), rb.step, rb.slot, rb.prev.blob,
-			   rb.prev.blob_len) < 0)
+			   rb.prev.blob_len, nullptr) < 0)
 		fail(CKPT_E_IO, "{}: rollback commit: {}", img.file.path,
 		     host.message.empty() ? "the superblock does not encode" : host.message);
 	img.reload_superblock();

@@ -460,7 +460,7 @@ TEST_F_TIMEOUT(faults, flakey_drop_writes_of_the_superblock_fails_the_commit, TI
 	e0 = ck_dm_events(CK_NAME);
 	ASSERT_EQ(0, swap(self, BK, drop));
 	EXPECT_EQ(-EIO, ck_commit(self->fd, 2, "two", 3));
-	EXPECT_EQ(1, ck_kmsg_has("committing a step failed"));
+	EXPECT_EQ(1, ck_kmsg_has("writing the superblock failed"));
 	forget_open_slot(&self->m);
 	expect_failed(_metadata, self, e0, EIO, 2, 1);
 	recover(_metadata, self, BK, fix);

@@ -1438,6 +1438,77 @@ TEST(CoreRollback, CommandRunsTheHostsRollback)
 	EXPECT_FALSE(p.host.op_under_lock);
 }
 
+// A rollback's commit that fails before its superblock write (the flush)
+// changes nothing and fails nothing: the rollback can be run again. One that
+// fails once the write is issued (the write, a write that does not read
+// back) leaves the device naming either step as committed: the machine
+// fails as a failed COMMIT does (ops->failed, once), so no step writes the
+// slot the device may now name as committed. A load's commit takes the
+// same path.
+TEST(CoreRollback, CommitFailureAfterTheSuperblockWriteFails)
+{
+	enum What { flush, write, lost, load };
+	for (What what : {flush, write, lost, load}) {
+		Proto p(CKPT_STAGING_DEFAULT);
+		const ckpt_sb zero = p.sb;
+		for (uint64_t t : {1, 2}) {
+			if (what == load)
+				break;
+			ASSERT_EQ(p.command(CKPT_OP_BEGIN, t), 0);
+			ASSERT_EQ(p.grad(0, pattern(8 * p.cb, uint8_t(t))), 0);
+			p.apply_all();
+			p.host.dispatched.clear();
+			ASSERT_EQ(p.command(CKPT_OP_COMMIT, t), CKPT_RESULT_COMMITTED);
+		}
+		ckpt_sb one{};
+		if (what != load) {
+			ASSERT_EQ(ckpt_sb_decode(p.host.sb_writes[0].second.data(), p.sb.layout.dev_bytes, &one), 0);
+		}
+		const ckpt_sb two = p.sb;
+		const uint32_t slot = p.cs.sm.committed_slot;
+		p.host.flush_ret = what == flush ? -EIO : 0;
+		p.host.write_ret = what == write || what == load ? -EIO : 0;
+		p.host.lose_sb = what == lost;
+		if (what != load) {
+			ASSERT_EQ(ckpt_step_rollback_check(&p.cs, &one, 0), 0);
+		}
+		const auto before = p.snapshot();
+		const int ret = what == load ? ckpt_step_load_commit(&p.cs, 7, "", 0)
+					     : ckpt_step_rollback_commit(&p.cs, &one);
+		EXPECT_EQ(ret, -EIO) << what;
+		EXPECT_EQ(std::memcmp(&p.sb, what == load ? &zero : &two, sizeof(p.sb)), 0) << what;
+		EXPECT_EQ(p.host.locked, 0);
+		EXPECT_FALSE(p.host.op_under_lock);
+		if (what == flush) {
+			EXPECT_EQ(p.snapshot(), before);
+			EXPECT_TRUE(p.host.failed.empty());
+			p.host.flush_ret = 0;
+			EXPECT_EQ(ckpt_step_rollback_check(&p.cs, &one, 0), 0) << "repeatable";
+			ASSERT_EQ(ckpt_step_rollback_commit(&p.cs, &one), 0);
+			EXPECT_EQ(p.cs.sm.committed_step, 1u);
+			continue;
+		}
+		EXPECT_EQ(p.cs.sm.state, uint32_t(CKPT_STATE_FAILED)) << what;
+		EXPECT_EQ(p.cs.sm.first_io_error, uint32_t(EIO)) << what;
+		EXPECT_EQ(p.host.failed, std::vector<int>{-EIO}) << what;
+		EXPECT_EQ(p.cs.sm.committed_slot, what == load ? zero.committed_slot : slot) << what;
+		const size_t dispatched = p.host.dispatched.size(), quiesced = p.host.quiesced.size();
+		EXPECT_EQ(p.command(CKPT_OP_BEGIN, what == load ? 1 : 3), -CKPT_E_FAILED) << what;
+		EXPECT_EQ(p.grad(0, pattern(p.cb, 9)), -CKPT_E_FAILED) << what;
+		EXPECT_EQ(p.host.dispatched.size(), dispatched) << what;
+		EXPECT_EQ(p.host.quiesced.size(), quiesced) << "no step opens: " << what;
+		if (what != load) {
+			EXPECT_EQ(ckpt_step_rollback_check(&p.cs, &one, 0), -CKPT_E_FAILED) << what;
+		}
+		EXPECT_EQ(ckpt_step_load_check(&p.cs, 7, 0), -CKPT_E_FAILED) << what;
+		// a second failed commit tells the host nothing new
+		p.host.write_ret = -EIO;
+		p.host.lose_sb = false;
+		EXPECT_EQ(ckpt_step_write_sb(&p.cs, 9, 0, "", 0), -EIO);
+		EXPECT_EQ(p.host.failed.size(), 1u) << what;
+	}
+}
+
 // A load commits like a step (the other slot, flush, then the superblock)
 // and the machine starts over from it, counters too.
 TEST(CoreLoad, CommitThenRestart)
@@ -1450,13 +1521,14 @@ TEST(CoreLoad, CommitThenRestart)
 	ASSERT_EQ(p.cs.sm.steps_aborted, 1u);
 	ASSERT_EQ(ckpt_step_load_check(&p.cs, 42, 3), 0);
 
-	// A failed commit changes nothing.
-	p.host.write_ret = -28;
+	// A commit that failed before its superblock write changes nothing.
+	p.host.flush_ret = -28;
 	const auto before = p.snapshot();
 	EXPECT_EQ(ckpt_step_load_commit(&p.cs, 42, "abc", 3), -28);
 	EXPECT_EQ(p.snapshot(), before);
 	EXPECT_EQ(p.cs.sm.state, uint32_t(CKPT_STATE_IDLE));
-	p.host.write_ret = 0;
+	EXPECT_TRUE(p.host.failed.empty());
+	p.host.flush_ret = 0;
 
 	const ckpt_sb old = p.sb;
 	ASSERT_EQ(ckpt_step_load_commit(&p.cs, 42, "abc", 3), 0);
