@@ -302,8 +302,27 @@ BackingFile BackingFile::open(const std::string &path, bool writable)
 	return f;
 }
 
+// The fault the observer injects into an I/O of this file (IoObserver::fault).
+IoObserver::Fault BackingFile::fault(IoObserver::Op op, uint64_t off, size_t len) const
+{
+	const IoObserver::Fault f = observer ? observer->fault(op, off, len) : IoObserver::Fault::none;
+	if (f == IoObserver::Fault::before)
+		injected(op, off, len);
+	return f;
+}
+
+void BackingFile::injected(IoObserver::Op op, uint64_t off, size_t len) const
+{
+	static const char *const names[] = {"read", "write", "flush"};
+	fail(CKPT_E_IO, "{} of {} bytes at {} of {} failed: {} (injected)", names[static_cast<int>(op)], len,
+	     off, path, strerror(EIO));
+}
+
 void BackingFile::pread_all(void *buf, size_t len, uint64_t off) const
 {
+	const IoObserver::Fault f = fault(IoObserver::Op::read, off, len);
+	const uint64_t start = off;
+	const size_t total = len;
 	auto *p = static_cast<uint8_t *>(buf);
 	while (len) {
 		ssize_t n = ::pread(fd.get(), p, len, static_cast<off_t>(off));
@@ -318,10 +337,13 @@ void BackingFile::pread_all(void *buf, size_t len, uint64_t off) const
 		off += static_cast<uint64_t>(n);
 		len -= static_cast<size_t>(n);
 	}
+	if (f == IoObserver::Fault::after)
+		injected(IoObserver::Op::read, start, total);
 }
 
 void BackingFile::pwrite_all(const void *buf, size_t len, uint64_t off) const
 {
+	const IoObserver::Fault f = fault(IoObserver::Op::write, off, len);
 	auto *p = static_cast<const uint8_t *>(buf);
 	const uint64_t start = off;
 	const size_t total = len;
@@ -338,16 +360,21 @@ void BackingFile::pwrite_all(const void *buf, size_t len, uint64_t off) const
 	}
 	if (observer)
 		observer->written(start, buf, total, false);
+	if (f == IoObserver::Fault::after)
+		injected(IoObserver::Op::write, start, total);
 }
 
 void BackingFile::pwrite_durable(const void *buf, size_t len, uint64_t off) const
 {
 	if (direct) {
+		const IoObserver::Fault f = fault(IoObserver::Op::write, off, len);
 		iovec iov{const_cast<void *>(buf), len};
 		ssize_t n = pwritev2(fd.get(), &iov, 1, static_cast<off_t>(off), RWF_DSYNC);
 		if (n == static_cast<ssize_t>(len)) {
 			if (observer)
 				observer->written(off, buf, len, true);
+			if (f == IoObserver::Fault::after)
+				injected(IoObserver::Op::write, off, len);
 			return;
 		}
 		if (n < 0 && errno != EOPNOTSUPP && errno != EINVAL)
@@ -359,10 +386,13 @@ void BackingFile::pwrite_durable(const void *buf, size_t len, uint64_t off) cons
 
 void BackingFile::flush() const
 {
+	const IoObserver::Fault f = fault(IoObserver::Op::flush, 0, 0);
 	if (fdatasync(fd.get()) < 0)
 		fail(CKPT_E_IO, "flush of {} failed: {}", path, strerror(errno));
 	if (observer)
 		observer->flushed();
+	if (f == IoObserver::Fault::after)
+		injected(IoObserver::Op::flush, 0, 0);
 }
 
 int BackingFile::commit_flush(std::string &message) const noexcept

@@ -118,11 +118,20 @@ Fd claim_output(const std::string &path, bool force);
 // when `durable` (FUA, RWF_DSYNC); any other becomes durable with the next
 // flushed(). The engine's workers call written() concurrently, so an
 // implementation locks; none of it may throw.
+//
+// fault() injects I/O errors (tests): BackingFile asks it before each of
+// its own reads, writes and flushes (the commit's, a rollback's, not the
+// workers' io_uring I/O), which then fail with EIO: `before` without doing
+// the I/O, `after` once it is done (a write the device kept, whose
+// completion reports an error).
 class IoObserver {
 public:
+	enum class Op { read, write, flush };
+	enum class Fault { none, before, after };
 	virtual ~IoObserver() = default;
 	virtual void written(uint64_t off, const void *buf, size_t len, bool durable) noexcept = 0;
 	virtual void flushed() noexcept = 0;
+	virtual Fault fault(Op, uint64_t /* off */, size_t /* len */) noexcept { return Fault::none; }
 };
 
 // An open backing file or block device. Uses O_DIRECT where the file system
@@ -159,6 +168,10 @@ struct BackingFile {
 	// -EIO with message set. Through O_DIRECT it reads the device, else the
 	// page cache, where it can only confirm the write.
 	int commit_read_sb(void *block, uint64_t off, std::string &message) const noexcept;
+
+private:
+	IoObserver::Fault fault(IoObserver::Op op, uint64_t off, size_t len) const;
+	[[noreturn]] void injected(IoObserver::Op op, uint64_t off, size_t len) const;
 };
 
 // One io_uring instance; not shared between threads. Where io_uring cannot

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <random>
 #include <span>
 #include <vector>
@@ -992,6 +993,153 @@ TEST_F(EngineTest, RollbackAcrossReopen)
 	EXPECT_EQ(d->status().committed_step, 1u);
 	EXPECT_TRUE(state_of(*d, "a") == a1);
 	EXPECT_EQ(code_of([&] { d->rollback(); }), CKPT_E_ROLLBACK);
+}
+
+// Fails one read, write or flush of the backing file's own I/O (the
+// rollback's and the commit's) with EIO, before or after it is done
+// (IoObserver::fault): the n-th one once armed. Keeps what it saw.
+class FaultAt : public ckpt::IoObserver {
+public:
+	struct Io {
+		Op op;
+		uint64_t off;
+		size_t len;
+	};
+	FaultAt(size_t n, Fault how) : n_(n), how_(how) {}
+	void arm(bool on)
+	{
+		std::lock_guard lk(mu_);
+		armed_ = on;
+	}
+	bool hit() const { return hit_; }
+	std::vector<Io> seen() const
+	{
+		std::lock_guard lk(mu_);
+		return seen_;
+	}
+	size_t writes() const
+	{
+		std::lock_guard lk(mu_);
+		return writes_;
+	}
+	void written(uint64_t, const void *, size_t, bool) noexcept override
+	{
+		std::lock_guard lk(mu_);
+		writes_++;
+	}
+	void flushed() noexcept override {}
+	Fault fault(Op op, uint64_t off, size_t len) noexcept override
+	{
+		std::lock_guard lk(mu_);
+		if (!armed_)
+			return Fault::none;
+		seen_.push_back({op, off, len});
+		if (seen_.size() - 1 != n_)
+			return Fault::none;
+		hit_ = true;
+		return how_;
+	}
+
+private:
+	mutable std::mutex mu_;
+	const size_t n_;
+	const Fault how_;
+	bool armed_ = false, hit_ = false;
+	std::vector<Io> seen_;
+	size_t writes_ = 0;
+};
+
+// An I/O error at every I/O of a rollback, before or after the I/O is done.
+// Before the superblock write: the rollback is refused, nothing changed
+// (the device stays at step 2 and can roll back again). From it on (the
+// write itself, a write the device kept, its flush, its read-back) the
+// device may commit either step: it fails, and writes nothing more (a step
+// 3 would write the slot the disk may name as committed). Either way the
+// image verifies after close, and a reopened device goes on from the step
+// the disk commits, with that step's state.
+TEST_F(EngineTest, RollbackFailingAtEveryIo)
+{
+	const std::string copy = (dir_ / "step2.img").string();
+	std::map<uint64_t, TensorState> state;
+	uint64_t sb_off;
+	{
+		auto d = open();
+		load_masters(*d);
+		for (int t : {1, 2}) {
+			ASSERT_EQ(step_with(*d, t, {"a", "b", "c"}), ckpt::CommitResult::committed);
+			state[t] = state_of(*d, "a");
+		}
+		d.reset();
+		const ckpt::Image img = ckpt::Image::open(path_, false);
+		sb_off = ckpt_sb_next_offset(&img.sb);
+		fs::copy_file(path_, copy);
+	}
+	const auto verifies = [&](const std::string &why) {
+		const std::string report = ckpt::verify_report(path_, false);
+		EXPECT_NE(report.find("\"damage\":[]"), std::string::npos) << why << ": " << report;
+	};
+	size_t before_sb = 0, after_sb = 0;
+	for (size_t n = 0;; n++) {
+		bool done = false;
+		for (auto how : {ckpt::IoObserver::Fault::before, ckpt::IoObserver::Fault::after}) {
+			const std::string why = fmt::format("I/O {} failing {} it", n,
+							    how == ckpt::IoObserver::Fault::before ? "before" : "after");
+			fs::copy_file(copy, path_, fs::copy_options::overwrite_existing);
+			FaultAt faults(n, how);
+			ckpt::EngineOptions o;
+			o.observer = &faults;
+			auto d = ckpt::Device::open(path_, o);
+			faults.arm(true);
+			const int code = code_of([&] { d->rollback(); });
+			faults.arm(false);
+			if (!faults.hit()) {
+				EXPECT_EQ(code, 0) << why;
+				EXPECT_EQ(d->status().committed_step, 1u) << why;
+				done = true;
+				break;
+			}
+			ASSERT_EQ(code, CKPT_E_IO) << why;
+			const std::vector<FaultAt::Io> seen = faults.seen();
+			const auto sb = std::find_if(seen.begin(), seen.end(), [&](const FaultAt::Io &io) {
+				return io.op == ckpt::IoObserver::Op::write && io.off == sb_off;
+			});
+			// the failed I/O is the last one seen: no superblock write
+			// among them, it came before that write
+			uint64_t commits = 2;
+			if (sb == seen.end()) {
+				before_sb++;
+				const struct ckpt_status st = d->status();
+				EXPECT_EQ(st.state, uint32_t(CKPT_STATE_IDLE)) << why;
+				EXPECT_EQ(st.committed_step, 2u) << why;
+				EXPECT_TRUE(state_of(*d, "a") == state[2]) << why;
+				EXPECT_EQ(d->rollback(), 1u) << why << ": a refused rollback is repeatable";
+				commits = 1;
+			} else {
+				after_sb++;
+				EXPECT_EQ(d->status().state, uint32_t(CKPT_STATE_FAILED)) << why;
+				const size_t writes = faults.writes();
+				EXPECT_EQ(code_of([&] { d->begin(groups(), 1.0); }), CKPT_E_FAILED) << why;
+				EXPECT_EQ(code_of([&] { d->rollback(); }), CKPT_E_FAILED) << why;
+				EXPECT_EQ(faults.writes(), writes) << why << ": a failed device writes nothing";
+				// the superblock on the file, whatever its write answered
+				if (sb != seen.end() - 1 || how == ckpt::IoObserver::Fault::after)
+					commits = 1;
+			}
+			d.reset();
+			verifies(why);
+			d = open();
+			ASSERT_EQ(d->status().committed_step, commits) << why;
+			EXPECT_TRUE(state_of(*d, "a") == state[commits]) << why;
+			ASSERT_EQ(step_with(*d, int(commits) + 1, {"a", "b", "c"}), ckpt::CommitResult::committed)
+				<< why;
+			d.reset();
+			verifies(why + ", then a step");
+		}
+		if (done)
+			break;
+	}
+	EXPECT_GE(before_sb, 6u) << "the reads and re-stamps of the records, and the flush";
+	EXPECT_GE(after_sb, 4u) << "the superblock write and its read-back";
 }
 
 // b shares chunk 1 with a: a skipped b keeps p, m, v and its count bit for
