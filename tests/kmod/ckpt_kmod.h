@@ -656,6 +656,21 @@ static CK_UNUSED void ck_model_commit(struct ck_model *m, uint64_t t, const void
 }
 
 /*
+ * A rollback to the previous step, with blob, the step committed before:
+ * the superblock after the current one commits it in the other slot, whose
+ * records carry the new sequence.
+ */
+static CK_UNUSED void ck_model_rollback(struct ck_model *m, const char *blob)
+{
+	uint32_t c, slot = m->sb.committed_slot ^ 1;
+
+	ck_model_commit(m, m->sb.committed_step - 1, blob, (uint32_t)strlen(blob));
+	m->sb.committed_slot = slot;
+	for (c = 0; c < m->sb.geo.n_chunks; c++)
+		m->rec[slot][c].sequence = m->sb.sequence;
+}
+
+/*
  * Compare the backing device with the model: the current superblock copy
  * byte for byte, and every record and p_lo the model knows of, in both
  * slots. Returns 0, or a description of the first difference in why.

@@ -17,6 +17,10 @@
  * p_lo), the PARAM window shows it, ckptctl verify passes, and training goes
  * on.
  *
+ * A rollback whose I/O fails before its superblock write changes nothing
+ * the target goes on from; once that write is issued it fails the target
+ * as a failed COMMIT does, and the device commits the step it names.
+ *
  * drop_writes loses writes without an error. A lost superblock write is
  * caught when the commit reads it back (COMMIT fails). Lost record writes
  * cannot be seen when they happen (COMMIT succeeds), but the next step
@@ -533,6 +537,141 @@ TEST_F_TIMEOUT(faults, bad_blocks_on_the_superblocks, TIMEOUT_S)
 	EXPECT_EQ(1, ck_kmsg_has("Cannot read the superblock"));
 	ck_sh(out, sizeof(out), "dmsetup remove --noudevsync %s 2>&1", CK_NAME);
 	recover(_metadata, self, BK, fix);
+}
+
+/*
+ * A layer with target mid over sectors [lo, hi) of the namespace (mid names
+ * its own offset: lo), linear elsewhere.
+ */
+static void layer_table(FIXTURE_DATA(faults) *self, uint64_t lo, uint64_t hi, const char *mid,
+			char *t, size_t n)
+{
+	const unsigned long long s = self->sectors;
+	int k = 0;
+
+	if (lo)
+		k = snprintf(t, n, "0 %llu linear %s 0\n", (unsigned long long)lo, ck_dev());
+	snprintf(t + k, n - k, "%llu %llu %s\n%llu %llu linear %s %llu\n",
+		 (unsigned long long)lo, (unsigned long long)(hi - lo), mid,
+		 (unsigned long long)hi, s - hi, ck_dev(), (unsigned long long)hi);
+}
+
+/* A dm-flakey over the sectors from lo on with these features ("": every I/O fails). */
+static void flakey(char *mid, size_t n, uint64_t lo, const char *features)
+{
+	snprintf(mid, n, "flakey %s %llu 0 1 %s", ck_dev(), (unsigned long long)lo, features);
+}
+
+/*
+ * The rollback message from step 2 under table `fault` of the layer, which
+ * fails one of its I/Os before the superblock write: EIO, and the target
+ * is as before (idle at step 2, no I/O error). With the fault gone, the
+ * rollback runs again to step 1, and step 2 is taken again.
+ */
+static void rollback_fails_before_sb(struct __test_metadata *_metadata,
+				     FIXTURE_DATA(faults) *self, const char *fault,
+				     const char *what)
+{
+	struct ckpt_status st;
+	char fix[256];
+
+	TH_LOG("rollback: %s", what);
+	linear_table(self, fix, sizeof(fix));
+	ASSERT_EQ(0, swap(self, BK, fault));
+	EXPECT_EQ(-EIO, ck_dm_message(CK_NAME, "rollback"));
+	ASSERT_EQ(0, swap(self, BK, fix));
+	ASSERT_EQ(0, ck_status(self->fd, &st));
+	EXPECT_EQ(CKPT_STATE_IDLE, st.state);
+	EXPECT_EQ(2, st.committed_step);
+	EXPECT_EQ(0, st.first_io_error);
+	EXPECT_EQ(1, ck_kmsg_has("rollback failed"));
+	ck_kmsg_clear();
+	ASSERT_EQ(0, ck_dm_message(CK_NAME, "rollback"));
+	ck_model_rollback(&self->m, "step one");
+	ASSERT_EQ(0, full_step(_metadata, self, 2, "step two"));
+}
+
+/*
+ * A rollback failing at each of its I/Os. Before the superblock write (the
+ * older copy's read, a record's read, a record header's re-stamp, the
+ * flush): refused, nothing lost (rollback_fails_before_sb). After it: the
+ * superblock write reaches the device, held back by a dm-delay, and the
+ * layer then fails every read of the superblocks, so the read-back fails.
+ * The device now commits step 1 in slot 1 while the target's superblock
+ * says step 2 in slot 0: the target must fail, not take step 3 into slot
+ * 0, which the device names as committed. Removed and created again, the
+ * target goes on from step 1, and the device verifies.
+ */
+TEST_F_TIMEOUT(faults, rollback_fails_at_each_io, 2 * TIMEOUT_S)
+{
+	const struct ckpt_layout *l = &self->m.l;
+	const uint64_t sb_end = 2 * CKPT_BLOCK / 512;
+	char mid[256], t[1024], fix[256];
+	uint8_t *blk = ck_alloc(2 * CKPT_BLOCK);
+	struct ckpt_sb disk;
+	uint64_t off;
+	long e0;
+	pid_t pid;
+	int st, dfd;
+
+	ASSERT_NE(NULL, blk);
+	ASSERT_EQ(1, ck_dm_has_target("delay")) TH_LOG("dm-delay missing in the guest");
+	linear_table(self, fix, sizeof(fix));
+	ASSERT_EQ(0, full_step(_metadata, self, 1, "step one"));
+	ASSERT_EQ(0, full_step(_metadata, self, 2, "step two"));
+
+	flakey(mid, sizeof(mid), 0, "");
+	layer_table(self, 0, sb_end, mid, t, sizeof(t));
+	rollback_fails_before_sb(_metadata, self, t, "the older superblock copy unreadable");
+
+	off = ckpt_record_offset(l, self->m.sb.committed_slot ^ 1, 5) / 512;
+	layer_table(self, off, off + 8, "error", t, sizeof(t));
+	rollback_fails_before_sb(_metadata, self, t, "a record of step 1 unreadable");
+
+	off = ckpt_record_offset(l, self->m.sb.committed_slot ^ 1, 3) / 512;
+	flakey(mid, sizeof(mid), off, "1 error_writes");
+	layer_table(self, off, off + 8, mid, t, sizeof(t));
+	rollback_fails_before_sb(_metadata, self, t, "a record header's re-stamp fails");
+
+	/* writes the rollback never makes: only its flush reaches the flakey */
+	off = ckpt_plo_offset(l, self->m.sb.committed_slot, 0) / 512;
+	flakey(mid, sizeof(mid), off, "1 error_writes");
+	layer_table(self, off, off + 8, mid, t, sizeof(t));
+	rollback_fails_before_sb(_metadata, self, t, "the flush fails");
+
+	/* the superblock write held back 6 s, then the read-back fails */
+	snprintf(mid, sizeof(mid), "delay %s 0 0 %s 0 6000 %s 0 0", ck_dev(), ck_dev(), ck_dev());
+	layer_table(self, 0, sb_end, mid, t, sizeof(t));
+	ASSERT_EQ(0, swap(self, BK, t));
+	e0 = ck_dm_events(CK_NAME);
+	pid = fork();
+	ASSERT_LE(0, pid);
+	if (!pid)
+		_exit(-ck_dm_message(CK_NAME, "rollback"));
+	sleep(2);
+	/* the suspend sends the held-back write on; reads now fail */
+	flakey(mid, sizeof(mid), 0, "");
+	layer_table(self, 0, sb_end, mid, t, sizeof(t));
+	ASSERT_EQ(0, swap(self, BK, t));
+	ASSERT_EQ(pid, waitpid(pid, &st, 0));
+	EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == EIO) TH_LOG("rollback: status %#x", st);
+	EXPECT_EQ(1, ck_kmsg_has("writing the superblock failed"));
+
+	/* the device commits step 1 in the slot step 2 came from */
+	dfd = open(ck_dev(), O_RDONLY | O_DIRECT);
+	ASSERT_LE(0, dfd);
+	ASSERT_EQ(0, ck_pread(dfd, blk, 2 * CKPT_BLOCK, 0));
+	close(dfd);
+	ASSERT_LE(0, ckpt_sb_pick(blk, blk + CKPT_BLOCK, ck_dev_bytes(ck_dev()), &disk));
+	EXPECT_EQ(1, disk.committed_step);
+	EXPECT_EQ(self->m.sb.committed_slot ^ 1, disk.committed_slot);
+	ck_model_rollback(&self->m, "step one");
+	EXPECT_EQ(self->m.sb.sequence, disk.sequence);
+
+	/* the target failed with its step 2; it takes no step 3 */
+	expect_failed(_metadata, self, e0, EIO, 3, 2);
+	recover(_metadata, self, BK, fix);
+	free(blk);
 }
 
 /*

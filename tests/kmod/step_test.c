@@ -343,16 +343,6 @@ TEST_F(step, messages)
  * at step 0, with a step open, a second time, and after a step wrote over
  * the previous slot; each refusal changes nothing.
  */
-static void model_rollback(struct ck_model *m, const char *blob)
-{
-	uint32_t c, slot = m->sb.committed_slot ^ 1;
-
-	ck_model_commit(m, m->sb.committed_step - 1, blob, (uint32_t)strlen(blob));
-	m->sb.committed_slot = slot;
-	for (c = 0; c < m->sb.geo.n_chunks; c++)
-		m->rec[slot][c].sequence = m->sb.sequence;
-}
-
 TEST_F(step, rollback_message)
 {
 	uint16_t *rd = malloc(self->window);
@@ -370,7 +360,7 @@ TEST_F(step, rollback_message)
 
 	ASSERT_EQ(0, msg(out, sizeof(out), "rollback"));
 	EXPECT_NE(NULL, strstr(out, "rolled_back 1"));
-	model_rollback(&self->m, "one");
+	ck_model_rollback(&self->m, "one");
 	ASSERT_EQ(0, verify(_metadata, self));
 	ASSERT_EQ(0, ck_status(self->fd, &st));
 	EXPECT_EQ(1, st.committed_step);
@@ -400,7 +390,7 @@ TEST_F(step, rollback_message)
 
 /*
  * The ROLLBACK command through the control block, the trainer's channel:
- * the rule and the bytes of the message (model_rollback). A refusal (step
+ * the rule and the bytes of the message (ck_model_rollback). A refusal (step
  * 0, a step other than the committed one, a step open, a second time, the
  * previous slot overwritten) fails the write with EIO, says why on the
  * status page and changes nothing on the backing device; a rollback keeps
@@ -438,7 +428,7 @@ TEST_F(step, rollback_command)
 	ASSERT_EQ(0, msg(out, sizeof(out), "abort"));
 
 	ASSERT_EQ(0, ck_rollback(self->fd, 2));
-	model_rollback(&self->m, "one");
+	ck_model_rollback(&self->m, "one");
 	ASSERT_EQ(0, verify(_metadata, self));
 	ASSERT_EQ(0, ck_status(self->fd, &st));
 	EXPECT_EQ(1, st.committed_step);
