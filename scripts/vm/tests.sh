@@ -345,7 +345,8 @@ nvmeof_run() { # KERNEL CPU DIR
 }
 
 # The runner's boot-crash retry (scripts/vm/run): a guest that panics before
-# /init ran is booted again and reported, one that crashes after is not.
+# /init ran is booted again and reported, one that crashes after is not; and
+# namespaces in the order of --image.
 harness_run() { # KERNEL DIR
 	local k=$1 d=$2 rc script=$2/harness-noop.sh kl
 	kl=$(kernel_label "$k")
@@ -367,6 +368,25 @@ harness_run() { # KERNEL DIR
 		ok "$kl harness: a crash after /init started is never retried"
 	else
 		not_ok "$kl harness: a crash after /init was retried or not seen (status $rc, $d/late.runner)"
+	fi
+	# --image order: /dev/nvme0nN is the N-th image, whose first bytes say
+	# "image N" (the kernel may name namespaces as their scans finish)
+	local i imgs=()
+	for i in 1 2 3 4; do
+		rm -f "$d/ns$i.img"
+		truncate -s $((63 + i))M "$d/ns$i.img"
+		printf 'image %s' $i | dd of="$d/ns$i.img" conv=notrunc status=none
+		imgs+=(--image "$d/ns$i.img")
+	done
+	printf '%s\n' '#!/bin/sh' \
+		'for i in 1 2 3 4; do [ "$(dd if=/dev/nvme0n$i bs=7 count=1 2>/dev/null)" = "image $i" ] || exit 1; done' >"$script"
+	"$RUN" --kernel "$k" --no-ckpt --quiet --timeout 120 --log "$d/order.log" "${imgs[@]}" "$script" 2>"$d/order.runner"
+	rc=$?
+	rm -f "$d"/ns?.img
+	if [ $rc = 0 ]; then
+		ok "$kl harness: four --image namespaces are /dev/nvme0n1..4 in the order given"
+	else
+		not_ok "$kl harness: --image order (status $rc, runner output $d/order.runner)"
 	fi
 }
 

@@ -25,9 +25,11 @@ ok "two namespaces: nvme0n1, nvme0n2" test -b /dev/nvme0n2
 
 uuid_of() { ckptctl info "$1" | sed -n '1s/.*, uuid //p'; }
 params_of() { ckptctl info "$1" | sed -n 's/^  params *\([0-9]*\) in .*/\1/p'; }
-# the node of namespace N (the kernel scans namespaces asynchronously: their
-# names need not follow their numbers)
-ns() { for b in /sys/block/nvme0n*; do [ "$(cat $b/nsid)" = "$1" ] && echo /dev/${b##*/}; done; }
+# the node of namespace N (scripts/vm/init names them by nsid: the kernel
+# scans them asynchronously, its names need not follow their numbers)
+ns() { echo /dev/nvme0n$1; }
+# its device numbers, MAJOR:MINOR
+devno() { for b in /sys/block/nvme0n*; do [ "$(cat $b/nsid)" = "${1#/dev/nvme0n}" ] && cat $b/dev; done; }
 no_targets() { [ -z "$(dmsetup ls --target ckpt 2>/dev/null | grep -v 'No devices found')" ]; }
 
 if [ "$phase" = format ]; then
@@ -81,7 +83,7 @@ else
 	ok "ckptb is image B: committed step 3" has "committed step 3" ckptctl status ckptb
 	ok "ckpta holds A's $pa params, ckptb B's $pb" sh -c \
 		"[ '$pa' != '$pb' ] && [ '$(params_of /dev/mapper/ckpta)' = '$pa' ] && [ '$(params_of /dev/mapper/ckptb)' = '$pb' ]"
-	ok "ckpta's table is on $dev_a's numbers ($(cat /sys/block/${dev_a#/dev/}/dev))" has "ckpt $(cat /sys/block/${dev_a#/dev/}/dev)" dmsetup table ckpta
+	ok "ckpta's table is on $dev_a's numbers ($(devno $dev_a))" has "ckpt $(devno $dev_a)" dmsetup table ckpta
 	ok "A trains on from step 2 through its target" has "committed step 3" ckpt-trace /dev/mapper/ckpta --steps 1 --seed 1
 	ok "activate --all again: already active" sh -c "ckptctl activate --all | grep -c 'already active' | grep -qx 2"
 	ok "deactivate ckptb by name" has "ckptb: removed" ckptctl deactivate ckptb

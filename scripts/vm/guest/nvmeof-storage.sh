@@ -27,7 +27,10 @@ finish() {
 
 i=0
 while [ ! -b /dev/nvme0n2 ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
-ns() { for b in /sys/block/nvme0n*; do [ "$(cat $b/nsid)" = "$1" ] && echo /dev/${b##*/}; done; }
+# the node of namespace N (scripts/vm/init names them by nsid)
+ns() { echo /dev/nvme0n$1; }
+# its device numbers, MAJOR:MINOR
+devno() { for b in /sys/block/nvme0n*; do [ "$(cat $b/nsid)" = "${1#/dev/nvme0n}" ] && cat $b/dev; done; }
 img=$(ns 1) plain=$(ns 2)
 ok "two namespaces: the image ($img) and the baseline's ($plain)" test -b "$img" -a -b "$plain"
 ok "eth0 is $addr" sh -c "ip -4 addr show eth0 | grep -q 'inet $addr/'"
@@ -38,7 +41,7 @@ ok "ckptctl create ckpt0 $img" has "committed step 0" ckptctl create ckpt0 "$img
 # the backing device already in a namespace of another subsystem, under
 # another of its names: serve must see it is the same device
 alias=/tmp/backing-alias other=$nvmet/subsystems/${nqn}.other
-ok "$img put in another subsystem as $alias" sh -c "mknod $alias b \$(tr : ' ' </sys/block/${img#/dev/}/dev) &&
+ok "$img put in another subsystem as $alias" sh -c "mknod $alias b $(devno $img | tr : ' ') &&
 	mkdir $other && mkdir $other/namespaces/1 && echo $alias >$other/namespaces/1/device_path"
 fails_with "serve refuses a device whose backing is in another subsystem under another name" 1 \
 	"served already, by subsystem ${nqn}.other" ckptctl serve ckpt0 --nqn "$nqn" --addr "$addr"
