@@ -262,6 +262,32 @@ class OffloadAdamWTest(unittest.TestCase):
         self.assertEqual(a.names(), ["w"])
         self.assertEqual(sorted(ckpt.torch.to_torch_state_dict(a)["state"]), [0])
 
+    def test_last_group_without_a_tensor_on_the_device(self):
+        """A last param group of zero-size params only has no tensor on the device,
+        which so has a group fewer than the optimizer: steps open with the groups
+        the device has, from step() and from backward's hooks alike."""
+        torch.manual_seed(0)
+        w = torch.nn.Parameter(torch.randn(8, 4))
+        w2 = torch.nn.Parameter(w.detach().clone())
+        e = torch.nn.Parameter(torch.zeros(0, 4))
+        a = OffloadAdamW([{"params": [w]}, {"params": [e], "weight_decay": 0.0}], self.path("a.img"),
+                         chunk_params=4096)
+        self.addCleanup(a.close)
+        b = OffloadAdamW([w2], self.path("b.img"), chunk_params=4096)
+        self.addCleanup(b.close)
+        self.assertEqual(a.device.info()["n_groups"], 1)
+        x = torch.randn(4)
+        for _ in range(3):
+            ((w @ x).sum() + e.sum()).backward()
+            a.step()
+            a.zero_grad()
+            (w2 @ x).sum().backward()
+            b.step()
+            b.zero_grad()
+            self.assertTrue(a.last_step_hooked)
+        self.assertEqual(a.committed_step, 3)
+        self.assertTrue(torch.equal(w, w2))
+
     def test_generated_names(self):
         a, b, c = (torch.nn.Parameter(torch.randn(s)) for s in ((3, 4), (5,), (2, 2, 2)))
         opt = OffloadAdamW([{"params": [a, b]}, {"params": [c], "lr": 1e-2}], self.path())

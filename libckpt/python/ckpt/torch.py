@@ -330,6 +330,10 @@ class OffloadAdamW(torch.optim.Optimizer):
             else:
                 self._open(device_or_path, dtype, chunk_params, size, init_from_model, state, master)
             self.uuid = self.device.uuid()
+            # the device has the groups up to the last one holding a tensor
+            # of it: a trailing group with none (empty, or zero-size params
+            # only) has no hyperparameters there
+            self._dev_groups = self.device.info()["n_groups"]
             if not self._shard:
                 self._make_buffers()
             self._read_back()
@@ -659,7 +663,7 @@ class OffloadAdamW(torch.optim.Optimizer):
             hooked = None
         self.last_step_hooked = hooked is not None
         if hooked is None:
-            dev.begin(groups, grad_scale=scale)
+            self._begin(groups, scale)
         written = hooked["written"] if hooked else ()
         try:
             for i, (n, p, gi) in enumerate(self._flat):
@@ -750,6 +754,11 @@ class OffloadAdamW(torch.optim.Optimizer):
         if self.param_groups[gi]["maximize"]:
             buf.neg_()
 
+    def _begin(self, groups, scale):
+        """Opens a step with the hyperparameters of the groups the device has (a
+        rank's device: the groups up to the last one among its pieces)."""
+        self.device.begin(groups[:self._dev_groups], grad_scale=scale)
+
     def _sent_unchanged(self, i):
         """Whether p.grad still rounds to the words written from backward. The words
         themselves are compared: a write through .data or numpy (torch 1.13's
@@ -807,8 +816,7 @@ class OffloadAdamW(torch.optim.Optimizer):
         scale = self._last_scale
         h = {"groups": groups, "scale": scale, "written": set(), "ok": True}
         try:
-            self.device.begin([{k: g[k] for k in _HPARAM_KEYS} for g in self.param_groups],
-                              grad_scale=scale)
+            self._begin([{k: g[k] for k in _HPARAM_KEYS} for g in self.param_groups], scale)
         except Exception:
             h["ok"] = False
             h["failed_begin"] = True
@@ -1216,8 +1224,7 @@ class _Shard:
         dev = opt.device
         err, overflow = None, 0
         try:
-            # A rank's device has the groups up to the last one among its pieces.
-            dev.begin(groups[:dev.info()["n_groups"]], grad_scale=scale)
+            opt._begin(groups, scale)
             opt._write_grads(grads)
             overflow = int(dev.status()["overflow"] != 0)
         except Exception as e:  # noqa: BLE001 - re-raised below, after the vote
