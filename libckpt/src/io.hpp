@@ -171,6 +171,8 @@ struct BackingFile {
 
 private:
 	IoObserver::Fault fault(IoObserver::Op op, uint64_t off, size_t len) const;
+	void write_at(const void *buf, size_t len, uint64_t off) const;	// no fault, no observer
+	void sync() const;
 	[[noreturn]] void injected(IoObserver::Op op, uint64_t off, size_t len) const;
 };
 
