@@ -3,6 +3,9 @@
 
 BUILD ?= build
 PYTHON ?= /usr/bin/python3
+# torch 2's interpreter: the venv of requirements.txt (scripts/venv.sh), which
+# scripts/deps.sh makes for make check; the torch2_ tests run under it
+TORCH2_PYTHON ?= $(shell scripts/venv.sh --python)
 JOBS ?= $(shell nproc)
 export PYTHONPATH := $(CURDIR)/$(BUILD)/python
 # where every proof records its result for docs/reliability.md
@@ -26,7 +29,8 @@ deps-userspace:
 configure: $(BUILD)/CMakeCache.txt
 
 $(BUILD)/CMakeCache.txt:
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython3_EXECUTABLE=$(PYTHON)
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython3_EXECUTABLE=$(PYTHON) \
+		-DCKPT_TORCH2_PYTHON=$(TORCH2_PYTHON)
 
 # The userspace tests (ctest), the same under ASan+UBSan, a bounded run of
 # every fuzz target, the engine's threads under TSan, then the kernel
@@ -174,9 +178,12 @@ crash-campaign-userspace:
 			campaign-crash-engine-$$dtype-$$model || rc=1; done; done; \
 	scripts/reliability.py update --build $(BUILD); exit $${rc:-0}
 
+# under torch 2 where its venv is (make check made it), else Debian's torch
+DEMO_PYTHON ?= $(if $(wildcard $(TORCH2_PYTHON)),$(TORCH2_PYTHON),$(PYTHON))
+
 demo: deps-userspace
 	$(MAKE) all
-	$(PYTHON) demo/train.py
+	$(DEMO_PYTHON) demo/train.py
 
 bench: deps
 	$(MAKE) all

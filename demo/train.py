@@ -224,7 +224,7 @@ def worker(args):
             loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), idx[:, 1:].reshape(-1))
             loss.backward()
             # Logged before the commit: a kill after the commit loses no loss.
-            log.write(f"{t} {float(loss).hex()}\n")
+            log.write(f"{t} {loss.item().hex()}\n")
             log.flush()
             c1 = time.perf_counter()
             if args.run == "torch":
@@ -245,7 +245,7 @@ def worker(args):
             model.zero_grad(set_to_none=True)
             c2 = time.perf_counter()
             t_model, t_opt = t_model + c1 - c0, t_opt + c2 - c1
-            print(f"STEP {args.run} {t} {float(loss):.4f} {result}", flush=True)
+            print(f"STEP {args.run} {t} {loss.item():.4f} {result}", flush=True)
     if args.run != "torch":
         opt.close()
     n = max(1, args.steps - start)

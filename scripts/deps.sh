@@ -1,8 +1,9 @@
 #!/bin/sh
 # Installs the Debian packages dm-ckpt needs.
 #   scripts/deps.sh              everything: build, test, benchmark, the kernel
-#                                target in VMs, the aarch64 cross build
-#                                (make check)
+#                                target in VMs, the aarch64 cross build, and
+#                                the torch 2 virtual environment of
+#                                requirements.txt (scripts/venv.sh) (make check)
 #   scripts/deps.sh --userspace  the library, tools, Python package and their
 #                                tests and install (make demo): no kernels,
 #                                no qemu, no fuzzing toolchain
@@ -47,8 +48,9 @@ libc6:arm64 libstdc++6:arm64
 liburing-dev:arm64 libblkid-dev:arm64 libfmt-dev:arm64 libgtest-dev:arm64 libdevmapper-dev:arm64
 "
 aarch64=1
+venv=1
 case "${1:-}" in
---userspace) PACKAGES=$USERSPACE; aarch64=0 ;;
+--userspace) PACKAGES=$USERSPACE; aarch64=0; venv=0 ;;
 "") PACKAGES="$USERSPACE $CHECK $AARCH64_PACKAGES" ;;
 --kernel-debug) PACKAGES="$USERSPACE $CHECK $AARCH64_PACKAGES $KDEBUG_PACKAGES" ;;
 *) echo "usage: $0 [--userspace | --kernel-debug]" >&2; exit 2 ;;
@@ -63,18 +65,19 @@ done
 
 if [ -z "$missing" ]; then
 	echo "deps: all packages present"
-	exit 0
-fi
-if [ "$(id -u)" -ne 0 ]; then
+elif [ "$(id -u)" -ne 0 ]; then
 	echo "deps: missing packages:$missing" >&2
 	echo "deps: run as root (or: sudo $0)" >&2
 	exit 1
+else
+	echo "deps: installing$missing"
+	export DEBIAN_FRONTEND=noninteractive
+	if [ $aarch64 = 1 ] && ! dpkg --print-foreign-architectures | grep -qx arm64; then
+		dpkg --add-architecture arm64
+	fi
+	apt-get update -q
+	# shellcheck disable=SC2086
+	apt-get install -y -q --no-install-recommends $missing
 fi
-echo "deps: installing$missing"
-export DEBIAN_FRONTEND=noninteractive
-if [ $aarch64 = 1 ] && ! dpkg --print-foreign-architectures | grep -qx arm64; then
-	dpkg --add-architecture arm64
-fi
-apt-get update -q
-# shellcheck disable=SC2086
-apt-get install -y -q --no-install-recommends $missing
+
+[ $venv = 0 ] || "$(dirname "$0")/venv.sh"

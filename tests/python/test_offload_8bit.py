@@ -69,7 +69,7 @@ def train(dm, path, state, steps, master="fp32"):
                 logits = model(idx[:, :-1])
             loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), idx[:, 1:].reshape(-1))
             loss.backward()
-            losses.append(float(loss))
+            losses.append(loss.item())
             opt.clip_grad_norm_(dm.CLIP)
             opt.step()
             sched.step()

@@ -78,7 +78,7 @@ def child(path, log_path, die_at=None, die_how=None):
             torch.manual_seed(int(rng.integers(0, 2 ** 62)))
             loss = torch.nn.functional.cross_entropy(model(x), y)
             scaler.scale(loss * spike).backward()
-            log.write(f"{it} {opt.committed_step + 1} {float(loss).hex()} {scaler.get_scale()}\n")
+            log.write(f"{it} {opt.committed_step + 1} {loss.item().hex()} {scaler.get_scale()}\n")
             log.flush()
             scaler.step(opt)
             if die_how == "after-commit" and it == die_at:

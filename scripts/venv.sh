@@ -1,0 +1,50 @@
+#!/bin/sh
+# The virtual environment of requirements.txt: torch 2, transformers,
+# accelerate, deepspeed, safetensors, bitsandbytes, torchao (the tests under
+# torch 2, the integrations' tests, make demo where present).
+#   scripts/venv.sh           create or refresh it; prints nothing else when
+#                             it is up to date
+#   scripts/venv.sh --python  print its interpreter's path (creates nothing)
+# It lives outside the clone, so a fresh clone (and CI) reuses it:
+#   CKPT_VENV       the venv (default /var/cache/dm-ckpt/venv)
+#   CKPT_PIP_CACHE  pip's cache (default /var/cache/dm-ckpt/pip): a rebuilt
+#                   venv downloads nothing it downloaded before, and
+#                   deepspeed's wheel, built once, is kept there
+# The venv records the hash of the requirements file it was made from, last
+# of all: a different hash (a moved pin), or none (an install cut off), and
+# it is made again from scratch. (In place: a venv's scripts name its path,
+# so one made elsewhere and moved would not run.)
+set -eu
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+REQ=$ROOT/requirements.txt
+VENV=${CKPT_VENV:-/var/cache/dm-ckpt/venv}
+CACHE=${CKPT_PIP_CACHE:-/var/cache/dm-ckpt/pip}
+BASE_PYTHON=${CKPT_VENV_BASE_PYTHON:-/usr/bin/python3}
+
+if [ "${1:-}" = "--python" ]; then
+	echo "$VENV/bin/python"
+	exit 0
+fi
+[ $# -eq 0 ] || { echo "usage: $0 [--python]" >&2; exit 2; }
+
+want=$(sha256sum "$REQ" | cut -d' ' -f1)
+stamp=$VENV/.dm-ckpt-requirements.sha256
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$VENV/bin/python" ]; then
+	exit 0
+fi
+
+echo "venv: installing requirements.txt into $VENV (pip cache $CACHE)"
+mkdir -p "$(dirname "$VENV")" "$CACHE"
+rm -rf "$VENV"
+"$BASE_PYTHON" -m venv "$VENV"
+pip() { "$VENV/bin/python" -m pip --cache-dir "$CACHE" --disable-pip-version-check "$@"; }
+# torch first: deepspeed's setup.py imports it
+pip install -q "$(grep -E '^torch==' "$REQ")" "$(grep -E '^numpy==' "$REQ")"
+# DS_BUILD_OPS=0: DeepSpeed compiles its ops (CPU Adam, async I/O) on first
+# use, with ninja, not at install
+DS_BUILD_OPS=0 pip install -q --no-build-isolation -r "$REQ"
+"$VENV/bin/python" -c 'import torch, transformers, accelerate, deepspeed, safetensors' \
+	|| { echo "venv: the installed packages do not import" >&2; exit 1; }
+echo "$want" > "$stamp"
+echo "venv: $("$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)') in $VENV"
