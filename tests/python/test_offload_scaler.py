@@ -79,15 +79,27 @@ def model_and_data(seed=0):
     return model, rng
 
 
+# torch 2's GradScaler runs on the CPU (torch.amp.GradScaler("cpu")); torch
+# 1.13's is CUDA's only, disabled on a CPU-only torch (its state_dict code is
+# plain Python, enabled for the test by a patch; its update() has no CPU kernel).
+TORCH_AMP = hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler")
+GradScaler = torch.amp.GradScaler if TORCH_AMP else torch.cuda.amp.GradScaler
+
+
+def cpu_grad_scaler(**kw):
+    if TORCH_AMP:
+        return torch.amp.GradScaler("cpu", **kw)
+    with mock.patch("torch.cuda.amp.grad_scaler.amp_definitely_not_available", lambda: False):
+        return torch.cuda.amp.GradScaler(**kw)
+
+
 class LossScalerTest(unittest.TestCase):
     def test_defaults_and_state_dict_are_gradscalers(self):
-        sig = inspect.signature(torch.cuda.amp.GradScaler.__init__).parameters
+        sig = inspect.signature(GradScaler.__init__).parameters
         mine = inspect.signature(LossScaler.__init__).parameters
         for k in ("init_scale", "growth_factor", "backoff_factor", "growth_interval", "enabled"):
             self.assertEqual(mine[k].default, sig[k].default, k)
-        # A CPU-only torch disables GradScaler; its state_dict code is plain Python.
-        with mock.patch("torch.cuda.amp.grad_scaler.amp_definitely_not_available", lambda: False):
-            gs = torch.cuda.amp.GradScaler(init_scale=1024.0, growth_interval=7)
+        gs = cpu_grad_scaler(init_scale=1024.0, growth_interval=7)
         self.assertTrue(gs.is_enabled())
         gs.load_state_dict(dict(gs.state_dict(), _growth_tracker=3))
         theirs = gs.state_dict()
@@ -203,6 +215,87 @@ class LossScalerTest(unittest.TestCase):
                 # the AdamW tolerance of test_offload_adamw (RTOL 5e-6, ATOL_REL 1e-6)
                 tol = 5e-6 * np.abs(r) + 1e-6 * np.abs(r).max()
                 self.assertTrue(np.all(np.abs(p - r) <= tol), f"{n}: {np.abs(p - r).max()}")
+            opt.close()
+
+
+class TorchGradScalerTest(unittest.TestCase):
+    """OffloadAdamW under torch's own GradScaler: GradScaler.step(opt) hands the
+    scaler to step(), the device unscales and finds the overflows, update() hears
+    of them."""
+
+    def run_fp16(self, scaler_kind, hooks=True, unscale_and_clip=False, steps=40):
+        """(results, scales, fp32 masters) of an fp16 device trained under a scaler."""
+        with tempdir() as d:
+            model, rng = model_and_data()
+            opt = OffloadAdamW(model.named_parameters(), os.path.join(d, "s.img"), lr=1e-2,
+                               dtype="fp16", hooks=hooks)
+            scaler = LossScaler(growth_interval=4) if scaler_kind == "ckpt" else \
+                torch.amp.GradScaler("cpu", growth_interval=4)
+            results, scales = [], []
+            for _ in range(steps):
+                x = torch.from_numpy(rng.standard_normal((64, 16)).astype(np.float32))
+                y = torch.from_numpy(rng.standard_normal((64, 4)).astype(np.float32))
+                scales.append(float(scaler.get_scale()))
+                scaler.scale(((model(x) - y) ** 2).sum()).backward()
+                if unscale_and_clip:
+                    scaler.unscale_(opt)
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)
+                scaler.step(opt)
+                scaler.update()
+                results.append(opt.last_result)
+                opt.zero_grad()
+            masters = {n: opt.read_state(n)[0].clone() for n in opt.names()}
+            opt.close()
+            return results, scales, masters
+
+    def assert_same_masters(self, a, b):
+        self.assertEqual(a.keys(), b.keys())
+        for n in a:
+            self.assertTrue(torch.equal(a[n], b[n]), n)
+
+    @unittest.skipUnless(TORCH_AMP, "torch 1.13: see test_torch_1_13_grad_scaler_is_disabled_on_the_cpu")
+    def test_torch_grad_scaler_equals_loss_scaler(self):
+        """The same run, bit for bit, as under LossScaler: the first steps
+        overflow in fp16 only (fp32 x 2**16 is finite), so GradScaler backs off
+        only because step() told it the device skipped."""
+        mine = self.run_fp16("ckpt")
+        theirs = self.run_fp16("torch")
+        self.assertEqual(mine[0][:2], ["overflow", "overflow"])
+        self.assertIn("committed", mine[0])
+        self.assertEqual(theirs[0], mine[0])
+        self.assertEqual(theirs[1], mine[1])
+        self.assert_same_masters(theirs[2], mine[2])
+        # hooks=False writes every gradient in step(): the same bytes
+        self.assert_same_masters(self.run_fp16("torch", hooks=False)[2], theirs[2])
+
+    @unittest.skipUnless(TORCH_AMP, "torch 1.13: see test_torch_1_13_grad_scaler_is_disabled_on_the_cpu")
+    def test_unscale_and_torch_clip(self):
+        """scaler.unscale_(opt) and torch's clip_grad_norm_ edit .grad after
+        backward: the device gets the unscaled, clipped gradients (grad_scale 1),
+        with hooks as without; no overflow, so the scale grows every 4 steps."""
+        with_hooks = self.run_fp16("torch", unscale_and_clip=True, steps=12)
+        without = self.run_fp16("torch", hooks=False, unscale_and_clip=True, steps=12)
+        self.assertEqual(with_hooks[0], ["committed"] * 12)
+        self.assertEqual(with_hooks[1], [2.0 ** (16 + i // 4) for i in range(12)])
+        self.assertEqual(without[:2], with_hooks[:2])
+        self.assert_same_masters(with_hooks[2], without[2])
+
+    @unittest.skipIf(TORCH_AMP, "torch 2: the GradScaler runs on the CPU (the tests above)")
+    def test_torch_1_13_grad_scaler_is_disabled_on_the_cpu(self):
+        """torch 1.13's GradScaler is disabled without CUDA: scale() is the loss,
+        step(opt) a plain opt.step()."""
+        with tempdir() as d:
+            model, rng = model_and_data()
+            opt = OffloadAdamW(model.named_parameters(), os.path.join(d, "s.img"), lr=1e-2, dtype="fp16")
+            gs = torch.cuda.amp.GradScaler()
+            self.assertFalse(gs.is_enabled())
+            x = torch.from_numpy(rng.standard_normal((64, 16)).astype(np.float32))
+            loss = (model(x) ** 2).mean()
+            self.assertIs(gs.scale(loss), loss)
+            loss.backward()
+            gs.step(opt)
+            gs.update()
+            self.assertEqual((opt.last_result, opt.committed_step), ("committed", 1))
             opt.close()
 
 

@@ -234,7 +234,9 @@ class OffloadAdamW(torch.optim.Optimizer):
     grad_scale x the clip coefficient of clip_grad_norm_(); commits with the
     trainer blob; reads the params back into the model. `last_result` is the
     commit's result: "committed", or "overflow" (a non-finite gradient: the step
-    was skipped, nothing changed, as GradScaler skips it).
+    was skipped, nothing changed, as GradScaler skips it). Under torch's
+    GradScaler (scaler.step(opt)) or ckpt.torch.LossScaler, the gradients go to
+    the device still scaled and the device unscales them in fp32.
 
     hooks=True (the default): each param's gradient goes to the device as soon
     as backward has accumulated it (register_post_accumulate_grad_hook where
@@ -600,15 +602,32 @@ class OffloadAdamW(torch.optim.Optimizer):
         return total
 
     # -- the step
+
+    # torch's GradScaler (torch.amp.GradScaler, torch.cuda.amp.GradScaler)
+    # calls step(grad_scaler=itself) instead of unscaling the gradients and
+    # looking for non-finite ones on the host: the device unscales in fp32, and
+    # only it sees a gradient that overflows once rounded to the device's dtype
+    # (an fp32 gradient x 2**16 is finite, in fp16 it may not be). step() tells
+    # the scaler what the device found, so update() backs off. (torch 2 also
+    # has a contract without the keyword, in which the optimizer cannot report
+    # an overflow; it warns that it will move to it, see _amp_found_inf.)
+    _step_supports_amp_scaling = True
+
     @torch.no_grad()
-    def step(self, closure=None, *, grad_scale=None, blob=None):
+    def step(self, closure=None, *, grad_scale=None, blob=None, grad_scaler=None):
         """One AdamW step on the device; returns closure()'s loss if a closure is given.
 
         grad_scale: what the device multiplies every gradient by (default: the
         pending 1/loss scale of LossScaler.unscale_, else 1), times the coefficient
         of a preceding clip_grad_norm_(). blob: bytes committed with the step
-        (default: the set_blob() hook's).
+        (default: the set_blob() hook's). grad_scaler: passed by torch's
+        GradScaler.step(opt) (not by hand): 1/its scale is the grad_scale, or 1
+        after its unscale_(opt) (which unscaled the .grad tensors themselves).
         """
+        if grad_scaler is not None:
+            if grad_scale is not None:
+                raise ValueError("step(): grad_scale and grad_scaler together")
+            grad_scale = 1.0 if _amp_unscaled(grad_scaler, self) else 1.0 / grad_scaler.get_scale()
         # A scheduler or a per-group value may have set what the constructor
         # refuses; the device would refuse it too (E_HPARAM), this says why.
         try:
@@ -642,6 +661,8 @@ class OffloadAdamW(torch.optim.Optimizer):
             self.last_result = self._shard.step(self, grads, groups, scale, blob_now)
         else:
             self.last_result = self._step_local(groups, scale, blob_now)
+        if grad_scaler is not None:
+            _amp_found_inf(grad_scaler, self, self.last_result == "overflow")
         if self.last_result == "committed":
             self._read_back()
         now = self._byte_counts()
@@ -1328,6 +1349,34 @@ def to_torch_state_dict(opt):
 
 
 # ------------------------------------------------------------------ loss scaling
+
+def _amp_unscaled(grad_scaler, opt):
+    """Whether grad_scaler.unscale_(opt) ran since its last update()."""
+    return grad_scaler._per_optimizer_states[id(opt)]["stage"].name == "UNSCALED"
+
+
+def _amp_found_inf(grad_scaler, opt, overflow):
+    """Records for grad_scaler.update() whether the device skipped the step.
+
+    GradScaler's own per-optimizer record, as its unscale_() leaves it: update()
+    backs off if any is nonzero. After an unscale_(opt) the record is already
+    there (non-finite .grad values, which the device skipped on too); the
+    device's finding is added to it."""
+    state = grad_scaler._per_optimizer_states[id(opt)]
+    found = state["found_inf_per_device"]
+    scale = grad_scaler._scale      # made by the first scale(), on the scaler's device
+    if found:
+        if overflow:
+            next(iter(found.values())).fill_(1.0)
+    else:
+        found[scale.device] = torch.full((), float(overflow), dtype=torch.float32, device=scale.device)
+
+
+# torch 2 warns, at each GradScaler.step(opt) of an optimizer that takes
+# grad_scaler, that it will stop passing it; OffloadAdamW needs it (above).
+warnings.filterwarnings("ignore", message="GradScaler is going to stop passing itself",
+                        category=FutureWarning)
+
 
 class LossScaler:
     """Dynamic loss scaling for fp16 devices, torch.cuda.amp.GradScaler's algorithm.
