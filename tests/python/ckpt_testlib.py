@@ -18,6 +18,7 @@ PYTHONPATH=<build>/python.
 import hashlib
 import os
 import sys
+import socket
 import tempfile
 
 import numpy as np
@@ -34,6 +35,13 @@ TMP_ROOT = "/tmp"  # supports O_DIRECT (the engine falls back without it, e.g. o
 
 def tempdir():
     return tempfile.TemporaryDirectory(prefix="ckpt-pytest-", dir=TMP_ROOT)
+
+
+def free_port():
+    """A TCP port on 127.0.0.1 free now (torch.distributed's rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 # ---------------------------------------------------------------- conversions

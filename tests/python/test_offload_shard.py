@@ -17,7 +17,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import sys
 import time
 import traceback
@@ -27,19 +26,13 @@ import warnings
 import numpy as np
 import torch
 
-from ckpt_testlib import tempdir
+from ckpt_testlib import free_port, tempdir
 
 import ckpt
 import ckpt.torch
 import shard_child as sc
 
 ITERS = 7
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank_main(argv, out, err, pace):

@@ -154,6 +154,45 @@ class TorchApiTest(unittest.TestCase):
         for n in opt.names():
             self.assertTrue(torch.equal(opt.read_state(n)[0], plain.read_state(n)[0]), n)
 
+    def test_zero_grad_and_step_hooks_are_torchs(self):
+        """zero_grad()'s default is the running torch's (1.13: zero the gradients,
+        2: set them to None); torch 2's step pre/post hooks run around step()."""
+        model = make_model()
+        opt = self.opt(model.named_parameters(), lr=1e-3)
+        ref = torch.optim.AdamW(make_model().parameters())
+        for o in (opt, ref):
+            ps = [p for g in o.param_groups for p in g["params"]]
+            for p in ps:
+                p.grad = torch.ones_like(p)
+            o.zero_grad()
+            if torch.__version__.startswith("1."):
+                self.assertTrue(all(p.grad is not None and not p.grad.any() for p in ps))
+            else:
+                self.assertTrue(all(p.grad is None for p in ps))
+        calls = []
+        hooks = hasattr(torch.optim.Optimizer, "register_step_pre_hook")    # torch 2
+        if hooks:
+            opt.register_step_pre_hook(lambda o, args, kw: calls.append(("pre", o.committed_step)))
+            opt.register_step_post_hook(lambda o, args, kw: calls.append(("post", o.committed_step)))
+        loss_of(model, *batch(np.random.default_rng(0))).backward()
+        opt.step()
+        self.assertEqual(calls, [("pre", 0), ("post", 1)] if hooks else [])
+        opt.zero_grad(set_to_none=False)
+        self.assertTrue(all(p.grad is not None and not p.grad.any() for p in model.parameters()))
+
+    def test_replaced_params_are_refused(self):
+        """A wrapper that swaps param_groups' params for copies (DeepSpeed's fp16,
+        bf16 and ZeRO optimizers) would train nothing: step() refuses, the device
+        unchanged."""
+        model = make_model()
+        opt = self.opt(model.named_parameters(), lr=1e-3)
+        loss_of(model, *batch(np.random.default_rng(0))).backward()
+        g = opt.param_groups[0]
+        g["params"] = [p.detach().clone().float() for p in g["params"]]
+        with self.assertRaisesRegex(ValueError, "param group 0: its params are not the ones .*ckpt.deepspeed"):
+            opt.step()
+        self.assertEqual(opt.committed_step, 0)
+
     def test_capturable_on_cpu_is_refused(self):
         with self.assertRaisesRegex(ValueError, "capturable=True: '0.weight' is on cpu; torch.optim.AdamW "
                                                 "refuses it too"):

@@ -29,6 +29,7 @@ export_safetensors writes a device's params as a safetensors checkpoint.
 """
 
 import contextlib
+import inspect
 import math
 import os
 import secrets
@@ -168,6 +169,10 @@ def _skip_grad(dev, name, n):
     dev.write_grad(name, np.zeros(n, dtype=np.uint16))
 
 
+# torch.optim.Optimizer.zero_grad's default, which torch 2 changed to True
+_ZERO_GRAD_SET_TO_NONE = inspect.signature(torch.optim.Optimizer.zero_grad).parameters["set_to_none"].default
+
+
 class OffloadAdamW(torch.optim.Optimizer):
     """AdamW (torch.optim.AdamW's algorithm) run by a dm-ckpt device.
 
@@ -298,6 +303,7 @@ class OffloadAdamW(torch.optim.Optimizer):
         # takes it and does nothing): it stays off the device.
         flat = [(n, p, gi) for n, p, gi in flat if p.numel()]
         self._flat = flat
+        self._own_params = [list(g["params"]) for g in self.param_groups]
         self._shard = _Shard.of(process_group, flat)
         self._pieces = self._shard.pieces if self._shard else [
             (n, i, 0, p.numel(), tuple(int(d) for d in p.shape), gi) for i, (n, p, gi) in enumerate(flat)]
@@ -566,7 +572,8 @@ class OffloadAdamW(torch.optim.Optimizer):
     def __exit__(self, *exc):
         self.close()
 
-    def zero_grad(self, set_to_none=False):
+    def zero_grad(self, set_to_none=_ZERO_GRAD_SET_TO_NONE):
+        """torch's, with the default of the torch running (False in 1.13, True in 2)."""
         self._avg = None
         super().zero_grad(set_to_none=set_to_none)
 
@@ -633,6 +640,7 @@ class OffloadAdamW(torch.optim.Optimizer):
         try:
             for i, g in enumerate(self.param_groups):
                 _check_group(g, f"param group {i}: ")
+            self._check_params()
         except ValueError:
             self._hook_abort()
             raise
@@ -669,6 +677,22 @@ class OffloadAdamW(torch.optim.Optimizer):
         self.last_step_bytes = {k: now[k] - self._bytes_seen[k] for k in now}
         self._bytes_seen = now
         return loss
+
+    def _check_params(self):
+        """The params step() updates are the ones it was made with. A wrapper
+        that swaps param_groups' params for copies of its own (DeepSpeed's
+        fp16/bf16 optimizers and ZeRO stages 1-3 hand the optimizer fp32 masters
+        it keeps itself, then copy those into the model) would see no update
+        at all: the device updates the model's params, the copies never move."""
+        for i, (g, mine) in enumerate(zip(self.param_groups, self._own_params)):
+            if len(g["params"]) != len(mine) or any(a is not b for a, b in zip(g["params"], mine)):
+                raise ValueError(
+                    f"param group {i}: its params are not the ones OffloadAdamW was made with "
+                    f"(a wrapper replaced them with copies: DeepSpeed's fp16, bf16 and ZeRO "
+                    f"optimizers do); the device updates the model's own params and keeps their "
+                    f"fp32 masters itself. With DeepSpeed, use ckpt.deepspeed.config()")
+        if len(self.param_groups) != len(self._own_params):
+            raise ValueError("param groups were added or removed after OffloadAdamW was made")
 
     def _step_local(self, groups, scale, blob_now):
         """The unsharded step: keeps the writes made from backward when nothing
