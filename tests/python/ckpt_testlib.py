@@ -17,8 +17,10 @@ PYTHONPATH=<build>/python.
 
 import hashlib
 import os
-import sys
+import re
 import socket
+import subprocess
+import sys
 import tempfile
 
 import numpy as np
@@ -35,6 +37,19 @@ TMP_ROOT = "/tmp"  # supports O_DIRECT (the engine falls back without it, e.g. o
 
 def tempdir():
     return tempfile.TemporaryDirectory(prefix="ckpt-pytest-", dir=TMP_ROOT)
+
+
+def readme_blocks(lang):
+    """The README's ```LANG blocks, in order."""
+    root = os.path.dirname(os.path.dirname(HERE))
+    with open(os.path.join(root, "README.md")) as f:
+        return re.findall(r"```" + lang + r"\n(.*?)```", f.read(), re.S)
+
+
+def run_python_in(d, code, timeout=300):
+    """Runs code with this interpreter in directory d; (returncode, stdout + stderr)."""
+    p = subprocess.run([sys.executable, "-c", code], cwd=d, capture_output=True, text=True, timeout=timeout)
+    return p.returncode, p.stdout + p.stderr
 
 
 def free_port():

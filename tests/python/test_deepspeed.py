@@ -25,7 +25,7 @@ from deepspeed.runtime.utils import clip_grad_norm_ as ds_clip_grad_norm_  # noq
 
 import ckpt.deepspeed  # noqa: E402
 from ckpt.torch import OffloadAdamW  # noqa: E402
-from ckpt_testlib import free_port, tempdir  # noqa: E402
+from ckpt_testlib import free_port, readme_blocks, run_python_in, tempdir  # noqa: E402
 
 torch.set_num_threads(1)
 MICRO, ACCUM, CLIP, LR = 8, 2, 0.5, 1e-2
@@ -171,6 +171,17 @@ class DeepSpeedTest(unittest.TestCase):
             with self.subTest(kw), self.assertRaisesRegex(ValueError, why):
                 ckpt.deepspeed.config(**kw)
         self.assertEqual(ckpt.deepspeed.config(bf16={"enabled": False})["bf16"], {"enabled": False})
+
+
+class ReadmeTest(unittest.TestCase):
+    def test_readme_example_runs(self):
+        code = readme_blocks("py")[1].replace('MASTER_PORT="29517"', f'MASTER_PORT="{free_port()}"')
+        self.assertIn("ckpt.deepspeed.config(", code)
+        with tempdir() as d:
+            rc, out = run_python_in(d, code)
+            self.assertEqual(rc, 0, out[-3000:])
+            self.assertIn("device at step 4\n", out)     # 8 micro-batches, 2 a step
+            self.assertTrue(os.path.isdir(os.path.join(d, "ds-run")))
 
 
 if __name__ == "__main__":

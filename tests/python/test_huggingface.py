@@ -23,7 +23,7 @@ from transformers import Trainer, TrainerCallback  # noqa: E402
 import hf_child  # noqa: E402
 from ckpt.huggingface import DeviceStepCallback, resume_checkpoint  # noqa: E402
 from ckpt.torch import OffloadAdamW  # noqa: E402
-from ckpt_testlib import tempdir  # noqa: E402
+from ckpt_testlib import readme_blocks, run_python_in, tempdir  # noqa: E402
 
 torch.set_num_threads(1)
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf_child.py")
@@ -160,6 +160,20 @@ class ResumeTest(unittest.TestCase):
                     resume_checkpoint(trainer, output_dir=e)
             opt.close()
 
+
+class ReadmeTest(unittest.TestCase):
+    def test_readme_example_runs_and_resumes(self):
+        """The README's Trainer example, twice in one directory: the second run
+        resumes from the checkpoint of the device's step 8. (Resumed at
+        max_steps, the Trainer trains one step more, with torch's AdamW too;
+        the device follows it.)"""
+        code = readme_blocks("py")[0]
+        self.assertIn("resume_checkpoint(trainer)", code)
+        with tempdir() as d:
+            for expect in ("trained to step 8 device at 8\n", "trained to step 9 device at 9\n"):
+                rc, out = run_python_in(d, code)
+                self.assertEqual(rc, 0, out[-3000:])
+                self.assertIn(expect, out)
 
 if __name__ == "__main__":
     unittest.main()
