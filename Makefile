@@ -14,7 +14,7 @@ export CKPT_RELIABILITY_BUILD := $(CURDIR)/$(BUILD)
 .PHONY: all deps deps-userspace install check-dkms configure check reliability demo bench clean check-unit check-asan kmod check-vm \
 	check-powercut check-logreplay check-aarch64 vm-shell bench-vm bench-e2e fuzz-build check-fuzz fuzz fuzz-corpus \
 	check-tsan crash-campaign crash-campaign-userspace crash-campaign-kernel crash-campaign-ranks \
-	crash-campaign-vm crash-campaign-powercut crash-campaign-logreplay kernel-debug check-kdebug
+	crash-campaign-vm crash-campaign-powercut crash-campaign-logreplay kernel-debug check-kdebug check-gpu
 
 all: configure
 	cmake --build $(BUILD) -j$(JOBS)
@@ -177,6 +177,14 @@ crash-campaign-userspace:
 		sh tests/crash/record.sh $(BUILD)/tests/crash_test $$dtype $$model "make crash-campaign-userspace" \
 			campaign-crash-engine-$$dtype-$$model || rc=1; done; done; \
 	scripts/reliability.py update --build $(BUILD); exit $${rc:-0}
+
+# The GPU checks (tests/gpu/check_gpu.py, torch 2's venv): OffloadAdamW on a
+# CUDA model against itself without hooks and against torch's AdamW, and the
+# GPU memory against torch's AdamW and DeepSpeed's ZeRO-Offload, recorded in
+# docs/performance.md. Without a CUDA device it says so and exits 0.
+check-gpu: deps
+	$(MAKE) all
+	$(TORCH2_PYTHON) tests/gpu/check_gpu.py
 
 # under torch 2 where its venv is (make check made it), else Debian's torch
 DEMO_PYTHON ?= $(if $(wildcard $(TORCH2_PYTHON)),$(TORCH2_PYTHON),$(PYTHON))
