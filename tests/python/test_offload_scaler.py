@@ -280,6 +280,53 @@ class TorchGradScalerTest(unittest.TestCase):
         self.assertEqual(without[:2], with_hooks[:2])
         self.assert_same_masters(with_hooks[2], without[2])
 
+    @unittest.skipUnless(TORCH_AMP, "torch 1.13: see test_torch_1_13_grad_scaler_is_disabled_on_the_cpu")
+    def test_torch_grad_scaler_without_the_keyword(self):
+        """GradScaler's newer contract, which it follows where step()'s signature
+        hides grad_scaler (a wrapper such as Accelerate's): it sets opt.grad_scale
+        and opt.found_inf around step(). On a bf16 device (no overflow) the run
+        is LossScaler's bit for bit; an overflow only the device sees warns."""
+        def wrapped(opt):
+            step = opt.step
+
+            def no_keyword(*args, **kw):
+                return step(*args, **kw)
+            opt.step = no_keyword
+
+        runs = []
+        for kind in ("ckpt", "torch"):
+            with tempdir() as d:
+                model, rng = model_and_data()
+                opt = OffloadAdamW(model.named_parameters(), os.path.join(d, "s.img"), lr=1e-2, dtype="bf16")
+                scaler = LossScaler(growth_interval=4) if kind == "ckpt" else \
+                    torch.amp.GradScaler("cpu", growth_interval=4)
+                if kind == "torch":
+                    wrapped(opt)
+                for _ in range(10):
+                    x = torch.from_numpy(rng.standard_normal((64, 16)).astype(np.float32))
+                    y = torch.from_numpy(rng.standard_normal((64, 4)).astype(np.float32))
+                    scaler.scale(((model(x) - y) ** 2).sum()).backward()
+                    scaler.step(opt)
+                    scaler.update()
+                    self.assertEqual(opt.last_result, "committed")
+                    opt.zero_grad()
+                runs.append(({n: opt.read_state(n)[0].clone() for n in opt.names()}, float(scaler.get_scale())))
+                opt.close()
+        self.assertEqual(runs[0][1], runs[1][1])
+        self.assertEqual(runs[0][1], 2.0 ** 16 * 4)     # grew at steps 4 and 8
+        self.assert_same_masters(runs[0][0], runs[1][0])
+        with tempdir() as d:
+            model, rng = model_and_data()
+            opt = OffloadAdamW(model.named_parameters(), os.path.join(d, "s.img"), lr=1e-2, dtype="fp16")
+            wrapped(opt)
+            scaler = torch.amp.GradScaler("cpu")
+            x = torch.from_numpy(rng.standard_normal((64, 16)).astype(np.float32))
+            scaler.scale(((model(x)) ** 2).sum() * 100).backward()
+            with self.assertWarnsRegex(RuntimeWarning, "cannot be told"):
+                scaler.step(opt)
+            self.assertEqual(opt.last_result, "overflow")
+            opt.close()
+
     @unittest.skipIf(TORCH_AMP, "torch 2: the GradScaler runs on the CPU (the tests above)")
     def test_torch_1_13_grad_scaler_is_disabled_on_the_cpu(self):
         """torch 1.13's GradScaler is disabled without CUDA: scale() is the loss,

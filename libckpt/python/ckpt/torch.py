@@ -615,9 +615,11 @@ class OffloadAdamW(torch.optim.Optimizer):
     # looking for non-finite ones on the host: the device unscales in fp32, and
     # only it sees a gradient that overflows once rounded to the device's dtype
     # (an fp32 gradient x 2**16 is finite, in fp16 it may not be). step() tells
-    # the scaler what the device found, so update() backs off. (torch 2 also
-    # has a contract without the keyword, in which the optimizer cannot report
-    # an overflow; it warns that it will move to it, see _amp_found_inf.)
+    # the scaler what the device found, so update() backs off. torch 2 also
+    # has a contract without the keyword (used where step's signature hides
+    # it, and announced as the future one): the scaler sets self.grad_scale
+    # (its scale, None once unscaled) and self.found_inf around step(), and
+    # the optimizer cannot report an overflow back: step() warns if one happens.
     _step_supports_amp_scaling = True
 
     @torch.no_grad()
@@ -631,10 +633,14 @@ class OffloadAdamW(torch.optim.Optimizer):
         GradScaler.step(opt) (not by hand): 1/its scale is the grad_scale, or 1
         after its unscale_(opt) (which unscaled the .grad tensors themselves).
         """
-        if grad_scaler is not None:
+        amp_scale = getattr(self, "grad_scale", None) if grad_scaler is None else None
+        if grad_scaler is not None or amp_scale is not None:
             if grad_scale is not None:
-                raise ValueError("step(): grad_scale and grad_scaler together")
-            grad_scale = 1.0 if _amp_unscaled(grad_scaler, self) else 1.0 / grad_scaler.get_scale()
+                raise ValueError("step(): grad_scale and a GradScaler's scale together")
+            if grad_scaler is not None:
+                grad_scale = 1.0 if _amp_unscaled(grad_scaler, self) else 1.0 / grad_scaler.get_scale()
+            else:
+                grad_scale = 1.0 / float(amp_scale)
         # A scheduler or a per-group value may have set what the constructor
         # refuses; the device would refuse it too (E_HPARAM), this says why.
         try:
@@ -671,6 +677,12 @@ class OffloadAdamW(torch.optim.Optimizer):
             self.last_result = self._step_local(groups, scale, blob_now)
         if grad_scaler is not None:
             _amp_found_inf(grad_scaler, self, self.last_result == "overflow")
+        elif amp_scale is not None and self.last_result == "overflow" and not float(self.found_inf):
+            warnings.warn("the device skipped a step on a gradient that overflows its dtype, which the "
+                          "GradScaler calling step() without grad_scaler= (its newer contract; a wrapper "
+                          "such as Accelerate's hides the keyword) cannot be told: its scale does not "
+                          "back off. ckpt.torch.LossScaler backs off on the device's overflows",
+                          RuntimeWarning, stacklevel=2)
         if self.last_result == "committed":
             self._read_back()
         now = self._byte_counts()
