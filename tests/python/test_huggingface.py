@@ -21,7 +21,7 @@ import torch  # noqa: E402
 from transformers import Trainer, TrainerCallback  # noqa: E402
 
 import hf_child  # noqa: E402
-from ckpt.huggingface import DeviceStepCallback, resume_checkpoint  # noqa: E402
+from ckpt.huggingface import DeviceStepCallback, accumulate, resume_checkpoint  # noqa: E402
 from ckpt.torch import OffloadAdamW  # noqa: E402
 from ckpt_testlib import readme_blocks, run_python_in, tempdir  # noqa: E402
 
@@ -159,6 +159,68 @@ class ResumeTest(unittest.TestCase):
                 with self.assertRaisesRegex(ValueError, "no Trainer checkpoint"):
                     resume_checkpoint(trainer, output_dir=e)
             opt.close()
+
+
+class AccelerateTest(unittest.TestCase):
+    """Accelerate as its users write it: prepare, accumulate, clip_grad_norm_,
+    save_state/load_state."""
+
+    def run_accelerate(self, path, hooks=True, micro=16, save=None, load=None):
+        from accelerate import Accelerator
+        accelerator = Accelerator(mixed_precision="bf16", gradient_accumulation_steps=2, cpu=True)
+        model = hf_child.model_of("gpt2")
+        opt = OffloadAdamW(model.named_parameters(), path, lr=hf_child.LR, weight_decay=0.0, hooks=hooks)
+        sched = hf_child.get_linear_schedule_with_warmup(opt, 2, micro // 2)
+        loader = torch.utils.data.DataLoader(hf_child.Tokens(), batch_size=8, shuffle=False)
+        model, popt, loader, sched = accelerator.prepare(model, opt, loader, sched)
+        if load:
+            try:
+                accelerator.load_state(load)
+            except BaseException:
+                opt.close()
+                raise
+        start = 2 * opt.committed_step      # the data position of the device's step
+        for i, batch in enumerate(loader):
+            if i < start:
+                continue
+            if i == micro:
+                break
+            ctx = accumulate(accelerator, model, popt) if hooks else accelerator.accumulate(model)
+            with ctx:
+                accelerator.backward(model(**batch).loss)
+                if accelerator.sync_gradients:
+                    accelerator.clip_grad_norm_(model.parameters(), 1.0)
+                popt.step()
+                sched.step()
+                popt.zero_grad()
+            if save and accelerator.sync_gradients and opt.committed_step in save:
+                accelerator.save_state(save[opt.committed_step])
+        return opt, model
+
+    def test_accumulate_clip_and_state(self):
+        with tempdir() as d:
+            a, model = self.run_accelerate(os.path.join(d, "a.img"),
+                                           save={4: os.path.join(d, "s4"), 8: os.path.join(d, "s8")})
+            self.assertEqual(a.committed_step, 8)
+            mine = {n: t.clone() for n, t in a.master_params().items()}
+            a.close()
+            b, _ = self.run_accelerate(os.path.join(d, "b.img"), hooks=False)
+            for n, t in b.master_params().items():
+                self.assertTrue(torch.equal(mine[n], t), n)
+            b.close()
+            # the saved optimizer state is a pointer; an older one is refused,
+            # the device's step resumes (and trains nothing more here)
+            files = os.listdir(os.path.join(d, "s4"))
+            opt_files = [f for f in files if f.startswith("optimizer")]
+            self.assertEqual(len(opt_files), 1, files)
+            self.assertLess(os.path.getsize(os.path.join(d, "s4", opt_files[0])), 64 << 10)
+            with self.assertRaisesRegex(ValueError, "step 4, the device is at committed step 8"):
+                self.run_accelerate(os.path.join(d, "a.img"), load=os.path.join(d, "s4"))
+            c, model = self.run_accelerate(os.path.join(d, "a.img"), load=os.path.join(d, "s8"))
+            self.assertEqual(c.committed_step, 8)
+            for n, t in c.master_params().items():
+                self.assertTrue(torch.equal(mine[n], t), n)
+            c.close()
 
 
 class ReadmeTest(unittest.TestCase):

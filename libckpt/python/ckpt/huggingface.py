@@ -23,6 +23,12 @@ saved checkpoint, and the RNG state at the device's step (the last saved
 checkpoint's is kept; the data order does not depend on it, a model with
 dropout does).
 
+With Accelerate, `with accumulate(accelerator, model, opt):` in place of
+`with accelerator.accumulate(model):` keeps the gradients of every
+micro-batch but the last off the device as well; accelerator.save_state
+saves the pointer, load_state of the device's step resumes (an older one is
+refused: the device holds one state).
+
 DeviceStepCallback commits the Trainer's global step with every device step
 (the trainer blob), so the device's step maps to the Trainer's even where steps
 were skipped (an fp16 overflow commits nothing). It also keeps the gradients of
@@ -30,6 +36,7 @@ every micro-batch but the last of an accumulated step off the device
 (OffloadAdamW.accumulating()), as DDP's no_sync() keeps them off the wire.
 """
 
+import contextlib
 import json
 import os
 import shutil
@@ -40,7 +47,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoin
 
 from .torch import OffloadAdamW
 
-__all__ = ["DeviceStepCallback", "resume_checkpoint"]
+__all__ = ["DeviceStepCallback", "accumulate", "resume_checkpoint"]
 
 # The Trainer's file names in a checkpoint (transformers.trainer)
 OPTIMIZER_NAME = "optimizer.pt"
@@ -177,3 +184,17 @@ def resume_checkpoint(trainer, output_dir=None):
     state.save_to_json(os.path.join(tmp, TRAINER_STATE_NAME))
     os.replace(tmp, new)    # a crash before this leaves only a .partial, which is redone
     return new
+
+
+@contextlib.contextmanager
+def accumulate(accelerator, model, optimizer):
+    """accelerator.accumulate(model), and inside OffloadAdamW.accumulating() for
+    every micro-batch but the last of a step: their backward adds to .grad
+    without writing it to the device (written, it would be written again)."""
+    opt = _offload_optimizer(optimizer)
+    with accelerator.accumulate(model):
+        if accelerator.sync_gradients:
+            yield
+        else:
+            with opt.accumulating():
+                yield
