@@ -35,6 +35,8 @@
 #define SHIFT 11		/* 2048 params, 4 KiB of gradients per chunk */
 #define BK "ckpt_ft_bk"
 #define SHORT "ckpt_ft_short"
+#define SB_LOW "ckpt_ft_sblow"	/* under the superblocks' dm-delay */
+#define SB_ERR "ckpt_ft_sberr"
 #define T_META "ckpt_ft_meta"
 #define T_DATA "ckpt_ft_data"
 #define T_POOL "ckpt_ft_pool"
@@ -120,6 +122,8 @@ FIXTURE_TEARDOWN(faults)
 		close(self->fd);
 	ck_remove(CK_NAME);
 	ck_remove(BK);
+	ck_remove(SB_LOW);
+	ck_remove(SB_ERR);
 	ck_remove(SHORT);
 	teardown_thin();
 	EXPECT_EQ(0, ck_kmsg_bug());
@@ -591,16 +595,35 @@ static void rollback_fails_before_sb(struct __test_metadata *_metadata,
 	ASSERT_EQ(0, full_step(_metadata, self, 2, "step two"));
 }
 
+/* The writes and flushes a dm-delay of table `name` holds back now (its status), or -1. */
+static int held_back(const char *name)
+{
+	char out[1024], *p;
+	unsigned int r, w, f;
+
+	if (ck_sh(out, sizeof(out), "dmsetup status %s 2>&1", name))
+		return -1;
+	p = strstr(out, " delay ");
+	if (!p || sscanf(p, " delay %u %u %u", &r, &w, &f) != 3)
+		return -1;
+	return (int)(w + f);
+}
+
 /*
  * A rollback failing at each of its I/Os. Before the superblock write (the
  * older copy's read, a record's read, a record header's re-stamp, the
  * flush): refused, nothing lost (rollback_fails_before_sb). After it: the
- * superblock write reaches the device, held back by a dm-delay, and the
- * layer then fails every read of the superblocks, so the read-back fails.
- * The device now commits step 1 in slot 1 while the target's superblock
- * says step 2 in slot 0: the target must fail, not take step 3 into slot
- * 0, which the device names as committed. Removed and created again, the
- * target goes on from step 1, and the device verifies.
+ * superblock write reaches the device, and the read-back fails. The
+ * superblocks' sectors of the layer are a dm-delay over SB_LOW, which holds
+ * writes and flushes back 10 s; once it holds one (the rollback's flush or
+ * its superblock write: after the last read of a superblock before the
+ * write either way), SB_LOW becomes a dm-delay that sends reads to an error
+ * target and writes to the device. (Swapping the layer itself would release
+ * what it holds in its presuspend, and the read-back could pass before the
+ * new table: a race that 6.12 lost.) The device now commits step 1 in slot 1 while the
+ * target's superblock says step 2 in slot 0: the target must fail, not take
+ * step 3 into slot 0, which the device names as committed. Removed and
+ * created again, the target goes on from step 1, and the device verifies.
  */
 TEST_F_TIMEOUT(faults, rollback_fails_at_each_io, 2 * TIMEOUT_S)
 {
@@ -639,8 +662,13 @@ TEST_F_TIMEOUT(faults, rollback_fails_at_each_io, 2 * TIMEOUT_S)
 	layer_table(self, off, off + 8, mid, t, sizeof(t));
 	rollback_fails_before_sb(_metadata, self, t, "the flush fails");
 
-	/* the superblock write held back 6 s, then the read-back fails */
-	snprintf(mid, sizeof(mid), "delay %s 0 0 %s 0 6000 %s 0 0", ck_dev(), ck_dev(), ck_dev());
+	/* the superblock write held back, then the read-back fails */
+	snprintf(t, sizeof(t), "0 %llu linear %s 0", (unsigned long long)sb_end, ck_dev());
+	ASSERT_EQ(0, ck_create(SB_LOW, t));
+	snprintf(t, sizeof(t), "0 %llu error", (unsigned long long)sb_end);
+	ASSERT_EQ(0, ck_create(SB_ERR, t));
+	snprintf(mid, sizeof(mid), "delay %s 0 0 %s 0 10000 %s 0 10000", "/dev/mapper/" SB_LOW,
+		 "/dev/mapper/" SB_LOW, "/dev/mapper/" SB_LOW);
 	layer_table(self, 0, sb_end, mid, t, sizeof(t));
 	ASSERT_EQ(0, swap(self, BK, t));
 	e0 = ck_dm_events(CK_NAME);
@@ -648,11 +676,13 @@ TEST_F_TIMEOUT(faults, rollback_fails_at_each_io, 2 * TIMEOUT_S)
 	ASSERT_LE(0, pid);
 	if (!pid)
 		_exit(-ck_dm_message(CK_NAME, "rollback"));
-	sleep(2);
-	/* the suspend sends the held-back write on; reads now fail */
-	flakey(mid, sizeof(mid), 0, "");
-	layer_table(self, 0, sb_end, mid, t, sizeof(t));
-	ASSERT_EQ(0, swap(self, BK, t));
+	for (int i = 0; i < 150 && held_back(BK) < 1; i++)
+		usleep(100 * 1000);
+	ASSERT_LE(1, held_back(BK)) TH_LOG("no write or flush held back within 15 s");
+	snprintf(t, sizeof(t), "0 %llu delay %s 0 0 %s 0 0", (unsigned long long)sb_end,
+		 "/dev/mapper/" SB_ERR, ck_dev());
+	ASSERT_EQ(0, swap(self, SB_LOW, t));
+	ASSERT_LE(1, held_back(BK)) TH_LOG("what was held went on before SB_LOW's swap");
 	ASSERT_EQ(pid, waitpid(pid, &st, 0));
 	EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == EIO) TH_LOG("rollback: status %#x", st);
 	EXPECT_EQ(1, ck_kmsg_has("writing the superblock failed"));
@@ -671,6 +701,8 @@ TEST_F_TIMEOUT(faults, rollback_fails_at_each_io, 2 * TIMEOUT_S)
 	/* the target failed with its step 2; it takes no step 3 */
 	expect_failed(_metadata, self, e0, EIO, 3, 2);
 	recover(_metadata, self, BK, fix);
+	ck_remove(SB_LOW);
+	ck_remove(SB_ERR);
 	free(blk);
 }
 
