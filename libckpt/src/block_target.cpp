@@ -94,11 +94,12 @@ std::string served_backing(const std::string &path, const std::filesystem::path 
 		if (e.path() == self || !fs::exists(e.path() / "dev", ec) || !fs::exists(e.path() / "queue", ec))
 			continue;	// not a whole disk
 		try {
-			const Image img = Image::open("/dev/" + name, false);
+			const std::string node = block_node(name);
+			const Image img = Image::open(node, false);
 			if (memcmp(&img.sb.geo, &status.geo, sizeof(status.geo)) == 0)
-				found.push_back("/dev/" + name);
+				found.push_back(node);
 		} catch (const Error &) {
-			// not an image: another namespace
+			// not an image: another namespace (or one without a node)
 		}
 	}
 	if (found.size() != 1)
@@ -137,7 +138,7 @@ std::optional<std::string> BlockTarget::backing_of(const std::string &path)
 	if (slaves.size() != 1)
 		fail(CKPT_E_INVAL, "{} answers as a dm-ckpt device but has {} backing devices", path,
 		     slaves.size());
-	return "/dev/" + slaves[0];
+	return block_node(slaves[0]);
 }
 
 // The target answers a refused request with -EIO; its status page says why,

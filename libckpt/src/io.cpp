@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <random>
@@ -237,6 +238,36 @@ Fd open_file(const std::string &path, int flags, bool block_ok, struct stat &st)
 	if (fd < 0)
 		fail(CKPT_E_IO, "cannot open {}: {}", path, strerror(-fd));
 	return Fd(fd);
+}
+
+std::string block_node(const std::string &kname)
+{
+	std::ifstream in("/sys/class/block/" + kname + "/dev");
+	unsigned maj = 0, min = 0;
+	char colon = 0;
+	if (kname.empty() || kname.find('/') != std::string::npos || !(in >> maj >> colon >> min) || colon != ':')
+		fail(CKPT_E_STATE, "no block device {} in /sys/class/block", kname);
+	const dev_t dev = makedev(maj, min);
+	const auto is_dev = [dev](const std::string &node) {
+		struct stat st;
+		return ::stat(node.c_str(), &st) == 0 && S_ISBLK(st.st_mode) && st.st_rdev == dev;
+	};
+	if (is_dev("/dev/" + kname))
+		return "/dev/" + kname;
+	std::vector<std::string> nodes;
+	std::error_code ec;
+	for (const auto &e : std::filesystem::directory_iterator("/dev", ec))
+		if (is_dev(e.path().string()))
+			nodes.push_back(e.path().string());
+	if (nodes.empty()) {
+		if (const std::string node = fmt::format("/dev/block/{}:{}", maj, min); is_dev(node))
+			return node;
+		fail(CKPT_E_STATE, "no node in /dev is block device {} ({}:{}){}", kname, maj, min,
+		     ::access(("/dev/" + kname).c_str(), F_OK) == 0 ? fmt::format(": /dev/{} is another device", kname)
+								  : std::string());
+	}
+	std::sort(nodes.begin(), nodes.end());
+	return nodes[0];
 }
 
 bool has_image_magic(int fd)

@@ -99,6 +99,15 @@ const char *file_kind(mode_t m);
 // is flushed when sync_dir.
 void rename_new(const std::string &from, const std::string &to, bool sync_dir);
 
+// The node in /dev of the block device sysfs names kname (a slave of a
+// device-mapper device, a sibling namespace): /dev/KNAME when that node is
+// this device, else another node of its numbers. /dev/KNAME may be another
+// device or none (nodes made by name, udev rules, a guest naming NVMe
+// namespaces by nsid while the kernel names them in the order their scans
+// finish), so the name alone never says which device a path opens.
+// CKPT_E_STATE when /dev has no node of it.
+std::string block_node(const std::string &kname);
+
 // Whether the file open at fd has a dm-ckpt superblock magic in either copy.
 bool has_image_magic(int fd);
 

@@ -19,6 +19,8 @@
 #include <csignal>
 #include <fcntl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "device.hpp"
@@ -1667,4 +1669,34 @@ TEST(TempFile, LinkNewNeverReplacesAFileThatAppeared)
 	EXPECT_EQ(have, "mine");
 	EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator{}), 2);
 	fs::remove_all(dir);
+}
+
+// block_node gives a node of the device sysfs names (the VM's nvmeof suite
+// makes /dev/KNAME another device's node); a name that is no block device,
+// or a path, is refused.
+TEST(BlockNode, NodeOfTheNumbersSysfsGives)
+{
+	for (const auto &e : fs::directory_iterator("/sys/class/block")) {
+		const std::string kname = e.path().filename();
+		std::string node;
+		try {
+			node = ckpt::block_node(kname);
+		} catch (const ckpt::Error &err) {
+			EXPECT_EQ(err.code(), CKPT_E_STATE);	// a container's /dev may lack it
+			continue;
+		}
+		std::string dev;
+		std::getline(std::ifstream(e.path() / "dev"), dev);
+		struct stat st;
+		ASSERT_EQ(::stat(node.c_str(), &st), 0) << node;
+		EXPECT_TRUE(S_ISBLK(st.st_mode)) << node;
+		EXPECT_EQ(fmt::format("{}:{}", major(st.st_rdev), minor(st.st_rdev)), dev) << kname << " -> " << node;
+	}
+	for (const std::string name : {"", "no-such-disk", "../../../dev/null", "loop0/../loop1"})
+		try {
+			ckpt::block_node(name);
+			ADD_FAILURE() << "block_node('" << name << "') gave a node";
+		} catch (const ckpt::Error &err) {
+			EXPECT_EQ(err.code(), CKPT_E_STATE) << "'" << name << "'";
+		}
 }

@@ -9,6 +9,7 @@
 #include <iostream>
 
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -469,7 +470,7 @@ TargetState target_state(const std::string &name)
 }
 
 // The backing device of a table line ("MAJ:MIN ..."), as /dev/NAME when
-// sysfs knows it.
+// sysfs names it NAME and /dev/NAME is that device, else as MAJ:MIN.
 std::string backing_of(const std::string &params)
 {
 	const std::string dev = params.substr(0, params.find(' '));
@@ -478,7 +479,12 @@ std::string backing_of(const std::string &params)
 	if (n <= 0)
 		return dev;
 	const std::string link(buf, static_cast<size_t>(n));
-	return "/dev/" + link.substr(link.rfind('/') + 1);
+	const std::string node = "/dev/" + link.substr(link.rfind('/') + 1);
+	struct stat st;
+	if (::stat(node.c_str(), &st) != 0 || !S_ISBLK(st.st_mode) ||
+	    fmt::format("{}:{}", major(st.st_rdev), minor(st.st_rdev)) != dev)
+		return dev;
+	return node;
 }
 
 // status --json's object as one report row: the status fields beside the

@@ -24,6 +24,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <memory>
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -218,16 +219,15 @@ std::string dm_name_of(const std::string &dev)
 	return name;
 }
 
-// The one backing device of a dm device, as /dev/NAME.
-std::string backing_of(const dm::Info &i, const std::string &name)
+// The backing device of the dm-ckpt device at node, as libckpt finds it (a
+// node of the one slave's numbers, whatever /dev/SLAVE names).
+std::string backing_of(const std::string &node)
 {
-	std::vector<std::string> slaves;
-	std::error_code ec;
-	for (const auto &e : fs::directory_iterator(fmt::format("/sys/dev/block/{}:{}/slaves", i.major, i.minor), ec))
-		slaves.push_back(e.path().filename().string());
-	if (slaves.size() != 1)
-		fail(CKPT_E_STATE, "{} has {} backing devices in sysfs, not one", name, slaves.size());
-	return "/dev/" + slaves[0];
+	char *backing = nullptr;
+	if (!check(ckpt_backing_of(node.c_str(), &backing)))
+		fail(CKPT_E_STATE, "{} does not answer as a dm-ckpt device", node);
+	const std::unique_ptr<char, decltype(&ckpt_free)> guard(backing, ckpt_free);
+	return backing;
 }
 
 // The block device a path names (0 if it names none): one device has many
@@ -365,7 +365,7 @@ int cmd_serve(const ServeArgs &a)
 		fail(CKPT_E_INVAL, "{} is not a dm-ckpt device (its table has {} targets{})", name, tt.size(),
 		     tt.empty() ? "" : ", the first of type " + tt[0].type);
 	const std::string node = dm::node(name, info);
-	const std::string backing = backing_of(info, name);
+	const std::string backing = backing_of(node);
 	check_nvmet(a.transport);
 
 	const fs::path sub = nvmet / "subsystems" / a.nqn;

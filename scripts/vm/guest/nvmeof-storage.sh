@@ -25,14 +25,22 @@ finish() {
 	exit $((failed > 0))
 }
 
+# the device numbers, MAJOR:MINOR, of namespace N
+devno() { for b in /sys/block/nvme0n*; do [ "$(cat $b/nsid)" = "$1" ] && cat $b/dev; done; }
+# the kernel's name of namespace N
+kname() { for b in /sys/block/nvme0n*; do [ "$(cat $b/nsid)" = "$1" ] && echo ${b##*/}; done; }
+# ckptctl finds a device by its numbers, never by the name the kernel gives
+# it: /dev/KNAME of each namespace is made the other one's node here (as it
+# is where the kernel names namespaces in the order their scans finish and
+# the nodes are made by nsid), the image and the plain device have nodes of
+# their own
 i=0
-while [ ! -b /dev/nvme0n2 ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
-# the node of namespace N (scripts/vm/init names them by nsid)
-ns() { echo /dev/nvme0n$1; }
-# its device numbers, MAJOR:MINOR
-devno() { for b in /sys/block/nvme0n*; do [ "$(cat $b/nsid)" = "${1#/dev/nvme0n}" ] && cat $b/dev; done; }
-img=$(ns 1) plain=$(ns 2)
-ok "two namespaces: the image ($img) and the baseline's ($plain)" test -b "$img" -a -b "$plain"
+while [ -z "$(devno 2)" ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+img=/dev/ckpt-ns1 plain=/dev/ckpt-ns2
+ok "two namespaces: the image ($img) and the baseline's ($plain), /dev/$(kname 1) and /dev/$(kname 2) swapped" \
+	sh -c "mknod $img b $(devno 1 | tr : ' ') && mknod $plain b $(devno 2 | tr : ' ') &&
+	rm /dev/$(kname 1) /dev/$(kname 2) && mknod /dev/$(kname 1) b $(devno 2 | tr : ' ') &&
+	mknod /dev/$(kname 2) b $(devno 1 | tr : ' ')"
 ok "eth0 is $addr" sh -c "ip -4 addr show eth0 | grep -q 'inet $addr/'"
 [ $failed = 0 ] || finish
 find $nvmet | sort >/tmp/nvmet.before
@@ -41,13 +49,15 @@ ok "ckptctl create ckpt0 $img" has "committed step 0" ckptctl create ckpt0 "$img
 # the backing device already in a namespace of another subsystem, under
 # another of its names: serve must see it is the same device
 alias=/tmp/backing-alias other=$nvmet/subsystems/${nqn}.other
-ok "$img put in another subsystem as $alias" sh -c "mknod $alias b $(devno $img | tr : ' ') &&
+ok "$img put in another subsystem as $alias" sh -c "mknod $alias b $(devno 1 | tr : ' ') &&
 	mkdir $other && mkdir $other/namespaces/1 && echo $alias >$other/namespaces/1/device_path"
 fails_with "serve refuses a device whose backing is in another subsystem under another name" 1 \
 	"served already, by subsystem ${nqn}.other" ckptctl serve ckpt0 --nqn "$nqn" --addr "$addr"
 ok "that subsystem removed" sh -c "rmdir $other/namespaces/1 $other && rm $alias"
 ok "ckptctl serve ckpt0 on $addr to $host_nqn" has "served as $nqn" \
 	ckptctl serve ckpt0 --nqn "$nqn" --addr "$addr" --host "$host_nqn"
+ok "its namespace 2 is the backing device ($img), not /dev/$(kname 1)" sh -c \
+	"test \"\$(stat -Lc %t:%T \$(cat $nvmet/subsystems/$nqn/namespaces/2/device_path))\" = \"\$(stat -Lc %t:%T $img)\""
 fails_with "a second serve of the device is refused" 1 "served already" \
 	ckptctl serve /dev/mapper/ckpt0 --nqn "${nqn}x" --addr "$addr"
 fails_with "serve refuses a device that is not dm-ckpt" 1 "not a device-mapper device" \
