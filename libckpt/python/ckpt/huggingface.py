@@ -45,7 +45,7 @@ import torch
 from transformers import TrainerCallback, TrainerState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
-from .torch import OffloadAdamW
+from .torch import OffloadAdamW, _pointer_of
 
 __all__ = ["DeviceStepCallback", "accumulate", "resume_checkpoint"]
 
@@ -149,9 +149,10 @@ def resume_checkpoint(trainer, output_dir=None):
         raise ValueError(f"the device is at committed step {step} but {out} holds no Trainer checkpoint "
                          f"to complete (the first one is saved at save_steps)")
     saved = torch.load(os.path.join(last, OPTIMIZER_NAME), weights_only=True)
-    if "ckpt" not in saved:
+    pointer = _pointer_of(saved)
+    if pointer is None:
         raise ValueError(f"{last}/{OPTIMIZER_NAME} is not an OffloadAdamW state_dict")
-    at = int(saved["ckpt"]["step"])
+    at = int(pointer["step"])
     if at == step:
         return last
     if at > step:

@@ -28,6 +28,7 @@ devices, where the device itself detects non-finite gradients.
 export_safetensors writes a device's params as a safetensors checkpoint.
 """
 
+import collections.abc
 import contextlib
 import inspect
 import math
@@ -173,6 +174,46 @@ def _skip_grad(dev, name, n):
 _ZERO_GRAD_SET_TO_NONE = inspect.signature(torch.optim.Optimizer.zero_grad).parameters["set_to_none"].default
 
 
+def _pointer_of(state_dict):
+    """The device pointer of an OffloadAdamW state_dict: its "ckpt" entry, else
+    its first param group's copy (torch.distributed.checkpoint's helpers keep
+    only the groups); None for a torch state_dict."""
+    if state_dict.get("ckpt") is not None:
+        return state_dict["ckpt"]
+    groups = state_dict.get("param_groups") or [{}]
+    return groups[0].get("ckpt")
+
+
+class _DeviceState(collections.abc.Mapping):
+    """opt.state as torch's AdamW has it, {param: {"step", "exp_avg", "exp_avg_sq"}},
+    read from the device's committed step on each access (read-only: the state
+    is the device's). A sharded optimizer holds the params with a piece on its
+    rank, the piece's moments flat. Never empty once the device is open, as
+    the state it stands for: torch.distributed.checkpoint's state_dict helpers
+    take an empty state for one to create by a step of zero gradients at lr 0,
+    which here would commit a step (moments decayed, counts moved on)."""
+
+    def __init__(self, opt):
+        self._opt = opt
+
+    def _local(self):
+        opt = self._opt
+        if opt.device is None:
+            return {}
+        return {opt._flat[i][1]: dn for dn, i, _, _, _, _ in opt._pieces}
+
+    def __getitem__(self, param):
+        dn = self._local()[param]
+        _, m, v = self._opt.read_state(dn)
+        return {"step": torch.tensor(float(self._opt.device.tensor_step(dn))), "exp_avg": m, "exp_avg_sq": v}
+
+    def __iter__(self):
+        return iter(self._local())
+
+    def __len__(self):
+        return len(self._local())
+
+
 class OffloadAdamW(torch.optim.Optimizer):
     """AdamW (torch.optim.AdamW's algorithm) run by a dm-ckpt device.
 
@@ -284,6 +325,7 @@ class OffloadAdamW(torch.optim.Optimizer):
         self._frozen = False
         super().__init__(groups, defaults)
         self._frozen = True
+        self.state = _DeviceState(self)
         self._names = names
         for i, g in enumerate(self.param_groups):
             _check_group(g, f"param group {i}: ")
@@ -966,8 +1008,10 @@ class OffloadAdamW(torch.optim.Optimizer):
 
     def state_dict(self):
         """torch's format, pointing at the device: {"state": {}, "param_groups": [...],
-        "ckpt": {"step", "path", "uuid", "dtype", "layout"}}. The tensors stay on
-        the device; the dict says which device and which committed step it means.
+        "ckpt": {"step", "path", "uuid", "dtype", "layout"}}, the pointer also in
+        the first param group (torch.distributed.checkpoint's get/set_optimizer_
+        state_dict keep the groups alone). The tensors stay on the device; the
+        dict says which device and which committed step it means.
         to_torch_state_dict(opt) is a torch.optim.AdamW state_dict with the tensors."""
         groups, index = [], 0
         for g, ns in zip(self.param_groups, self._names):
@@ -976,8 +1020,12 @@ class OffloadAdamW(torch.optim.Optimizer):
             d["names"] = list(ns)
             index += len(g["params"])
             groups.append(d)
-        return {"state": {}, "param_groups": groups,
-                "ckpt": dict(self._identity(), step=int(self.device.committed_step))}
+        pointer = dict(self._identity(), step=int(self.device.committed_step))
+        if groups:
+            # torch.distributed.checkpoint's state_dict helpers keep "state"
+            # and "param_groups" alone: the pointer goes with them too
+            groups[0]["ckpt"] = pointer
+        return {"state": {}, "param_groups": groups, "ckpt": pointer}
 
     def load_state_dict(self, state_dict, *, rollback=False):
         """Loads a state_dict() of this device, or imports a torch.optim.AdamW state_dict.
@@ -999,13 +1047,13 @@ class OffloadAdamW(torch.optim.Optimizer):
         without a gradient in some steps) keeps its own step count.
         """
         self._hook_abort()
-        if self._shard and ("ckpt" not in state_dict or rollback):
+        meta = _pointer_of(state_dict)
+        if self._shard and (meta is None or rollback):
             raise ValueError("a sharded OffloadAdamW resumes where its ranks agree when it opens "
                              "their devices; it imports no torch state_dict and rolls back no step "
                              "on its own")
-        if "ckpt" not in state_dict:
+        if meta is None:
             return self._import_torch(state_dict)
-        meta = state_dict["ckpt"]
         mine = self._identity()
         if meta.get("uuid") and mine["uuid"] and meta["uuid"] != mine["uuid"]:
             raise ValueError(f"state_dict is of device {meta['uuid']} ({meta.get('path')}), "
@@ -1043,7 +1091,7 @@ class OffloadAdamW(torch.optim.Optimizer):
     def _set_groups(self, saved):
         for s, g in zip(saved, self.param_groups):
             for k, v in s.items():
-                if k not in ("params", "names"):
+                if k not in ("params", "names", "ckpt"):
                     g[k] = tuple(v) if k == "betas" else v
 
     def _rollback_offer(self, want, step):
