@@ -99,8 +99,8 @@ def main():
         # a copy of each package: a rebuild during the run changes nothing
         for name, src in (("before", a.before), ("after", a.after)):
             if src:
-                if not os.path.isfile(os.path.join(src, "ckpt", "torch.py")):
-                    sys.exit(f"{src}: no ckpt package (ckpt/torch.py) there")
+                if not os.path.isfile(os.path.join(src, "ckpt", "__init__.py")):
+                    sys.exit(f"{src}: no ckpt package (ckpt/__init__.py) there")
                 dst = os.path.join(tmp, name)
                 shutil.copytree(src, dst)
                 builds.append((name, dst))

@@ -46,7 +46,7 @@ for f in lib/udev/rules.d/69-dm-ckpt.rules lib/systemd/system/dm-ckpt-activate.s
 done
 ok "the units run the installed ckptctl" grep -q "^ExecStart=$prefix/sbin/ckptctl " "$root/lib/systemd/system/dm-ckpt-activate.service"
 ok "ckpt.pc installed in $libdir/pkgconfig" test -f "$libdir/pkgconfig/ckpt.pc"
-ok "the Python package installed ($pydir)" test -f "$pydir/ckpt/__init__.py" -a -f "$pydir/ckpt/torch.py"
+ok "the Python package installed ($pydir)" test -f "$pydir/ckpt/__init__.py" -a -f "$pydir/ckpt/torch/__init__.py"
 ok "nothing installed outside the prefix" sh -c '[ -z "$(find "$1" -mindepth 1 -maxdepth 2 ! -path "$1/usr" ! -path "$1/usr/local")" ]' sh "$stage"
 
 # --- exports: exactly the functions ckpt.h declares ---

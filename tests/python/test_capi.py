@@ -162,14 +162,14 @@ class TestThreads(DeviceCase):
         # the library itself refuses the stale handle (a thread that took it
         # before close), even after another device is opened
         with ckpt.open(self.path) as other:
-            i = ckpt._Info()
-            r = ckpt._lib.ckpt_info(h, ckpt.ctypes.byref(i))
+            i = ckpt._abi._Info()
+            r = ckpt._abi._lib.ckpt_info(h, ctypes.byref(i))
             self.assertEqual(-r, ckpt.ERRORS.index("E_STATE"))
-            self.assertIn(b"closed", ckpt._lib.ckpt_last_error())
+            self.assertIn(b"closed", ckpt._abi._lib.ckpt_last_error())
             self.assertEqual(other.committed_step, 0)
-            r = ckpt._lib.ckpt_info(ckpt.ctypes.c_void_p(12345), ckpt.ctypes.byref(i))
+            r = ckpt._abi._lib.ckpt_info(ctypes.c_void_p(12345), ctypes.byref(i))
             self.assertEqual(-r, ckpt.ERRORS.index("E_INVAL"))
-            self.assertIn(b"not a device", ckpt._lib.ckpt_last_error())
+            self.assertIn(b"not a device", ckpt._abi._lib.ckpt_last_error())
 
 
 class TestNames(DeviceCase):
@@ -266,7 +266,7 @@ class TestLibraryLists(unittest.TestCase):
     """The package's names and structs come from the library."""
 
     def test_errors_are_the_librarys(self):
-        lib = ckpt._lib
+        lib = ckpt._abi._lib
         self.assertEqual(len(ckpt.ERRORS), lib.ckpt_abi_count(b"errors"))
         for code, name in enumerate(ckpt.ERRORS):
             self.assertEqual(name, lib.ckpt_err_name(code).decode())
@@ -276,7 +276,7 @@ class TestLibraryLists(unittest.TestCase):
         self.assertEqual(e.name, "E_TWICE")
 
     def test_dtypes_are_the_librarys(self):
-        self.assertEqual(ckpt._DTYPES, {"fp16": 1, "bf16": 2})
+        self.assertEqual(ckpt._abi._DTYPES, {"fp16": 1, "bf16": 2})
         with tempdir() as d:
             with self.assertRaises(ckpt.CkptError) as cm:
                 ckpt.format(os.path.join(d, "x"), ckpt.Layout().add("w", 4), dtype="fp32")
@@ -285,14 +285,14 @@ class TestLibraryLists(unittest.TestCase):
 
     def test_struct_sizes_checked(self):
         import ctypes
-        for cname, mirror in [("ckpt_info", ckpt._Info), ("ckpt_tensor_info", ckpt._TensorInfo),
-                              ("ckpt_group_hparams", ckpt._HParams),
-                              ("ckpt_device_status", ckpt._Status), ("ckpt_traffic", ckpt._Traffic)]:
-            self.assertEqual(ckpt._lib.ckpt_abi_sizeof(cname.encode()), ctypes.sizeof(mirror), cname)
-        self.assertEqual(ckpt._lib.ckpt_abi_sizeof(b"nonsense"), 0)
+        for cname, mirror in [("ckpt_info", ckpt._abi._Info), ("ckpt_tensor_info", ckpt._abi._TensorInfo),
+                              ("ckpt_group_hparams", ckpt._abi._HParams),
+                              ("ckpt_device_status", ckpt._abi._Status), ("ckpt_traffic", ckpt._abi._Traffic)]:
+            self.assertEqual(ckpt._abi._lib.ckpt_abi_sizeof(cname.encode()), ctypes.sizeof(mirror), cname)
+        self.assertEqual(ckpt._abi._lib.ckpt_abi_sizeof(b"nonsense"), 0)
         # a mirror out of step fails the import
         import importlib.util
-        spec = importlib.util.find_spec("ckpt")
+        spec = importlib.util.find_spec("ckpt._abi")
         with open(spec.origin) as f:  # noqa: PTH123
             src = f.read()
         broken = src.replace('("adam_l2", ctypes.c_int)]', '("adam_l2", ctypes.c_int), ("x", ctypes.c_uint64)]')
@@ -445,7 +445,7 @@ class TestOpenFlags(DeviceCase):
 
     def test_unknown_flag_is_refused(self):
         h = ctypes.c_void_p()
-        ret = ckpt._lib.ckpt_open_engine_flags(os.fsencode(self.path), 0, 0, 2, ctypes.byref(h))
+        ret = ckpt._abi._lib.ckpt_open_engine_flags(os.fsencode(self.path), 0, 0, 2, ctypes.byref(h))
         self.assertEqual(ckpt.ERRORS[-ret], "E_INVAL")
         self.assertIsNone(h.value)
 

@@ -293,7 +293,7 @@ class ShardTest(unittest.TestCase):
 
     def test_duplicate_paths_are_refused(self):
         with self.assertRaisesRegex(ValueError, "ranks 0 and 1 are given the same path"):
-            ckpt.torch._Shard.path_of(type("S", (), {"rank": 1, "world": 2})(),
+            ckpt.torch.drivers._Shard.path_of(type("S", (), {"rank": 1, "world": 2})(),
                                       ["/tmp/a.img", "/tmp/../tmp/a.img"])
 
 

@@ -45,7 +45,8 @@ import torch
 from transformers import TrainerCallback, TrainerState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
-from .torch import OffloadAdamW, _pointer_of
+from .torch import OffloadAdamW
+from .torch.optimizer import _pointer_of
 
 __all__ = ["DeviceStepCallback", "accumulate", "resume_checkpoint"]
 

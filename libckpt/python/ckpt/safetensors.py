@@ -15,7 +15,7 @@ import json
 
 import numpy as np
 
-from . import _check, _lib, _path_bytes
+from ._abi import _check, _lib, _path_bytes
 
 __all__ = ["load_file", "header", "DTYPES"]
 

@@ -1,32 +1,6 @@
 # SPDX-License-Identifier: MIT
-"""PyTorch integration: an AdamW whose state and step live on a dm-ckpt device.
-
-    import ckpt.torch
-    with ckpt.torch.OffloadAdamW(model.named_parameters(), "state.img", lr=3e-4) as opt:
-        for batch in data:
-            loss = model(batch)
-            loss.backward()
-            opt.step(blob=trainer_state_bytes)  # writes grads, commits, reads params back
-            opt.zero_grad()
-
-OffloadAdamW is a torch.optim.Optimizer with torch.optim.AdamW's arguments
-(maximize; foreach, fused, capturable, differentiable accepted; amsgrad
-refused): param_groups (lr, betas, eps, weight_decay, maximize are read from
-them at every step, so LR schedulers work), zero_grad,
-state_dict/load_state_dict, step(closure). The fp32 master params and the
-moments are on the device; the model holds the low-precision params (bf16/fp16
-values, in whatever dtype its tensors have). Every committed step is a
-checkpoint: constructing the optimizer again on the same device resumes from
-its committed step (and `optimizer.blob()` returns the trainer blob that
-committed with it).
-
-A torch.optim.AdamW's state moves onto a device with load_state_dict(), and
-back with to_torch_state_dict().
-
-LossScaler is torch.cuda.amp.GradScaler's dynamic loss scaling for fp16
-devices, where the device itself detects non-finite gradients.
-export_safetensors writes a device's params as a safetensors checkpoint.
-"""
+"""OffloadAdamW: torch.optim.AdamW whose state and step live on a dm-ckpt device
+(the package's docstring, ckpt.torch, tells how to use it)."""
 
 import collections.abc
 import contextlib
@@ -39,18 +13,19 @@ import warnings
 import numpy as np
 import torch
 
-from . import CkptError, Device, Layout
-from . import format as _format
-from . import open as _open
-from . import rename_new as _rename_new
-from . import restore as _restore
-from . import safetensors as _safetensors
+from .. import CkptError, Device, Layout
+from .. import format as _format
+from .. import open as _open
+from .. import rename_new as _rename_new
+from .. import restore as _restore
+from .convert import lowp_to_torch, torch_to_lowp
+from .drivers import _Local, _Shard, _skip_grad
+from .scaler import _amp_found_inf, _amp_unscaled
 
-__all__ = ["OffloadAdamW", "LossScaler", "LayoutMismatchError", "PrecisionWarning", "export_safetensors",
-           "load_safetensors_into", "lowp_to_torch", "torch_to_lowp", "to_torch_state_dict"]
 
 # What the device applies; maximize is applied to the gradient on its way there.
 _HPARAM_KEYS = ("lr", "betas", "eps", "weight_decay", "adam_l2")
+
 
 _AMSGRAD_REFUSED = ("amsgrad=True is not supported: AMSGrad divides by the running maximum of "
                     "exp_avg_sq (max_exp_avg_sq), and the device keeps only exp_avg and exp_avg_sq "
@@ -64,31 +39,6 @@ class LayoutMismatchError(ValueError):
 class PrecisionWarning(UserWarning):
     """The model's params are in another dtype than the device's (warned once per optimizer)."""
 
-
-# ------------------------------------------------------------------ conversions
-
-def torch_to_lowp(t, dtype, negate=False):
-    """A tensor as the device's gradient words: bf16 -> uint16 bit patterns, fp16 ->
-    numpy float16. Rounding is torch's (round to nearest even). negate: -t, as
-    maximize=True wants; negation is exact in bf16/fp16, so it follows the rounding."""
-    lowp = torch.bfloat16 if dtype == "bf16" else torch.float16
-    x = t.detach().to("cpu", lowp)
-    x = (x.neg() if negate else x).contiguous()
-    if dtype == "bf16":
-        return x.view(torch.int16).numpy().view(np.uint16)
-    return x.numpy()
-
-
-def lowp_to_torch(a, dtype):
-    """What Device.read_params returns (uint16 bf16 bits or float16) as a torch tensor
-    of dtype torch.bfloat16 / torch.float16 (sharing memory with a)."""
-    a = np.ascontiguousarray(a)
-    if dtype == "bf16":
-        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(a.view(np.float16))
-
-
-# ------------------------------------------------------------------ the optimizer
 
 def _check_group(g, where=""):
     """A param group's hyperparameters as torch.optim.AdamW checks them, and no amsgrad."""
@@ -156,18 +106,6 @@ class _NodeHook:
     def remove(self):
         self.handle.remove()
         self.node = None
-
-
-def _skip_grad(dev, name, n):
-    """A param without a gradient: torch skips it (no decay, no moment decay,
-    its own step count). An image formatted before skips existed gets zeros."""
-    try:
-        dev.skip(name)
-        return
-    except CkptError as e:
-        if e.name != "E_FEATURE":
-            raise
-    dev.write_grad(name, np.zeros(n, dtype=np.uint16))
 
 
 # torch.optim.Optimizer.zero_grad's default, which torch 2 changed to True
@@ -347,6 +285,7 @@ class OffloadAdamW(torch.optim.Optimizer):
         self._flat = flat
         self._own_params = [list(g["params"]) for g in self.param_groups]
         self._shard = _Shard.of(process_group, flat)
+        self._driver = self._shard or _Local()     # step(opt, groups, scale, blob_now)
         self._pieces = self._shard.pieces if self._shard else [
             (n, i, 0, p.numel(), tuple(int(d) for d in p.shape), gi) for i, (n, p, gi) in enumerate(flat)]
         self._layout = [(dn, shape, gi) for dn, _, _, _, shape, gi in self._pieces]
@@ -710,13 +649,7 @@ class OffloadAdamW(torch.optim.Optimizer):
                 (self._blob_hook if blob is None else blob)
             return b"" if b is None else bytes(b)
 
-        if self._shard:
-            grads = self._grads()
-            self._avg = None
-            self.last_step_hooked = False
-            self.last_result = self._shard.step(self, grads, groups, scale, blob_now)
-        else:
-            self.last_result = self._step_local(groups, scale, blob_now)
+        self.last_result = self._driver.step(self, groups, scale, blob_now)
         if grad_scaler is not None:
             _amp_found_inf(grad_scaler, self, self.last_result == "overflow")
         elif amp_scale is not None and self.last_result == "overflow" and not float(self.found_inf):
@@ -747,35 +680,6 @@ class OffloadAdamW(torch.optim.Optimizer):
                     f"fp32 masters itself. With DeepSpeed, use ckpt.deepspeed.config()")
         if len(self.param_groups) != len(self._own_params):
             raise ValueError("param groups were added or removed after OffloadAdamW was made")
-
-    def _step_local(self, groups, scale, blob_now):
-        """The unsharded step: keeps the writes made from backward when nothing
-        step() decides differs from what the hooks assumed, writes the rest,
-        commits."""
-        dev = self.device
-        hooked = self._hooked
-        self._hooked = None
-        if hooked is not None and not (hooked["ok"] and hooked["groups"] == self._groups()
-                                       and hooked["scale"] == scale
-                                       and all(self._sent_unchanged(i) for i in hooked["written"])):
-            self._abort()
-            hooked = None
-        self.last_step_hooked = hooked is not None
-        if hooked is None:
-            self._begin(groups, scale)
-        written = hooked["written"] if hooked else ()
-        try:
-            for i, (n, p, gi) in enumerate(self._flat):
-                if i in written:
-                    continue
-                if p.grad is None:
-                    _skip_grad(dev, n, p.numel())
-                else:
-                    self._write_grad(i)
-            return dev.commit(blob_now())
-        except BaseException:
-            self._abort()
-            raise
 
     def _byte_counts(self):
         """What the device handle moved (the same count on the engine and the
@@ -1168,479 +1072,6 @@ class OffloadAdamW(torch.optim.Optimizer):
                                            f"committed step {self.device.committed_step};", 1)
 
 
-class _Shard:
-    """ZeRO-1 over a torch.distributed process group: rank r of W owns params
-    [N r / W, N (r + 1) / W) of the N params flattened in param_groups order, on
-    its own device, as pieces: "name" for a param it holds whole, "name[a:b]" (flat)
-    for part of one. The collectives run on CPU tensors (gloo), or on the current
-    CUDA device when the group's backend is NCCL."""
-
-    def __init__(self, group, flat):
-        import torch.distributed as dist
-        self.dist, self.group = dist, group
-        self.rank = dist.get_rank(group)
-        self.world = dist.get_world_size(group)
-        backend = dist.get_backend(group)
-        self.comm = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" \
-            else torch.device("cpu")
-        self.offsets, n = [], 0
-        for _, p, _ in flat:
-            self.offsets.append(n)
-            n += p.numel()
-        self.n = n
-        if n < self.world:
-            raise ValueError(f"{n} params cannot be shared by {self.world} ranks")
-        self.lo, self.hi = n * self.rank // self.world, n * (self.rank + 1) // self.world
-        self.longest = max(n * (r + 1) // self.world - n * r // self.world for r in range(self.world))
-        self.pieces = []
-        for i, ((name, p, gi), off) in enumerate(zip(flat, self.offsets)):
-            a, b = max(self.lo, off) - off, min(self.hi, off + p.numel()) - off
-            if a >= b:
-                continue
-            if a == 0 and b == p.numel():
-                self.pieces.append((name, i, a, b, tuple(int(d) for d in p.shape), gi))
-            else:
-                self.pieces.append((f"{name}[{a}:{b}]", i, a, b, (b - a,), gi))
-
-    @classmethod
-    def of(cls, process_group, flat):
-        """A _Shard when torch.distributed is initialized (or process_group is given)
-        with more than one rank; else None (one device holds everything)."""
-        import torch.distributed as dist
-        if process_group is None and not (dist.is_available() and dist.is_initialized()):
-            return None
-        if dist.get_world_size(process_group) == 1:
-            return None
-        return cls(process_group, flat)
-
-    @staticmethod
-    def path_of(shard, path):
-        """This rank's path: path with {rank} replaced, or the rank's entry of a list."""
-        rank, world = (shard.rank, shard.world) if shard else (0, 1)
-        if isinstance(path, (list, tuple)):
-            if len(path) != world:
-                raise ValueError(f"{len(path)} paths given for {world} ranks")
-            real = [os.path.realpath(os.fspath(p)) for p in path]
-            for r, p in enumerate(real):
-                if p in real[:r]:
-                    raise ValueError(f"ranks {real.index(p)} and {r} are given the same path "
-                                     f"{os.fspath(path[r])!r}: each rank needs its own device")
-            return os.fspath(path[rank])
-        path = os.fspath(path)
-        if "{rank}" in path:
-            return path.replace("{rank}", str(rank))
-        if shard:
-            raise ValueError(f"{path!r}: a sharded OffloadAdamW needs a device per rank: a path "
-                             f"holding {{rank}} (e.g. 'state-{{rank}}.img') or a list of {world} paths")
-        return path
-
-    def _all(self, values, op):
-        t = torch.tensor(values, dtype=torch.int64, device=self.comm)
-        self.dist.all_reduce(t, op=op, group=self.group)
-        return [int(x) for x in t.tolist()]
-
-    def _gather(self, values):
-        t = torch.tensor(values, dtype=torch.int64, device=self.comm)
-        out = [torch.empty_like(t) for _ in range(self.world)]
-        self.dist.all_gather(out, t, group=self.group)
-        return [[int(x) for x in o.tolist()] for o in out]
-
-    def agree(self, fn, what):
-        """Run fn on every rank; if it raised anywhere, raise everywhere (the rank's
-        own exception where it failed), so that no rank waits for a collective
-        another rank never reaches."""
-        err = None
-        try:
-            fn()
-        except Exception as e:  # noqa: BLE001 - re-raised below, after the vote
-            err = e
-        failed = [r for r, (f,) in enumerate(self._gather([int(err is not None)])) if f]
-        if err is not None:
-            raise err
-        if failed:
-            raise RuntimeError(f"rank {self.rank}: rank(s) {failed} could not {what}")
-
-    def agree_create(self, path_fn):
-        """Whether this open creates the ranks' devices: path_fn() gives this rank's
-        path; all ranks create theirs or none does. Some ranks' devices missing
-        while others exist is refused on every rank: a rank's device made anew
-        at step 0 would make the others roll back or refuse, or train from
-        state of another run or world size."""
-        err, exists = None, False
-        try:
-            exists = os.path.exists(path_fn())
-        except Exception as e:  # noqa: BLE001 - re-raised below, after the vote
-            err = e
-        votes = self._gather([int(err is not None), int(exists)])
-        if err is not None:
-            raise err
-        failed = [r for r, (f, _) in enumerate(votes) if f]
-        if failed:
-            raise RuntimeError(f"rank {self.rank}: rank(s) {failed} could not find their device's path")
-        missing = [r for r, (_, e) in enumerate(votes) if not e]
-        if missing and len(missing) < self.world:
-            raise RuntimeError(f"rank(s) {missing} of {self.world} have no device at their path while the "
-                               f"other ranks have one: a missing device is not made anew at step 0 "
-                               f"beside the others' state; restore it, or remove every rank's device "
-                               f"to start from the model")
-        return bool(missing)
-
-    def agree_step(self, device):
-        """On open: the ranks resume from the lowest committed step; a rank one step
-        ahead (it committed a step that another rank had not committed when the run
-        stopped) rolls back to it. Ranks further apart are refused: the commit never
-        leaves them so."""
-        steps = [s for (s,) in self._gather([int(device.committed_step)])]
-        lo, hi = min(steps), max(steps)
-        if hi - lo > 1:
-            raise RuntimeError(f"the ranks' devices are at committed steps {steps}: more than one "
-                               f"step apart, which the sharded commit never leaves (devices of "
-                               f"another run or world size, or one restored by hand); refusing to "
-                               f"train from them")
-        if steps[self.rank] != lo:
-            self.agree(device.rollback, f"roll back to step {lo}")
-        else:
-            self.agree(lambda: None, f"roll back to step {lo}")
-        return lo
-
-    def average(self, flat):
-        """Every param's gradient averaged over the ranks (DDP's mean), as one fp32
-        all_reduce (gloo has no reduce_scatter in torch 1.13): a list, None for a
-        param no rank has a gradient for (a rank without one adds zeros)."""
-        have = self._all([int(p.grad is not None) for _, p, _ in flat], self.dist.ReduceOp.SUM)
-        buf = torch.zeros(self.n, dtype=torch.float32, device=self.comm)
-        for (name, p, _), off in zip(flat, self.offsets):
-            if p.grad is not None:
-                if p.grad.is_sparse:
-                    raise RuntimeError(f"{name!r}: OffloadAdamW does not support sparse gradients")
-                buf[off:off + p.numel()].copy_(p.grad.detach().reshape(-1))
-        self.dist.all_reduce(buf, group=self.group)
-        buf.div_(self.world)
-        return [buf[off:off + p.numel()].view(p.shape) if h else None
-                for (_, p, _), off, h in zip(flat, self.offsets, have)]
-
-    def step(self, opt, grads, groups, scale, blob_now):
-        """The step on every rank or on none. Phase 1: each rank writes its pieces'
-        gradients (every chunk applied); the ranks vote (failure, overflow): any
-        failure or overflow aborts the step on every rank. Phase 2: every rank
-        commits, with rank 0's blob; a second vote tells every rank that all
-        committed. A run stopped between the two phases leaves ranks at t - 1 and
-        t, which the next open settles (agree_step)."""
-        dev = opt.device
-        err, overflow = None, 0
-        try:
-            opt._begin(groups, scale)
-            opt._write_grads(grads)
-            overflow = int(dev.status()["overflow"] != 0)
-        except Exception as e:  # noqa: BLE001 - re-raised below, after the vote
-            err = e
-        failed, overflow = self._all([int(err is not None), overflow], self.dist.ReduceOp.MAX)
-        if failed or overflow:
-            opt._abort()
-            if err is not None:
-                raise err
-            if failed:
-                raise RuntimeError(f"rank {self.rank}: another rank failed its gradient writes; "
-                                   f"the step was aborted on every rank")
-            return "overflow"
-        obj = [None]
-        if self.rank == 0:
-            try:
-                obj = [blob_now()]
-            except Exception as e:  # noqa: BLE001 - every rank aborts, rank 0 raises it
-                obj, err = [e], e
-        self.dist.broadcast_object_list(obj, src=self._global(0), group=self.group)
-        result = None
-        if isinstance(obj[0], BaseException):
-            opt._abort()
-            if err is not None:
-                raise err
-            raise RuntimeError(f"rank {self.rank}: rank 0's trainer blob failed ({obj[0]!r}); the "
-                               f"step was aborted on every rank")
-        try:
-            result = dev.commit(obj[0])
-        except Exception as e:  # noqa: BLE001 - re-raised below, after the vote
-            err = e
-        done = [r for r, (ok,) in enumerate(self._gather([int(result == "committed")])) if not ok]
-        if err is not None:
-            raise err
-        if done:
-            raise RuntimeError(f"rank {self.rank}: rank(s) {done} did not commit the step that "
-                               f"this rank committed; open every rank's device again (the ranks "
-                               f"that committed roll back)")
-        return result
-
-    def _global(self, rank):
-        if self.group is None:
-            return rank
-        get = getattr(self.dist, "get_global_rank", None) or self.dist.distributed_c10d._get_global_rank
-        return get(self.group, rank)
-
-    def gather_params(self, opt):
-        """The low-precision params of every rank, flattened (uint16 words): each
-        rank reads its pieces from its device, then one all_gather."""
-        mine = [np.ascontiguousarray(opt.device.read_params(dn)).reshape(-1).view(np.uint16)
-                for dn, _, _, _, _, _ in self.pieces]
-        buf = torch.zeros(self.longest, dtype=torch.int16)
-        local = np.concatenate(mine) if mine else np.zeros(0, np.uint16)
-        buf[:local.size] = torch.from_numpy(local.view(np.int16))
-        buf = buf.to(self.comm)
-        out = [torch.empty_like(buf) for _ in range(self.world)]
-        # As bytes: gloo's all_gather takes uint8 in every version.
-        self.dist.all_gather([o.view(torch.uint8) for o in out], buf.view(torch.uint8),
-                             group=self.group)
-        parts = [out[r][:self.n * (r + 1) // self.world - self.n * r // self.world].cpu()
-                 for r in range(self.world)]
-        return torch.cat(parts).numpy().view(np.uint16)
-
-
 def _short(names, n=6):
     s = ", ".join(repr(x) for x in names[:n])
     return s + (f", ... ({len(names)} in all)" if len(names) > n else "")
-
-
-def to_torch_state_dict(opt):
-    """The committed state of an OffloadAdamW as a torch.optim.AdamW state_dict.
-
-    {"state": {i: {"step", "exp_avg", "exp_avg_sq"}}, "param_groups": [...]}
-    with fp32 moments read from the device and param indices in the order of
-    opt.param_groups, which torch.optim.AdamW(...).load_state_dict() accepts
-    for the same params. torch's state_dict holds no params: give the torch
-    model the fp32 masters, opt.master_params() (the model on the device holds
-    their rounding). torch then starts from the device's state bit for bit (and
-    goes on as the device would, to the rounding of its own order of operations).
-    A group with adam_l2=True (torch.optim.Adam's algorithm) is refused.
-    """
-    if opt._shard:
-        raise ValueError("a sharded OffloadAdamW holds a slice of the state on each rank; "
-                         "to_torch_state_dict needs the whole state on one device")
-    groups, state, index = [], {}, 0
-    steps = opt._param_steps()
-    for gi, (g, ns) in enumerate(zip(opt.param_groups, opt._names)):
-        if g.get("adam_l2"):
-            raise ValueError(f"param group {gi} has adam_l2=True: that is torch.optim.Adam's "
-                             f"algorithm, not AdamW's")
-        d = {k: v for k, v in g.items() if k not in ("params", "adam_l2")}
-        d["params"] = list(range(index, index + len(ns)))
-        for i, n in zip(d["params"], ns):
-            if n not in steps:  # zero-size: no state, as torch has none before an update
-                continue
-            _, m, v = opt.read_state(n)
-            state[i] = {"step": torch.tensor(float(steps[n])), "exp_avg": m, "exp_avg_sq": v}
-        index += len(ns)
-        groups.append(d)
-    return {"state": state, "param_groups": groups}
-
-
-# ------------------------------------------------------------------ loss scaling
-
-def _amp_unscaled(grad_scaler, opt):
-    """Whether grad_scaler.unscale_(opt) ran since its last update()."""
-    return grad_scaler._per_optimizer_states[id(opt)]["stage"].name == "UNSCALED"
-
-
-def _amp_found_inf(grad_scaler, opt, overflow):
-    """Records for grad_scaler.update() whether the device skipped the step.
-
-    GradScaler's own per-optimizer record, as its unscale_() leaves it: update()
-    backs off if any is nonzero. After an unscale_(opt) the record is already
-    there (non-finite .grad values, which the device skipped on too); the
-    device's finding is added to it."""
-    state = grad_scaler._per_optimizer_states[id(opt)]
-    found = state["found_inf_per_device"]
-    scale = grad_scaler._scale      # made by the first scale(), on the scaler's device
-    if found:
-        if overflow:
-            next(iter(found.values())).fill_(1.0)
-    else:
-        found[scale.device] = torch.full((), float(overflow), dtype=torch.float32, device=scale.device)
-
-
-# torch 2 warns, at each GradScaler.step(opt) of an optimizer that takes
-# grad_scaler, that it will stop passing it; OffloadAdamW needs it (above).
-warnings.filterwarnings("ignore", message="GradScaler is going to stop passing itself",
-                        category=FutureWarning)
-
-
-class LossScaler:
-    """Dynamic loss scaling for fp16 devices, torch.cuda.amp.GradScaler's algorithm.
-
-        scaler = LossScaler()
-        scaler.scale(loss).backward()
-        scaler.unscale_(opt)                 # optional, before opt.clip_grad_norm_()
-        opt.clip_grad_norm_(1.0)             # optional
-        scaler.step(opt)                     # opt.step(grad_scale=1/scale)
-        scaler.update()
-
-    The gradients go to the device still scaled (fp16 needs the scale for its
-    range); the device multiplies them by 1/scale (x the clip coefficient) in fp32
-    and detects non-finite values itself: the commit then says "overflow", the
-    step is skipped, and update() backs off: scale *= backoff_factor, and the
-    count of good steps restarts. After growth_interval consecutive good steps,
-    scale *= growth_factor (kept if finite). The scale is an fp32 value, as in
-    GradScaler. state_dict() has GradScaler's keys.
-
-    Resuming: state_dict() always describes the scale the *next* step will use.
-    Called during scaler.step() (from the optimizer's blob hook, just before the
-    commit) it returns the state update() will leave if the step commits, which
-    is the only case in which that blob is committed; so a trainer that puts
-    scaler.state_dict() in its blob resumes with exactly the scale of an
-    uninterrupted run.
-    """
-
-    def __init__(self, init_scale=2.0 ** 16, growth_factor=2.0, backoff_factor=0.5,
-                 growth_interval=2000, enabled=True):
-        if not growth_factor > 1.0:
-            raise ValueError("growth_factor must be > 1")
-        if not 0.0 < backoff_factor < 1.0:
-            raise ValueError("backoff_factor must be in (0, 1)")
-        self._scale = np.float32(init_scale)
-        self._growth_factor = float(growth_factor)
-        self._backoff_factor = float(backoff_factor)
-        self._growth_interval = int(growth_interval)
-        self._growth_tracker = 0
-        self._enabled = bool(enabled)
-        self._found_inf = None      # after step(): True/False; during step(): "pending"
-        self._unscaled = set()
-
-    def is_enabled(self):
-        return self._enabled
-
-    def get_scale(self):
-        return float(self._scale) if self._enabled else 1.0
-
-    def get_growth_factor(self):
-        return self._growth_factor
-
-    def get_backoff_factor(self):
-        return self._backoff_factor
-
-    def get_growth_interval(self):
-        return self._growth_interval
-
-    def scale(self, outputs):
-        """outputs x scale (tensors, or nested lists/tuples of them)."""
-        if not self._enabled:
-            return outputs
-        if isinstance(outputs, torch.Tensor):
-            return outputs * torch.tensor(float(self._scale), dtype=torch.float32, device=outputs.device)
-        if isinstance(outputs, (list, tuple)):
-            return type(outputs)(self.scale(o) for o in outputs)
-        raise ValueError("outputs must be a tensor or an iterable of tensors")
-
-    def _inv_scale(self):
-        return 1.0 / float(self._scale) if self._enabled else 1.0
-
-    def unscale_(self, optimizer):
-        """Tells the optimizer that its next step's gradients are scaled: its
-        clip_grad_norm_() then measures unscaled norms. The gradients are not touched."""
-        if id(optimizer) in self._unscaled:
-            raise RuntimeError("unscale_() has already been called on this optimizer since the "
-                               "last update().")
-        optimizer.set_grad_unscale(self._inv_scale())
-        self._unscaled.add(id(optimizer))
-
-    def step(self, optimizer, *args, **kwargs):
-        """optimizer.step(grad_scale=1/scale x clip): returns its result, or None if
-        the device skipped the step (overflow)."""
-        if "grad_scale" in kwargs:
-            raise RuntimeError("LossScaler.step() sets grad_scale itself")
-        self._found_inf = "pending"
-        try:
-            ret = optimizer.step(*args, grad_scale=self._inv_scale(), **kwargs)
-        except BaseException:
-            self._found_inf = None
-            raise
-        self._found_inf = optimizer.last_result == "overflow"
-        return None if self._found_inf else ret
-
-    def _next(self, found_inf):
-        """(scale, growth_tracker) after update() with found_inf: GradScaler's
-        _amp_update_scale_."""
-        scale, tracker = self._scale, self._growth_tracker
-        if found_inf:
-            return np.float32(scale * np.float32(self._backoff_factor)), 0
-        tracker += 1
-        if tracker == self._growth_interval:
-            with np.errstate(over="ignore"):
-                grown = np.float32(scale * np.float32(self._growth_factor))
-            return (grown if np.isfinite(grown) else scale), 0
-        return scale, tracker
-
-    def update(self, new_scale=None):
-        """After step(): backs off on overflow, grows after growth_interval good steps.
-        new_scale (a float) sets the scale instead, like GradScaler.update(new_scale)."""
-        if not self._enabled:
-            return
-        if new_scale is not None:
-            self._scale = np.float32(float(new_scale))
-        else:
-            if self._found_inf is None or self._found_inf == "pending":
-                raise RuntimeError("update() without a preceding step()")
-            self._scale, self._growth_tracker = self._next(self._found_inf)
-        self._found_inf = None
-        self._unscaled.clear()
-
-    @property
-    def found_inf(self):
-        """Whether the last step() overflowed (None before a step)."""
-        return None if self._found_inf == "pending" else self._found_inf
-
-    def state_dict(self):
-        if not self._enabled:
-            return {}
-        if self._found_inf is None:
-            scale, tracker = self._scale, self._growth_tracker
-        else:   # between step() and update(): the state update() will leave
-            scale, tracker = self._next(self._found_inf is True)
-        return {"scale": float(scale), "growth_factor": self._growth_factor,
-                "backoff_factor": self._backoff_factor, "growth_interval": self._growth_interval,
-                "_growth_tracker": int(tracker)}
-
-    def load_state_dict(self, state_dict):
-        if not self._enabled:
-            return
-        if len(state_dict) == 0:
-            raise RuntimeError("The source state dict is empty, possibly because it was saved "
-                               "from a disabled instance of LossScaler.")
-        self._scale = np.float32(state_dict["scale"])
-        self._growth_factor = float(state_dict["growth_factor"])
-        self._backoff_factor = float(state_dict["backoff_factor"])
-        self._growth_interval = int(state_dict["growth_interval"])
-        self._growth_tracker = int(state_dict["_growth_tracker"])
-        self._found_inf = None
-        self._unscaled.clear()
-
-
-# ------------------------------------------------------------------ export
-
-def export_safetensors(device_or_path, out, what="master", metadata=None, force=False):
-    """Writes a device's params to a safetensors file and returns its path.
-
-    what="master": the fp32 master params (F32); "lowp": the low-precision
-    params the model trains with (BF16 / F16). The metadata records the device's
-    committed step, dtype and uuid, with the keys of `ckptctl export DEV --to
-    FILE`, which writes the same F32 tensors from the command line (and checks
-    every record's checksum on the way). out is never a dm-ckpt image unless
-    force=True, nor one a trainer has open (Device.export).
-    """
-    own = not isinstance(device_or_path, Device)
-    dev = _open(device_or_path) if own else device_or_path
-    try:
-        return dev.export(out, what=what, metadata=metadata, force=force)
-    finally:
-        if own:
-            dev.close()
-
-
-def load_safetensors_into(module, path, strict=True):
-    """Loads a safetensors checkpoint (F32/F16/BF16; a file, a sharded one's
-    index or a model folder) into module's params by name."""
-    arrays, dtypes, _ = _safetensors.load_file(path, with_metadata=True)
-    state = {}
-    for n, a in arrays.items():
-        a = np.array(a)  # out of the read-only map, one tensor at a time
-        t = lowp_to_torch(a, "bf16") if dtypes[n] == "BF16" else torch.from_numpy(a)
-        state[n] = t
-    return module.load_state_dict(state, strict=strict)
-

@@ -1,0 +1,285 @@
+# SPDX-License-Identifier: MIT
+"""How OffloadAdamW.step() drives devices, one interface (step(opt, groups,
+scale, blob_now) -> "committed" | "overflow"): _Local, the optimizer's one
+device, keeping the writes its gradient hooks made; _Shard, ZeRO-1 over a
+torch.distributed process group, each rank on its own device."""
+
+import os
+
+import numpy as np
+import torch
+
+from .. import CkptError
+
+
+def _skip_grad(dev, name, n):
+    """A param without a gradient: torch skips it (no decay, no moment decay,
+    its own step count). An image formatted before skips existed gets zeros."""
+    try:
+        dev.skip(name)
+        return
+    except CkptError as e:
+        if e.name != "E_FEATURE":
+            raise
+    dev.write_grad(name, np.zeros(n, dtype=np.uint16))
+
+
+class _Local:
+    """The unsharded step: the optimizer's one device."""
+
+    def step(self, opt, groups, scale, blob_now):
+        """Keeps the writes made from backward when nothing step() decides
+        differs from what the hooks assumed, writes the rest, commits."""
+        dev = opt.device
+        hooked = opt._hooked
+        opt._hooked = None
+        if hooked is not None and not (hooked["ok"] and hooked["groups"] == opt._groups()
+                                       and hooked["scale"] == scale
+                                       and all(opt._sent_unchanged(i) for i in hooked["written"])):
+            opt._abort()
+            hooked = None
+        opt.last_step_hooked = hooked is not None
+        if hooked is None:
+            opt._begin(groups, scale)
+        written = hooked["written"] if hooked else ()
+        try:
+            for i, (n, p, gi) in enumerate(opt._flat):
+                if i in written:
+                    continue
+                if p.grad is None:
+                    _skip_grad(dev, n, p.numel())
+                else:
+                    opt._write_grad(i)
+            return dev.commit(blob_now())
+        except BaseException:
+            opt._abort()
+            raise
+
+
+class _Shard:
+    """ZeRO-1 over a torch.distributed process group: rank r of W owns params
+    [N r / W, N (r + 1) / W) of the N params flattened in param_groups order, on
+    its own device, as pieces: "name" for a param it holds whole, "name[a:b]" (flat)
+    for part of one. The collectives run on CPU tensors (gloo), or on the current
+    CUDA device when the group's backend is NCCL."""
+
+    def __init__(self, group, flat):
+        import torch.distributed as dist
+        self.dist, self.group = dist, group
+        self.rank = dist.get_rank(group)
+        self.world = dist.get_world_size(group)
+        backend = dist.get_backend(group)
+        self.comm = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" \
+            else torch.device("cpu")
+        self.offsets, n = [], 0
+        for _, p, _ in flat:
+            self.offsets.append(n)
+            n += p.numel()
+        self.n = n
+        if n < self.world:
+            raise ValueError(f"{n} params cannot be shared by {self.world} ranks")
+        self.lo, self.hi = n * self.rank // self.world, n * (self.rank + 1) // self.world
+        self.longest = max(n * (r + 1) // self.world - n * r // self.world for r in range(self.world))
+        self.pieces = []
+        for i, ((name, p, gi), off) in enumerate(zip(flat, self.offsets)):
+            a, b = max(self.lo, off) - off, min(self.hi, off + p.numel()) - off
+            if a >= b:
+                continue
+            if a == 0 and b == p.numel():
+                self.pieces.append((name, i, a, b, tuple(int(d) for d in p.shape), gi))
+            else:
+                self.pieces.append((f"{name}[{a}:{b}]", i, a, b, (b - a,), gi))
+
+    @classmethod
+    def of(cls, process_group, flat):
+        """A _Shard when torch.distributed is initialized (or process_group is given)
+        with more than one rank; else None (one device holds everything)."""
+        import torch.distributed as dist
+        if process_group is None and not (dist.is_available() and dist.is_initialized()):
+            return None
+        if dist.get_world_size(process_group) == 1:
+            return None
+        return cls(process_group, flat)
+
+    @staticmethod
+    def path_of(shard, path):
+        """This rank's path: path with {rank} replaced, or the rank's entry of a list."""
+        rank, world = (shard.rank, shard.world) if shard else (0, 1)
+        if isinstance(path, (list, tuple)):
+            if len(path) != world:
+                raise ValueError(f"{len(path)} paths given for {world} ranks")
+            real = [os.path.realpath(os.fspath(p)) for p in path]
+            for r, p in enumerate(real):
+                if p in real[:r]:
+                    raise ValueError(f"ranks {real.index(p)} and {r} are given the same path "
+                                     f"{os.fspath(path[r])!r}: each rank needs its own device")
+            return os.fspath(path[rank])
+        path = os.fspath(path)
+        if "{rank}" in path:
+            return path.replace("{rank}", str(rank))
+        if shard:
+            raise ValueError(f"{path!r}: a sharded OffloadAdamW needs a device per rank: a path "
+                             f"holding {{rank}} (e.g. 'state-{{rank}}.img') or a list of {world} paths")
+        return path
+
+    def _all(self, values, op):
+        t = torch.tensor(values, dtype=torch.int64, device=self.comm)
+        self.dist.all_reduce(t, op=op, group=self.group)
+        return [int(x) for x in t.tolist()]
+
+    def _gather(self, values):
+        t = torch.tensor(values, dtype=torch.int64, device=self.comm)
+        out = [torch.empty_like(t) for _ in range(self.world)]
+        self.dist.all_gather(out, t, group=self.group)
+        return [[int(x) for x in o.tolist()] for o in out]
+
+    def agree(self, fn, what):
+        """Run fn on every rank; if it raised anywhere, raise everywhere (the rank's
+        own exception where it failed), so that no rank waits for a collective
+        another rank never reaches."""
+        err = None
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 - re-raised below, after the vote
+            err = e
+        failed = [r for r, (f,) in enumerate(self._gather([int(err is not None)])) if f]
+        if err is not None:
+            raise err
+        if failed:
+            raise RuntimeError(f"rank {self.rank}: rank(s) {failed} could not {what}")
+
+    def agree_create(self, path_fn):
+        """Whether this open creates the ranks' devices: path_fn() gives this rank's
+        path; all ranks create theirs or none does. Some ranks' devices missing
+        while others exist is refused on every rank: a rank's device made anew
+        at step 0 would make the others roll back or refuse, or train from
+        state of another run or world size."""
+        err, exists = None, False
+        try:
+            exists = os.path.exists(path_fn())
+        except Exception as e:  # noqa: BLE001 - re-raised below, after the vote
+            err = e
+        votes = self._gather([int(err is not None), int(exists)])
+        if err is not None:
+            raise err
+        failed = [r for r, (f, _) in enumerate(votes) if f]
+        if failed:
+            raise RuntimeError(f"rank {self.rank}: rank(s) {failed} could not find their device's path")
+        missing = [r for r, (_, e) in enumerate(votes) if not e]
+        if missing and len(missing) < self.world:
+            raise RuntimeError(f"rank(s) {missing} of {self.world} have no device at their path while the "
+                               f"other ranks have one: a missing device is not made anew at step 0 "
+                               f"beside the others' state; restore it, or remove every rank's device "
+                               f"to start from the model")
+        return bool(missing)
+
+    def agree_step(self, device):
+        """On open: the ranks resume from the lowest committed step; a rank one step
+        ahead (it committed a step that another rank had not committed when the run
+        stopped) rolls back to it. Ranks further apart are refused: the commit never
+        leaves them so."""
+        steps = [s for (s,) in self._gather([int(device.committed_step)])]
+        lo, hi = min(steps), max(steps)
+        if hi - lo > 1:
+            raise RuntimeError(f"the ranks' devices are at committed steps {steps}: more than one "
+                               f"step apart, which the sharded commit never leaves (devices of "
+                               f"another run or world size, or one restored by hand); refusing to "
+                               f"train from them")
+        if steps[self.rank] != lo:
+            self.agree(device.rollback, f"roll back to step {lo}")
+        else:
+            self.agree(lambda: None, f"roll back to step {lo}")
+        return lo
+
+    def average(self, flat):
+        """Every param's gradient averaged over the ranks (DDP's mean), as one fp32
+        all_reduce (gloo has no reduce_scatter in torch 1.13): a list, None for a
+        param no rank has a gradient for (a rank without one adds zeros)."""
+        have = self._all([int(p.grad is not None) for _, p, _ in flat], self.dist.ReduceOp.SUM)
+        buf = torch.zeros(self.n, dtype=torch.float32, device=self.comm)
+        for (name, p, _), off in zip(flat, self.offsets):
+            if p.grad is not None:
+                if p.grad.is_sparse:
+                    raise RuntimeError(f"{name!r}: OffloadAdamW does not support sparse gradients")
+                buf[off:off + p.numel()].copy_(p.grad.detach().reshape(-1))
+        self.dist.all_reduce(buf, group=self.group)
+        buf.div_(self.world)
+        return [buf[off:off + p.numel()].view(p.shape) if h else None
+                for (_, p, _), off, h in zip(flat, self.offsets, have)]
+
+    def step(self, opt, groups, scale, blob_now):
+        """The step on every rank or on none. Phase 1: each rank writes its pieces'
+        gradients (every chunk applied); the ranks vote (failure, overflow): any
+        failure or overflow aborts the step on every rank. Phase 2: every rank
+        commits, with rank 0's blob; a second vote tells every rank that all
+        committed. A run stopped between the two phases leaves ranks at t - 1 and
+        t, which the next open settles (agree_step)."""
+        grads = opt._grads()
+        opt._avg = None
+        opt.last_step_hooked = False
+        dev = opt.device
+        err, overflow = None, 0
+        try:
+            opt._begin(groups, scale)
+            opt._write_grads(grads)
+            overflow = int(dev.status()["overflow"] != 0)
+        except Exception as e:  # noqa: BLE001 - re-raised below, after the vote
+            err = e
+        failed, overflow = self._all([int(err is not None), overflow], self.dist.ReduceOp.MAX)
+        if failed or overflow:
+            opt._abort()
+            if err is not None:
+                raise err
+            if failed:
+                raise RuntimeError(f"rank {self.rank}: another rank failed its gradient writes; "
+                                   f"the step was aborted on every rank")
+            return "overflow"
+        obj = [None]
+        if self.rank == 0:
+            try:
+                obj = [blob_now()]
+            except Exception as e:  # noqa: BLE001 - every rank aborts, rank 0 raises it
+                obj, err = [e], e
+        self.dist.broadcast_object_list(obj, src=self._global(0), group=self.group)
+        result = None
+        if isinstance(obj[0], BaseException):
+            opt._abort()
+            if err is not None:
+                raise err
+            raise RuntimeError(f"rank {self.rank}: rank 0's trainer blob failed ({obj[0]!r}); the "
+                               f"step was aborted on every rank")
+        try:
+            result = dev.commit(obj[0])
+        except Exception as e:  # noqa: BLE001 - re-raised below, after the vote
+            err = e
+        done = [r for r, (ok,) in enumerate(self._gather([int(result == "committed")])) if not ok]
+        if err is not None:
+            raise err
+        if done:
+            raise RuntimeError(f"rank {self.rank}: rank(s) {done} did not commit the step that "
+                               f"this rank committed; open every rank's device again (the ranks "
+                               f"that committed roll back)")
+        return result
+
+    def _global(self, rank):
+        if self.group is None:
+            return rank
+        get = getattr(self.dist, "get_global_rank", None) or self.dist.distributed_c10d._get_global_rank
+        return get(self.group, rank)
+
+    def gather_params(self, opt):
+        """The low-precision params of every rank, flattened (uint16 words): each
+        rank reads its pieces from its device, then one all_gather."""
+        mine = [np.ascontiguousarray(opt.device.read_params(dn)).reshape(-1).view(np.uint16)
+                for dn, _, _, _, _, _ in self.pieces]
+        buf = torch.zeros(self.longest, dtype=torch.int16)
+        local = np.concatenate(mine) if mine else np.zeros(0, np.uint16)
+        buf[:local.size] = torch.from_numpy(local.view(np.int16))
+        buf = buf.to(self.comm)
+        out = [torch.empty_like(buf) for _ in range(self.world)]
+        # As bytes: gloo's all_gather takes uint8 in every version.
+        self.dist.all_gather([o.view(torch.uint8) for o in out], buf.view(torch.uint8),
+                             group=self.group)
+        parts = [out[r][:self.n * (r + 1) // self.world - self.n * r // self.world].cpu()
+                 for r in range(self.world)]
+        return torch.cat(parts).numpy().view(np.uint16)
