@@ -5,6 +5,11 @@
 #   scripts/venv.sh           create or refresh it; prints nothing else when
 #                             it is up to date
 #   scripts/venv.sh --python  print its interpreter's path (creates nothing)
+#   scripts/venv.sh --wheelhouse
+#                             print the wheelhouse's path (creates nothing):
+#                             the wheels of requirements-build.txt, which
+#                             `pip install .` of the project builds with,
+#                             downloaded for offline installs
 # It lives outside the clone, so a fresh clone (and CI) reuses it:
 #   CKPT_VENV       the venv (default /var/cache/dm-ckpt/venv)
 #   CKPT_PIP_CACHE  pip's cache (default /var/cache/dm-ckpt/pip): a rebuilt
@@ -22,11 +27,27 @@ VENV=${CKPT_VENV:-/var/cache/dm-ckpt/venv}
 CACHE=${CKPT_PIP_CACHE:-/var/cache/dm-ckpt/pip}
 BASE_PYTHON=${CKPT_VENV_BASE_PYTHON:-/usr/bin/python3}
 
-if [ "${1:-}" = "--python" ]; then
-	echo "$VENV/bin/python"
-	exit 0
+WHEELS=$VENV-wheelhouse
+BUILD_REQ=$ROOT/requirements-build.txt
+
+case "${1:-}" in
+--python) echo "$VENV/bin/python"; exit 0 ;;
+--wheelhouse) echo "$WHEELS"; exit 0 ;;
+esac
+[ $# -eq 0 ] || { echo "usage: $0 [--python | --wheelhouse]" >&2; exit 2; }
+
+# The wheelhouse, with a stamp of its own (a moved build pin refills it, the
+# venv stays)
+wheels_want=$(sha256sum "$BUILD_REQ" | cut -d' ' -f1)
+wheels_stamp=$WHEELS/.dm-ckpt-requirements-build.sha256
+if ! { [ -f "$wheels_stamp" ] && [ "$(cat "$wheels_stamp")" = "$wheels_want" ]; }; then
+	echo "venv: downloading requirements-build.txt into $WHEELS"
+	rm -rf "$WHEELS"
+	mkdir -p "$WHEELS" "$CACHE"
+	"$BASE_PYTHON" -m pip --cache-dir "$CACHE" --disable-pip-version-check download -q --no-deps \
+		--only-binary=:all: -d "$WHEELS" -r "$BUILD_REQ"
+	echo "$wheels_want" > "$wheels_stamp"
 fi
-[ $# -eq 0 ] || { echo "usage: $0 [--python]" >&2; exit 2; }
 
 want=$(sha256sum "$REQ" | cut -d' ' -f1)
 stamp=$VENV/.dm-ckpt-requirements.sha256

@@ -4,7 +4,8 @@
 # DESTDIR, then a C program built with `pkg-config --cflags --libs ckpt`, the
 # Python package, ckptctl, the man pages and the completion, each used from
 # the staged files only (never the build tree); the exports of libckpt.so
-# against ckpt.h; one version everywhere; `pip install .` into a --target dir.
+# against ckpt.h; one version everywhere; `pip install .` (a wheel carrying
+# libckpt) into a fresh venv.
 #   test_install.sh BUILD_DIR
 set -u
 build=$(cd "$1" && pwd) || exit 1
@@ -130,22 +131,47 @@ print("ok")'
 ok "import ckpt from the staged package and library" sh -c 'cd "$5" && env -i PATH=/usr/bin:/bin PYTHONPATH="$1" LD_LIBRARY_PATH="$2" "$3" -c "$4" "$6" "$7" "$8" | grep -qx ok' sh \
 	"$pydir" "$libdir" "$py" "$pycheck" "$scratch" "$stage" "$version" "$scratch/c.img"
 
-# --- pip install . (offline, no build isolation) into a --target dir ---
-src=$scratch/src
-mkdir -p "$src/libckpt/python"
-cp "$top/pyproject.toml" "$top/VERSION" "$src/" && cp -r "$top/libckpt/python/ckpt" "$src/libckpt/python/"
-find "$src" -name __pycache__ -prune -exec rm -rf {} +
-if (cd "$src" && PIP_NO_INDEX=1 "$py" -m pip install --no-build-isolation --no-deps --no-index \
-	--disable-pip-version-check --root-user-action=ignore --target "$scratch/pip" . >"$scratch/pip.log" 2>&1); then
-	ok "pip install --no-build-isolation --no-deps ." true
+# --- pip install . : a wheel that carries libckpt, into a fresh venv ---
+# Offline, with build isolation: pip takes scikit-build-core from the
+# wheelhouse (scripts/venv.sh --wheelhouse), which builds the library with
+# CMake; then the package imports, with no LD_LIBRARY_PATH, the library
+# inside it, and steps a device.
+wheels=${CKPT_WHEELHOUSE:-}
+ok "the wheelhouse of requirements-build.txt (${wheels:-CKPT_WHEELHOUSE unset: scripts/venv.sh})" \
+	test -n "$wheels" -a -f "$wheels/.dm-ckpt-requirements-build.sha256"
+venv=$scratch/venv
+if "$py" -m venv "$venv" >"$scratch/venv.log" 2>&1 &&
+	(cd "$top" && PIP_NO_INDEX=1 "$venv/bin/python" -m pip install --disable-pip-version-check --no-index \
+		--find-links "$wheels" . numpy >"$scratch/pip.log" 2>&1); then
+	ok "pip install . into a fresh venv (build isolation on, offline)" true
 else
-	ok "pip install --no-build-isolation --no-deps ." false; sed 's/^/# /' "$scratch/pip.log"
+	ok "pip install . into a fresh venv (build isolation on, offline)" false
+	sed 's/^/# /' "$scratch/venv.log" "$scratch/pip.log" | tail -n 40
 fi
-ok "the wheel's metadata says version $version" test -d "$scratch/pip/ckpt-$version.dist-info"
-ok "import ckpt from the pip-installed package (libckpt.so.0 through the loader)" sh -c 'cd "$5" && env -i PATH=/usr/bin:/bin PYTHONPATH="$1" LD_LIBRARY_PATH="$2" "$3" -c "$4" "$6" "$7" "$8" | grep -qx ok' sh \
-	"$scratch/pip" "$libdir" "$py" "$(echo "$pycheck" | sed 's/^assert lib and all.*/assert lib, lib/')" "$scratch" "$scratch/pip" "$version" "$scratch/c.img"
-ok "without libckpt, import ckpt says what to install" sh -c 'cd "$3" && env -i PATH=/usr/bin:/bin PYTHONPATH="$1" "$2" -c "import ckpt" 2>&1 | grep -q "ckpt: cannot load libckpt.*make install"' sh \
-	"$scratch/pip" "$py" "$scratch"
+site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])' 2>/dev/null)
+ok "the wheel's metadata says version $version" test -d "$site/ckpt-$version.dist-info"
+ok "the wheel carries libckpt.so in the package" test -f "$site/ckpt/libckpt.so" -a -f "$site/ckpt/torch/optimizer.py"
+wheelcheck='
+import sys, numpy as np, ckpt
+site, version, img = sys.argv[1:4]
+assert ckpt.__file__.startswith(site + "/"), ckpt.__file__
+assert ckpt.__version__ == version, ckpt.__version__
+lib = [l.split()[-1] for l in open("/proc/self/maps") if "libckpt.so" in l]
+assert lib and all(p == site + "/ckpt/libckpt.so" for p in lib), lib
+layout = ckpt.Layout().add("w", (64, 32))
+ckpt.format(img, layout, dtype="fp16")
+with ckpt.open(img) as dev:
+    dev.begin([{"lr": 1e-2}])
+    dev.write_grad("w", np.ones((64, 32), np.float16))
+    assert dev.commit() == "committed"
+    assert dev.info()["committed_step"] == 1
+print("ok")'
+ok "import ckpt from the wheel (its own libckpt.so, no LD_LIBRARY_PATH) and step a device" sh -c \
+	'cd "$1" && env -i PATH=/usr/bin:/bin "$2" -c "$3" "$4" "$5" "$1/w.img" | grep -qx ok' sh \
+	"$scratch" "$venv/bin/python" "$wheelcheck" "$site" "$version"
+ok "without libckpt, import ckpt says what to install" sh -c 'rm "$1/ckpt/libckpt.so" && cd "$3" &&
+	env -i PATH=/usr/bin:/bin "$2" -c "import ckpt" 2>&1 | grep -q "ckpt: cannot load libckpt.*make install"' sh \
+	"$site" "$venv/bin/python" "$scratch"
 
 echo "1..$n"
 exit $failed
