@@ -229,13 +229,25 @@ class ReadmeTest(unittest.TestCase):
         resumes from the checkpoint of the device's step 8. (Resumed at
         max_steps, the Trainer trains one step more, with torch's AdamW too;
         the device follows it.)"""
-        code = readme_blocks("py")[0]
+        (code,) = [b for b in readme_blocks("py") if "Trainer(" in b]
         self.assertIn("resume_checkpoint(trainer)", code)
         with tempdir() as d:
             for expect in ("trained to step 8 device at 8\n", "trained to step 9 device at 9\n"):
                 rc, out = run_python_in(d, code)
                 self.assertEqual(rc, 0, out[-3000:])
                 self.assertIn(expect, out)
+
+    def test_readme_accelerate_example_runs_and_resumes(self):
+        """The README's Accelerate example, twice in one directory: 8 steps,
+        then a restart that reopens the device at step 8 and trains no more."""
+        (code,) = [b for b in readme_blocks("py") if "Accelerator(" in b]
+        with tempdir() as d:
+            for _ in range(2):
+                rc, out = run_python_in(d, code)
+                self.assertEqual(rc, 0, out[-3000:])
+                self.assertIn("device at step 8\n", out)
+            self.assertTrue(os.listdir(os.path.join(d, "acc-run")))
+
 
 if __name__ == "__main__":
     unittest.main()
