@@ -45,7 +45,7 @@ sources_id() {
 	{
 		echo "$1 $tree"
 		cat "$tree/.config" 2>/dev/null
-		find "$ROOT/kmod" "$ROOT/libckpt/core" -type f \( -name '*.[ch]' -o -name Kbuild -o \
+		find "$ROOT/kmod" "$ROOT/libckpt/core" -type f \( -name '*.[ch]' -o -name Kbuild -o -name '*.mk' -o \
 			-name Makefile -o -name configure \) ! -name '*.mod.c' ! -name ckpt_config.h -print0 |
 			sort -z | xargs -0 cat
 		cat "$ROOT/VERSION"
