@@ -22,10 +22,8 @@ from .convert import lowp_to_torch, torch_to_lowp
 from .drivers import _Local, _Shard, _skip_grad
 from .scaler import _amp_found_inf, _amp_unscaled
 
-
 # What the device applies; maximize is applied to the gradient on its way there.
 _HPARAM_KEYS = ("lr", "betas", "eps", "weight_decay", "adam_l2")
-
 
 _AMSGRAD_REFUSED = ("amsgrad=True is not supported: AMSGrad divides by the running maximum of "
                     "exp_avg_sq (max_exp_avg_sq), and the device keeps only exp_avg and exp_avg_sq "

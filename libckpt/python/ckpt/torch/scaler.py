@@ -31,7 +31,8 @@ def _amp_found_inf(grad_scaler, opt, overflow):
 
 
 # torch 2 warns, at each GradScaler.step(opt) of an optimizer that takes
-# grad_scaler, that it will stop passing it; OffloadAdamW needs it (above).
+# grad_scaler, that it will stop passing it; OffloadAdamW.step(grad_scaler=)
+# needs it.
 warnings.filterwarnings("ignore", message="GradScaler is going to stop passing itself",
                         category=FutureWarning)
 
