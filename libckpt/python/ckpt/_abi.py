@@ -9,7 +9,7 @@ import os
 
 def _load_library():
     """libckpt: the copy beside this file (the package assembled in a build
-    tree), else the installed library by its SONAME through the dynamic
+    tree, or a wheel's), else the installed library by its SONAME through the dynamic
     loader (`make install`; a `pip install` of the package)."""
     here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "libckpt.so")
     name = here if os.path.exists(here) else "libckpt.so.0"
@@ -34,6 +34,7 @@ _lib.ckpt_abi_count.argtypes = [ctypes.c_char_p]
 
 # The library's error names (enum ckpt_err): ERRORS[code] == "E_TWICE".
 ERRORS = [_lib.ckpt_err_name(_i).decode() for _i in range(_lib.ckpt_abi_count(b"errors"))]
+
 
 class CkptError(Exception):
     """An engine error: .code (enum ckpt_err), .name ("E_TWICE", ...), .message."""
@@ -128,6 +129,7 @@ for _name, _res, _args in [
     ("ckpt_image_uuid", _int, [_cp, ctypes.POINTER(ctypes.c_uint8)]),
     ("ckpt_uuid_string", None, [ctypes.POINTER(ctypes.c_uint8), _cp]),
     ("ckpt_export", _int, [_vp, _cp, _u32, _cp]),
+    ("ckpt_safetensors_header", _int, [_cp, ctypes.POINTER(_vp)]),
     ("ckpt_state_name", _cp, [_u32]),
     ("ckpt_result_name", _cp, [_u32]),
     ("ckpt_dtype_name", _cp, [_u32]),

@@ -26,11 +26,6 @@ DTYPES = {
     "U64": np.uint64, "U32": np.uint32, "U16": np.uint16, "U8": np.uint8, "BOOL": np.bool_,
 }
 
-_lib.ckpt_safetensors_header.restype = ctypes.c_int
-_lib.ckpt_safetensors_header.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
-_lib.ckpt_free.restype = None
-_lib.ckpt_free.argtypes = [ctypes.c_void_p]
-
 
 def header(path):
     """The library's validated header of a file, index or model folder:
