@@ -28,7 +28,10 @@ backward + optimizer step + zero_grad, on BENCH_THREADS torch threads
               plain steps and one checkpointing step, averaged.
   offload-*   OffloadAdamW on a bf16 device file in the same directory:
               fp32 or 8-bit moments ("8bit"), bf16 masters ("bf16m"), with
-              gradient hooks (the default) or without ("nohooks").
+              gradient hooks (the default) or without ("nohooks"); "clip"
+              and "devclip" clip every step (torch's clip_grad_norm_ on
+              p.grad, opt.clip_grad_norm_): a clipped step against an
+              unclipped one (clipped_step_vs_unclipped*).
 Swap and offload children run with --alloc's allocator (default glibc, tuned
 as for the RAM ones: on Debian's torch its forward and backward are faster).
 
@@ -65,13 +68,20 @@ MODELS = {
     "tiny2000t": dict(n_layer=166, d_model=16, n_head=2),
 }
 RAM = ["ram-foreach-glibc", "ram-loop-glibc", "ram-foreach-jemalloc", "ram-loop-jemalloc"]
-OFFLOAD = {  # name: (state, master, hooks)
-    "offload-fp32": ("fp32", "fp32", True),
-    "offload-fp32-nohooks": ("fp32", "fp32", False),
-    "offload-8bit": ("8bit", "fp32", True),
-    "offload-8bit-nohooks": ("8bit", "fp32", False),
-    "offload-8bit-bf16m": ("8bit", "bf16", True),
+OFFLOAD = {  # name: (state, master, hooks, clip)
+    "offload-fp32": ("fp32", "fp32", True, None),
+    "offload-fp32-nohooks": ("fp32", "fp32", False, None),
+    "offload-fp32-clip": ("fp32", "fp32", True, "torch"),
+    "offload-fp32-devclip": ("fp32", "fp32", True, "device"),
+    "offload-8bit": ("8bit", "fp32", True, None),
+    "offload-8bit-nohooks": ("8bit", "fp32", False, None),
+    "offload-8bit-bf16m": ("8bit", "bf16", True, None),
 }
+# max_norm of the clipping contenders: every step clips (an LLM's 1.0 clips most
+# early steps); "torch": torch.nn.utils.clip_grad_norm_ on p.grad in place, as
+# Accelerate, the Trainer and DeepSpeed clip; "device": opt.clip_grad_norm_, the
+# coefficient folded into the device's grad_scale
+CLIP_NORM = 1e-3
 CONTENDERS = RAM + ["swap"] + list(OFFLOAD)
 JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
 ALLOC_ENV = {
@@ -87,6 +97,8 @@ TARGETS = {  # key: (target, higher is better)
     "speedup_vs_swap_ckpt_every_10_disk": (1.3, True),
     "engine_fraction_of_device_shm": (0.9, True),
     "engine_fraction_of_device_disk": (0.9, True),
+    "clipped_step_vs_unclipped": (1.1, False),
+    "clipped_step_vs_unclipped_device_clip": (1.1, False),
 }
 
 
@@ -250,6 +262,7 @@ def child(cfg):
     c = cfg["contender"]
     paths = [os.path.join(cfg["dir"], f"{c}.{n}") for n in ("img", "ckpt")] if cfg["dir"] else []
     out = {"params": params, "tensors": len(list(model.parameters()))}
+    clip = None
     try:
         if c.startswith("ram-"):
             opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WD, foreach=c.startswith("ram-foreach"))
@@ -259,7 +272,7 @@ def child(cfg):
             kinds = ["step", "ckpt"]
         else:
             import ckpt.torch as ct
-            state, master, hooks = OFFLOAD[c]
+            state, master, hooks, clip = OFFLOAD[c]
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")     # the fp32 model's PrecisionWarning
                 opt = ct.OffloadAdamW(model.named_parameters(), paths[0], lr=LR, weight_decay=WD, dtype="bf16",
@@ -277,6 +290,10 @@ def child(cfg):
                     loss = F.cross_entropy(model(x).view(-1, VOCAB).float(), y.view(-1))
                 loss.backward()
                 t1 = time.perf_counter()
+                if clip == "torch":
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP_NORM)
+                elif clip == "device":
+                    opt.clip_grad_norm_(CLIP_NORM)
                 if kind == "ckpt":
                     opt.step(ckpt=True)
                 else:
@@ -295,6 +312,7 @@ def child(cfg):
         if hasattr(opt, "last_step_bytes"):
             out["bytes"] = dict(opt.last_step_bytes or {})
             out["hooked"] = bool(opt.last_step_hooked)
+            out["mode"] = opt.last_step_mode
         if hasattr(opt, "close"):
             opt.close()
     finally:
@@ -392,8 +410,10 @@ def print_table(rows, res):
         if "bytes" in raw:
             b = raw["bytes"]    # last_step_bytes: what the trainer wrote to and read from the engine
             note = f"engine: grad {b['grad_written'] / raw['params']:.2f} + params {b['params_read'] / raw['params']:.2f}"
-            if c in OFFLOAD and OFFLOAD[c][2] and not all(r.get("hooked") for r in res[(m, d, c)]):
-                note += " (a step did not keep the hooks' writes)"
+            want = "staged" if OFFLOAD.get(c, (0, 0, 0, None))[3] else "hooked"
+            if c in OFFLOAD and OFFLOAD[c][2] and not all(r.get("mode", "hooked") == want
+                                                          for r in res[(m, d, c)]):
+                note += f" (a last step was not {want})"
         if raw.get("step_io_write") and d == "disk":
             k = "ckpt" if c == "swap ckpt/1" else "step"
             note = (f"disk {(raw[f'{k}_io_read'] + raw[f'{k}_io_write']) / raw['params']:.1f}"
@@ -429,6 +449,14 @@ def headline(rows, res, micro, big):
                 out[f"speedup_vs_swap_ckpt_{key}_disk_exposed"] = round(
                     per_rep_ratio(sw[3], best[3], "exposed", "exposed")[0], 4)
         out["speedup_vs_swap_from"] = f"{big}: whole steps, swap over {best[2]}"
+    for d in ("shm", "disk"):
+        plain = find(rows, big, d, "offload-fp32")
+        for c, key in (("offload-fp32-clip", "clipped_step_vs_unclipped"),
+                       ("offload-fp32-devclip", "clipped_step_vs_unclipped_device_clip")):
+            clipped = find(rows, big, d, c)
+            if plain and clipped:
+                k = key if d == "shm" else f"{key}_disk"
+                out[k] = round(per_rep_ratio(clipped[3], plain[3], "iter", "iter")[0], 4)
     out["device_bytes_per_param_step"] = device_bytes(res, big)
     return out
 

@@ -11,6 +11,12 @@
   coefficient below 1, an lr changed after backward, a second backward without
   accumulating(), a .grad set to None or changed in place after backward, also
   where torch counts no version (.data, numpy, torch 1.13's clip_grad_value_);
+- the step after such a one is staged (the hooks only round the gradients,
+  step() writes them with its scale): a trainer that clips every step, in
+  place as torch's clip_grad_norm_ (Accelerate, the Trainer, DeepSpeed) or
+  through opt.clip_grad_norm_, writes each gradient once, never aborts, and
+  ends bit for bit where hooks=False does; a staged step that needed no
+  change sends the next one back to the hooks (last_step_mode);
 - reads of state between backward and step() return the committed step's;
 - a param without a gradient is skipped (its step count stays) with hooks too.
 
@@ -102,7 +108,7 @@ class OffloadHooksTest(unittest.TestCase):
                 self.assertLessEqual(r, 1.0, f"step {t} {n}: master vs torch {r:.2f} x tolerance")
                 self.assertTrue(torch.equal(by_name[n].detach(), bf16_round(hopt.read_state(n)[0])))
 
-    def run_both(self, pairs, rng, between, hooked):
+    def run_both(self, pairs, rng, between, mode):
         x, y = batch(rng)
         for model, opt in pairs:
             loss_of(model, x, y).backward()
@@ -110,36 +116,72 @@ class OffloadHooksTest(unittest.TestCase):
             opt.step()
             opt.zero_grad()
             self.assertEqual(opt.last_result, "committed")
-        self.assertEqual(pairs[0][1].last_step_hooked, hooked)
-        self.assert_same_masters(pairs[0][1], pairs[1][1], "step")
+        hopt, popt = pairs[0][1], pairs[1][1]
+        self.assertEqual(hopt.last_step_mode, mode)
+        self.assertEqual(hopt.last_step_hooked, mode == "hooked")
+        self.assertEqual(popt.last_step_mode, "written")
+        self.assert_same_masters(hopt, popt, "step")
 
     def test_what_step_decides_later_is_caught(self):
         pairs = self.pair()
         rng = np.random.default_rng(5)
-        self.run_both(pairs, rng, lambda m, o: None, True)
+        self.run_both(pairs, rng, lambda m, o: None, "hooked")
         # clipping active: the coefficient is known only after backward
-        self.run_both(pairs, rng, lambda m, o: o.clip_grad_norm_(1e-3), False)
-        # clipping inactive: the hooked writes stand
-        self.run_both(pairs, rng, lambda m, o: o.clip_grad_norm_(1e6), True)
+        self.run_both(pairs, rng, lambda m, o: o.clip_grad_norm_(1e-3), "redone")
+        # the next step is staged; clipping inactive: the one after is hooked again
+        self.run_both(pairs, rng, lambda m, o: o.clip_grad_norm_(1e6), "staged")
+        self.run_both(pairs, rng, lambda m, o: o.clip_grad_norm_(1e6), "hooked")
 
         def lr_after_backward(m, o):
             for g in o.param_groups:
                 g["lr"] = 1e-3
-        self.run_both(pairs, rng, lr_after_backward, False)
-        self.run_both(pairs, rng, lambda m, o: None, True)   # and it stays
+        self.run_both(pairs, rng, lr_after_backward, "redone")
+        self.run_both(pairs, rng, lambda m, o: None, "staged")   # and it stays
+        self.run_both(pairs, rng, lambda m, o: None, "hooked")
 
         def twice(m, o):
             x, y = batch(np.random.default_rng(11))
             loss_of(m, x, y).backward()
-        self.run_both(pairs, rng, twice, False)
+        self.run_both(pairs, rng, twice, "redone")
+        self.run_both(pairs, rng, twice, "written")     # staged, but backward ran twice
 
         def drop_grad(m, o):
             m[0].bias.grad = None
-        self.run_both(pairs, rng, drop_grad, False)
+        self.run_both(pairs, rng, drop_grad, "staged")
 
         def in_place(m, o):
             m[0].weight.grad.mul_(0.5)
-        self.run_both(pairs, rng, in_place, False)
+        self.run_both(pairs, rng, in_place, "staged")
+        self.run_both(pairs, rng, lambda m, o: None, "staged")
+        self.run_both(pairs, rng, in_place, "redone")
+
+    def test_clipping_every_step_is_staged(self):
+        """A trainer that clips: the first clipped step is done twice, every later
+        one is staged: each gradient written once (the same bytes as hooks=False),
+        no abort, and the state bit for bit hooks=False's, whether the clip is
+        torch's in place or the device's coefficient, and whether or not it clips."""
+        pairs = self.pair()
+        rng = np.random.default_rng(17)
+
+        def torch_clip(max_norm):
+            return lambda m, o: torch.nn.utils.clip_grad_norm_(m.parameters(), max_norm)
+
+        def device_clip(max_norm):
+            return lambda m, o: o.clip_grad_norm_(max_norm)
+
+        self.run_both(pairs, rng, torch_clip(1e-2), "redone")
+        aborted = pairs[0][1].device.status()["steps_aborted"]
+        for t, clip in enumerate([torch_clip(1e-2), device_clip(1e-2), torch_clip(1e-3),
+                                  device_clip(1e-3), torch_clip(1e-2)]):
+            with self.subTest(step=t):
+                self.run_both(pairs, rng, clip, "staged")
+                hb, pb = (o.last_step_bytes for _, o in pairs)
+                for k in ("grad_written", "params_read"):
+                    self.assertEqual(hb[k], pb[k], k)
+        self.assertEqual(pairs[0][1].device.status()["steps_aborted"], aborted)
+        # a clip that changes nothing: the next step goes back to the hooks
+        self.run_both(pairs, rng, device_clip(1e6), "staged")
+        self.run_both(pairs, rng, torch_clip(1e6), "hooked")
 
     def test_edits_without_a_version_are_caught(self):
         """Edits of the gradient after backward that bump no version counter (a
@@ -166,10 +208,11 @@ class OffloadHooksTest(unittest.TestCase):
 
             for edit in (clip_value, data_mul, data_set, numpy_average):
                 with self.subTest(kw=kw, edit=edit.__name__):
-                    self.run_both(pairs, rng, edit, False)
+                    self.run_both(pairs, rng, edit, "redone" if edit is clip_value else "staged")
             # an edit that rounds to the same device words changes nothing written
             with self.subTest(kw=kw, edit="same rounding"):
-                self.run_both(pairs, rng, lambda m, o: m[0].weight.grad.data.mul_(1.0), True)
+                self.run_both(pairs, rng, lambda m, o: m[0].weight.grad.data.mul_(1.0), "staged")
+                self.run_both(pairs, rng, lambda m, o: m[0].weight.grad.data.mul_(1.0), "hooked")
             for _, opt in pairs:
                 opt.close()
 
@@ -181,7 +224,7 @@ class OffloadHooksTest(unittest.TestCase):
         pairs = self.pair()
         (hm, hopt), (pm, popt) = pairs
         rng = np.random.default_rng(13)
-        self.run_both(pairs, rng, lambda m, o: None, True)     # moments not zero
+        self.run_both(pairs, rng, lambda m, o: None, "hooked")     # moments not zero
 
         def reads(opt):
             sd = to_torch_state_dict(opt)
@@ -221,7 +264,7 @@ class OffloadHooksTest(unittest.TestCase):
         for model, opt in pairs:
             model[1].weight.requires_grad_(False)   # LayerNorm's weight: no gradient
         for _ in range(3):
-            self.run_both(pairs, rng, lambda m, o: None, True)
+            self.run_both(pairs, rng, lambda m, o: None, "hooked")
         for _, opt in pairs:
             self.assertEqual(opt.device.tensor_step("1.weight"), 0)
             self.assertEqual(opt.device.tensor_step("0.weight"), 3)

@@ -29,24 +29,45 @@ class _Local:
 
     def step(self, opt, groups, scale, blob_now):
         """Keeps the writes made from backward when nothing step() decides
-        differs from what the hooks assumed, writes the rest, commits."""
+        differs from what the hooks assumed; otherwise (or when the hooks only
+        staged the gradients) opens the step now and writes what backward
+        rounded, each gradient changed since rounded again. Writes the rest,
+        commits. A step whose writes from backward could not stand has the
+        next one staged; a staged step that could have stood, hooked."""
         dev = opt.device
-        hooked = opt._hooked
-        opt._hooked = None
-        if hooked is not None and not (hooked["ok"] and hooked["groups"] == opt._groups()
-                                       and hooked["scale"] == scale
-                                       and all(opt._sent_unchanged(i) for i in hooked["written"])):
+        h, opt._hooked = opt._hooked, None
+        ready = set()       # params whose buffer holds the rounding of p.grad now
+        kept = h is not None and h["ok"] and h["groups"] == opt._groups() and h["scale"] == scale
+        if h is not None and h["ok"]:
+            for i in h["written"]:
+                if opt._sent_unchanged(i):
+                    ready.add(i)
+                elif opt._restage(i):
+                    ready.add(i)
+                    kept = False
+                else:
+                    kept = False
+        if h is not None:
+            opt._stage_next = not kept
+        if h is not None and not h["staged"] and not kept:
             opt._abort()
-            hooked = None
-        opt.last_step_hooked = hooked is not None
-        if hooked is None:
-            opt._begin(groups, scale)
-        written = hooked["written"] if hooked else ()
+        hooked = kept and not h["staged"]
+        opt.last_step_hooked = hooked
+        if hooked:
+            opt.last_step_mode = "hooked"
+        elif h is None or h.get("failed_begin") or (h["staged"] and not h["ok"]):
+            opt.last_step_mode = "written"
+        else:   # the device updated during backward for nothing, or nothing was wasted
+            opt.last_step_mode = "staged" if h["staged"] else "redone"
         try:
+            if not hooked:
+                opt._begin(groups, scale)
             for i, (n, p, gi) in enumerate(opt._flat):
-                if i in written:
+                if hooked and i in ready:
                     continue
-                if p.grad is None:
+                if i in ready:
+                    dev.write_grad(n, opt._gwords[i])
+                elif p.grad is None:
                     _skip_grad(dev, n, p.numel())
                 else:
                     opt._write_grad(i)
@@ -217,6 +238,7 @@ class _Shard:
         grads = opt._grads()
         opt._avg = None
         opt.last_step_hooked = False
+        opt.last_step_mode = "written"
         dev = opt.device
         err, overflow = None, 0
         try:

@@ -297,6 +297,12 @@ class OffloadAdamW(torch.optim.Optimizer):
         self._precision_warned = False
         self.path = None
         self.last_step_hooked = False   # whether the last step() kept the writes made during backward
+        # how the last step's gradients reached the device: "hooked" (written
+        # during backward, each update ran then), "staged" (rounded during
+        # backward, written by step()), "redone" (written during backward, then
+        # aborted and written again by step()), "written" (by step())
+        self.last_step_mode = None
+        self._stage_next = False        # the last step changed what backward gave: stage the next
         self._accumulating = False
         self._hooked = None             # the step opened from backward: see _hook_begin
         self._last_scale = 1.0          # the last step's grad_scale without its clip coefficient
@@ -773,6 +779,17 @@ class OffloadAdamW(torch.optim.Optimizer):
         # numpy's comparison: a quarter of torch.equal's time on int16 words
         return np.array_equal(self._gcheck_words[:p.numel()], self._gwords[i])
 
+    def _restage(self, i):
+        """After _sent_unchanged(i) found p.grad changed: its new rounding (in the
+        check buffer) becomes what param i's buffer holds. False when p.grad is
+        gone or of another kind (step() writes it from p.grad and says why)."""
+        p = self._flat[i][1]
+        g = p.grad
+        if g is None or g.is_sparse or g.numel() != p.numel():
+            return False
+        self._gbuf[i].copy_(self._gcheck[:p.numel()])
+        return True
+
     def _install_hooks(self):
         # step()'s check of the writes made from backward rounds each p.grad
         # again into this (one param at a time)
@@ -805,28 +822,38 @@ class OffloadAdamW(torch.optim.Optimizer):
                 h["ok"] = False
                 return
             try:
-                self._write_grad(i)
+                if h["staged"]:
+                    self._round_grad(i, self._gbuf[i])
+                else:
+                    self._write_grad(i)
                 h["written"].add(i)
             except Exception:       # step() writes it again, and says what is wrong
                 h["ok"] = False
         return hook
 
     def _hook_begin(self):
-        """Opens the step from backward, with the values step() most likely uses."""
+        """Starts the step from backward, with the values step() most likely uses:
+        opens it on the device (each gradient is then written as backward gives
+        it), or, when the last step found them changed after backward (a clip,
+        most often: a trainer that clips does so step after step), only rounds
+        each gradient into its buffer, for step() to write with the final scale."""
         groups = self._groups()
         scale = self._last_scale
-        h = {"groups": groups, "scale": scale, "written": set(), "ok": True}
-        try:
-            self._begin([{k: g[k] for k in _HPARAM_KEYS} for g in self.param_groups], scale)
-        except Exception:
-            h["ok"] = False
-            h["failed_begin"] = True
+        h = {"groups": groups, "scale": scale, "written": set(), "ok": True,
+             "staged": self._stage_next}
+        if not h["staged"]:
+            try:
+                self._begin([{k: g[k] for k in _HPARAM_KEYS} for g in self.param_groups], scale)
+            except Exception:
+                h["ok"] = False
+                h["failed_begin"] = True
         self._hooked = h
         return h
 
     def _hook_abort(self):
         h, self._hooked = self._hooked, None
-        if h is not None and not h.get("failed_begin") and getattr(self, "device", None) is not None:
+        if h is not None and not h["staged"] and not h.get("failed_begin") \
+                and getattr(self, "device", None) is not None:
             self._abort()
 
     @contextlib.contextmanager
