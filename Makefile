@@ -197,15 +197,17 @@ bench: deps
 	$(MAKE) all
 	scripts/bench.sh $(BUILD)
 
-# A training step end to end (bench/e2e_bench.py): OffloadAdamW against
-# torch's AdamW in RAM and a swap of the fp32 state to the same device, the
-# demo's GPT at 10M, 50M and 200M params and at 2000 tensors, on /dev/shm and
+# A training step end to end (bench/e2e_bench.py), under torch 2's venv:
+# OffloadAdamW against torch's AdamW in RAM (fused, foreach, loop), the 8-bit
+# AdamWs of bitsandbytes and torchao, DeepSpeed's ZeRO-Infinity and the
+# project's own swap of the fp32 state to the same device, the demo's GPT at
+# 10M, 50M and 200M params and at 2000 tensors, on /dev/shm and
 # CKPT_BENCH_DISK (default /var/tmp); a table, build/bench/e2e.png and a JSON
-# line. About 45 minutes on 2 cores; E2E_ARGS=--quick for a smoke run.
+# line. About an hour on 2 cores; E2E_ARGS=--quick for a smoke run.
 E2E_ARGS ?=
 bench-e2e: deps
 	$(MAKE) all
-	$(PYTHON) bench/e2e_bench.py --build $(BUILD) $(E2E_ARGS)
+	$(TORCH2_PYTHON) bench/e2e_bench.py --build $(BUILD) $(E2E_ARGS)
 
 # The library, headers, ckpt.pc, ckptctl, ckpt-trace, the Python package, man
 # pages and bash completion under PREFIX, staged under DESTDIR if given

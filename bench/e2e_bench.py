@@ -12,10 +12,20 @@ Models: the demo's GPT (demo/train.py, random tokens, vocabulary 256, context
 backward are the same computation for all; a training step is forward +
 backward + optimizer step + zero_grad, on BENCH_THREADS torch threads
 (default 1). Contenders:
-  ram-*       torch.optim.AdamW in RAM, foreach=True ("foreach") and
-              foreach=False ("loop"), each with glibc malloc tuned for large
-              tensors (no mmap, no trim) and with jemalloc (LD_PRELOAD); the
-              fastest median step per model is the RAM baseline.
+  ram-*       torch.optim.AdamW in RAM, fused=True ("fused", torch 2's CPU
+              kernel), foreach=True ("foreach") and foreach=False ("loop"),
+              each with glibc malloc tuned for large tensors (no mmap, no
+              trim) and with jemalloc (LD_PRELOAD); the fastest median step
+              per model is the RAM baseline.
+  bnb-8bit, torchao-8bit
+              bitsandbytes' AdamW8bit and torchao's AdamW8bit in RAM (their
+              CPU paths), for their step time; their quality against the
+              device's 8-bit states is bench/q8_quality.py's.
+  zero-inf    DeepSpeed's ZeRO-Infinity (ZeRO stage 3, the optimizer state
+              offloaded to NVMe through its async I/O, its CPU Adam) on one
+              rank of its CPU accelerator, on the disk only (O_DIRECT); as
+              swap, "zero-inf ckpt/1" saves DeepSpeed's checkpoint (a copy of
+              the swapped state, fsync'd) every step, "ckpt/10" every tenth.
   swap        the fp32 master, exp_avg and exp_avg_sq in a file on the device
               (O_DIRECT where the file system has it, as the engine), in
               groups of --swap-group params: a thread reads the next groups
@@ -65,9 +75,13 @@ MODELS = {
     "gpt200m": dict(n_layer=16, d_model=1024, n_head=16),
     "gpt2000t": dict(n_layer=166, d_model=128, n_head=4),      # 1997 tensors
     "tiny": dict(n_layer=2, d_model=64, n_head=4),
+    "small": dict(n_layer=2, d_model=192, n_head=4),         # enough state for DeepSpeed to swap it
     "tiny2000t": dict(n_layer=166, d_model=16, n_head=2),
 }
-RAM = ["ram-foreach-glibc", "ram-loop-glibc", "ram-foreach-jemalloc", "ram-loop-jemalloc"]
+RAM = ["ram-fused-glibc", "ram-foreach-glibc", "ram-loop-glibc",
+       "ram-fused-jemalloc", "ram-foreach-jemalloc", "ram-loop-jemalloc"]
+# 8-bit AdamW in RAM (step time; their quality: bench/q8_quality.py): not RAM baselines
+Q8_ANCHORS = ["bnb-8bit", "torchao-8bit"]
 OFFLOAD = {  # name: (state, master, hooks, clip)
     "offload-fp32": ("fp32", "fp32", True, None),
     "offload-fp32-nohooks": ("fp32", "fp32", False, None),
@@ -82,7 +96,11 @@ OFFLOAD = {  # name: (state, master, hooks, clip)
 # Accelerate, the Trainer and DeepSpeed clip; "device": opt.clip_grad_norm_, the
 # coefficient folded into the device's grad_scale
 CLIP_NORM = 1e-3
-CONTENDERS = RAM + ["swap"] + list(OFFLOAD)
+CONTENDERS = RAM + Q8_ANCHORS + ["zero-inf", "swap"] + list(OFFLOAD)
+IN_RAM = RAM + Q8_ANCHORS
+ON_DISK_ONLY = ["zero-inf"]     # DeepSpeed's async I/O opens its swap files O_DIRECT: not on tmpfs
+# every rep's child alternates a plain step and a checkpointing one: its rows
+SPLIT = {"swap": ("swap ckpt/1", "swap ckpt/10"), "zero-inf": ("zero-inf ckpt/1", "zero-inf ckpt/10")}
 JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
 ALLOC_ENV = {
     # glibc: large tensors from the heap (no mmap per tensor), never trimmed
@@ -97,6 +115,9 @@ TARGETS = {  # key: (target, higher is better)
     "speedup_vs_swap_ckpt_every_10_disk": (1.3, True),
     "engine_fraction_of_device_shm": (0.9, True),
     "engine_fraction_of_device_disk": (0.9, True),
+    "iteration_vs_torch2_ram_50m_shm": (1.1, False),
+    "speedup_vs_zero_inf_ckpt_every_step_disk": (2.5, True),
+    "speedup_vs_zero_inf_ckpt_every_10_disk": (1.5, True),
     "clipped_step_vs_unclipped": (1.1, False),
     "clipped_step_vs_unclipped_device_clip": (1.1, False),
 }
@@ -242,6 +263,66 @@ class SwapAdamW:
                 p.grad.zero_()
 
 
+class ZeroInfinity:
+    """DeepSpeed's own ZeRO-Infinity on one rank: ZeRO stage 3 with the optimizer
+    state (fp32 masters, exp_avg, exp_avg_sq) offloaded to NVMe at path, swapped
+    by DeepSpeed's async I/O (libaio, O_DIRECT) around its CPU Adam (DeepSpeedCPUAdam,
+    AVX2/AVX-512), on DeepSpeed's CPU accelerator over gloo; fp32 params, as the
+    other contenders. step(ckpt=True) also saves DeepSpeed's checkpoint (which
+    copies the swapped state), made durable (every file fsync'd) before it returns:
+    DeepSpeed's save does not sync, the other contenders' checkpoints do. The
+    ops come built from scripts/venv.sh (TORCH_EXTENSIONS_DIR)."""
+
+    def __init__(self, model, path, ckpt_dir):
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(29500 + os.getpid() % 1000))
+        os.environ.setdefault("TORCH_EXTENSIONS_DIR", subprocess.run(
+            [os.path.join(ROOT, "scripts", "venv.sh"), "--ops"], capture_output=True, text=True,
+            check=True).stdout.strip())
+        import logging
+        import deepspeed
+        deepspeed.utils.logger.setLevel(logging.WARNING)
+        deepspeed.init_distributed(dist_backend="gloo")
+        swap = os.path.join(path, "swap")
+        os.makedirs(swap)
+        conf = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+                "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": WD}},
+                "zero_optimization": {"stage": 3, "offload_optimizer": {
+                    "device": "nvme", "nvme_path": swap, "pin_memory": False, "buffer_count": 4,
+                    "fast_init": False}},
+                "aio": {"block_size": 1 << 20, "queue_depth": 8, "thread_count": 1,
+                        "single_submit": False, "overlap_events": True}}
+        self.engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                                    config=conf)
+        self.ckpt_dir, self.saved = ckpt_dir, 0
+
+    def backward(self, loss):
+        self.engine.backward(loss)
+
+    def drop_old_checkpoint(self):
+        """Outside the timed step: the checkpoint before the last one goes."""
+        shutil.rmtree(os.path.join(self.ckpt_dir, f"t{self.saved - 2}"), ignore_errors=True)
+
+    def step(self, ckpt=False):
+        self.engine.step()
+        if ckpt:
+            tag = f"t{self.saved}"
+            self.saved += 1
+            self.engine.save_checkpoint(self.ckpt_dir, tag=tag)
+            for d, _, files in os.walk(os.path.join(self.ckpt_dir, tag)):
+                for f in files:
+                    fd = os.open(os.path.join(d, f), os.O_RDONLY)
+                    os.fsync(fd)
+                    os.close(fd)
+            for d in (os.path.join(self.ckpt_dir, tag), self.ckpt_dir):
+                fd = os.open(d, os.O_RDONLY)
+                os.fsync(fd)
+                os.close(fd)
+
+    def zero_grad(self, set_to_none=False):
+        self.engine.zero_grad()
+
+
 def proc_io():
     """This process's bytes through the block layer (all its threads)."""
     with open("/proc/self/io") as f:
@@ -263,10 +344,27 @@ def child(cfg):
     paths = [os.path.join(cfg["dir"], f"{c}.{n}") for n in ("img", "ckpt")] if cfg["dir"] else []
     out = {"params": params, "tensors": len(list(model.parameters()))}
     clip = None
+    fwd = model
     try:
         if c.startswith("ram-"):
-            opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WD, foreach=c.startswith("ram-foreach"))
+            kind = c.split("-")[1]
+            fused = {"fused": True} if kind == "fused" else {}     # torch 1.13's AdamW has none
+            opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WD, foreach=kind == "foreach",
+                                    **fused)
             kinds = ["step"]
+        elif c == "bnb-8bit":
+            import bitsandbytes as bnb
+            opt = bnb.optim.AdamW8bit(model.parameters(), lr=LR, weight_decay=WD)
+            kinds = ["step"]
+        elif c == "torchao-8bit":
+            from torchao.optim import AdamW8bit
+            opt = AdamW8bit(model.parameters(), lr=LR, weight_decay=WD)
+            kinds = ["step"]
+        elif c == "zero-inf":
+            os.makedirs(paths[1])
+            opt = ZeroInfinity(model, paths[1], os.path.join(paths[1], "checkpoints"))
+            fwd = opt.engine
+            kinds = ["step", "ckpt"]
         elif c == "swap":
             opt = SwapAdamW(model.parameters(), paths[0], paths[1], cfg["swap_group"])
             kinds = ["step", "ckpt"]
@@ -284,11 +382,16 @@ def child(cfg):
             for kind in kinds:      # a warm-up step of each kind, then the timed ones, alternating
                 x = torch.randint(0, VOCAB, (cfg["batch"], CTX), generator=gen)
                 y = torch.randint(0, VOCAB, (cfg["batch"], CTX), generator=gen)
+                if hasattr(opt, "drop_old_checkpoint"):
+                    opt.drop_old_checkpoint()
                 io0 = proc_io()
                 t0 = time.perf_counter()
                 with torch.autocast("cpu", dtype=torch.bfloat16):     # as the demo: bf16 matmuls
-                    loss = F.cross_entropy(model(x).view(-1, VOCAB).float(), y.view(-1))
-                loss.backward()
+                    loss = F.cross_entropy(fwd(x).view(-1, VOCAB).float(), y.view(-1))
+                if hasattr(opt, "backward"):
+                    opt.backward(loss)
+                else:
+                    loss.backward()
                 t1 = time.perf_counter()
                 if clip == "torch":
                     torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP_NORM)
@@ -309,6 +412,8 @@ def child(cfg):
             for key, v in t.items():
                 out[f"{kind}_{key}"] = spread(v)[0]
             out[f"{kind}_io_read"], out[f"{kind}_io_write"] = io[kind]
+        import resource
+        out["maxrss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         if hasattr(opt, "last_step_bytes"):
             out["bytes"] = dict(opt.last_step_bytes or {})
             out["hooked"] = bool(opt.last_step_hooked)
@@ -317,7 +422,9 @@ def child(cfg):
             opt.close()
     finally:
         for p in paths:
-            if os.path.exists(p):
+            if os.path.isdir(p):
+                shutil.rmtree(p, ignore_errors=True)
+            elif os.path.exists(p):
                 os.unlink(p)
     print(json.dumps(out))
 
@@ -348,8 +455,9 @@ def configs(models, devices, contenders):
     contenders once per model, the others per device."""
     out = []
     for m in models:
-        out += [(m, "ram", c) for c in contenders if c in RAM]
-        out += [(m, d, c) for d in devices for c in contenders if c not in RAM]
+        out += [(m, "ram", c) for c in contenders if c in IN_RAM]
+        out += [(m, d, c) for d in devices for c in contenders if c not in IN_RAM
+                and (d == "disk" or c not in ON_DISK_ONLY)]
     return out
 
 
@@ -372,8 +480,8 @@ def rows_of(res):
     swap split into its two schedules."""
     rows = []
     for (m, d, c), reps in res.items():
-        if c == "swap":
-            for name, w in (("swap ckpt/1", 1.0), ("swap ckpt/10", 0.1)):
+        if c in SPLIT:
+            for name, w in zip(SPLIT[c], (1.0, 0.1)):
                 rows.append((m, d, name, [{k: (1 - w) * r[f"step_{k}"] + w * r[f"ckpt_{k}"]
                                            for k in ("fb", "exposed", "iter")} for r in reps]))
         else:
@@ -387,7 +495,7 @@ def med(reps, key):
 
 def ram_baseline(rows, model):
     """The fastest RAM contender's row for a model (by median step)."""
-    cand = [r for r in rows if r[0] == model and r[1] == "ram"]
+    cand = [r for r in rows if r[0] == model and r[1] == "ram" and r[2] in RAM]
     return min(cand, key=lambda r: med(r[3], "iter")) if cand else None
 
 
@@ -400,13 +508,13 @@ def per_rep_ratio(a, b, ka, kb):
 def print_table(rows, res):
     print(f"\n{'model':<10} {'device':<5} {'contender':<21} {'fwd+bwd ms':>22} {'exposed step ms':>24} "
           f"{'step ms':>24} {'vs RAM':>6}  B/param/step")
-    order = {c: i for i, c in enumerate(RAM + ["swap ckpt/1", "swap ckpt/10"] + list(OFFLOAD))}
+    order = {c: i for i, c in enumerate(IN_RAM + [n for c in SPLIT for n in SPLIT[c]] + list(OFFLOAD))}
     models = list(MODELS)
     for m, d, c, reps in sorted(rows, key=lambda r: (models.index(r[0]), r[1] != "ram", r[1] != "shm", order[r[2]])):
         base = ram_baseline(rows, m)
         vs = f"{med(reps, 'iter') / med(base[3], 'iter'):6.2f}" if base else "     -"
         note = ""
-        raw = res.get((m, d, "swap" if c.startswith("swap") else c), [{}])[-1]
+        raw = res.get((m, d, c.split(" ")[0]), [{}])[-1]
         if "bytes" in raw:
             b = raw["bytes"]    # last_step_bytes: what the trainer wrote to and read from the engine
             note = f"engine: grad {b['grad_written'] / raw['params']:.2f} + params {b['params_read'] / raw['params']:.2f}"
@@ -415,7 +523,7 @@ def print_table(rows, res):
                                                           for r in res[(m, d, c)]):
                 note += f" (a last step was not {want})"
         if raw.get("step_io_write") and d == "disk":
-            k = "ckpt" if c == "swap ckpt/1" else "step"
+            k = "ckpt" if c.endswith(" ckpt/1") else "step"
             note = (f"disk {(raw[f'{k}_io_read'] + raw[f'{k}_io_write']) / raw['params']:.1f}"
                     + (f"; {note}" if note else ""))
         print(f"{m:<10} {d:<5} {c:<21} {fmt_spread([r['fb'] for r in reps], 1e3):>22} "
@@ -442,13 +550,24 @@ def headline(rows, res, micro, big):
     offs = [r for r in rows if r[0] == big and r[1] == "disk" and r[2] in OFFLOAD]
     if offs:
         best = min(offs, key=lambda r: med(r[3], "iter"))
-        for key, name in (("every_step", "swap ckpt/1"), ("every_10", "swap ckpt/10")):
-            sw = find(rows, big, "disk", name)
-            if sw:
-                out[f"speedup_vs_swap_ckpt_{key}_disk"] = round(per_rep_ratio(sw[3], best[3], "iter", "iter")[0], 4)
-                out[f"speedup_vs_swap_ckpt_{key}_disk_exposed"] = round(
-                    per_rep_ratio(sw[3], best[3], "exposed", "exposed")[0], 4)
-        out["speedup_vs_swap_from"] = f"{big}: whole steps, swap over {best[2]}"
+        for who, key in (("swap", "swap"), ("zero-inf", "zero_inf")):
+            for every, name in zip(("every_step", "every_10"), SPLIT[who]):
+                sw = find(rows, big, "disk", name)
+                if sw:
+                    out[f"speedup_vs_{key}_ckpt_{every}_disk"] = round(
+                        per_rep_ratio(sw[3], best[3], "iter", "iter")[0], 4)
+                    out[f"speedup_vs_{key}_ckpt_{every}_disk_exposed"] = round(
+                        per_rep_ratio(sw[3], best[3], "exposed", "exposed")[0], 4)
+        out["speedup_vs_swap_from"] = f"{big}: whole steps, swap or zero-inf over {best[2]}"
+    off = find(rows, big, "shm", "offload-fp32")
+    if base and off:
+        out["iteration_vs_torch2_ram_50m_shm"] = round(per_rep_ratio(off[3], base[3], "iter", "iter")[0], 4)
+        out["iteration_vs_torch2_ram_50m_shm_from"] = f"{big}: offload-fp32 over {base[2]}"
+    for c in Q8_ANCHORS:
+        r = find(rows, big, "ram", c)
+        if r and base:
+            out[f"{c.replace('-', '_')}_step_vs_torch_ram"] = round(
+                per_rep_ratio(r[3], base[3], "exposed", "exposed")[0], 4)
     for d in ("shm", "disk"):
         plain = find(rows, big, d, "offload-fp32")
         for c, key in (("offload-fp32-clip", "clipped_step_vs_unclipped"),
@@ -471,13 +590,13 @@ def device_bytes(res, model):
     not reach the disk (last_step_bytes counts them: 2 B/param)."""
     out = {}
     names = {"offload-fp32": "fp32", "offload-8bit": "8bit", "offload-8bit-bf16m": "8bit_bf16_master",
-             "swap": "swap_fp32"}
+             "swap": "swap_fp32", "zero-inf": "zero_inf"}
     for (m, d, c), reps in res.items():
         if m == model and d == "disk" and c in names:
             v = [(r["step_io_read"] + r["step_io_write"]) / r["params"] for r in reps]
             out[names[c]] = round(spread(v)[0], 3)
-            if c == "swap":
-                out["swap_fp32_ckpt"] = round(spread([(r["ckpt_io_read"] + r["ckpt_io_write"]) / r["params"]
+            if c in SPLIT:
+                out[f"{names[c]}_ckpt"] = round(spread([(r["ckpt_io_read"] + r["ckpt_io_write"]) / r["params"]
                                                       for r in reps])[0], 3)
     return out
 
@@ -509,7 +628,7 @@ def plot(rows, path):
     import matplotlib.pyplot as plt
     devices = [d for d in ("shm", "disk") if any(r[1] == d for r in rows)]
     models = sorted({r[0] for r in rows}, key=lambda m: list(MODELS).index(m))
-    names = ["RAM baseline", "swap ckpt/1", "swap ckpt/10"] + list(OFFLOAD)
+    names = ["RAM baseline"] + [n for c in SPLIT for n in SPLIT[c]] + list(OFFLOAD)
     fig, axes = plt.subplots(2, len(devices), figsize=(6 * len(devices), 7), squeeze=False)
     w = 0.8 / len(names)
     for row, key, what in ((0, "iter", "training step"), (1, "exposed", "exposed step")):

@@ -24,8 +24,9 @@ python3-pip python3-venv python3-setuptools python3-wheel python3-docutils
 libjemalloc2 fio linux-perf
 "
 # make check also: the kernels the module is built and tested against, qemu and
-# the VM tools, DKMS, the fuzzing toolchain, Python's headers (DeepSpeed in the
-# torch 2 venv compiles its ops, a torch extension, on first use)
+# the VM tools, DKMS, the fuzzing toolchain, Python's headers and libaio's
+# (DeepSpeed in the torch 2 venv compiles its ops, torch extensions: CPU Adam
+# and the async I/O that ZeRO-Infinity swaps with, the benchmark's contender)
 CHECK="
 linux-image-amd64 linux-headers-amd64
 linux-image-6.12-amd64 linux-headers-6.12-amd64
@@ -33,7 +34,7 @@ linux-source-6.1 dkms
 qemu-system-x86 busybox-static dmsetup cpio kmod xz-utils
 systemd
 clang libclang-rt-14-dev
-python3-dev
+python3-dev libaio-dev
 "
 # make kernel-debug (scripts/vm/kdebug.sh): a 6.12 kernel with KASAN and lockdep
 KDEBUG_PACKAGES="linux-source-6.12 flex bison bc libelf-dev libssl-dev"

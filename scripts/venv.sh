@@ -10,6 +10,12 @@
 #                             the wheels of requirements-build.txt, which
 #                             `pip install .` of the project builds with,
 #                             downloaded for offline installs
+#   scripts/venv.sh --ops     print the directory of DeepSpeed's compiled ops
+#                             (TORCH_EXTENSIONS_DIR; creates nothing): CPU
+#                             Adam, async I/O and pinned memory, which
+#                             ZeRO-Infinity runs on, built once here (about
+#                             11 minutes on 2 cores; needs libaio-dev) rather
+#                             than on a benchmark's first step
 # It lives outside the clone, so a fresh clone (and CI) reuses it:
 #   CKPT_VENV       the venv (default /var/cache/dm-ckpt/venv)
 #   CKPT_PIP_CACHE  pip's cache (default /var/cache/dm-ckpt/pip): a rebuilt
@@ -29,12 +35,35 @@ BASE_PYTHON=${CKPT_VENV_BASE_PYTHON:-/usr/bin/python3}
 
 WHEELS=$VENV-wheelhouse
 BUILD_REQ=$ROOT/requirements-build.txt
+OPS=$VENV-ops
 
 case "${1:-}" in
 --python) echo "$VENV/bin/python"; exit 0 ;;
 --wheelhouse) echo "$WHEELS"; exit 0 ;;
+--ops) echo "$OPS"; exit 0 ;;
 esac
-[ $# -eq 0 ] || { echo "usage: $0 [--python | --wheelhouse]" >&2; exit 2; }
+[ $# -eq 0 ] || { echo "usage: $0 [--python | --wheelhouse | --ops]" >&2; exit 2; }
+
+# DeepSpeed's ops, built by the venv's DeepSpeed into OPS, stamped with the
+# venv's requirements hash (a new venv builds them again)
+build_ops() {
+	ops_stamp=$OPS/.dm-ckpt-requirements.sha256
+	if [ -f "$ops_stamp" ] && [ "$(cat "$ops_stamp")" = "$want" ]; then
+		return 0
+	fi
+	echo "venv: building DeepSpeed's CPU Adam, async I/O and pinned-memory ops into $OPS"
+	rm -rf "$OPS"
+	mkdir -p "$OPS"
+	TORCH_EXTENSIONS_DIR=$OPS "$VENV/bin/python" -c '
+from deepspeed.accelerator import get_accelerator
+for name in ("CPUAdamBuilder", "AsyncIOBuilder", "PinMemoryBuilder"):
+    b = get_accelerator().create_op_builder(name)   # the builders ZeRO loads them with
+    if not b.is_compatible(verbose=True):
+        raise SystemExit(f"venv: DeepSpeed cannot build its {b.name} op here")
+    b.load(verbose=False)
+' || { echo "venv: DeepSpeed's ops did not build" >&2; exit 1; }
+	echo "$want" > "$ops_stamp"
+}
 
 # The wheelhouse, with a stamp of its own (a moved build pin refills it, the
 # venv stays)
@@ -52,6 +81,7 @@ fi
 want=$(sha256sum "$REQ" | cut -d' ' -f1)
 stamp=$VENV/.dm-ckpt-requirements.sha256
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$VENV/bin/python" ]; then
+	build_ops
 	exit 0
 fi
 
@@ -69,3 +99,4 @@ DS_BUILD_OPS=0 pip install -q --no-build-isolation -r "$REQ"
 	|| { echo "venv: the installed packages do not import" >&2; exit 1; }
 echo "$want" > "$stamp"
 echo "venv: $("$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)') in $VENV"
+build_ops
