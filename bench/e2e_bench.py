@@ -118,6 +118,7 @@ TARGETS = {  # key: (target, higher is better)
     "iteration_vs_torch2_ram_50m_shm": (1.1, False),
     "speedup_vs_zero_inf_ckpt_every_step_disk": (2.5, True),
     "speedup_vs_zero_inf_ckpt_every_10_disk": (1.5, True),
+    "host_bytes_per_param_vs_deepspeed": (0.5, False),
     "clipped_step_vs_unclipped": (1.1, False),
     "clipped_step_vs_unclipped_device_clip": (1.1, False),
 }
@@ -323,6 +324,12 @@ class ZeroInfinity:
         self.engine.zero_grad()
 
 
+def rss():
+    """This process's resident memory now, in bytes."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
 def proc_io():
     """This process's bytes through the block layer (all its threads)."""
     with open("/proc/self/io") as f:
@@ -340,6 +347,12 @@ def child(cfg):
     model = build_gpt(cfg["model"])
     params = sum(p.numel() for p in model.parameters())
     gen = torch.Generator().manual_seed(1)
+    # the model and its gradients: what every contender holds before its optimizer
+    x = torch.randint(0, VOCAB, (cfg["batch"], CTX), generator=torch.Generator().manual_seed(0))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        F.cross_entropy(model(x).view(-1, VOCAB).float(), x.view(-1)).backward()
+    model.zero_grad(set_to_none=False)
+    base_rss = rss()
     c = cfg["contender"]
     paths = [os.path.join(cfg["dir"], f"{c}.{n}") for n in ("img", "ckpt")] if cfg["dir"] else []
     out = {"params": params, "tensors": len(list(model.parameters()))}
@@ -413,7 +426,8 @@ def child(cfg):
                 out[f"{kind}_{key}"] = spread(v)[0]
             out[f"{kind}_io_read"], out[f"{kind}_io_write"] = io[kind]
         import resource
-        out["maxrss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        # the optimizer's resident memory beyond the model and its gradients, at its peak
+        out["host_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base_rss
         if hasattr(opt, "last_step_bytes"):
             out["bytes"] = dict(opt.last_step_bytes or {})
             out["hooked"] = bool(opt.last_step_hooked)
@@ -577,6 +591,21 @@ def headline(rows, res, micro, big):
                 k = key if d == "shm" else f"{key}_disk"
                 out[k] = round(per_rep_ratio(clipped[3], plain[3], "iter", "iter")[0], 4)
     out["device_bytes_per_param_step"] = device_bytes(res, big)
+    out["host_bytes_per_param"] = host_bytes(res, big)
+    ds = out["host_bytes_per_param"].get("zero-inf")
+    if ds and "offload-fp32" in out["host_bytes_per_param"]:
+        out["host_bytes_per_param_vs_deepspeed"] = round(out["host_bytes_per_param"]["offload-fp32"] / ds, 4)
+    return out
+
+
+def host_bytes(res, model):
+    """The peak resident memory of each contender's child beyond the model and
+    its gradients (its RSS after a first backward), per param, median over
+    repetitions, for model on the disk (RAM contenders: in RAM)."""
+    out = {}
+    for (m, d, c), reps in res.items():
+        if m == model and d in ("disk", "ram") and all("host_bytes" in r for r in reps):
+            out[c] = round(spread([r["host_bytes"] / r["params"] for r in reps])[0], 2)
     return out
 
 
