@@ -232,6 +232,11 @@ class OffloadAdamW(torch.optim.Optimizer):
     rounds to the words written: edits through .data or numpy included) and
     otherwise aborts that step and writes every gradient again, as with
     hooks=False: the result is the same either way, only the time differs.
+    The step after such a one is staged: the hooks only round each gradient
+    into its buffer, step() writes it once with the final scale (a trainer
+    that clips every step pays no second write); a staged step that needed no
+    change sends the next one back to writing during backward.
+    last_step_mode: "hooked", "staged", "redone" or "written".
     Until step() commits, reads of state (read_state, master_params,
     to_torch_state_dict) return the committed step's, as with hooks=False.
     Gradient accumulation: run the backward of every micro-batch but the last
