@@ -11,7 +11,8 @@ Models: the demo's GPT (demo/train.py, random tokens, vocabulary 256, context
 (33M params). The model's params are fp32 for every contender, so forward and
 backward are the same computation for all; a training step is forward +
 backward + optimizer step + zero_grad, on BENCH_THREADS torch threads
-(default 1). Contenders:
+(default 1), under bf16 autocast where the CPU multiplies bf16 natively, in
+fp32 elsewhere (--autocast). Contenders:
   ram-*       torch.optim.AdamW in RAM, fused=True ("fused", torch 2's CPU
               kernel), foreach=True ("foreach") and foreach=False ("loop"),
               each with glibc malloc tuned for large tensors (no mmap, no
@@ -349,7 +350,8 @@ def child(cfg):
     gen = torch.Generator().manual_seed(1)
     # the model and its gradients: what every contender holds before its optimizer
     x = torch.randint(0, VOCAB, (cfg["batch"], CTX), generator=torch.Generator().manual_seed(0))
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    autocast = cfg.get("autocast", "bf16") == "bf16"
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         F.cross_entropy(model(x).view(-1, VOCAB).float(), x.view(-1)).backward()
     model.zero_grad(set_to_none=False)
     base_rss = rss()
@@ -399,7 +401,7 @@ def child(cfg):
                     opt.drop_old_checkpoint()
                 io0 = proc_io()
                 t0 = time.perf_counter()
-                with torch.autocast("cpu", dtype=torch.bfloat16):     # as the demo: bf16 matmuls
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
                     loss = F.cross_entropy(fwd(x).view(-1, VOCAB).float(), y.view(-1))
                 if hasattr(opt, "backward"):
                     opt.backward(loss)
@@ -693,6 +695,10 @@ def main():
     ap.add_argument("--steps", type=int, default=3, help="timed steps per child, after one warm-up")
     ap.add_argument("--batch", type=int, default=2, help=f"sequences of {CTX} tokens per step")
     ap.add_argument("--swap-group", type=int, default=2 << 20, help="params per swap group")
+    ap.add_argument("--autocast", choices=("bf16", "none", "auto"), default="auto",
+                    help="forward and backward under CPU autocast to bf16 (as the demo) or in fp32; "
+                         "auto: bf16 where the CPU multiplies bf16 natively (AVX512-BF16, AMX), "
+                         "fp32 elsewhere (torch 2 emulates bf16 matmuls there, 90x slower)")
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--alloc", choices=list(ALLOC_ENV), default="glibc",
                     help="the allocator of the swap and offload children (default %(default)s)")
@@ -712,6 +718,10 @@ def main():
         a.models = a.models if a.models != ap.get_default("models") else "tiny,tiny2000t"
         a.reps, a.steps = 1, 2
         a.headline_model = "tiny" if a.headline_model == ap.get_default("headline_model") else a.headline_model
+    if a.autocast == "auto":
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+        a.autocast = "bf16" if " avx512_bf16" in flags or " amx_bf16" in flags else "none"
     models = a.models.split(",")
     devices = a.devices.split(",")
     contenders = a.contenders.split(",")
@@ -734,10 +744,12 @@ def main():
     with open("/proc/loadavg") as f:
         load = f.read().split()[0]
     print(f"e2e_bench: {', '.join(models)} on {', '.join(devices)}; {a.reps} repetitions, {a.steps} steps "
-          f"each, batch {a.batch}x{CTX}, BENCH_THREADS={os.environ.get('BENCH_THREADS', '1')}, "
+          f"each, batch {a.batch}x{CTX}, autocast {a.autocast}, "
+          f"BENCH_THREADS={os.environ.get('BENCH_THREADS', '1')}, "
           f"swap and offload with {a.alloc}; "
           f"load average {load}", flush=True)
     run = {"models": models, "headline_model": a.headline_model if a.headline_model in models else models[0],
+           "autocast": a.autocast,
            "load_average_start": float(load), "alloc": a.alloc, "micro": {}, "results": []}
     if a.micro == "run":
         run["micro"] = run_micro(a.build, {d: dirs[d] for d in devices}, a.quick)
@@ -758,7 +770,7 @@ def measure(a, run, raw, models, devices, contenders, dirs):
                 if rep >= (a.reps_200m if m == "gpt200m" else a.reps):
                     continue
                 cfg = {"model": m, "contender": c, "dir": tmp.get(d), "steps": a.steps, "batch": a.batch,
-                       "swap_group": a.swap_group}
+                       "swap_group": a.swap_group, "autocast": a.autocast}
                 o = run_child(cfg, ALLOC_ENV[alloc_of(c, a.alloc)])
                 run["results"].append([m, d, c, o])
                 with open(raw, "w") as f:
