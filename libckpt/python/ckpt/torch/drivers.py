@@ -31,22 +31,21 @@ class _Local:
         """Keeps the writes made from backward when nothing step() decides
         differs from what the hooks assumed; otherwise (or when the hooks only
         staged the gradients) opens the step now and writes what backward
-        rounded, each gradient changed since rounded again. Writes the rest,
-        commits. A step whose writes from backward could not stand has the
-        next one staged; a staged step that could have stood, hooked."""
+        rounded up to the first gradient changed since, and from there on
+        every gradient rounded again (a clip in place changes them all: no
+        compare is wasted on the rest). Writes the rest, commits. A step
+        whose writes from backward could not stand has the next one staged;
+        a staged step that could have stood, hooked."""
         dev = opt.device
         h, opt._hooked = opt._hooked, None
         ready = set()       # params whose buffer holds the rounding of p.grad now
         kept = h is not None and h["ok"] and h["groups"] == opt._groups() and h["scale"] == scale
-        if h is not None and h["ok"]:
+        if kept:
             for i in h["written"]:
-                if opt._sent_unchanged(i):
-                    ready.add(i)
-                elif opt._restage(i):
-                    ready.add(i)
+                if not opt._sent_unchanged(i):
                     kept = False
-                else:
-                    kept = False
+                    break
+                ready.add(i)
         if h is not None:
             opt._stage_next = not kept
         if h is not None and not h["staged"] and not kept:

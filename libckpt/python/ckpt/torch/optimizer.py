@@ -583,20 +583,35 @@ class OffloadAdamW(torch.optim.Optimizer):
         Returns the total norm (a tensor, like torch's). A non-finite norm leaves the
         coefficient at 1: the device sees the non-finite gradient and skips the step.
         """
-        lowp = torch.bfloat16 if self.device.dtype == "bf16" else torch.float16
-        grads = [g.to(lowp).to(torch.float32) for g in self._grads() if g is not None]
-        if not grads:
-            return torch.tensor(0.0)
         norm_type = float(norm_type)
+        norms = [self._grad_norm(i, g, norm_type) for i, g in enumerate(self._grads()) if g is not None]
+        if not norms:
+            return torch.tensor(0.0)
         if norm_type == math.inf:
-            total = torch.stack([g.abs().max() for g in grads]).max()
+            total = torch.stack(norms).max()
         else:
-            total = torch.norm(torch.stack([torch.norm(g, norm_type) for g in grads]), norm_type)
+            total = torch.linalg.vector_norm(torch.stack(norms), norm_type)
         total = total * (self._grad_unscale if self._grad_unscale is not None else 1.0)
         t = float(total)
         if math.isfinite(t):
             self._clip_coef = min(1.0, float(max_norm) / (t + 1e-6))
         return total
+
+    def _grad_norm(self, i, g, norm_type):
+        """The norm of gradient g of param i rounded to the device's dtype, in
+        fp32. Unsharded, rounded into a buffer made once (the one step()'s
+        check of the hooks' writes uses, or the param's own when there are no
+        hooks: step() writes that one again), not a temporary per tensor."""
+        lowp = torch.bfloat16 if self.device.dtype == "bf16" else torch.float16
+        if self._shard or g.is_sparse or g.is_cuda:
+            r = g.to(lowp)
+        else:
+            n = g.numel()
+            r = self._gcheck[:n] if hasattr(self, "_gcheck") else self._gbuf[i]
+            r.copy_(g.reshape(-1))
+        if norm_type == math.inf:
+            return r.abs().max().to(torch.float32)
+        return torch.linalg.vector_norm(r, norm_type, dtype=torch.float32)
 
     # -- the step
 
@@ -783,17 +798,6 @@ class OffloadAdamW(torch.optim.Optimizer):
         self._round_grad(i, self._gcheck[:p.numel()])
         # numpy's comparison: a quarter of torch.equal's time on int16 words
         return np.array_equal(self._gcheck_words[:p.numel()], self._gwords[i])
-
-    def _restage(self, i):
-        """After _sent_unchanged(i) found p.grad changed: its new rounding (in the
-        check buffer) becomes what param i's buffer holds. False when p.grad is
-        gone or of another kind (step() writes it from p.grad and says why)."""
-        p = self._flat[i][1]
-        g = p.grad
-        if g is None or g.is_sparse or g.numel() != p.numel():
-            return False
-        self._gbuf[i].copy_(self._gcheck[:p.numel()])
-        return True
 
     def _install_hooks(self):
         # step()'s check of the writes made from backward rounds each p.grad
