@@ -433,7 +433,7 @@ def child(cfg):
         if hasattr(opt, "last_step_bytes"):
             out["bytes"] = dict(opt.last_step_bytes or {})
             out["hooked"] = bool(opt.last_step_hooked)
-            out["mode"] = opt.last_step_mode
+            out["mode"] = getattr(opt, "last_step_mode", None)     # (builds before it: --before runs)
         if hasattr(opt, "close"):
             opt.close()
     finally:
@@ -535,7 +535,7 @@ def print_table(rows, res):
             b = raw["bytes"]    # last_step_bytes: what the trainer wrote to and read from the engine
             note = f"engine: grad {b['grad_written'] / raw['params']:.2f} + params {b['params_read'] / raw['params']:.2f}"
             want = "staged" if OFFLOAD.get(c, (0, 0, 0, None))[3] else "hooked"
-            if c in OFFLOAD and OFFLOAD[c][2] and not all(r.get("mode", "hooked") == want
+            if c in OFFLOAD and OFFLOAD[c][2] and not all(r.get("mode") in (want, None)
                                                           for r in res[(m, d, c)]):
                 note += f" (a last step was not {want})"
         if raw.get("step_io_write") and d == "disk":
