@@ -6,7 +6,8 @@
     bench/q8_quality.py --size tiny --steps 20 --seeds 1     (a smoke run)
 
 The demo's character LM (demo/train.py: its corpus, model, param groups, lr
-schedule, betas, clipping at 1.0, bf16 autocast), trained from the same init
+schedule, betas, clipping at 1.0, bf16 autocast where the CPU has native bf16,
+--autocast), trained from the same init
 and on the same batches by each optimizer, for --steps steps and each of
 --seeds seeds (the seed draws the init and the batches). Optimizers:
   torch-fp32          torch.optim.AdamW on fp32 masters (the model holds their
@@ -46,7 +47,7 @@ OFFLOAD = {"offload-fp32": ("fp32", "fp32"), "offload-8bit": ("8bit", "fp32"),
 EVAL_BATCHES = 32
 
 
-def run(name, size, steps, seed, tmp):
+def run(name, size, steps, seed, tmp, autocast):
     """One training run; returns (held-out loss, seconds per step)."""
     import numpy as np
     import torch
@@ -98,7 +99,7 @@ def run(name, size, steps, seed, tmp):
                 g["lr"] = v
 
     def loss_of(idx):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             logits = model(idx[:, :-1])
         return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), idx[:, 1:].reshape(-1))
 
@@ -144,17 +145,25 @@ def main():
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--optimizers", default=",".join(OPTIMIZERS), help="of " + ", ".join(OPTIMIZERS))
     ap.add_argument("--dir", default="/dev/shm", help="where the devices' images go")
+    ap.add_argument("--autocast", choices=("bf16", "none", "auto"), default="auto",
+                    help="the demo's bf16 autocast, or fp32; auto: bf16 where the CPU multiplies "
+                         "bf16 natively (AVX512-BF16, AMX)")
     a = ap.parse_args()
+    if a.autocast == "auto":
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+        a.autocast = "bf16" if " avx512_bf16" in flags or " amx_bf16" in flags else "none"
     names = a.optimizers.split(",")
     bad = [n for n in names if n not in OPTIMIZERS]
     if bad:
         sys.exit(f"q8_quality: unknown optimizer {', '.join(bad)}")
     res = {n: [] for n in names}
-    print(f"q8_quality: the demo's {a.size} model, {a.steps} steps, {a.seeds} seeds", flush=True)
+    print(f"q8_quality: the demo's {a.size} model, {a.steps} steps, {a.seeds} seeds, autocast {a.autocast}",
+          flush=True)
     with tempfile.TemporaryDirectory(prefix="ckpt-q8-", dir=a.dir) as tmp:
         for seed in range(1, a.seeds + 1):      # interleaved: every optimizer on a seed, then the next
             for n in names:
-                loss, per_step = run(n, a.size, a.steps, 1000 + seed, tmp)
+                loss, per_step = run(n, a.size, a.steps, 1000 + seed, tmp, a.autocast == "bf16")
                 res[n].append(loss)
                 print(f"seed {seed} {n:<20} held-out loss {loss:.4f}  ({per_step * 1e3:.1f} ms/step)",
                       flush=True)
