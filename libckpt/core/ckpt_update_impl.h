@@ -395,9 +395,13 @@ static __always_inline u32 ckpt_q8_scale(const int sq, u32 p, u32 n)
  * Quantize one block of CKPT_Q8_BLOCK fp32 values (bits): each value divided
  * by the block's scale (ckpt_q8_scale; correctly rounded, so within the map's
  * range) and stored as its nearest code: of exp_avg's map, or (sq, a
- * compile-time constant) of exp_avg_sq's. A block whose codes are all zero
- * (all its values zero, or below half the least code at the least scale)
- * stores scale 0, which decodes to the same zeros.
+ * compile-time constant) of exp_avg_sq's. A positive exp_avg_sq never takes
+ * the zero code: its nearest code may be zero where exp_avg's is not (the
+ * map spans six decades of the variance, three of the gradient, exp_avg's
+ * six), and a zero variance under a nonzero momentum steps by m / eps; it
+ * takes the least positive code instead. A block whose codes are all zero
+ * (all its values zero, or exp_avg's below half the least code at the least
+ * scale) stores scale 0, which decodes to the same zeros.
  */
 static __always_inline void ckpt_q8_quant_block(const int sq, const u32 *__restrict x,
 						u8 *__restrict q, u32 *scale)
@@ -407,7 +411,7 @@ static __always_inline void ckpt_q8_quant_block(const int sq, const u32 *__restr
 	const u32 klo = sq ? CKPT_Q8_V_KLO : CKPT_Q8_M_KLO;
 	const u32 nk = sq ? CKPT_Q8_V_NK : CKPT_Q8_M_NK;
 	const u32 zero = ckpt_q8_index(bkt, shift, klo, nk, 0);
-	u32 pmax = 0, nmax = 0, nz = 0, s, i;
+	u32 pmax = 0, nmax = 0, nz = 0, s, i, lift;
 	float d;
 
 	/*
@@ -423,8 +427,14 @@ static __always_inline void ckpt_q8_quant_block(const int sq, const u32 *__restr
 	}
 	s = ckpt_q8_scale(sq, pmax, nmax);
 	d = ckpt_as_f(s);
+	/* a finite scale: a non-finite block (a refused step) keeps its zeros */
+	lift = sq && s < 0x7f800000u;
 	for (i = 0; i < CKPT_Q8_BLOCK; i++) {
-		q[i] = (u8)ckpt_q8_index(bkt, shift, klo, nk, ckpt_as_u(ckpt_as_f(x[i]) / d));
+		u32 c = ckpt_q8_index(bkt, shift, klo, nk, ckpt_as_u(ckpt_as_f(x[i]) / d));
+
+		/* a positive finite x (bits 1 .. 0x7f7fffff) keeps a nonzero code */
+		c += lift && c == zero && x[i] - 1u < 0x7f7fffffu;
+		q[i] = (u8)c;
 		nz |= q[i] ^ zero;
 	}
 	*scale = (nz || s >= 0x7f800000u) ? s : 0;

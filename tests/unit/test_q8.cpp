@@ -181,8 +181,9 @@ TEST(Q8, EncodeTakesTheNearestCode)
 		const uint32_t *code[2] = {ckpt_q8_code_m, ckpt_q8_code_v};
 		const float val[2] = {flt(x[i]), flt(xv[i])};
 		for (int k = 0; k < 2; k++) {
+			// a positive exp_avg_sq never takes code 0 (VarianceFarBelowItsBlockIsNotZero)
 			double best = 1e9;
-			for (int j = 0; j < 256; j++)
+			for (int j = k == 1 && val[k] > 0 ? 1 : 0; j < 256; j++)
 				best = std::min(best, std::fabs((double)val[k] - flt(code[k][j])));
 			// a value within an ulp of a midpoint may take either side
 			ASSERT_LE(std::fabs((double)val[k] - flt(code[k][got[k]])),
@@ -218,7 +219,8 @@ uint8_t index_by_count(const std::vector<float> &mid, uint32_t x)
 // The bucket tables give exactly the count of midpoints below x, for x of
 // both signs in both maps: at every bucket's edges, beside every midpoint,
 // at +-0, +-1, NaN and 2^20 random values of [-1, 1]. The encode of a block
-// whose scale is 1 is the index of each value.
+// whose scale is 1 is the index of each value, but a positive exp_avg_sq
+// nearest to zero, which takes the least positive code.
 TEST(Q8, BucketIndexIsTheMidpointCount)
 {
 	std::vector<uint32_t> x = {0u, 0x80000000u, bits(1.0f), bits(-1.0f), 0x7fc00000u, 0xffc00000u,
@@ -266,13 +268,49 @@ TEST(Q8, BucketIndexIsTheMidpointCount)
 			continue;	// a NaN in the block: checked below
 		for (size_t i = b; i < b + CKPT_Q8_BLOCK; i++) {
 			ASSERT_EQ(q.m[i], index_by_count(mid_m, bits(flt(blk[i]) / ms))) << std::hex << blk[i];
-			ASSERT_EQ(q.v[i], index_by_count(mid_v, blk[i])) << std::hex << blk[i];
+			// a positive exp_avg_sq takes at least the least positive code
+			const uint8_t v = index_by_count(mid_v, blk[i]);
+			const bool positive = blk[i] - 1u < 0x7f7fffffu;
+			ASSERT_EQ(q.v[i], positive && v == 0 ? 1 : v) << std::hex << blk[i];
 			checked++;
 			unscaled += ms == 1.0f;
 		}
 	}
 	EXPECT_GT(checked, x.size() - 4 * CKPT_Q8_BLOCK);
 	EXPECT_GT(unscaled, x.size() - 1024 * CKPT_Q8_BLOCK);
+}
+
+// A gradient far below its block's largest (an absent token's row of an
+// output layer): its exp_avg_sq, the square, falls below exp_avg_sq's map
+// while its exp_avg is still inside exp_avg's. Decoded to zero under a
+// nonzero momentum it would step by m / eps; it keeps the least positive
+// code, so the decoded ratio m / sqrt(v) stays at or below the fp32 one.
+TEST(Q8, VarianceFarBelowItsBlockIsNotZero)
+{
+	std::vector<uint32_t> m(CKPT_Q8_BLOCK), v(CKPT_Q8_BLOCK);
+	for (uint32_t i = 0; i < CKPT_Q8_BLOCK; i++) {
+		const float g = i == 0 ? 1.0f : std::pow(10.0f, -1.0f - 6.0f * (float)i / CKPT_Q8_BLOCK);
+		m[i] = bits(g);
+		v[i] = bits(g * g);
+	}
+	Q8 q(CKPT_Q8_BLOCK);
+	const struct ckpt_q8_state s = q.state();
+	ckpt_q8_encode(&s, m.data(), v.data(), CKPT_Q8_BLOCK);
+	const std::vector<float> mid_v = midpoints(ckpt_q8_code_v);
+	uint32_t below = 0;
+	for (uint32_t i = 0; i < CKPT_Q8_BLOCK; i++) {
+		const float dm = flt(ckpt_q8_code_m[q.m[i]]) * flt(q.ms[0]);
+		const float dv = flt(ckpt_q8_code_v[q.v[i]]) * flt(q.vs[0]);
+		ASSERT_GT(dv, 0.0f) << i;
+		if (index_by_count(mid_v, bits(flt(v[i]) / flt(q.vs[0]))) != 0 || dm == 0.0f)
+			continue;
+		// nearest code zero under a nonzero momentum: the least positive code,
+		// above the variance, so the step is below fp32's
+		below++;
+		EXPECT_EQ(q.v[i], 1u) << i;
+		EXPECT_LE(dm / std::sqrt(dv), flt(m[i]) / std::sqrt(flt(v[i]))) << i;
+	}
+	EXPECT_GT(below, 10u);	// the case is there
 }
 
 // A block with a NaN (a non-finite step, which is refused) is encoded
