@@ -8,7 +8,11 @@ against a ZeRO-Infinity-style swap of the fp32 state, on /dev/shm and on a disk.
 
 Models: the demo's GPT (demo/train.py, random tokens, vocabulary 256, context
 64) at about 10M, 50M and 200M params, and a deep narrow GPT of 2000 tensors
-(33M params). The model's params are fp32 for every contender, so forward and
+(33M params); and optimizer-bound, gpt50m on one sequence of 8 tokens, so
+that the step dominates the iteration, with fp32 params ("gpt50m-ob") and the
+whole model in bf16 ("gpt50m-ob-bf16": torch's AdamW then keeps bf16 state),
+against the RAM contenders and the device's on /dev/shm only. Elsewhere the
+model's params are fp32 for every contender, so forward and
 backward are the same computation for all; a training step is forward +
 backward + optimizer step + zero_grad, on BENCH_THREADS torch threads
 (default 1), under bf16 autocast where the CPU multiplies bf16 natively, in
@@ -79,6 +83,17 @@ MODELS = {
     "small": dict(n_layer=2, d_model=192, n_head=4),         # enough state for DeepSpeed to swap it
     "tiny2000t": dict(n_layer=166, d_model=16, n_head=2),
 }
+# Optimizer-bound runs: gpt50m on one sequence of 8 tokens, so that the step,
+# not forward and backward, takes most of the iteration; with fp32 params (the
+# device bf16) and with the whole model in bf16 (torch's AdamW then keeps bf16
+# state; no autocast). Only the RAM contenders and the device's on /dev/shm.
+OPT_BOUND = {  # name: (model, batch, tokens, param dtype)
+    "gpt50m-ob": ("gpt50m", 1, 8, "fp32"),
+    "gpt50m-ob-bf16": ("gpt50m", 1, 8, "bf16"),
+    "tiny-ob-bf16": ("tiny", 1, 8, "bf16"),
+}
+OPT_BOUND_CONTENDERS = ["offload-fp32", "offload-8bit", "offload-8bit-bf16m"]
+ALL_MODELS = list(MODELS) + list(OPT_BOUND)
 RAM = ["ram-fused-glibc", "ram-foreach-glibc", "ram-loop-glibc",
        "ram-fused-jemalloc", "ram-foreach-jemalloc", "ram-loop-jemalloc"]
 # 8-bit AdamW in RAM (step time; their quality: bench/q8_quality.py): not RAM baselines
@@ -122,17 +137,27 @@ TARGETS = {  # key: (target, higher is better)
     "host_bytes_per_param_vs_deepspeed": (0.5, False),
     "clipped_step_vs_unclipped": (1.1, False),
     "clipped_step_vs_unclipped_device_clip": (1.1, False),
+    "iteration_vs_torch2_ram_optimizer_bound": (1.15, False),
+    "iteration_vs_torch2_ram_optimizer_bound_bf16_model": (1.15, False),
 }
 
 
 # ---------------------------------------------------------------- child side
+
+def shape_of(name, batch):
+    """(GPT config, sequences, tokens each, param dtype) of a model name."""
+    base, batch, tokens, dtype = OPT_BOUND.get(name, (name, batch, CTX, "fp32"))
+    return MODELS[base], batch, tokens, dtype
+
 
 def build_gpt(name):
     import torch
     sys.path.insert(0, os.path.join(ROOT, "demo"))
     import train as demo
     torch.manual_seed(0)
-    return demo.build_model(dict(MODELS[name], ctx=CTX), VOCAB)
+    gpt, _, _, dtype = shape_of(name, 1)
+    model = demo.build_model(dict(gpt, ctx=CTX), VOCAB)
+    return model.bfloat16() if dtype == "bf16" else model
 
 
 class SwapAdamW:
@@ -346,11 +371,12 @@ def child(cfg):
     import torch.nn.functional as F
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))
     model = build_gpt(cfg["model"])
+    _, batch, tokens, dtype = shape_of(cfg["model"], cfg["batch"])
     params = sum(p.numel() for p in model.parameters())
     gen = torch.Generator().manual_seed(1)
     # the model and its gradients: what every contender holds before its optimizer
-    x = torch.randint(0, VOCAB, (cfg["batch"], CTX), generator=torch.Generator().manual_seed(0))
-    autocast = cfg.get("autocast", "bf16") == "bf16"
+    x = torch.randint(0, VOCAB, (batch, tokens), generator=torch.Generator().manual_seed(0))
+    autocast = cfg.get("autocast", "bf16") == "bf16" and dtype == "fp32"
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         F.cross_entropy(model(x).view(-1, VOCAB).float(), x.view(-1)).backward()
     model.zero_grad(set_to_none=False)
@@ -395,8 +421,8 @@ def child(cfg):
         io = {}
         for i in range(cfg["steps"] + 1):
             for kind in kinds:      # a warm-up step of each kind, then the timed ones, alternating
-                x = torch.randint(0, VOCAB, (cfg["batch"], CTX), generator=gen)
-                y = torch.randint(0, VOCAB, (cfg["batch"], CTX), generator=gen)
+                x = torch.randint(0, VOCAB, (batch, tokens), generator=gen)
+                y = torch.randint(0, VOCAB, (batch, tokens), generator=gen)
                 if hasattr(opt, "drop_old_checkpoint"):
                     opt.drop_old_checkpoint()
                 io0 = proc_io()
@@ -468,12 +494,14 @@ def run_micro(build, dirs, quick):
 
 def configs(models, devices, contenders):
     """Every (model, device, contender) of one repetition, in run order: the RAM
-    contenders once per model, the others per device."""
+    contenders once per model, the others per device (an optimizer-bound
+    model: torch's AdamW in RAM and the device's on /dev/shm only)."""
     out = []
     for m in models:
-        out += [(m, "ram", c) for c in contenders if c in IN_RAM]
+        out += [(m, "ram", c) for c in contenders if c in IN_RAM and (m not in OPT_BOUND or c in RAM)]
         out += [(m, d, c) for d in devices for c in contenders if c not in IN_RAM
-                and (d == "disk" or c not in ON_DISK_ONLY)]
+                and (d == "disk" or c not in ON_DISK_ONLY)
+                and (m not in OPT_BOUND or (d == "shm" and c in OPT_BOUND_CONTENDERS))]
     return out
 
 
@@ -522,10 +550,10 @@ def per_rep_ratio(a, b, ka, kb):
 
 
 def print_table(rows, res):
-    print(f"\n{'model':<10} {'device':<5} {'contender':<21} {'fwd+bwd ms':>22} {'exposed step ms':>24} "
+    print(f"\n{'model':<14} {'device':<5} {'contender':<21} {'fwd+bwd ms':>22} {'exposed step ms':>24} "
           f"{'step ms':>24} {'vs RAM':>6}  B/param/step")
     order = {c: i for i, c in enumerate(IN_RAM + [n for c in SPLIT for n in SPLIT[c]] + list(OFFLOAD))}
-    models = list(MODELS)
+    models = ALL_MODELS
     for m, d, c, reps in sorted(rows, key=lambda r: (models.index(r[0]), r[1] != "ram", r[1] != "shm", order[r[2]])):
         base = ram_baseline(rows, m)
         vs = f"{med(reps, 'iter') / med(base[3], 'iter'):6.2f}" if base else "     -"
@@ -542,7 +570,7 @@ def print_table(rows, res):
             k = "ckpt" if c.endswith(" ckpt/1") else "step"
             note = (f"disk {(raw[f'{k}_io_read'] + raw[f'{k}_io_write']) / raw['params']:.1f}"
                     + (f"; {note}" if note else ""))
-        print(f"{m:<10} {d:<5} {c:<21} {fmt_spread([r['fb'] for r in reps], 1e3):>22} "
+        print(f"{m:<14} {d:<5} {c:<21} {fmt_spread([r['fb'] for r in reps], 1e3):>22} "
               f"{fmt_spread([r['exposed'] for r in reps], 1e3):>24} {fmt_spread([r['iter'] for r in reps], 1e3):>24} "
               f"{vs}  {note}")
 
@@ -592,6 +620,19 @@ def headline(rows, res, micro, big):
             if plain and clipped:
                 k = key if d == "shm" else f"{key}_disk"
                 out[k] = round(per_rep_ratio(clipped[3], plain[3], "iter", "iter")[0], 4)
+    # optimizer-bound: the first such model of each param dtype in the run
+    for m, (_, _, _, dtype) in OPT_BOUND.items():
+        key = "iteration_vs_torch2_ram_optimizer_bound" + ("_bf16_model" if dtype == "bf16" else "")
+        ob_base = ram_baseline(rows, m)
+        if key in out or not ob_base:
+            continue
+        for c in OPT_BOUND_CONTENDERS:
+            r = find(rows, m, "shm", c)
+            if r:
+                k = key if c == "offload-fp32" else f"{key}.{c}"
+                out[k] = round(per_rep_ratio(r[3], ob_base[3], "iter", "iter")[0], 4)
+        if key in out:
+            out[f"{key}_from"] = f"{m}: offload-fp32 over {ob_base[2]}"
     out["device_bytes_per_param_step"] = device_bytes(res, big)
     out["host_bytes_per_param"] = host_bytes(res, big)
     ds = out["host_bytes_per_param"].get("zero-inf")
@@ -658,7 +699,7 @@ def plot(rows, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     devices = [d for d in ("shm", "disk") if any(r[1] == d for r in rows)]
-    models = sorted({r[0] for r in rows}, key=lambda m: list(MODELS).index(m))
+    models = sorted({r[0] for r in rows}, key=ALL_MODELS.index)
     names = ["RAM baseline"] + [n for c in SPLIT for n in SPLIT[c]] + list(OFFLOAD)
     fig, axes = plt.subplots(2, len(devices), figsize=(6 * len(devices), 7), squeeze=False)
     w = 0.8 / len(names)
@@ -685,7 +726,8 @@ def plot(rows, path):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--child", help=argparse.SUPPRESS)
-    ap.add_argument("--models", default="gpt10m,gpt50m,gpt200m,gpt2000t", help="of " + ", ".join(MODELS))
+    ap.add_argument("--models", default="gpt10m,gpt50m,gpt200m,gpt2000t,gpt50m-ob,gpt50m-ob-bf16",
+                    help="of " + ", ".join(ALL_MODELS))
     ap.add_argument("--devices", default="shm,disk", help="shm and/or disk")
     ap.add_argument("--contenders", default=",".join(CONTENDERS), help="of " + ", ".join(CONTENDERS))
     ap.add_argument("--shm-dir", default="/dev/shm")
@@ -715,7 +757,7 @@ def main():
     if a.child:
         return child(json.loads(a.child))
     if a.quick:
-        a.models = a.models if a.models != ap.get_default("models") else "tiny,tiny2000t"
+        a.models = a.models if a.models != ap.get_default("models") else "tiny,tiny2000t,tiny-ob-bf16"
         a.reps, a.steps = 1, 2
         a.headline_model = "tiny" if a.headline_model == ap.get_default("headline_model") else a.headline_model
     if a.autocast == "auto":
@@ -725,7 +767,7 @@ def main():
     models = a.models.split(",")
     devices = a.devices.split(",")
     contenders = a.contenders.split(",")
-    for what, vals, known in (("model", models, MODELS), ("device", devices, ("shm", "disk")),
+    for what, vals, known in (("model", models, ALL_MODELS), ("device", devices, ("shm", "disk")),
                               ("contender", contenders, CONTENDERS)):
         bad = [v for v in vals if v not in known]
         if bad:

@@ -18,11 +18,16 @@ and on the same batches by each optimizer, for --steps steps and each of
                       OffloadAdamW on a bf16 device (fp32 moments; 8-bit
                       moments; 8-bit moments and bf16 masters)
 Each run ends with the loss on 32 fixed held-out batches (the corpus' last
-10%). Printed per optimizer: that loss over the seeds (mean, and its spread),
-and the targets: the device's best 8-bit state against the best 8-bit anchor,
-as a difference over the batch noise (the standard deviation over seeds of
-the reference's held-out loss, the spread two equally good runs show): within
-noise when at most 1. The last line is one JSON object.
+10%; the primary measure), the same over the tokens whose character occurs
+in the training part ("seen": a character that never does is the output
+layer's row that only ever gets the gradient pushing its logit down, and its
+loss measures how far an optimizer pushed it, not what it learned), and the
+mean training loss of the last 5% of the steps. Printed per optimizer and
+measure: the mean over the seeds and its spread, and the targets: the
+device's 8-bit states against the best 8-bit anchor, as a difference over
+the batch noise (the standard deviation over seeds of the reference's, the
+spread two equally good runs show): within noise when at most 1. The last
+line is one JSON object.
 """
 
 import argparse
@@ -45,10 +50,14 @@ OURS_8BIT = ["offload-8bit", "offload-8bit-bf16m"]
 OFFLOAD = {"offload-fp32": ("fp32", "fp32"), "offload-8bit": ("8bit", "fp32"),
            "offload-8bit-bf16m": ("8bit", "bf16")}
 EVAL_BATCHES = 32
+# what each run ends with: (its name in the table and the JSON, the suffix of its target keys)
+METRICS = {"held_out": ("held-out loss", ""),
+           "held_out_seen": ("held-out loss seen", "_seen"),
+           "train": ("train loss final", "_train")}
 
 
 def run(name, size, steps, seed, tmp, autocast):
-    """One training run; returns (held-out loss, seconds per step)."""
+    """One training run; returns ({metric: loss}, seconds per step)."""
     import numpy as np
     import torch
     import torch.nn.functional as F
@@ -98,18 +107,23 @@ def run(name, size, steps, seed, tmp, autocast):
             else:
                 g["lr"] = v
 
-    def loss_of(idx):
+    def loss_of(idx, reduction="mean"):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             logits = model(idx[:, :-1])
-        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), idx[:, 1:].reshape(-1))
+        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), idx[:, 1:].reshape(-1),
+                               reduction=reduction)
 
     rng = np.random.default_rng(seed)
     model.train()
     t0 = time.perf_counter()
+    tail = []       # the training loss of the last 5% of the steps
     for t in range(1, steps + 1):
         offs = rng.integers(0, len(train) - T - 1, size=B)
         torch.manual_seed(int(rng.integers(0, 2 ** 62)))
-        loss_of(torch.stack([train[o:o + T + 1] for o in offs.tolist()])).backward()
+        loss = loss_of(torch.stack([train[o:o + T + 1] for o in offs.tolist()]))
+        loss.backward()
+        if t > steps - max(1, steps // 20):
+            tail.append(float(loss))
         set_lr(cfg["lr"] * lr_at(t - 1))
         if pairs is None:
             opt.clip_grad_norm_(demo.CLIP)
@@ -131,11 +145,14 @@ def run(name, size, steps, seed, tmp, autocast):
         opt.close()
     model.eval()
     erng = np.random.default_rng(0)     # the same held-out batches for every run
+    seen = torch.bincount(train, minlength=len(vocab)) > 0
     with torch.no_grad():
-        losses = [float(loss_of(torch.stack([val[o:o + T + 1] for o in
-                                             erng.integers(0, len(val) - T - 1, size=B).tolist()])))
-                  for _ in range(EVAL_BATCHES)]
-    return sum(losses) / len(losses), per_step
+        idx = [torch.stack([val[o:o + T + 1] for o in erng.integers(0, len(val) - T - 1, size=B).tolist()])
+               for _ in range(EVAL_BATCHES)]
+        tok = torch.cat([loss_of(i, "none") for i in idx])
+        known = seen[torch.cat([i[:, 1:].reshape(-1) for i in idx])]
+    return {"held_out": float(tok.mean()), "held_out_seen": float(tok[known].mean()),
+            "train": sum(tail) / len(tail)}, per_step
 
 
 def main():
@@ -165,27 +182,33 @@ def main():
             for n in names:
                 loss, per_step = run(n, a.size, a.steps, 1000 + seed, tmp, a.autocast == "bf16")
                 res[n].append(loss)
-                print(f"seed {seed} {n:<20} held-out loss {loss:.4f}  ({per_step * 1e3:.1f} ms/step)",
+                print(f"seed {seed} {n:<20} held-out loss {loss['held_out']:.4f}, on seen characters "
+                      f"{loss['held_out_seen']:.4f}, training {loss['train']:.4f}  ({per_step * 1e3:.1f} ms/step)",
                       flush=True)
-    print(f"\n{'optimizer':<20} {'held-out loss':>14} {'min..max':>18}")
-    for n, v in res.items():
-        print(f"{n:<20} {statistics.mean(v):14.4f} {min(v):8.4f}..{max(v):.4f}")
-    out = {"held_out_loss": {n: round(statistics.mean(v), 5) for n, v in res.items()}}
-    if "torch-fp32" in res and len(res["torch-fp32"]) > 1:
-        out["batch_noise"] = round(statistics.stdev(res["torch-fp32"]), 5)
-    anchors = [n for n in ANCHORS_8BIT if n in res]
-    ours = [n for n in OURS_8BIT if n in res]
-    if anchors and ours:
-        best_anchor = min(anchors, key=lambda n: out["held_out_loss"][n])
-        for n in ours:
-            delta = out["held_out_loss"][n] - out["held_out_loss"][best_anchor]
-            key = "q8_final_loss_vs_best_8bit_anchor" + ("" if n == "offload-8bit" else "_bf16_master")
-            out[key] = round(delta, 5)
-            if "batch_noise" in out:
-                ratio = delta / out["batch_noise"] if out["batch_noise"] else math.inf
-                out[key + "_in_noise"] = round(ratio, 3)
-                print(f"  {key:<50} {delta:+.4f} over {best_anchor} = {ratio:+.2f} x batch noise "
-                      f"({'met' if ratio <= 1 else 'missed'}: within noise at <= 1)")
+    out = {}
+    for metric, (name, suffix) in METRICS.items():
+        print(f"\n{'optimizer':<20} {name:>28} {'min..max':>18}")
+        for n, v in res.items():
+            v = [r[metric] for r in v]
+            print(f"{n:<20} {statistics.mean(v):28.4f} {min(v):8.4f}..{max(v):.4f}")
+        mean = {n: round(statistics.mean(r[metric] for r in v), 5) for n, v in res.items()}
+        out[name.replace(" ", "_").replace("-", "_")] = mean
+        noise = None
+        if "torch-fp32" in res and len(res["torch-fp32"]) > 1:
+            noise = out["batch_noise" + suffix] = round(statistics.stdev(r[metric] for r in res["torch-fp32"]), 5)
+        anchors = [n for n in ANCHORS_8BIT if n in res]
+        ours = [n for n in OURS_8BIT if n in res]
+        if anchors and ours:
+            best_anchor = min(anchors, key=lambda n: mean[n])
+            for n in ours:
+                delta = mean[n] - mean[best_anchor]
+                key = "q8_final_loss_vs_best_8bit_anchor" + ("" if n == "offload-8bit" else "_bf16_master") + suffix
+                out[key] = round(delta, 5)
+                if noise is not None:
+                    ratio = delta / noise if noise else math.inf
+                    out[key + "_in_noise"] = round(ratio, 3)
+                    print(f"  {key:<55} {delta:+.4f} over {best_anchor} = {ratio:+.2f} x batch noise "
+                          f"({'met' if ratio <= 1 else 'missed'}: within noise at <= 1)")
     print(json.dumps(out))
 
 
