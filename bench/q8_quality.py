@@ -50,10 +50,10 @@ OURS_8BIT = ["offload-8bit", "offload-8bit-bf16m"]
 OFFLOAD = {"offload-fp32": ("fp32", "fp32"), "offload-8bit": ("8bit", "fp32"),
            "offload-8bit-bf16m": ("8bit", "bf16")}
 EVAL_BATCHES = 32
-# what each run ends with: (its name in the table and the JSON, the suffix of its target keys)
-METRICS = {"held_out": ("held-out loss", ""),
-           "held_out_seen": ("held-out loss seen", "_seen"),
-           "train": ("train loss final", "_train")}
+# what each run ends with: (its title in the table, its key in the JSON, the suffix of its target keys)
+METRICS = {"held_out": ("held-out loss", "held_out_loss", ""),
+           "held_out_seen": ("held-out loss seen", "held_out_loss_seen", "_seen"),
+           "train": ("train loss final", "train_loss_final", "_train")}
 
 
 def run(name, size, steps, seed, tmp, autocast):
@@ -186,18 +186,18 @@ def main():
                       f"{loss['held_out_seen']:.4f}, training {loss['train']:.4f}  ({per_step * 1e3:.1f} ms/step)",
                       flush=True)
     out = {}
-    for metric, (name, suffix) in METRICS.items():
-        print(f"\n{'optimizer':<20} {name:>28} {'min..max':>18}")
+    anchors = [n for n in ANCHORS_8BIT if n in res]
+    ours = [n for n in OURS_8BIT if n in res]
+    for metric, (title, json_key, suffix) in METRICS.items():
+        print(f"\n{'optimizer':<20} {title:>28} {'min..max':>18}")
         for n, v in res.items():
             v = [r[metric] for r in v]
             print(f"{n:<20} {statistics.mean(v):28.4f} {min(v):8.4f}..{max(v):.4f}")
         mean = {n: round(statistics.mean(r[metric] for r in v), 5) for n, v in res.items()}
-        out[name.replace(" ", "_").replace("-", "_")] = mean
+        out[json_key] = mean
         noise = None
         if "torch-fp32" in res and len(res["torch-fp32"]) > 1:
             noise = out["batch_noise" + suffix] = round(statistics.stdev(r[metric] for r in res["torch-fp32"]), 5)
-        anchors = [n for n in ANCHORS_8BIT if n in res]
-        ours = [n for n in OURS_8BIT if n in res]
         if anchors and ours:
             best_anchor = min(anchors, key=lambda n: mean[n])
             for n in ours:
