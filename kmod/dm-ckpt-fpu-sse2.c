@@ -29,3 +29,17 @@ u32 dm_ckpt_update_q8bf_sse2(const struct ckpt_hparams *hp, u32 grad_scale, cons
 {
 	return ckpt_update_chunk_q8bf_body(hp, grad_scale, grad, p, s, tmp, plo, n, sr);
 }
+
+/*
+ * The core's gradient sums (ckpt_update.h), the kernel's build: SSE2 is
+ * enough for one pass over 2 B a param.
+ */
+u64 ckpt_grad_sumsq(u32 dtype, const u16 *grad, u64 n, u64 acc)
+{
+	return ckpt_grad_sumsq_body(dtype, grad, n, acc);
+}
+
+u64 ckpt_sum_f64(const u64 *v, u64 n)
+{
+	return ckpt_sum_f64_body(v, n);
+}

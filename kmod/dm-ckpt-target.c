@@ -224,6 +224,8 @@ static const struct ckpt_step_ops dmckpt_step_ops = {
 	.failed = __dmckpt_sb_failed,
 	.read_sb = __dmckpt_read_sb,
 	.rollback = __dmckpt_rollback,
+	.fpu_begin = dm_ckpt_fpu_begin,
+	.fpu_end = dm_ckpt_fpu_end,
 };
 
 /* ---------------------------------------------------------------- deferred bios */
@@ -406,6 +408,7 @@ static void dmckpt_free(struct dm_ckpt *c)
 	kvfree(c->mem.stage_of);
 	kvfree(c->mem.claimed);
 	kvfree(c->mem.applied);
+	kvfree(c->mem.sumsq);
 	kvfree(c->mem.modes);
 	kfree(c->mem.spare);
 	kfree(c->mem.cmd);
@@ -476,7 +479,8 @@ static int dmckpt_alloc(struct dm_ckpt *c, char **error)
 	mem->claimed = kvcalloc(ckpt_bitmap_words(n_chunks), sizeof(u64), DM_CKPT_GFP_BIG);
 	mem->applied = kvcalloc(ckpt_bitmap_words(n_chunks), sizeof(u64), DM_CKPT_GFP_BIG);
 	mem->stage_of = kvmalloc_array(n_chunks, sizeof(u32), DM_CKPT_GFP_BIG);
-	if (!mem->claimed || !mem->applied || !mem->stage_of) {
+	mem->sumsq = kvcalloc(n_chunks, sizeof(u64), DM_CKPT_GFP_BIG);
+	if (!mem->claimed || !mem->applied || !mem->stage_of || !mem->sumsq) {
 		*error = "Cannot allocate the per-chunk bitmaps";
 		return -ENOMEM;
 	}

@@ -56,6 +56,7 @@ struct dm_ckpt_job {
 	atomic_t writes;
 	int write_error;
 	struct completion done;
+	u64 sumsq;		/* the gradients' sum of squares so far (fp64 bits) */
 	u32 q8_tmp[CKPT_Q8_TMP_WORDS];	/* Q8: the update's scratch */
 };
 
@@ -121,6 +122,17 @@ static bool upd_idle(struct dm_ckpt_update *u)
 	return r;
 }
 
+/* Core ops around its own float arithmetic (ckpt_step_ops fpu_begin, fpu_end). */
+void dm_ckpt_fpu_begin(void *host)
+{
+	kernel_fpu_begin();
+}
+
+void dm_ckpt_fpu_end(void *host)
+{
+	kernel_fpu_end();
+}
+
 void dm_ckpt_upd_drain(struct dm_ckpt *c)
 {
 	wait_event(c->upd.job_wait, upd_idle(&c->upd));
@@ -174,6 +186,7 @@ static u32 run_update(struct dm_ckpt_job *j, const struct ckpt_hparams *hp, u64 
 	for (i = 0; i < n; i += k) {
 		k = min_t(u64, n - i, CKPT_FPU_SLICE);
 		kernel_fpu_begin();
+		j->sumsq = ckpt_grad_sumsq(j->c->dtype, j->grad + first + i, k, j->sumsq);
 		nonfinite |= update_slice(j, hp, first + i, k);
 		kernel_fpu_end();
 		cond_resched();
@@ -194,6 +207,7 @@ static u32 run_chunk(struct dm_ckpt_job *j)
 	u32 nonfinite = 0;
 	u64 pos = 0;
 
+	j->sumsq = 0;
 	while (ckpt_step_run(&j->c->step, j->chunk, j->group, &pos, &run)) {
 		if (run.skip && (j->incompat & CKPT_FEATURE_INCOMPAT_BF16M))
 			memcpy(j->plo + run.first, (const u16 *)p + run.first, run.n * 2);
@@ -318,6 +332,7 @@ static void job_work(struct work_struct *work)
 	}
 
 	nonfinite = run_chunk(j);
+	ckpt_step_sumsq(&c->step, j->chunk, j->sumsq);
 	if (nonfinite) {
 		/* The step will be skipped: this chunk is not written. */
 		spin_lock(&c->sm_lock);

@@ -1045,6 +1045,8 @@ void ckpt_status_encode(const struct ckpt_status *st, void *block)
 	d->io_errors = cpu_to_le64(st->io_errors);
 	d->manifest_bytes = cpu_to_le32(st->geo.manifest_bytes);
 	d->blob_len = cpu_to_le32(blob_len);
+	d->grad_sumsq = cpu_to_le64(st->grad_sumsq);
+	d->grad_sumsq_step = cpu_to_le64(st->grad_sumsq_step);
 	memcpy(d->blob, st->blob, blob_len);
 	d->crc32c = cpu_to_le32(ckpt_crc_skip(block, CKPT_BLOCK, CKPT_ST_CRC_OFF));
 }
@@ -1093,6 +1095,8 @@ int ckpt_status_decode(const void *block, struct ckpt_status *st)
 	st->grad_bytes = le64_to_cpu(d->grad_bytes);
 	st->param_bytes = le64_to_cpu(d->param_bytes);
 	st->io_errors = le64_to_cpu(d->io_errors);
+	st->grad_sumsq = le64_to_cpu(d->grad_sumsq);
+	st->grad_sumsq_step = le64_to_cpu(d->grad_sumsq_step);
 	st->blob_len = blob_len;
 	memcpy(st->blob, d->blob, blob_len);
 	return 0;

@@ -637,6 +637,14 @@ struct ckpt_status {
 	u64 param_bytes;
 	u64 io_errors;
 	struct ckpt_geometry geo;
+	/*
+	 * The gradients of the last step a COMMIT ended (committed or
+	 * skipped): the sum of their squares as written (fp64 bits, before
+	 * grad_scale; ckpt_grad_sumsq) and that step, 0 if none since the
+	 * device was opened (or a module without it).
+	 */
+	u64 grad_sumsq;
+	u64 grad_sumsq_step;
 	u32 blob_len;
 	u8 blob[CKPT_BLOB_MAX];
 };
@@ -668,7 +676,9 @@ struct ckpt_status_disk {
 	__le64 io_errors;
 	__le32 manifest_bytes;
 	__le32 blob_len;
-	__le64 reserved[8];
+	__le64 grad_sumsq;
+	__le64 grad_sumsq_step;
+	__le64 reserved[6];
 	u8 blob[CKPT_BLOB_MAX];
 } __packed;
 

@@ -297,6 +297,8 @@ void ckpt_sm_status(const struct ckpt_step_sm *sm, const struct ckpt_sb *sb,
 	memset(st, 0, sizeof(*st));
 	/* grad_bytes and param_bytes are the host's counters (0 here): it fills them. */
 	ckpt_counters_to_status(&k, st);
+	st->grad_sumsq = sm->grad_sumsq;
+	st->grad_sumsq_step = sm->grad_sumsq_step;
 	if (sb) {
 		st->geo = sb->geo;
 		st->blob_len = sb->blob_len <= CKPT_BLOB_MAX ? sb->blob_len : 0;
@@ -1088,7 +1090,7 @@ static int ckpt_step_rollback(struct ckpt_step *cs, const struct ckpt_cmd *cmd, 
 int ckpt_step_exec(struct ckpt_step *cs, const struct ckpt_cmd *cmd, int *io_errno)
 {
 	const struct ckpt_step_ops *ops = cs->ops;
-	u64 step = 0;
+	u64 step = 0, sumsq = 0;
 	u32 slot = 0;
 	int ret, io;
 
@@ -1101,6 +1103,17 @@ int ckpt_step_exec(struct ckpt_step *cs, const struct ckpt_cmd *cmd, int *io_err
 		return ckpt_step_begin(cs, cmd);
 	if (cmd->opcode == CKPT_OP_ROLLBACK)
 		return ckpt_step_rollback(cs, cmd, io_errno);
+	/*
+	 * The step's gradient sum, in chunk order, before the lock (the updates
+	 * are drained: the chunks' sums stand); used only if COMMIT ends the step.
+	 */
+	if (cmd->opcode == CKPT_OP_COMMIT && cs->mem.sumsq) {
+		if (ops->fpu_begin)
+			ops->fpu_begin(cs->host);
+		sumsq = ckpt_sum_f64(cs->mem.sumsq, cs->sm.n_chunks);
+		if (ops->fpu_end)
+			ops->fpu_end(cs->host);
+	}
 	ops->lock(cs->host);
 	switch (cmd->opcode) {
 	case CKPT_OP_ABORT:
@@ -1110,6 +1123,10 @@ int ckpt_step_exec(struct ckpt_step *cs, const struct ckpt_cmd *cmd, int *io_err
 		ret = ckpt_sm_commit(&cs->sm, cmd);
 		step = cs->sm.open_step;
 		slot = ckpt_sm_dst_slot(&cs->sm);
+		if (ret >= 0 && cs->mem.sumsq) {
+			cs->sm.grad_sumsq = sumsq;
+			cs->sm.grad_sumsq_step = step;
+		}
 		break;
 	default:
 		ret = -CKPT_E_OPCODE;

@@ -62,6 +62,8 @@ struct ckpt_step_sm {
 	u64 steps_aborted;
 	u64 commands_rejected;
 	u64 io_errors;
+	u64 grad_sumsq;		/* ckpt_status.grad_sumsq */
+	u64 grad_sumsq_step;
 };
 
 /*
@@ -260,6 +262,13 @@ struct ckpt_step_ops {
 	 * Called with only the command lock held.
 	 */
 	int (*rollback)(void *host, u64 step, int *io_errno);
+	/*
+	 * Optional: around the core's own float arithmetic (COMMIT's sum of the
+	 * chunks' gradient sums, ckpt_sum_f64): the kernel's kernel_fpu_begin
+	 * and kernel_fpu_end. Called with only the command lock held.
+	 */
+	void (*fpu_begin)(void *host);
+	void (*fpu_end)(void *host);
 };
 
 #define CKPT_STAGE_FREE		0xffffffffu
@@ -320,6 +329,7 @@ struct ckpt_step_mem {
 	struct ckpt_sb *spare;
 	void *block;
 	struct ckpt_cmd *cmd;
+	u64 *sumsq;		/* n_chunks entries (ckpt_step_sumsq), or NULL: none reported */
 };
 
 struct ckpt_step {
@@ -415,6 +425,19 @@ bool ckpt_step_run(const struct ckpt_step *cs, u32 chunk, u32 group, u64 *pos,
  * then calls ckpt_sm_count_fault). Without COUNTS: 0, nothing done.
  */
 int ckpt_step_counts(const struct ckpt_step *cs, u32 chunk, void *header);
+
+/*
+ * The sum of the squares of a claimed chunk's gradients that its update
+ * applied (ckpt_grad_sumsq chained over its runs that update, in order; fp64
+ * bits), given before ckpt_sm_applied. COMMIT adds the chunks' sums in chunk
+ * order (ckpt_sum_f64) into the status page's grad_sumsq: the global gradient
+ * norm without a pass of the trainer's. Without mem.sumsq, nothing.
+ */
+static inline void ckpt_step_sumsq(struct ckpt_step *cs, u32 chunk, u64 sumsq)
+{
+	if (cs->mem.sumsq && chunk < cs->sm.n_chunks)
+		cs->mem.sumsq[chunk] = sumsq;
+}
 
 /* Round n fp32 params (bits) to dtype with integer arithmetic only (any context). */
 void ckpt_round_params_int(u32 dtype, const u32 *p, u16 *plo, u64 n);

@@ -59,6 +59,16 @@ CKPT_SCALAR u32 ckpt_update_chunk_q8bf_scalar(CKPT_Q8BF_ARGS)
 	return ckpt_update_chunk_q8bf_body(CKPT_Q8BF_CALL);
 }
 
+CKPT_SCALAR u64 ckpt_grad_sumsq_scalar(u32 dtype, const u16 *grad, u64 n, u64 acc)
+{
+	return ckpt_grad_sumsq_body(dtype, grad, n, acc);
+}
+
+u64 ckpt_sum_f64(const u64 *v, u64 n)
+{
+	return ckpt_sum_f64_body(v, n);
+}
+
 /* integer only: the baseline build of every architecture */
 void ckpt_sr_round(const struct ckpt_sr *sr, const u32 *x, u16 *out, u64 n)
 {
@@ -149,6 +159,12 @@ CKPT_CLONES void ckpt_q8_encode(const struct ckpt_q8_state *s, const u32 *m, con
 static u32 ckpt_update_chunk_q8_sse2(CKPT_Q8_ARGS)
 {
 	return ckpt_update_chunk_q8_body(CKPT_Q8_CALL);
+}
+
+/* The gradients' sum of squares: the same bits in every clone (ckpt_update.h). */
+CKPT_CLONES u64 ckpt_grad_sumsq(u32 dtype, const u16 *grad, u64 n, u64 acc)
+{
+	return ckpt_grad_sumsq_body(dtype, grad, n, acc);
 }
 
 CKPT_CLONES u32 ckpt_update_chunk_q8bf(CKPT_Q8BF_ARGS)
@@ -289,6 +305,12 @@ unsigned int ckpt_update_variants(struct ckpt_update_variant *out)
  * x86) picks the SVE build when the kernel reports HWCAP_SVE.
  */
 #define CKPT_SVE __attribute__((target("+sve")))
+
+/* The gradients' sum of squares: NEON, the baseline (ckpt_update.h). */
+u64 ckpt_grad_sumsq(u32 dtype, const u16 *grad, u64 n, u64 acc)
+{
+	return ckpt_grad_sumsq_body(dtype, grad, n, acc);
+}
 
 u32 ckpt_update_chunk_neon(CKPT_UPDATE_ARGS)
 {

@@ -85,6 +85,21 @@ u32 ckpt_update_chunk_q8bf(const struct ckpt_hparams *hp, u32 grad_scale, const 
 			   u16 *p, const struct ckpt_q8_state *s, u32 *tmp, u16 *plo, u64 n,
 			   const struct ckpt_sr *sr);
 
+/*
+ * The gradients' sum of squares, for the global gradient norm a device
+ * reports (ckpt_status.grad_sumsq): acc (fp64 bits) plus the squares of n
+ * fp16/bf16 gradients (n a multiple of CKPT_SUMSQ_BLOCK), in fp64, in the
+ * one order ckpt_update_impl.h fixes, so that chaining calls over a chunk's
+ * runs in order gives the same bits in every build and in the kernel.
+ * ckpt_sum_f64 adds n fp64 values (bits) in index order: the chunks' sums
+ * into the step's. Both use the FPU (the kernel calls them between
+ * kernel_fpu_begin and kernel_fpu_end).
+ */
+#define CKPT_SUMSQ_BLOCK	2048u
+#define CKPT_SUMSQ_LANES	16u
+u64 ckpt_grad_sumsq(u32 dtype, const u16 *grad, u64 n, u64 acc);
+u64 ckpt_sum_f64(const u64 *v, u64 n);
+
 #ifndef __KERNEL__
 /*
  * fp32 values (bits) to bf16 with the update's stochastic rounding, for a

@@ -321,6 +321,77 @@ static __always_inline u32 ckpt_update_loop(const struct ckpt_upd_k *k, const in
 }
 
 /* ---------------------------------------------------------------------- */
+/* The gradients' sum of squares (ckpt_grad_sumsq).                        */
+/* ---------------------------------------------------------------------- */
+
+union ckpt_du {
+	u64 u;
+	double d;
+};
+
+static __always_inline double ckpt_as_d(u64 u)
+{
+	union ckpt_du x;
+
+	x.u = u;
+	return x.d;
+}
+
+static __always_inline u64 ckpt_as_u64(double d)
+{
+	union ckpt_du x;
+
+	x.d = d;
+	return x.u;
+}
+
+/*
+ * One order of additions, whatever the vector width: each block of
+ * CKPT_SUMSQ_BLOCK params sums into CKPT_SUMSQ_LANES fp64 lanes (lane j takes
+ * params j, j + LANES, ...), the lanes fold in halves (j += j + LANES/2, ...),
+ * and the block totals add to acc in block order. A square of an fp32 value is
+ * exact in fp64, so the additions are the only roundings, and they are the
+ * same in every build.
+ */
+static __always_inline u64 ckpt_grad_sumsq_body(u32 dtype, const u16 *__restrict grad, u64 n,
+						u64 acc_bits)
+{
+	const int bf16 = dtype == CKPT_DTYPE_BF16;
+	double acc = ckpt_as_d(acc_bits);
+	u64 b, i;
+	u32 j, w;
+
+	for (b = 0; b < n; b += CKPT_SUMSQ_BLOCK) {
+		double lane[CKPT_SUMSQ_LANES] = { 0 };
+
+		for (i = 0; i < CKPT_SUMSQ_BLOCK; i += CKPT_SUMSQ_LANES)
+			for (j = 0; j < CKPT_SUMSQ_LANES; j++) {
+				u16 h = grad[b + i + j];
+				double g = (double)ckpt_as_f(bf16 ? ckpt_bf16_to_f32_vec(h)
+								  : ckpt_f16_to_f32_vec(h));
+
+				lane[j] += g * g;
+			}
+		for (w = CKPT_SUMSQ_LANES / 2; w; w >>= 1)
+			for (j = 0; j < w; j++)
+				lane[j] += lane[j + w];
+		acc += lane[0];
+	}
+	return ckpt_as_u64(acc);
+}
+
+/* The sum of n fp64 values (bits), in index order. */
+static __always_inline u64 ckpt_sum_f64_body(const u64 *v, u64 n)
+{
+	double acc = 0;
+	u64 i;
+
+	for (i = 0; i < n; i++)
+		acc += ckpt_as_d(v[i]);
+	return ckpt_as_u64(acc);
+}
+
+/* ---------------------------------------------------------------------- */
 /* Q8: block-wise 8-bit moments (CKPT_FEATURE_INCOMPAT_Q8).                */
 /* ---------------------------------------------------------------------- */
 

@@ -37,6 +37,9 @@ u32 ckpt_update_chunk_q8bf_scalar(const struct ckpt_hparams *hp, u32 grad_scale,
 				  u16 *p, const struct ckpt_q8_state *s, u32 *tmp, u16 *plo, u64 n,
 				  const struct ckpt_sr *sr);
 
+/* ckpt_grad_sumsq not vectorized: its reference. */
+u64 ckpt_grad_sumsq_scalar(u32 dtype, const u16 *grad, u64 n, u64 acc);
+
 /* fp16 -> fp32 over an array with the vector body's conversion (dispatched). */
 void ckpt_f16_to_f32_array(const u16 *h, u32 *f, u64 n);
 

@@ -211,6 +211,19 @@ int ckpt_info(ckpt_device *d, struct ckpt_info *info);
 	X(n_groups)		\
 	X(dtype)
 
+/*
+ * The gradients of the last step a COMMIT ended (committed, or skipped for a
+ * non-finite gradient), from the status page (not the dm status line):
+ * grad_sumsq, the sum of the squares of the gradients as written (before
+ * grad_scale), as the bits of an IEEE double (the device's global gradient
+ * norm is sqrt of it times |grad_scale|); grad_sumsq_step, that step: 0 if
+ * no COMMIT ended one since the device was opened (or a kernel module older
+ * than these fields serves it).
+ */
+#define CKPT_STATUS_GRADIENTS(X)	\
+	X(grad_sumsq)		\
+	X(grad_sumsq_step)
+
 #define CKPT_STATUS_MEMBER(field, kind)	uint64_t field;
 #define CKPT_STATUS_GEOMETRY_MEMBER(field)	uint64_t field;
 
@@ -218,12 +231,13 @@ int ckpt_info(ckpt_device *d, struct ckpt_info *info);
  * A device's status: the counters of the dm status line (CKPT_STATUS_FIELDS
  * in ckpt_abi.h, in its order; state and last_result hold enum ckpt_state
  * and enum ckpt_result, last_error an enum ckpt_err, first_io_error an
- * errno), then CKPT_STATUS_GEOMETRY. Every member is a uint64_t, so member
- * i is named by ckpt_status_field(i).
+ * errno), then CKPT_STATUS_GEOMETRY, then CKPT_STATUS_GRADIENTS. Every
+ * member is a uint64_t, so member i is named by ckpt_status_field(i).
  */
 struct ckpt_device_status {
 	CKPT_STATUS_FIELDS(CKPT_STATUS_MEMBER)
 	CKPT_STATUS_GEOMETRY(CKPT_STATUS_GEOMETRY_MEMBER)
+	CKPT_STATUS_GRADIENTS(CKPT_STATUS_GEOMETRY_MEMBER)
 };
 
 /* The status of an open device (the engine's, or the kernel target's page). */
@@ -356,6 +370,17 @@ int ckpt_tensor_step(ckpt_device *d, const char *name, uint64_t *step);
 int ckpt_block_size(ckpt_device *d);
 /* Returns CKPT_COMMITTED or CKPT_OVERFLOW (step skipped). */
 int ckpt_commit(ckpt_device *d, const void *blob, size_t blob_len);
+/*
+ * The sum of the squares of the gradients of the step this handle's last
+ * ckpt_commit ended (committed or skipped), as written (before grad_scale):
+ * the global gradient norm is sqrt(*sumsq) x |grad_scale|. The device adds
+ * them up as the gradients arrive (the same bits on the engine and the
+ * kernel target), so the trainer makes no pass over them. Returns 1 with
+ * *sumsq set, 0 when there is none (no commit yet on this handle, or a
+ * kernel module older than the grad_sumsq status field serves the device),
+ * or a negative error.
+ */
+int ckpt_last_grad_sumsq(ckpt_device *d, double *sumsq);
 int ckpt_abort(ckpt_device *d);
 /*
  * Make the previous step the committed one again, with its params, moments

@@ -210,7 +210,7 @@ void give(const std::string &text, char **out)
 
 // ---- struct ckpt_device_status, member by member (all uint64_t)
 
-enum class Kind { STATE, RESULT, FRACTION, U32, U64, GEOMETRY };
+enum class Kind { STATE, RESULT, FRACTION, U32, U64, PAGE };	// PAGE: not on the dm line
 
 struct StatusField {
 	const char *name;
@@ -219,17 +219,19 @@ struct StatusField {
 };
 
 #define CKPT_CAPI_FIELD(field, kind) {#field, Kind::kind, &ckpt_device_status::field},
-#define CKPT_CAPI_GEO(field) {#field, Kind::GEOMETRY, &ckpt_device_status::field},
+#define CKPT_CAPI_PAGE(field) {#field, Kind::PAGE, &ckpt_device_status::field},
 constexpr StatusField status_fields[] = {
 	CKPT_STATUS_FIELDS(CKPT_CAPI_FIELD)
-	CKPT_STATUS_GEOMETRY(CKPT_CAPI_GEO)
+	CKPT_STATUS_GEOMETRY(CKPT_CAPI_PAGE)
+	CKPT_STATUS_GRADIENTS(CKPT_CAPI_PAGE)
 };
 constexpr uint32_t n_line_fields = CKPT_STATUS_N;
 static_assert(sizeof(ckpt_device_status) == sizeof(status_fields) / sizeof(status_fields[0]) * sizeof(uint64_t),
 	      "struct ckpt_device_status is all uint64_t, one per field");
 // Its layout is ABI (the Python package mirrors it, checking its size through
-// ckpt_abi_sizeof): 15 counters then 5 geometry members, each list in order.
-static_assert(sizeof(ckpt_device_status) == 20 * sizeof(uint64_t) && CKPT_STATUS_N == 15,
+// ckpt_abi_sizeof): 15 counters, 5 geometry members, 2 of the gradients, each
+// list in order.
+static_assert(sizeof(ckpt_device_status) == 22 * sizeof(uint64_t) && CKPT_STATUS_N == 15,
 	      "struct ckpt_device_status changed size: append only, and mirror it in Python");
 #define CKPT_CAPI_AT(field, kind) offsetof(ckpt_device_status, field) == CKPT_SF_##field * sizeof(uint64_t) &&
 static_assert(CKPT_STATUS_FIELDS(CKPT_CAPI_AT) true, "struct ckpt_device_status out of list order");
@@ -596,6 +598,8 @@ int ckpt_status(ckpt_device *d, struct ckpt_device_status *out)
 		s.n_params = s.n_chunks * s.chunk_params;
 		s.n_groups = st.geo.n_groups;
 		s.dtype = st.geo.dtype;
+		s.grad_sumsq = st.grad_sumsq;
+		s.grad_sumsq_step = st.grad_sumsq_step;
 		*out = s;
 		return 0;
 	});
@@ -783,6 +787,18 @@ int ckpt_commit(ckpt_device *d, const void *blob, size_t blob_len)
 			need(blob, "blob");
 		auto r = dev.commit({static_cast<const uint8_t *>(blob), blob_len});
 		return static_cast<int>(r);
+	});
+}
+
+int ckpt_last_grad_sumsq(ckpt_device *d, double *sumsq)
+{
+	return with_device(d, [&](ckpt::Device &dev) {
+		need(sumsq, "sumsq");
+		const std::optional<uint64_t> bits = dev.grad_sumsq();
+		if (!bits)
+			return 0;
+		std::memcpy(sumsq, &*bits, sizeof(*sumsq));
+		return 1;
 	});
 }
 

@@ -177,7 +177,11 @@ CommitResult Device::commit(std::span<const uint8_t> blob)
 		throw;
 	}
 	// The one status read of a step: committed, or skipped for an overflow.
-	if (status().last_result == CKPT_RESULT_OVERFLOW)
+	const struct ckpt_status st = status();
+	grad_sumsq_.reset();
+	if (st.grad_sumsq_step == cmd.step)
+		grad_sumsq_ = st.grad_sumsq;
+	if (st.last_result == CKPT_RESULT_OVERFLOW)
 		return CommitResult::overflow;
 	counts_ = std::move(pending_);	// untouched tensors are read again
 	pending_.clear();

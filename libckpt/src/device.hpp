@@ -87,6 +87,9 @@ public:
 	// Raw bytes at an offset of the GRAD window: sector-aligned, any order.
 	void write_grad_window(uint64_t off, const void *buf, uint64_t len);
 	CommitResult commit(std::span<const uint8_t> blob);
+	// The gradients' sum of squares (fp64 bits) of the step the last
+	// commit() ended, as the device reported it; none when it did not.
+	std::optional<uint64_t> grad_sumsq() const { return grad_sumsq_; }
 	void abort();
 	// The previous step committed again: the ROLLBACK command, on the
 	// engine and on the kernel target alike; the step now committed. No
@@ -119,6 +122,10 @@ private:
 	uint64_t open_step_ = 0;
 	uint64_t committed_ = 0;
 	bool known_ = false;
+	// The gradients' sum of squares (fp64 bits) of the step this handle's last
+	// COMMIT ended, from the status page read after it; unset when the device
+	// did not report it.
+	std::optional<uint64_t> grad_sumsq_;
 	Traffic traffic_;
 	uint64_t counts_at_ = ~0ULL;
 	std::unordered_map<std::string, uint64_t> counts_, pending_;

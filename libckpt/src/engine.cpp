@@ -138,6 +138,7 @@ void Engine::start(const std::string &path)
 	const uint32_t n_chunks = img_.sb.geo.n_chunks;
 	claimed_.assign(ckpt_bitmap_words(n_chunks), 0);
 	applied_.assign(ckpt_bitmap_words(n_chunks), 0);
+	sumsq_.assign(n_chunks, 0);
 	cmd_ = std::make_unique<struct ckpt_cmd>();
 	spare_ = std::make_unique<struct ckpt_sb>();
 
@@ -159,7 +160,7 @@ void Engine::start(const std::string &path)
 		.claimed = claimed_.data(), .applied = applied_.data(),
 		.modes = modes_.empty() ? nullptr : modes_.data(), .stages = stages_.data(),
 		.n_stages = n_stages, .stage_of = stage_of_.data(), .spare = spare_.get(),
-		.block = block_.as(), .cmd = cmd_.get(),
+		.block = block_.as(), .cmd = cmd_.get(), .sumsq = sumsq_.data(),
 	};
 	ckpt_step_init(&step_, &ops_, this, &img_.sb, &mem);
 	bounce_ = Buffer(std::max<uint64_t>(l.record_bytes, l.plo_chunk_bytes + CKPT_BLOCK));
@@ -374,6 +375,8 @@ const struct ckpt_step_ops Engine::ops_ = {
 	.failed = nullptr,	// control_write throws the io message instead
 	.read_sb = EngineOps::read_sb,
 	.rollback = EngineOps::rollback,
+	.fpu_begin = nullptr,	// userspace: the FPU is always usable
+	.fpu_end = nullptr,
 };
 
 // ---------------------------------------------------------------- commands
@@ -613,7 +616,7 @@ void Engine::worker_main(Worker &w)
 				// bias correction the others take.
 				const uint16_t *grad = grads_[s.job.grad].as<uint16_t>();
 				uint16_t *plo = s.plo.as<uint16_t>();
-				uint64_t pos = 0;
+				uint64_t pos = 0, sumsq = 0;
 				struct ckpt_run run;
 				while (ckpt_step_run(&step_, chunk, img_.group_table[chunk], &pos, &run)) {
 					const uint64_t f = run.first;
@@ -621,6 +624,8 @@ void Engine::worker_main(Worker &w)
 					if (q8)
 						ckpt_q8_state_at(p, img_.sb.geo.chunk_shift, img_.sb.feature_incompat,
 								 f, &q);
+					if (!run.skip)
+						sumsq = ckpt_grad_sumsq(img_.sb.geo.dtype, grad + f, run.n, sumsq);
 					if (run.skip)
 						plo_of_masters(img_.sb, s.rec.as() + CKPT_BLOCK, f, plo + f, run.n, false);
 					else if (bm) {
@@ -639,6 +644,7 @@ void Engine::worker_main(Worker &w)
 									       p + cp + f, p + 2 * cp + f, plo + f,
 									       run.n);
 				}
+				ckpt_step_sumsq(&step_, chunk, sumsq);
 			}
 			if (nonfinite) {	// the step will be skipped: write nothing
 				std::lock_guard lk(mu_);

@@ -144,6 +144,7 @@ private:
 	Image img_;
 	struct ckpt_step step_ {};		// the protocol; step_.sm under mu_
 	std::vector<uint64_t> claimed_, applied_;
+	std::vector<uint64_t> sumsq_;		// per chunk: its gradients' sum of squares
 	std::unique_ptr<struct ckpt_cmd> cmd_;
 	std::unique_ptr<struct ckpt_sb> spare_;
 	std::vector<struct ckpt_stage_buf> stages_;

@@ -300,6 +300,8 @@ void rollback(Image &img, const RollbackCheck &rb)
 				return o.img.file.commit_read_sb(block, off, o.message);
 			},
 		.rollback = nullptr,	// this is the offline rollback itself
+		.fpu_begin = nullptr,
+		.fpu_end = nullptr,
 	};
 	struct ckpt_sb spare;
 	if (ckpt_sb_commit(&ops, &host, &img.sb, &spare, hdr.as(), rb.step, rb.slot, rb.prev.blob,

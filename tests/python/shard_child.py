@@ -120,6 +120,7 @@ def main(argv):
         scaler.update()
         if opt.last_result == "committed":
             say(f"committed {opt.committed_step}")
+            say(f"norm {opt.committed_step} {opt.last_grad_norm!r}")
         state["it"] += 1
         opt.zero_grad(set_to_none=True)
         time.sleep(float(os.environ.get("SHARD_PACE", "0")))

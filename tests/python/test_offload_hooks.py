@@ -18,7 +18,9 @@
   ends bit for bit where hooks=False does; a staged step that needed no
   change sends the next one back to the hooks (last_step_mode);
 - reads of state between backward and step() return the committed step's;
-- a param without a gradient is skipped (its step count stays) with hooks too.
+- a param without a gradient is skipped (its step count stays) with hooks too;
+- last_grad_norm, the device's norm of the step's gradients, with and without
+  hooks, clipped or not, under a grad_scale.
 
 Run: PYTHONPATH=<build>/python /usr/bin/python3 -m unittest -v test_offload_hooks
 """
@@ -182,6 +184,49 @@ class OffloadHooksTest(unittest.TestCase):
         # a clip that changes nothing: the next step goes back to the hooks
         self.run_both(pairs, rng, device_clip(1e6), "staged")
         self.run_both(pairs, rng, torch_clip(1e6), "hooked")
+
+    def test_device_reports_the_gradient_norm(self):
+        """last_grad_norm, summed by the device as the gradients arrived: the norm
+        of the gradients rounded to the device's dtype (float64 here), times
+        grad_scale without the clip coefficient (what opt.clip_grad_norm_
+        returned), with hooks and without, hooked, redone and staged steps;
+        inf for a step skipped on an infinite gradient."""
+        pairs = self.pair()
+        rng = np.random.default_rng(23)
+        modes = set()
+        for t, (scale, max_norm) in enumerate([(1.0, None), (0.5, None), (1.0, 1e-3),
+                                               (1.0, 1e-3), (0.25, 1e6), (1.0, None)]):
+            x, y = batch(rng)
+            for model, opt in pairs:
+                loss_of(model, x, y).backward()
+                want = 0.0
+                for p in model.parameters():
+                    g = bf16_round(p.grad).double()
+                    want += float((g * g).sum())
+                want = want ** 0.5 * scale
+                clip = opt.clip_grad_norm_(max_norm / scale) if max_norm else None
+                opt.step(grad_scale=scale)
+                opt.zero_grad()
+                with self.subTest(step=t, hooks=opt is pairs[0][1], mode=opt.last_step_mode):
+                    self.assertEqual(opt.last_result, "committed")
+                    self.assertIsInstance(opt.last_grad_norm, float)
+                    self.assertAlmostEqual(opt.last_grad_norm / want, 1.0, delta=1e-12)
+                    if clip is not None:
+                        self.assertAlmostEqual(opt.last_grad_norm / float(clip) / scale, 1.0,
+                                               delta=1e-5)
+                    st = opt.device.status()
+                    self.assertEqual(st["grad_sumsq_step"], st["committed_step"])
+                    self.assertAlmostEqual(st["grad_sumsq"] / (opt.last_grad_norm / scale) ** 2, 1.0,
+                                           delta=1e-15)
+                modes.add(opt.last_step_mode)
+        self.assertEqual(modes, {"hooked", "redone", "staged", "written"})
+        for model, opt in pairs:
+            loss_of(model, *batch(rng)).backward()
+            next(model.parameters()).grad[0, 0] = float("inf")
+            opt.step()
+            opt.zero_grad()
+            self.assertEqual(opt.last_result, "overflow")
+            self.assertEqual(opt.last_grad_norm, float("inf"))
 
     def test_edits_without_a_version_are_caught(self):
         """Edits of the gradient after backward that bump no version counter (a

@@ -122,6 +122,7 @@ def reference_world(d, world):
         opt = ckpt.torch.OffloadAdamW(sc.shard_groups(named), os.path.join(d, "one.img"), lr=1e-2,
                                       weight_decay=0.1, dtype="bf16", chunk_params=4096)
     scaler = ckpt.torch.LossScaler(init_scale=2.0 ** 4, growth_interval=2)
+    opt.norms = {}      # step -> last_grad_norm
     it = {"it": 1}
     opt.set_blob(lambda: json.dumps({"it": it["it"] + 1, "scaler": scaler.state_dict()}).encode())
     while it["it"] <= ITERS:
@@ -136,6 +137,8 @@ def reference_world(d, world):
         opt.clip_grad_norm_(sc.MAX_NORM)
         scaler.step(opt)
         scaler.update()
+        if opt.last_result == "committed":
+            opt.norms[opt.committed_step] = opt.last_grad_norm
         it["it"] += 1
     return opt
 
@@ -186,6 +189,15 @@ class ShardTest(unittest.TestCase):
                 # one overflowed iteration: a step fewer than iterations
                 self.assertEqual(ref.committed_step, ITERS - 1)
                 self.compare(d, world, ref)
+                # the global gradient norm from the devices' sums: the same
+                # float on every rank, one device's to fp64 rounding
+                norms = [dict(re.findall(r"^norm (\d+) (\S+)$", out, re.M)) for _, out, _ in results]
+                self.assertEqual(len(norms[0]), ITERS - 1)
+                for r in range(1, world):
+                    self.assertEqual(norms[r], norms[0], f"rank {r}")
+                for step, norm in norms[0].items():
+                    self.assertAlmostEqual(float(norm) / ref.norms[int(step)], 1.0, delta=1e-12,
+                                           msg=f"step {step}")
                 ref.close()
 
     def test_kills_resume_at_one_step(self):

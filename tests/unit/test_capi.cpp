@@ -303,7 +303,8 @@ TEST(CapiDmStatus, ParsesEveryField)
 		.chunks_done = 2, .overflow = 1, .last_result = CKPT_RESULT_OVERFLOW, .last_error = 16,
 		.first_io_error = 5, .steps_committed = 3, .steps_skipped = 1, .steps_aborted = 2,
 		.commands_rejected = 7, .grad_bytes = 4096, .param_bytes = 8192, .io_errors = 9,
-		.n_chunks = 8, .chunk_params = 0, .n_params = 0, .n_groups = 0, .dtype = 0};
+		.n_chunks = 8, .chunk_params = 0, .n_params = 0, .n_groups = 0, .dtype = 0,
+		.grad_sumsq = 0, .grad_sumsq_step = 0};
 	expect_counters(st, want);
 	EXPECT_EQ(st.n_chunks, 8u);
 	EXPECT_EQ(st.chunk_params, 0u);	// not on the line

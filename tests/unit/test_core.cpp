@@ -560,6 +560,8 @@ struct FakeHost {
 	const ckpt_sb *prev = nullptr;
 	int rollback_io = 0;
 	std::vector<uint64_t> rollbacks;	// the step of each call
+	int fpu = 0, fpu_calls = 0;		// fpu_begin nesting, and how many
+	bool fpu_under_lock = false;
 
 	uint64_t watched() const
 	{
@@ -642,6 +644,14 @@ const ckpt_step_ops fake_ops = {
 			return 0;
 		},
 	.rollback = nullptr,	// rollback_ops() has one
+	.fpu_begin =
+		[](void *h) {
+			FakeHost &f = host_of(h);
+			f.fpu_under_lock |= f.locked != 0;
+			f.fpu++;
+			f.fpu_calls++;
+		},
+	.fpu_end = [](void *h) { host_of(h).fpu--; },
 };
 
 // fake_ops with a host rollback: the core's check and commit around prev
@@ -679,6 +689,7 @@ struct Proto {
 	std::vector<uint32_t> stage_of;
 	std::vector<uint8_t> block = std::vector<uint8_t>(CKPT_BLOCK);
 	std::vector<uint8_t> modes;
+	std::vector<uint64_t> sumsq;
 	ckpt_step cs{};
 	uint64_t cb;
 
@@ -698,12 +709,13 @@ struct Proto {
 			stages[i].grad = grads[i].data();
 		}
 		stage_of.resize(n);
+		sumsq.assign(n, 0);
 		modes.assign(ckpt_step_blocks(&sb.layout), 0);
 		const ckpt_step_mem mem = {
 			.claimed = claimed.data(), .applied = applied.data(), .modes = modes.data(),
 			.stages = stages.data(),
 			.n_stages = n_stages, .stage_of = stage_of.data(), .spare = spare.get(),
-			.block = block.data(), .cmd = cmd.get(),
+			.block = block.data(), .cmd = cmd.get(), .sumsq = sumsq.data(),
 		};
 		ckpt_step_init(&cs, &fake_ops, &host, &sb, &mem);
 	}
@@ -771,6 +783,50 @@ std::vector<uint8_t> pattern(size_t n, uint8_t seed)
 }
 
 } // namespace
+
+uint64_t f64_bits(double d)
+{
+	uint64_t u;
+	std::memcpy(&u, &d, 8);
+	return u;
+}
+
+// COMMIT adds the chunks' gradient sums in chunk order, outside the sm lock
+// and between the host's fpu ops, and reports them with the step it ended
+// (committed or skipped); a refused COMMIT reports nothing.
+TEST(CoreProtocol, CommitReportsTheGradientSumInChunkOrder)
+{
+	Proto p(CKPT_STAGING_DEFAULT);
+	const uint32_t n = p.sb.geo.n_chunks;
+	ASSERT_GE(n, 3u);
+	for (uint64_t step = 1; step <= 2; step++) {
+		ASSERT_EQ(p.command(CKPT_OP_BEGIN, step), 0);
+		p.host.dispatched.clear();
+		ASSERT_EQ(p.grad(0, pattern(n * p.cb, uint8_t(step))), 0);
+		// 2^53 first, then ones: in chunk order each 1 rounds away
+		// (2^53 + 1 is a tie to even); any other order keeps them.
+		for (uint32_t c = 0; c < n; c++)
+			ckpt_step_sumsq(&p.cs, c, f64_bits(c ? 1.0 : 0x1p53));
+		p.apply_all();
+		const int fpu_calls = p.host.fpu_calls;
+		EXPECT_EQ(p.command(CKPT_OP_COMMIT, step + 1), -CKPT_E_STEP);
+		EXPECT_EQ(p.cs.sm.grad_sumsq_step, step - 1) << "a refused COMMIT reports nothing";
+		ASSERT_EQ(p.command(CKPT_OP_COMMIT, step), CKPT_RESULT_COMMITTED);
+		EXPECT_EQ(p.host.fpu_calls, fpu_calls + 2) << "one sum per COMMIT";
+		EXPECT_EQ(p.host.fpu, 0);
+		EXPECT_FALSE(p.host.fpu_under_lock);
+		EXPECT_EQ(p.cs.sm.grad_sumsq, f64_bits(0x1p53));
+		EXPECT_EQ(p.cs.sm.grad_sumsq_step, step);
+		ckpt_status st;
+		ckpt_sm_status(&p.cs.sm, &p.sb, &st);
+		std::vector<uint8_t> page(CKPT_BLOCK);
+		ckpt_status_encode(&st, page.data());
+		ckpt_status got;
+		ASSERT_EQ(ckpt_status_decode(page.data(), &got), 0);
+		EXPECT_EQ(got.grad_sumsq, f64_bits(0x1p53));
+		EXPECT_EQ(got.grad_sumsq_step, step);
+	}
+}
 
 TEST(CoreProtocol, StageCountRule)
 {

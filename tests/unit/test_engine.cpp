@@ -524,14 +524,22 @@ TEST_F(EngineTest, AsyncUpdatesGiveTheSameBytesInAnyOrder)
 			d->read_params("a", mid.data(), 5000);
 			EXPECT_EQ(d->commit({}), ckpt::CommitResult::committed);
 		}
-		return mid;
+		// The gradient sum COMMIT reports: the chunks' sums in chunk order,
+		// whichever order the updates ran in.
+		std::vector<uint64_t> chunk_sums(l.n_params / l.chunk_params);
+		for (uint64_t c = 0; c < chunk_sums.size(); c++)
+			chunk_sums[c] = ckpt_grad_sumsq(CKPT_DTYPE_BF16, g.data() + c * l.chunk_params,
+							l.chunk_params, 0);
+		EXPECT_EQ(d->grad_sumsq(), ckpt_sum_f64(chunk_sums.data(), chunk_sums.size()));
+		EXPECT_EQ(d->status().grad_sumsq_step, 3u);
+		return std::make_pair(mid, *d->grad_sumsq());
 	};
 	ckpt::EngineOptions serial;
 	serial.workers = 1;
 	serial.depth = 1;
 	serial.queue_chunks = 1;
-	const std::vector<uint16_t> a = run(path_, {});
-	const std::vector<uint16_t> b = run(other, serial);
+	const auto a = run(path_, {});
+	const auto b = run(other, serial);
 	EXPECT_EQ(a, b);
 	std::ifstream fa(path_, std::ios::binary), fb(other, std::ios::binary);
 	const std::string ba((std::istreambuf_iterator<char>(fa)), {}), bb((std::istreambuf_iterator<char>(fb)), {});

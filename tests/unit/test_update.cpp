@@ -832,3 +832,73 @@ TEST(UpdateGolden, LongRunSameBitsAsX86Scalar)
 		}
 	RecordProperty("runs", runs);
 }
+
+// The gradients' sum of squares (the device's global gradient norm): the
+// vectorized build gives the scalar build's bits, chaining over runs gives
+// one call's, the order is the one ckpt_update.h fixes (so the kernel's SSE2
+// build, chaining over its FPU slices, reports the same: the VM compares),
+// and the value is the sum a long double gives, to fp64 rounding.
+TEST(UpdateSumsq, VectorizedScalarChainedAndExact)
+{
+	std::mt19937 rng(7);
+	const uint64_t n = 64 * CKPT_SUMSQ_BLOCK;
+	for (uint32_t dtype : {CKPT_DTYPE_FP16, CKPT_DTYPE_BF16}) {
+		std::vector<uint16_t> g(n);
+		for (auto &h : g) {
+			h = uint16_t(rng());
+			const uint32_t e = dtype == CKPT_DTYPE_BF16 ? (h >> 7) & 0xff : (h >> 10) & 0x1f;
+			if (e == (dtype == CKPT_DTYPE_BF16 ? 0xffu : 0x1fu))
+				h &= 0xbfff;	// finite: Inf and NaN are the next test's
+		}
+		const uint64_t one = ckpt_grad_sumsq(dtype, g.data(), n, 0);
+		EXPECT_EQ(one, ckpt_grad_sumsq_scalar(dtype, g.data(), n, 0));
+		uint64_t chained = 0;
+		for (uint64_t at = 0, k = CKPT_SUMSQ_BLOCK; at < n; at += k, k *= 2)
+			chained = ckpt_grad_sumsq(dtype, g.data() + at, std::min(k, n - at), chained);
+		EXPECT_EQ(one, chained);
+
+		// The order by hand: lanes, folded in halves, block totals in order.
+		double acc = 0;
+		long double exact = 0;
+		for (uint64_t b = 0; b < n; b += CKPT_SUMSQ_BLOCK) {
+			double lane[CKPT_SUMSQ_LANES] = {};
+			for (uint64_t i = 0; i < CKPT_SUMSQ_BLOCK; i++) {
+				const uint16_t h = g[b + i];
+				const double x = double(
+					fl(dtype == CKPT_DTYPE_BF16 ? ckpt_bf16_to_f32(h) : ckpt_f16_to_f32(h)));
+				lane[i % CKPT_SUMSQ_LANES] += x * x;
+				exact += (long double)x * x;
+			}
+			for (uint32_t w = CKPT_SUMSQ_LANES / 2; w; w >>= 1)
+				for (uint32_t j = 0; j < w; j++)
+					lane[j] += lane[j + w];
+			acc += lane[0];
+		}
+		double got;
+		std::memcpy(&got, &one, 8);
+		EXPECT_EQ(got, acc);
+		EXPECT_NEAR(got, double(exact), 1e-12 * double(exact));
+		EXPECT_GT(got, 0.0);
+	}
+}
+
+TEST(UpdateSumsq, NonFinitePropagates)
+{
+	std::vector<uint16_t> g(CKPT_SUMSQ_BLOCK, 0x3c00);	// fp16 1.0
+	double got;
+	uint64_t r = ckpt_grad_sumsq(CKPT_DTYPE_FP16, g.data(), g.size(), 0);
+	std::memcpy(&got, &r, 8);
+	EXPECT_EQ(got, double(CKPT_SUMSQ_BLOCK));
+	g[17] = 0x7c00;	// +Inf
+	r = ckpt_grad_sumsq(CKPT_DTYPE_FP16, g.data(), g.size(), 0);
+	std::memcpy(&got, &r, 8);
+	EXPECT_TRUE(std::isinf(got));
+	g[17] = 0x7e00;	// NaN
+	r = ckpt_grad_sumsq(CKPT_DTYPE_FP16, g.data(), g.size(), 0);
+	std::memcpy(&got, &r, 8);
+	EXPECT_TRUE(std::isnan(got));
+	const uint64_t v[3] = {r, 0, 0};
+	uint64_t t = ckpt_sum_f64(v, 3);
+	std::memcpy(&got, &t, 8);
+	EXPECT_TRUE(std::isnan(got));
+}

@@ -14,6 +14,7 @@
 // command; refused a second time and while the redone step is open), after
 // which the same step is done again.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -291,8 +292,14 @@ int main(int argc, char **argv)
 				check(ckpt_read_params(d.get(), t.name.c_str(), readback.data(), t.numel));
 				params_crc = ckpt_crc32c_update(params_crc, readback.data(), t.numel * 2);
 			}
-			fmt::print("step {} {} params {:08x} reads {:08x}\n", step,
-				   ckpt_result_name(static_cast<uint32_t>(res)), params_crc, reads_crc);
+			// The device's gradient sum, bit for bit (a NaN's payload is
+			// whichever operand the adds kept: not compared).
+			double sumsq = 0;
+			std::string sum = "none";
+			if (check(ckpt_last_grad_sumsq(d.get(), &sumsq)))
+				sum = std::isnan(sumsq) ? "nan" : fmt::format("{:016x}", std::bit_cast<uint64_t>(sumsq));
+			fmt::print("step {} {} params {:08x} reads {:08x} grad_sumsq {}\n", step,
+				   ckpt_result_name(static_cast<uint32_t>(res)), params_crc, reads_crc, sum);
 			if (res != CKPT_RESULT_COMMITTED)
 				continue;
 			if (rollback_every && step % rollback_every == 0 && step != rolled_back) {

@@ -118,6 +118,7 @@ for _name, _res, _args in [
     ("ckpt_tensor_step", _int, [_vp, _cp, _u64p]),
     ("ckpt_commit", _int, [_vp, ctypes.c_char_p, ctypes.c_size_t]),
     ("ckpt_abort", _int, [_vp]),
+    ("ckpt_last_grad_sumsq", _int, [_vp, ctypes.POINTER(ctypes.c_double)]),
     ("ckpt_rollback", _int, [_vp, ctypes.POINTER(ctypes.c_uint64)]),
     ("ckpt_read_params", _int, [_vp, _cp, _u16p, _u64]),
     ("ckpt_read_params_multi", _int, [_vp, _u32, ctypes.POINTER(_cp), ctypes.POINTER(_u16p), _u64p]),

@@ -223,13 +223,16 @@ class Device:
 
     def status(self):
         """The device's counters (the dm status line's fields, state and
-        last_result by name) and geometry, as a dict."""
+        last_result by name), geometry, and the last COMMIT's gradient sum of
+        squares (grad_sumsq, a float, of step grad_sumsq_step; see
+        grad_sumsq()), as a dict."""
         st = _Status()
         _check(_lib.ckpt_status(self._handle(), ctypes.byref(st)))
         d = {f: getattr(st, f) for f, _ in _Status._fields_}
         d["state"] = _lib.ckpt_state_name(d["state"]).decode()
         d["last_result"] = _lib.ckpt_result_name(d["last_result"]).decode()
         d["dtype"] = _DTYPE_NAMES.get(d["dtype"], d["dtype"])
+        d["grad_sumsq"] = ctypes.c_double.from_buffer_copy(ctypes.c_uint64(d["grad_sumsq"])).value
         return d
 
     def traffic(self):
@@ -367,6 +370,13 @@ class Device:
         blob = bytes(blob)
         r = _check(_lib.ckpt_commit(self._handle(), blob, len(blob)))
         return _lib.ckpt_result_name(r).decode()
+
+    def grad_sumsq(self):
+        """The sum of the squares of the gradients of the step the last commit()
+        ended (committed or skipped), as written (before grad_scale), which the
+        device added up as they arrived; None if it did not report one."""
+        s = ctypes.c_double()
+        return s.value if _check(_lib.ckpt_last_grad_sumsq(self._handle(), ctypes.byref(s))) else None
 
     def abort(self):
         _check(_lib.ckpt_abort(self._handle()))

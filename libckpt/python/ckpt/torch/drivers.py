@@ -5,6 +5,7 @@ device, keeping the writes its gradient hooks made; _Shard, ZeRO-1 over a
 torch.distributed process group, each rank on its own device."""
 
 import os
+import struct
 
 import numpy as np
 import torch
@@ -70,7 +71,9 @@ class _Local:
                     _skip_grad(dev, n, p.numel())
                 else:
                     opt._write_grad(i)
-            return dev.commit(blob_now())
+            result = dev.commit(blob_now())
+            opt._step_sumsq = dev.grad_sumsq()
+            return result
         except BaseException:
             opt._abort()
             raise
@@ -236,6 +239,7 @@ class _Shard:
         t, which the next open settles (agree_step)."""
         grads = opt._grads()
         opt._avg = None
+        opt._step_sumsq = None      # an aborted step has none
         opt.last_step_hooked = False
         opt.last_step_mode = "written"
         dev = opt.device
@@ -269,11 +273,21 @@ class _Shard:
                 raise err
             raise RuntimeError(f"rank {self.rank}: rank 0's trainer blob failed ({obj[0]!r}); the "
                                f"step was aborted on every rank")
+        sumsq = None
         try:
             result = dev.commit(obj[0])
+            sumsq = dev.grad_sumsq()
         except Exception as e:  # noqa: BLE001 - re-raised below, after the vote
             err = e
-        done = [r for r, (ok,) in enumerate(self._gather([int(result == "committed")])) if not ok]
+        # With the vote, each rank's gradient sum (fp64 bits): the global norm's
+        # square is their sum, in rank order (the same float on every rank).
+        bits = 0 if sumsq is None else struct.unpack("<q", struct.pack("<d", sumsq))[0]
+        votes = self._gather([int(result == "committed"), int(sumsq is not None), bits])
+        done = [r for r, (ok, _, _) in enumerate(votes) if not ok]
+        if all(have for _, have, _ in votes):
+            opt._step_sumsq = 0.0
+            for _, _, b in votes:
+                opt._step_sumsq += struct.unpack("<d", struct.pack("<q", b))[0]
         if err is not None:
             raise err
         if done:

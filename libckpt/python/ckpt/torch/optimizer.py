@@ -237,6 +237,13 @@ class OffloadAdamW(torch.optim.Optimizer):
     that clips every step pays no second write); a staged step that needed no
     change sends the next one back to writing during backward.
     last_step_mode: "hooked", "staged", "redone" or "written".
+    last_grad_norm: the total (L2) norm of the last step's gradients as the
+    device took them (rounded to its dtype) times the step's grad_scale without
+    the clip coefficient (so unscaled under a loss scaler: what
+    clip_grad_norm_ would return), a float the device summed as the gradients
+    arrived (no pass over them here); inf or nan for a step skipped on a
+    non-finite gradient; None when the device did not report it (a sharded
+    step that overflowed is aborted before its commit).
     Until step() commits, reads of state (read_state, master_params,
     to_torch_state_dict) return the committed step's, as with hooks=False.
     Gradient accumulation: run the backward of every micro-batch but the last
@@ -295,6 +302,8 @@ class OffloadAdamW(torch.optim.Optimizer):
         self._avg = None            # the step's averaged gradients (sharded)
 
         self.last_result = None
+        self.last_grad_norm = None  # the device's, of the last step's gradients
+        self._step_sumsq = None
         self._grad_unscale = None   # 1/loss scale for the next step (LossScaler.unscale_)
         self._clip_coef = 1.0       # from clip_grad_norm_, for the next step
         self._blob_hook = None
@@ -673,7 +682,10 @@ class OffloadAdamW(torch.optim.Optimizer):
                 (self._blob_hook if blob is None else blob)
             return b"" if b is None else bytes(b)
 
+        self._step_sumsq = None
         self.last_result = self._driver.step(self, groups, scale, blob_now)
+        self.last_grad_norm = None if self._step_sumsq is None else \
+            math.sqrt(self._step_sumsq) * abs(base)
         if grad_scaler is not None:
             _amp_found_inf(grad_scaler, self, self.last_result == "overflow")
         elif amp_scale is not None and self.last_result == "overflow" and not float(self.found_inf):
