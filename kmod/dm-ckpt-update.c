@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * dm-ckpt update: the chunk buffers and the chunk update job (read, check,
- * fused AdamW update in bounded FPU sections, record seal and write).
+ * dm-ckpt update: the chunk buffers and the chunk update job: read the
+ * committed record, the core's update of the chunk (ckpt_step_update: the
+ * check, the counts, the fused AdamW update in bounded FPU sections, the
+ * seal), write the new record.
  */
 #include <linux/bio.h>
 #include <linux/completion.h>
@@ -44,20 +46,40 @@ struct dm_ckpt_job {
 	struct work_struct work;
 	struct list_head list;
 	struct bio *bio;
-	u32 chunk;
-	u32 grad_scale;
-	struct ckpt_rec src;	/* the record it reads: the committed one */
-	struct ckpt_rec dst;	/* the record it writes: the open step's */
-	u32 incompat;		/* the image's incompat feature bits */
-	u32 group;
+	struct ckpt_update_job upd;	/* what the core's update of it is for */
 	u8 *rec;		/* record_bytes: 4 KiB header, then the state */
 	u16 *plo;		/* plo_chunk_bytes */
 	u16 *grad;		/* plo_chunk_bytes */
 	atomic_t writes;
 	int write_error;
 	struct completion done;
-	u64 sumsq;		/* the gradients' sum of squares so far (fp64 bits) */
 	u32 q8_tmp[CKPT_Q8_TMP_WORDS];	/* Q8: the update's scratch */
+};
+
+/*
+ * The core's brackets of float code (ckpt_step_ops and ckpt_update_ops
+ * fpu_begin, fpu_end), process context: preemption is off inside, so others
+ * may run after each.
+ */
+void dm_ckpt_fpu_begin(void *host)
+{
+	kernel_fpu_begin();
+}
+
+void dm_ckpt_fpu_end(void *host)
+{
+	kernel_fpu_end();
+	cond_resched();
+}
+
+/* The update builds for this CPU (dm_ckpt_upd_init), in FPU sections of 4096 params. */
+static struct ckpt_update_ops update_ops = {
+	.update = dm_ckpt_update_sse2,
+	.update_q8 = dm_ckpt_update_q8_sse2,
+	.update_q8bf = dm_ckpt_update_q8bf_sse2,
+	.fpu_begin = dm_ckpt_fpu_begin,
+	.fpu_end = dm_ckpt_fpu_end,
+	.slice = CKPT_FPU_SLICE,
 };
 
 void dm_ckpt_upd_init(void)
@@ -72,6 +94,13 @@ void dm_ckpt_upd_init(void)
 			  boot_cpu_has(X86_FEATURE_AVX512DQ) && boot_cpu_has(X86_FEATURE_AVX512VL) &&
 			  cpu_has_xfeatures(XFEATURE_MASK_SSE | XFEATURE_MASK_YMM |
 					    XFEATURE_MASK_AVX512, NULL);
+	if (ckpt_use_avx2) {
+		update_ops.update = dm_ckpt_update_avx2;
+		update_ops.update_q8 = dm_ckpt_update_q8_avx2;
+		update_ops.update_q8bf = dm_ckpt_update_q8bf_avx2;
+	}
+	if (ckpt_use_avx512)
+		update_ops.update = dm_ckpt_update_avx512;
 }
 
 const char *dm_ckpt_upd_fpu_name(void)
@@ -122,128 +151,31 @@ static bool upd_idle(struct dm_ckpt_update *u)
 	return r;
 }
 
-/* Core ops around its own float arithmetic (ckpt_step_ops fpu_begin, fpu_end). */
-void dm_ckpt_fpu_begin(void *host)
-{
-	kernel_fpu_begin();
-}
-
-void dm_ckpt_fpu_end(void *host)
-{
-	kernel_fpu_end();
-}
-
 void dm_ckpt_upd_drain(struct dm_ckpt *c)
 {
 	wait_event(c->upd.job_wait, upd_idle(&c->upd));
 }
 
-/* One FPU slice of the update: params [at, at + k) of the chunk. */
-static u32 update_slice(struct dm_ckpt_job *j, const struct ckpt_hparams *hp, u64 at, u64 k)
-{
-	const u64 cp = j->c->layout.chunk_params;
-	u32 *p = (u32 *)(j->rec + CKPT_BLOCK);
-	u16 *grad = j->grad + at, *plo = j->plo + at;
-	struct ckpt_q8_state q;
-	struct ckpt_sr sr;
-
-	if (j->incompat & CKPT_FEATURE_INCOMPAT_BF16M) {
-		ckpt_q8_state_at(p, j->c->sb->geo.chunk_shift, j->incompat, at, &q);
-		ckpt_sr_at(ckpt_sr_seed(j->c->sb->uuid), j->dst.step, (u64)j->chunk * cp + at, &sr);
-		if (ckpt_use_avx2)
-			return dm_ckpt_update_q8bf_avx2(hp, j->grad_scale, grad, (u16 *)p + at, &q,
-							j->q8_tmp, plo, k, &sr);
-		return dm_ckpt_update_q8bf_sse2(hp, j->grad_scale, grad, (u16 *)p + at, &q,
-						j->q8_tmp, plo, k, &sr);
-	}
-	if (j->incompat & CKPT_FEATURE_INCOMPAT_Q8) {
-		ckpt_q8_state_at(p, j->c->sb->geo.chunk_shift, j->incompat, at, &q);
-		if (ckpt_use_avx2)
-			return dm_ckpt_update_q8_avx2(hp, j->grad_scale, j->c->dtype, grad, p + at,
-						      &q, j->q8_tmp, plo, k);
-		return dm_ckpt_update_q8_sse2(hp, j->grad_scale, j->c->dtype, grad, p + at, &q,
-					      j->q8_tmp, plo, k);
-	}
-	if (ckpt_use_avx512)
-		return dm_ckpt_update_avx512(hp, j->grad_scale, j->c->dtype, grad, p + at,
-					     p + cp + at, p + 2 * cp + at, plo, k);
-	if (ckpt_use_avx2)
-		return dm_ckpt_update_avx2(hp, j->grad_scale, j->c->dtype, grad, p + at,
-					   p + cp + at, p + 2 * cp + at, plo, k);
-	return dm_ckpt_update_sse2(hp, j->grad_scale, j->c->dtype, grad, p + at, p + cp + at,
-				   p + 2 * cp + at, plo, k);
-}
-
 /*
- * The update of params [first, first + n) of the job's chunk with hp, in
- * slices (whole Q8 blocks: runs are whole blocks of CKPT_TENSOR_ALIGN).
+ * The record a step reads must be the committed state of its chunk, intact
+ * (ckpt_step_update checks it): bit rot built upon would become new
+ * committed state with a fresh checksum. Says what is wrong; the update
+ * fails with -EILSEQ, as dm-integrity reports a checksum mismatch.
  */
-static u32 run_update(struct dm_ckpt_job *j, const struct ckpt_hparams *hp, u64 first, u64 n)
+static void record_damaged(struct dm_ckpt *c, struct dm_ckpt_job *j)
 {
-	u32 nonfinite = 0;
-	u64 i, k;
+	const struct ckpt_update_job *u = &j->upd;
+	struct ckpt_rec header;
 
-	for (i = 0; i < n; i += k) {
-		k = min_t(u64, n - i, CKPT_FPU_SLICE);
-		kernel_fpu_begin();
-		j->sumsq = ckpt_grad_sumsq(j->c->dtype, j->grad + first + i, k, j->sumsq);
-		nonfinite |= update_slice(j, hp, first + i, k);
-		kernel_fpu_end();
-		cond_resched();
-	}
-	return nonfinite;
-}
-
-/*
- * The chunk's update in the core's runs (ckpt_step_run): skipped blocks keep
- * p, m, v and get their p_lo rounded again (integer code, no FPU; with bf16
- * masters, the masters themselves); the others are updated with their run's
- * bias correction.
- */
-static u32 run_chunk(struct dm_ckpt_job *j)
-{
-	const u32 *p = (const u32 *)(j->rec + CKPT_BLOCK);
-	struct ckpt_run run;
-	u32 nonfinite = 0;
-	u64 pos = 0;
-
-	j->sumsq = 0;
-	while (ckpt_step_run(&j->c->step, j->chunk, j->group, &pos, &run)) {
-		if (run.skip && (j->incompat & CKPT_FEATURE_INCOMPAT_BF16M))
-			memcpy(j->plo + run.first, (const u16 *)p + run.first, run.n * 2);
-		else if (run.skip)
-			ckpt_round_params_int(j->c->dtype, p + run.first, j->plo + run.first,
-					      run.n);
-		else
-			nonfinite |= run_update(j, &run.hp, run.first, run.n);
-	}
-	return nonfinite;
-}
-
-/*
- * The record a step reads must be the committed state of its chunk, intact:
- * bit rot built upon would become new committed state with a fresh checksum.
- * Returns 0, or -EILSEQ (as dm-integrity reports a checksum mismatch) for a
- * record that is damaged or not the one the superblock names.
- */
-static int check_record(struct dm_ckpt *c, struct dm_ckpt_job *j)
-{
-	struct ckpt_rec got;
-	enum ckpt_rec_fault f = ckpt_rec_check(j->rec, j->rec + CKPT_BLOCK, NULL,
-						&j->src, j->incompat, &got);
-
-	if (f == CKPT_REC_OK)
-		return 0;
-	if (f == CKPT_REC_HEADER)
+	if (u->fault == CKPT_REC_HEADER)
 		DMERR_LIMIT("%s: state record of chunk %u slot %u: %s (%s)", dm_ckpt_name(c),
-			    j->chunk, j->src.slot, ckpt_rec_fault_str(f),
-			    ckpt_strerror(ckpt_rec_decode(j->rec, &got)));
+			    u->chunk, u->src.slot, ckpt_rec_fault_str(u->fault),
+			    ckpt_strerror(ckpt_rec_decode(j->rec, &header)));
 	else
 		DMERR_LIMIT("%s: state record of chunk %u slot %u: %s (holds chunk %u slot %u step %llu seq %llu, want step %llu seq %llu)",
-			    dm_ckpt_name(c), j->chunk, j->src.slot, ckpt_rec_fault_str(f),
-			    got.chunk, got.slot, got.step, got.sequence,
-			    j->src.step, j->src.sequence);
-	return -EILSEQ;
+			    dm_ckpt_name(c), u->chunk, u->src.slot, ckpt_rec_fault_str(u->fault),
+			    u->got.chunk, u->got.slot, u->got.step, u->got.sequence,
+			    u->src.step, u->src.sequence);
 }
 
 /*
@@ -283,7 +215,7 @@ static int write_state(struct dm_ckpt *c, struct dm_ckpt_job *j)
 	reinit_completion(&j->done);
 
 	dm_ckpt_md_io_prep(&c->md, &req, &where, REQ_OP_WRITE, j->rec,
-			   ckpt_record_offset(l, j->dst.slot, j->chunk), l->record_bytes);
+			   ckpt_record_offset(l, j->upd.dst.slot, j->upd.chunk), l->record_bytes);
 	req.notify.fn = write_done;
 	req.notify.context = j;
 	ret = dm_ckpt_md_submit(&req, &where, NULL);
@@ -291,7 +223,7 @@ static int write_state(struct dm_ckpt *c, struct dm_ckpt_job *j)
 		write_done(1, j);
 
 	dm_ckpt_md_io_prep(&c->md, &req, &where, REQ_OP_WRITE, j->plo,
-			   ckpt_plo_offset(l, j->dst.slot, j->chunk), l->plo_chunk_bytes);
+			   ckpt_plo_offset(l, j->upd.dst.slot, j->upd.chunk), l->plo_chunk_bytes);
 	req.notify.fn = write_done;
 	req.notify.context = j;
 	ret = dm_ckpt_md_submit(&req, &where, NULL);
@@ -307,49 +239,36 @@ static void job_work(struct work_struct *work)
 	struct dm_ckpt_job *j = container_of(work, struct dm_ckpt_job, work);
 	struct dm_ckpt *c = j->c;
 	const struct ckpt_layout *l = &c->layout;
-	u32 *p = (u32 *)(j->rec + CKPT_BLOCK);
+	const u32 chunk = j->upd.chunk;
 	blk_status_t status = BLK_STS_OK;
-	u32 nonfinite;
+	enum ckpt_update_result res;
 	int ret;
 
 	/* dm-io's synchronous path reports -EIO for every failure. */
 	ret = dm_ckpt_md_io(&c->md, REQ_OP_READ, j->rec,
-			    ckpt_record_offset(l, j->src.slot, j->chunk), l->record_bytes);
+			    ckpt_record_offset(l, j->upd.src.slot, chunk), l->record_bytes);
 	if (ret) {
 		DMERR_LIMIT("%s: reading the state of chunk %u failed: %d", dm_ckpt_name(c),
-			    j->chunk, ret);
+			    chunk, ret);
 		goto fail;
 	}
-	ret = check_record(c, j);
-	if (ret)
+	res = ckpt_step_update(&c->step, &update_ops, c, &j->upd, j->rec, j->grad, j->plo,
+			       j->q8_tmp);
+	if (res == CKPT_UPDATE_DAMAGED) {
+		record_damaged(c, j);
+		ret = -EILSEQ;
 		goto fail;
-	if (ckpt_step_counts(&c->step, j->chunk, j->rec)) {
-		/* Bias-corrected for another count: not written, COMMIT refuses. */
-		spin_lock(&c->sm_lock);
-		ckpt_sm_count_fault(&c->step.sm, j->chunk);
-		spin_unlock(&c->sm_lock);
-		goto out;
 	}
-
-	nonfinite = run_chunk(j);
-	ckpt_step_sumsq(&c->step, j->chunk, j->sumsq);
-	if (nonfinite) {
-		/* The step will be skipped: this chunk is not written. */
-		spin_lock(&c->sm_lock);
-		ckpt_sm_applied(&c->step.sm, j->chunk, true, false);
-		spin_unlock(&c->sm_lock);
-		goto out;
-	}
-
-	ckpt_rec_seal(j->rec, p, j->plo, &j->dst, j->incompat);
-	ret = write_state(c, j);
-	if (ret) {
-		DMERR_LIMIT("%s: writing the state of chunk %u failed: %d", dm_ckpt_name(c),
-			    j->chunk, ret);
-		goto fail;
+	if (res == CKPT_UPDATE_WRITE) {
+		ret = write_state(c, j);
+		if (ret) {
+			DMERR_LIMIT("%s: writing the state of chunk %u failed: %d", dm_ckpt_name(c),
+				    chunk, ret);
+			goto fail;
+		}
 	}
 	spin_lock(&c->sm_lock);
-	ckpt_sm_applied(&c->step.sm, j->chunk, false, true);
+	ckpt_step_update_done(&c->step, &j->upd, res);
 	spin_unlock(&c->sm_lock);
 	goto out;
 fail:
@@ -371,13 +290,8 @@ void dm_ckpt_upd_dispatch(struct dm_ckpt *c, struct bio *bio, u32 chunk,
 		memcpy(j->grad, stage_grad, c->layout.plo_chunk_bytes);
 
 	j->bio = bio;
-	j->chunk = chunk;
-	j->incompat = c->sb->feature_incompat;
 	spin_lock(&c->sm_lock);
-	ckpt_rec_committed(c->sb, chunk, &j->src);
-	ckpt_rec_next(c->sb, chunk, c->step.sm.open_step, &j->dst);
-	j->grad_scale = c->step.sm.grad_scale;
-	j->group = c->groups[chunk];
+	ckpt_step_job(&c->step, chunk, c->groups[chunk], c->step.sm.open_step, &j->upd);
 	spin_unlock(&c->sm_lock);
 	atomic_inc(&dm_ckpt_io_of(bio)->pending);
 	queue_work(c->upd.wq, &j->work);

@@ -74,7 +74,7 @@ void dm_ckpt_upd_dispatch(struct dm_ckpt *c, struct bio *bio, u32 chunk,
  */
 void dm_ckpt_upd_drain(struct dm_ckpt *c);
 
-/* The core's fpu_begin and fpu_end ops: kernel_fpu_begin/end (process context). */
+/* The core's fpu_begin and fpu_end ops: kernel_fpu_begin/end, then cond_resched. */
 void dm_ckpt_fpu_begin(void *host);
 void dm_ckpt_fpu_end(void *host);
 

@@ -429,7 +429,7 @@ int ckpt_step_counts(const struct ckpt_step *cs, u32 chunk, void *header);
 /*
  * The sum of the squares of a claimed chunk's gradients that its update
  * applied (ckpt_grad_sumsq chained over its runs that update, in order; fp64
- * bits), given before ckpt_sm_applied. COMMIT adds the chunks' sums in chunk
+ * bits), given before ckpt_sm_applied (ckpt_step_update_done). COMMIT adds the chunks' sums in chunk
  * order (ckpt_sum_f64) into the status page's grad_sumsq: the global gradient
  * norm without a pass of the trainer's. Without mem.sumsq, nothing.
  */
@@ -438,6 +438,71 @@ static inline void ckpt_step_sumsq(struct ckpt_step *cs, u32 chunk, u64 sumsq)
 	if (cs->mem.sumsq && chunk < cs->sm.n_chunks)
 		cs->mem.sumsq[chunk] = sumsq;
 }
+
+/*
+ * The update of one chunk (ckpt_chunk.c), the whole sequence both targets
+ * run between reading the committed record and writing the new one.
+ *
+ * ckpt_step_job, under the sm lock when the host takes a claimed chunk
+ * (the kernel at dispatch, the engine's worker when it picks the chunk up):
+ * what the update is for, group the chunk's param group and step the open
+ * step's (or a load's). ckpt_step_update, unlocked: rec holds the record
+ * read from job->src's place (record_bytes), grad the chunk's gradients;
+ * checks the record (data checksum included), the block counts, updates the
+ * runs with the host's update builds (ops), sums the gradients' squares, and
+ * seals rec for job->dst, plo the new low-precision params. Then the host
+ * writes rec and plo to job->dst's place (CKPT_UPDATE_WRITE) or nothing,
+ * and calls ckpt_step_update_done under the sm lock; CKPT_UPDATE_DAMAGED
+ * (job->fault, job->got: what the record holds) fails the device instead.
+ */
+struct ckpt_update_job {
+	u32 chunk;
+	u32 group;
+	u32 grad_scale;		/* fp32 bits, the open step's */
+	struct ckpt_rec src;	/* the record the update reads: the committed one */
+	struct ckpt_rec dst;	/* the record it writes: the open step's */
+	u64 sumsq;		/* the gradients' sum of squares (ckpt_grad_sumsq) */
+	enum ckpt_rec_fault fault;	/* CKPT_UPDATE_DAMAGED: what is wrong */
+	struct ckpt_rec got;		/* CKPT_UPDATE_DAMAGED: what the record holds */
+};
+
+/*
+ * The update builds a host picked for its CPU, and the brackets of float
+ * code: ops->fpu_begin and ops->fpu_end (optional) around each slice of at
+ * most ops->slice params (0: a run at once; else a multiple of
+ * CKPT_TENSOR_ALIGN), where the kernel saves the FPU and reschedules.
+ */
+struct ckpt_sr;		/* ckpt_update.h */
+
+struct ckpt_update_ops {
+	u32 (*update)(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype, const u16 *grad,
+		      u32 *p, u32 *m, u32 *v, u16 *plo, u64 n);
+	u32 (*update_q8)(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
+			 const u16 *grad, u32 *p, const struct ckpt_q8_state *s, u32 *tmp, u16 *plo,
+			 u64 n);
+	u32 (*update_q8bf)(const struct ckpt_hparams *hp, u32 grad_scale, const u16 *grad, u16 *p,
+			   const struct ckpt_q8_state *s, u32 *tmp, u16 *plo, u64 n,
+			   const struct ckpt_sr *sr);
+	void (*fpu_begin)(void *host);
+	void (*fpu_end)(void *host);
+	u64 slice;
+};
+
+enum ckpt_update_result {
+	CKPT_UPDATE_WRITE,		/* write rec and plo to job->dst's place */
+	CKPT_UPDATE_NONFINITE,		/* write nothing: the step will be skipped */
+	CKPT_UPDATE_COUNT_FAULT,	/* write nothing: COMMIT refuses the step (E_STEP) */
+	CKPT_UPDATE_DAMAGED,		/* the committed record is damaged: fail */
+};
+
+void ckpt_step_job(const struct ckpt_step *cs, u32 chunk, u32 group, u64 step,
+		   struct ckpt_update_job *job);
+enum ckpt_update_result ckpt_step_update(const struct ckpt_step *cs,
+					 const struct ckpt_update_ops *ops, void *host,
+					 struct ckpt_update_job *job, void *rec, const u16 *grad,
+					 u16 *plo, u32 *tmp);
+void ckpt_step_update_done(struct ckpt_step *cs, const struct ckpt_update_job *job,
+			   enum ckpt_update_result result);
 
 /* Round n fp32 params (bits) to dtype with integer arithmetic only (any context). */
 void ckpt_round_params_int(u32 dtype, const u32 *p, u16 *plo, u64 n);

@@ -4,4 +4,4 @@
 # targets compile. The update loop is each host's build of ckpt_update_impl.h:
 # ckpt_update.c in userspace (target_clones), kmod/dm-ckpt-fpu-*.c in the
 # kernel.
-CKPT_CORE_SOURCES := ckpt_format.c ckpt_step.c ckpt_table.c ckpt_q8_tables.c
+CKPT_CORE_SOURCES := ckpt_format.c ckpt_step.c ckpt_chunk.c ckpt_table.c ckpt_q8_tables.c

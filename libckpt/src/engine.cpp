@@ -88,6 +88,34 @@ void plo_of_masters(const struct ckpt_sb &sb, const uint8_t *data, uint64_t firs
 		ckpt_round_params_int(sb.geo.dtype, reinterpret_cast<const uint32_t *>(data) + first, plo, n);
 }
 
+// A load of state into a chunk (load_state: initial masters, an import): the
+// spans' values and counts into its checked record rec, its p_lo, sealed for
+// the load's step (job.dst).
+void load_chunk(const struct ckpt_sb &sb, const std::vector<StateSpan> &spans,
+		const struct ckpt_update_job &job, uint8_t *rec, uint16_t *plo, std::vector<uint32_t> &scratch)
+{
+	const uint64_t cp = sb.layout.chunk_params;
+	const uint32_t chunk = job.chunk;
+	const uint64_t step = job.dst.step;
+	load_spans(spans, chunk, sb.geo.chunk_shift, sb.feature_incompat, ckpt_sr_seed(sb.uuid), step,
+		   rec + CKPT_BLOCK, scratch);
+	plo_of_masters(sb, rec + CKPT_BLOCK, 0, plo, cp, true);
+	if (sb.feature_incompat & CKPT_FEATURE_INCOMPAT_COUNTS) {
+		ckpt_rec_set_counts(rec, sb.geo.chunk_shift, step);
+		// a tensor that lags the step keeps its own count in each block it owns
+		for (const StateSpan &span : spans) {
+			const uint64_t lo = std::max(span.offset, chunk * cp);
+			const uint64_t hi = std::min(span.offset + std::max(span.n, span.extent), (chunk + 1) * cp);
+			if (span.count == ~0ULL || lo >= hi)
+				continue;
+			for (uint64_t b = (lo - chunk * cp) >> CKPT_BLOCK_SHIFT;
+			     b <= (hi - 1 - chunk * cp) >> CKPT_BLOCK_SHIFT; b++)
+				ckpt_rec_set_count(rec, static_cast<uint32_t>(b), span.count);
+		}
+	}
+	ckpt_rec_seal(rec, reinterpret_cast<uint32_t *>(rec + CKPT_BLOCK), plo, &job.dst, sb.feature_incompat);
+}
+
 } // namespace
 
 // One worker thread's pipeline: its own ring and `depth` chunk buffers, so the
@@ -99,6 +127,8 @@ public:
 		Buffer rec;
 		Buffer plo;
 		Job job{};
+		struct ckpt_update_job upd{};	// what the core's update of it is for
+		enum ckpt_update_result result{};
 		bool busy = false;
 		int writes = 0;
 	};
@@ -498,34 +528,46 @@ void Engine::job_done(const Job &job)
 		done_cv_.notify_all();
 }
 
+// The engine's builds of the update (ckpt_update_chunk* dispatch by CPU) for
+// the core's chunk sequence (ckpt_step_update): no FPU brackets, no slices.
+const struct ckpt_update_ops Engine::update_ops_ = {
+	.update = ckpt_update_chunk,
+	.update_q8 = ckpt_update_chunk_q8,
+	.update_q8bf = ckpt_update_chunk_q8bf,
+	.fpu_begin = nullptr,
+	.fpu_end = nullptr,
+	.slice = 0,
+};
+
+// The core runs the update of a chunk (ckpt_step_update); a worker only
+// reads and writes records around it, on its ring, several chunks in flight.
 void Engine::worker_main(Worker &w)
 {
 	const struct ckpt_layout &l = img_.sb.layout;
-	const uint64_t cp = l.chunk_params;
 	const int fd = img_.file.fd.get();
-	const bool q8 = img_.sb.feature_incompat & CKPT_FEATURE_INCOMPAT_Q8;
-	const bool bm = img_.sb.feature_incompat & CKPT_FEATURE_INCOMPAT_BF16M;
-	const uint64_t sr_seed = ckpt_sr_seed(img_.sb.uuid);
 	unsigned inflight = 0;
 
 	// The update must give the kernel's bits: round to nearest, no flush of
 	// denormals, whatever floating-point mode the creating thread had
 	// (glibc's default environment: MXCSR 0x1f80 on x86-64, FPCR 0 on aarch64).
 	std::fesetenv(FE_DFL_ENV);
+	// A slot's chunk is done: the core told (a step's update; a load has
+	// nothing to tell), the slot free, the job counted.
+	auto finish = [&](Worker::Slot &s, std::optional<enum ckpt_update_result> result) {
+		std::lock_guard lk(mu_);
+		if (result)
+			ckpt_step_update_done(&step_, &s.upd, *result);
+		s.busy = false;
+		job_done(s.job);
+	};
 	for (;;) {
 		// Take queued chunks into the free slots; sleep only when idle.
-		uint32_t src = 0, dst = 0;
-		uint64_t open_step = 0;
 		{
 			std::unique_lock lk(mu_);
 			if (!inflight)
 				work_cv_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
 			if (stopping_ && !inflight)
 				return;
-			// A step's slots and step do not change while a chunk of it is queued.
-			src = ckpt_sm_src_slot(&step_.sm);
-			dst = ckpt_sm_dst_slot(&step_.sm);
-			open_step = step_.sm.open_step;
 			for (size_t i = 0; i < w.slots.size() && !queue_.empty(); i++) {
 				Worker::Slot &s = w.slots[i];
 				if (s.busy)
@@ -535,8 +577,11 @@ void Engine::worker_main(Worker &w)
 				s.busy = true;
 				s.writes = 0;
 				busy_++;
+				const uint32_t c = s.job.chunk;
+				ckpt_step_job(&step_, c, img_.group_table[c],
+					      s.job.load ? load_step_ : step_.sm.open_step, &s.upd);
 				w.ring.read(fd, s.rec.as(), static_cast<unsigned>(l.record_bytes),
-					    ckpt_record_offset(&l, src, s.job.chunk), i);
+					    ckpt_record_offset(&l, s.upd.src.slot, c), i);
 				inflight++;
 			}
 		}
@@ -547,8 +592,6 @@ void Engine::worker_main(Worker &w)
 			inflight--;
 			Worker::Slot &s = w.slots[tag];
 			const uint32_t chunk = s.job.chunk;
-			const bool load = s.job.load != nullptr;
-			const uint64_t step = load ? load_step_ : open_step;
 			if (res < 0) {
 				io_errno = -res;
 				fail(CKPT_E_IO, "backing I/O on chunk {} failed: {}", chunk, strerror(-res));
@@ -556,9 +599,9 @@ void Engine::worker_main(Worker &w)
 			if (s.writes) {		// a write completed
 				if (--s.writes == 0) {
 					if (IoObserver *o = img_.file.observer) {
-						o->written(ckpt_record_offset(&l, dst, chunk), s.rec.as(),
+						o->written(ckpt_record_offset(&l, s.upd.dst.slot, chunk), s.rec.as(),
 							   l.record_bytes, false);
-						o->written(ckpt_plo_offset(&l, dst, chunk), s.plo.as(),
+						o->written(ckpt_plo_offset(&l, s.upd.dst.slot, chunk), s.plo.as(),
 							   l.plo_chunk_bytes, false);
 					}
 					// the chunk's cache entry was dropped when
@@ -567,100 +610,35 @@ void Engine::worker_main(Worker &w)
 					if (!plo_cache_slot_.empty()) {
 						std::memcpy(plo_cache_.as() + chunk * l.plo_chunk_bytes, s.plo.as(),
 							    l.plo_chunk_bytes);
-						plo_cache_slot_[chunk] = static_cast<uint8_t>(dst);
+						plo_cache_slot_[chunk] = static_cast<uint8_t>(s.upd.dst.slot);
 					}
-					std::lock_guard lk(mu_);
-					if (!load)
-						ckpt_sm_applied(&step_.sm, chunk, false, true);
-					s.busy = false;
-					job_done(s.job);
+					finish(s, s.job.load ? std::nullopt : std::optional(s.result));
 				}
 				continue;
 			}
 			if (static_cast<uint64_t>(res) != l.record_bytes)
 				fail(CKPT_E_IO, "short read of chunk {} state", chunk);
-			// The full check, data checksum included: a step must not
-			// turn bit rot into new committed state with a fresh checksum.
-			struct ckpt_rec id;
-			ckpt_rec_committed(&img_.sb, chunk, &id);
-			img_.check_record(s.rec.as(), id, true);
-			auto *p = reinterpret_cast<uint32_t *>(s.rec.as() + CKPT_BLOCK);
-			uint32_t nonfinite = 0;
-			if (load) {
-				load_spans(*s.job.load, chunk, img_.sb.geo.chunk_shift, img_.sb.feature_incompat,
-					   sr_seed, step, s.rec.as() + CKPT_BLOCK, w.load);
-				plo_of_masters(img_.sb, s.rec.as() + CKPT_BLOCK, 0, s.plo.as<uint16_t>(), cp, true);
-				if (img_.sb.feature_incompat & CKPT_FEATURE_INCOMPAT_COUNTS) {
-					ckpt_rec_set_counts(s.rec.as(), img_.sb.geo.chunk_shift, step);
-					// a tensor that lags the step keeps its own count
-					// in each block it owns
-					for (const StateSpan &span : *s.job.load) {
-						const uint64_t lo = std::max(span.offset, chunk * cp);
-						const uint64_t hi = std::min(span.offset + std::max(span.n, span.extent),
-									     (chunk + 1) * cp);
-						if (span.count == ~0ULL || lo >= hi)
-							continue;
-						for (uint64_t b = (lo - chunk * cp) >> CKPT_BLOCK_SHIFT;
-						     b <= (hi - 1 - chunk * cp) >> CKPT_BLOCK_SHIFT; b++)
-							ckpt_rec_set_count(s.rec.as(), static_cast<uint32_t>(b), span.count);
-					}
-				}
-			} else if (ckpt_step_counts(&step_, chunk, s.rec.as())) {
-				std::lock_guard lk(mu_);
-				ckpt_sm_count_fault(&step_.sm, chunk);
-				s.busy = false;
-				job_done(s.job);
-				continue;
+			if (s.job.load) {
+				img_.check_record(s.rec.as(), s.upd.src, true);
+				load_chunk(img_.sb, *s.job.load, s.upd, s.rec.as(), s.plo.as<uint16_t>(), w.load);
+				s.result = CKPT_UPDATE_WRITE;
 			} else {
-				// The core says which blocks are skipped and which
-				// bias correction the others take.
-				const uint16_t *grad = grads_[s.job.grad].as<uint16_t>();
-				uint16_t *plo = s.plo.as<uint16_t>();
-				uint64_t pos = 0, sumsq = 0;
-				struct ckpt_run run;
-				while (ckpt_step_run(&step_, chunk, img_.group_table[chunk], &pos, &run)) {
-					const uint64_t f = run.first;
-					struct ckpt_q8_state q;
-					if (q8)
-						ckpt_q8_state_at(p, img_.sb.geo.chunk_shift, img_.sb.feature_incompat,
-								 f, &q);
-					if (!run.skip)
-						sumsq = ckpt_grad_sumsq(img_.sb.geo.dtype, grad + f, run.n, sumsq);
-					if (run.skip)
-						plo_of_masters(img_.sb, s.rec.as() + CKPT_BLOCK, f, plo + f, run.n, false);
-					else if (bm) {
-						struct ckpt_sr sr;
-						ckpt_sr_at(sr_seed, step, chunk * cp + f, &sr);
-						nonfinite |= ckpt_update_chunk_q8bf(&run.hp, step_.sm.grad_scale, grad + f,
-										    reinterpret_cast<uint16_t *>(p) + f,
-										    &q, w.q8.data(), plo + f, run.n, &sr);
-					} else if (q8)
-						nonfinite |= ckpt_update_chunk_q8(&run.hp, step_.sm.grad_scale,
-										  img_.sb.geo.dtype, grad + f, p + f,
-										  &q, w.q8.data(), plo + f, run.n);
-					else
-						nonfinite |= ckpt_update_chunk(&run.hp, step_.sm.grad_scale,
-									       img_.sb.geo.dtype, grad + f, p + f,
-									       p + cp + f, p + 2 * cp + f, plo + f,
-									       run.n);
-				}
-				ckpt_step_sumsq(&step_, chunk, sumsq);
+				s.result = ckpt_step_update(&step_, &update_ops_, this, &s.upd, s.rec.as(),
+							    grads_[s.job.grad].as<uint16_t>(), s.plo.as<uint16_t>(),
+							    w.q8.data());
+				if (s.result == CKPT_UPDATE_DAMAGED)
+					img_.fail_record(s.rec.as(), s.upd.src, s.upd.fault, s.upd.got);
 			}
-			if (nonfinite) {	// the step will be skipped: write nothing
-				std::lock_guard lk(mu_);
-				ckpt_sm_applied(&step_.sm, chunk, true, false);
-				s.busy = false;
-				job_done(s.job);
+			if (s.result != CKPT_UPDATE_WRITE) {	// nothing to write
+				finish(s, s.result);
 				continue;
 			}
-			ckpt_rec_next(&img_.sb, chunk, step, &id);
-			ckpt_rec_seal(s.rec.as(), p, s.plo.as(), &id, img_.sb.feature_incompat);
 			if (!plo_cache_slot_.empty())
 				plo_cache_slot_[chunk] = kUncached;	// until both writes are done
 			w.ring.write(fd, s.rec.as(), static_cast<unsigned>(l.record_bytes),
-				     ckpt_record_offset(&l, dst, chunk), tag);
+				     ckpt_record_offset(&l, s.upd.dst.slot, chunk), tag);
 			w.ring.write(fd, s.plo.as(), static_cast<unsigned>(l.plo_chunk_bytes),
-				     ckpt_plo_offset(&l, dst, chunk), tag);
+				     ckpt_plo_offset(&l, s.upd.dst.slot, chunk), tag);
 			s.writes = 2;
 			inflight += 2;
 		} catch (const Error &e) {

@@ -139,6 +139,7 @@ private:
 	void rollback_locked(uint64_t step);	// ckpt_step_ops rollback; caller holds call_mu_
 	void grad_write(uint64_t off, const uint8_t *buf, uint64_t len);
 	static const struct ckpt_step_ops ops_;
+	static const struct ckpt_update_ops update_ops_;
 
 	EngineOptions opts_;
 	Image img_;

@@ -216,12 +216,19 @@ void Image::check_record(const uint8_t *block, const struct ckpt_rec &want, bool
 	struct ckpt_rec got;
 	const enum ckpt_rec_fault f = ckpt_rec_check(block, data ? block + CKPT_BLOCK : nullptr, plo, &want,
 						     sb.feature_incompat, &got);
-	if (f == CKPT_REC_OK)
-		return;
+	if (f != CKPT_REC_OK)
+		fail_record(block, want, f, got);
+}
+
+void Image::fail_record(const uint8_t *block, const struct ckpt_rec &want, enum ckpt_rec_fault f,
+			const struct ckpt_rec &got) const
+{
 	std::string what = fmt::format("{}: state record of chunk {} slot {} ({}): {}", file.path, want.chunk,
 				       want.slot, tensors_of_chunk(want.chunk), ckpt_rec_fault_str(f));
-	if (f == CKPT_REC_HEADER)
-		what += fmt::format(" ({})", ckpt_strerror(-ckpt_rec_decode(block, &got)));
+	if (f == CKPT_REC_HEADER) {
+		struct ckpt_rec header;
+		what += fmt::format(" ({})", ckpt_strerror(-ckpt_rec_decode(block, &header)));
+	}
 	if (f == CKPT_REC_PLACE || f == CKPT_REC_STEP)
 		what += fmt::format(" (it holds chunk {} slot {} step {} sequence {}, expected step {} "
 				    "sequence {})",

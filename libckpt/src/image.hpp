@@ -58,6 +58,9 @@ struct Image {
 	// with plo and the PLO_CRC feature, so must the chunk's p_lo.
 	void check_record(const uint8_t *block, const struct ckpt_rec &want, bool data,
 			  const uint8_t *plo = nullptr) const;
+	// The error check_record throws for fault f (got: what the record holds).
+	[[noreturn]] void fail_record(const uint8_t *block, const struct ckpt_rec &want,
+				      enum ckpt_rec_fault f, const struct ckpt_rec &got) const;
 	// Compatibility forms naming slot, step and sequence: the records sb
 	// commits are ckpt_rec_committed's.
 	void read_state(uint32_t slot, uint64_t step, uint64_t sequence, uint64_t offset, uint64_t n,
