@@ -409,15 +409,21 @@ TEST_F(HostileTest, TwoThreadsRaceBeginCommit)
 
 // Readers take no lock: verify while a trainer commits steps must not call
 // the image corrupt (a commit moves the slot it was reading; before, it did,
-// about one run in ten), and export must not fail on "stale records".
+// about one run in ten), and export must not fail on "stale records". The
+// trainer pauses between steps as a real one computes its next gradients:
+// committing back to back, it left a loaded machine's verify no moment when
+// the image held still, and every verify was refused as busy.
 TEST_F(HostileTest, ReadersWhileATrainerRuns)
 {
 	auto d = ckpt::Device::open(path_);
 	step(*d);
 	std::atomic<bool> stop{false};
 	std::thread trainer([&] {
-		while (!stop)
+		for (int i = 0; !stop; i++) {
 			step(*d);
+			if (i % 2)
+				std::this_thread::sleep_for(std::chrono::milliseconds(20));
+		}
 	});
 	int ok = 0, busy = 0;
 	for (int i = 0; i < 60; i++) {
