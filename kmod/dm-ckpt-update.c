@@ -25,7 +25,7 @@
 #endif
 
 #include "dm-ckpt.h"
-#include "dm-ckpt-fpu.h"
+#include "ckpt_update_builds.h"
 
 /* Params per kernel_fpu_begin/end section: preemption is off inside. */
 #define CKPT_FPU_SLICE			4096u
@@ -38,7 +38,6 @@ static bool force_avx2;
 module_param(force_avx2, bool, 0444);
 MODULE_PARM_DESC(force_avx2, "Use the AVX2/F16C update even on an AVX-512 CPU");
 
-static bool ckpt_use_avx2, ckpt_use_avx512;
 
 /* One chunk buffer and the update that uses it. */
 struct dm_ckpt_job {
@@ -72,40 +71,46 @@ void dm_ckpt_fpu_end(void *host)
 	cond_resched();
 }
 
-/* The update builds for this CPU (dm_ckpt_upd_init), in FPU sections of 4096 params. */
+/* The builds for this CPU (dm_ckpt_upd_init), in FPU sections of 4096 params. */
+static const struct ckpt_update_build *update_build;
 static struct ckpt_update_ops update_ops = {
-	.update = dm_ckpt_update_sse2,
-	.update_q8 = dm_ckpt_update_q8_sse2,
-	.update_q8bf = dm_ckpt_update_q8bf_sse2,
 	.fpu_begin = dm_ckpt_fpu_begin,
 	.fpu_end = dm_ckpt_fpu_end,
 	.slice = CKPT_FPU_SLICE,
 };
 
+/* What the CPU has that a build needs, and the kernel saving its state. */
+static u32 cpu_features(void)
+{
+	const bool avx2 = boot_cpu_has(X86_FEATURE_AVX2) && boot_cpu_has(X86_FEATURE_F16C) &&
+			  cpu_has_xfeatures(XFEATURE_MASK_SSE | XFEATURE_MASK_YMM, NULL);
+	const bool v4 = boot_cpu_has(X86_FEATURE_FMA) && boot_cpu_has(X86_FEATURE_AVX512F) &&
+			boot_cpu_has(X86_FEATURE_AVX512BW) &&
+			boot_cpu_has(X86_FEATURE_AVX512CD) &&
+			boot_cpu_has(X86_FEATURE_AVX512DQ) &&
+			boot_cpu_has(X86_FEATURE_AVX512VL) &&
+			cpu_has_xfeatures(XFEATURE_MASK_SSE | XFEATURE_MASK_YMM |
+					  XFEATURE_MASK_AVX512, NULL);
+	u32 cpu = 0;
+
+	if (avx2 && !force_sse2)
+		cpu |= CKPT_CPU_AVX2_F16C;
+	if (v4 && !force_sse2 && !force_avx2)
+		cpu |= CKPT_CPU_AVX512;
+	return cpu;
+}
+
 void dm_ckpt_upd_init(void)
 {
-	ckpt_use_avx2 = !force_sse2 && boot_cpu_has(X86_FEATURE_AVX2) &&
-			boot_cpu_has(X86_FEATURE_F16C) &&
-			cpu_has_xfeatures(XFEATURE_MASK_SSE | XFEATURE_MASK_YMM, NULL);
-	/* what userspace's x86-64-v4 build needs, and the kernel saving the state */
-	ckpt_use_avx512 = ckpt_use_avx2 && !force_avx2 &&
-			  boot_cpu_has(X86_FEATURE_FMA) && boot_cpu_has(X86_FEATURE_AVX512F) &&
-			  boot_cpu_has(X86_FEATURE_AVX512BW) && boot_cpu_has(X86_FEATURE_AVX512CD) &&
-			  boot_cpu_has(X86_FEATURE_AVX512DQ) && boot_cpu_has(X86_FEATURE_AVX512VL) &&
-			  cpu_has_xfeatures(XFEATURE_MASK_SSE | XFEATURE_MASK_YMM |
-					    XFEATURE_MASK_AVX512, NULL);
-	if (ckpt_use_avx2) {
-		update_ops.update = dm_ckpt_update_avx2;
-		update_ops.update_q8 = dm_ckpt_update_q8_avx2;
-		update_ops.update_q8bf = dm_ckpt_update_q8bf_avx2;
-	}
-	if (ckpt_use_avx512)
-		update_ops.update = dm_ckpt_update_avx512;
+	update_build = ckpt_update_pick(cpu_features());
+	update_ops.update = update_build->update;
+	update_ops.update_q8 = update_build->update_q8;
+	update_ops.update_q8bf = update_build->update_q8bf;
 }
 
 const char *dm_ckpt_upd_fpu_name(void)
 {
-	return ckpt_use_avx512 ? "avx512" : ckpt_use_avx2 ? "avx2" : "sse2";
+	return update_build->name;
 }
 
 static bool job_available(struct dm_ckpt_update *u)

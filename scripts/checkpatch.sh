@@ -25,10 +25,12 @@ cd "$top"
 # out what the kernel's headers provide.
 out=$(perl "$dir/scripts/checkpatch.pl" --no-tree --strict --show-types --ignore CAMELCASE \
 	-f kmod/dm-ckpt-target.c kmod/dm-ckpt.h kmod/dm-ckpt-metadata.c kmod/dm-ckpt-metadata.h \
-	kmod/dm-ckpt-update.c kmod/dm-ckpt-update.h kmod/dm-ckpt-fpu.h \
+	kmod/dm-ckpt-update.c kmod/dm-ckpt-update.h \
 	kmod/dm-ckpt-fpu-sse2.c kmod/dm-ckpt-fpu-avx2.c kmod/dm-ckpt-fpu-avx512.c \
 	libckpt/core/ckpt_format.c libckpt/core/ckpt_format.h libckpt/core/ckpt_step.c \
-	libckpt/core/ckpt_chunk.c libckpt/core/ckpt_step.h libckpt/core/ckpt_update.h libckpt/core/ckpt_update_impl.h \
+	libckpt/core/ckpt_chunk.c libckpt/core/ckpt_update_builds.c \
+	libckpt/core/ckpt_update_builds.h libckpt/core/ckpt_step.h libckpt/core/ckpt_update.h \
+	libckpt/core/ckpt_update_impl.h \
 	libckpt/core/ckpt_q8_tables.h libckpt/core/ckpt_q8_tables.c) || true
 # ckpt_abi.h is X-macro lists: each list and each expander is a bare
 # sequence by design, which COMPLEX_MACRO cannot tell from a badly wrapped

@@ -103,24 +103,45 @@ void ckpt_sr_round(const struct ckpt_sr *sr, const u32 *x, u16 *out, u64 n)
 #define CKPT_CLONES __attribute__((target_clones("default", "avx2", "arch=x86-64-v4")))
 #endif
 
+u32 ckpt_cpu_features(void)
+{
+	return (ckpt_cpu_has_f16c() ? CKPT_CPU_AVX2_F16C : 0) |
+	       (ckpt_cpu_has_avx512() ? CKPT_CPU_AVX512 : 0);
+}
+
 /*
- * The update and the rounding: the F16C builds where the CPU has AVX2 (or
- * AVX-512) and F16C, else the baseline; chosen at the first call (a data
- * race on a pointer every thread computes the same, made atomic for TSan).
+ * The update: this CPU's build in the core's table (ckpt_update_pick, the
+ * kernel's rule too), chosen at the first call (a data race on a pointer
+ * every thread computes the same, made atomic for TSan).
  */
+static const struct ckpt_update_build *ckpt_update_build_here(void)
+{
+	static const struct ckpt_update_build *chosen;
+	const struct ckpt_update_build *b = __atomic_load_n(&chosen, __ATOMIC_RELAXED);
+
+	if (!b) {
+		b = ckpt_update_pick(ckpt_cpu_features());
+		__atomic_store_n(&chosen, b, __ATOMIC_RELAXED);
+	}
+	return b;
+}
+
 u32 ckpt_update_chunk(CKPT_UPDATE_ARGS)
 {
-	static ckpt_update_fn chosen;
-	ckpt_update_fn f = __atomic_load_n(&chosen, __ATOMIC_RELAXED);
-
-	if (!f) {
-		f = ckpt_cpu_has_avx512() ? ckpt_update_chunk_avx512_f16c
-		    : ckpt_cpu_has_f16c() ? ckpt_update_chunk_avx2_f16c
-					  : ckpt_update_chunk_sse2;
-		__atomic_store_n(&chosen, f, __ATOMIC_RELAXED);
-	}
-	return f(CKPT_UPDATE_CALL);
+	return ckpt_update_build_here()->update(CKPT_UPDATE_CALL);
 }
+
+u32 ckpt_update_chunk_q8(CKPT_Q8_ARGS)
+{
+	return ckpt_update_build_here()->update_q8(CKPT_Q8_CALL);
+}
+
+u32 ckpt_update_chunk_q8bf(CKPT_Q8BF_ARGS)
+{
+	return ckpt_update_build_here()->update_q8bf(CKPT_Q8BF_CALL);
+}
+
+/* The rounding: the F16C builds where the CPU has AVX2 (or AVX-512) and F16C. */
 
 void ckpt_round_params(u32 dtype, const u32 *p, u16 *plo, u64 n)
 {
@@ -141,11 +162,6 @@ CKPT_CLONES void ckpt_f16_to_f32_array(const u16 *h, u32 *f, u64 n)
 	ckpt_f16_to_f32_array_body(h, f, n);
 }
 
-CKPT_CLONES u32 ckpt_update_chunk_q8(CKPT_Q8_ARGS)
-{
-	return ckpt_update_chunk_q8_body(CKPT_Q8_CALL);
-}
-
 CKPT_CLONES void ckpt_q8_decode(const struct ckpt_q8_state *s, u32 *m, u32 *v, u64 n)
 {
 	ckpt_q8_decode_body(s, m, v, n);
@@ -156,7 +172,7 @@ CKPT_CLONES void ckpt_q8_encode(const struct ckpt_q8_state *s, const u32 *m, con
 	ckpt_q8_encode_body(s, m, v, n);
 }
 
-static u32 ckpt_update_chunk_q8_sse2(CKPT_Q8_ARGS)
+u32 ckpt_update_chunk_q8_sse2(CKPT_Q8_ARGS)
 {
 	return ckpt_update_chunk_q8_body(CKPT_Q8_CALL);
 }
@@ -167,32 +183,27 @@ CKPT_CLONES u64 ckpt_grad_sumsq(u32 dtype, const u16 *grad, u64 n, u64 acc)
 	return ckpt_grad_sumsq_body(dtype, grad, n, acc);
 }
 
-CKPT_CLONES u32 ckpt_update_chunk_q8bf(CKPT_Q8BF_ARGS)
+u32 ckpt_update_chunk_q8bf_sse2(CKPT_Q8BF_ARGS)
 {
 	return ckpt_update_chunk_q8bf_body(CKPT_Q8BF_CALL);
 }
 
-static u32 ckpt_update_chunk_q8bf_sse2(CKPT_Q8BF_ARGS)
+__attribute__((target("avx2"))) u32 ckpt_update_chunk_q8bf_avx2(CKPT_Q8BF_ARGS)
 {
 	return ckpt_update_chunk_q8bf_body(CKPT_Q8BF_CALL);
 }
 
-__attribute__((target("avx2"))) static u32 ckpt_update_chunk_q8bf_avx2(CKPT_Q8BF_ARGS)
+__attribute__((target("arch=x86-64-v4"))) u32 ckpt_update_chunk_q8bf_avx512(CKPT_Q8BF_ARGS)
 {
 	return ckpt_update_chunk_q8bf_body(CKPT_Q8BF_CALL);
 }
 
-__attribute__((target("arch=x86-64-v4"))) static u32 ckpt_update_chunk_q8bf_avx512(CKPT_Q8BF_ARGS)
-{
-	return ckpt_update_chunk_q8bf_body(CKPT_Q8BF_CALL);
-}
-
-__attribute__((target("avx2"))) static u32 ckpt_update_chunk_q8_avx2(CKPT_Q8_ARGS)
+__attribute__((target("avx2"))) u32 ckpt_update_chunk_q8_avx2(CKPT_Q8_ARGS)
 {
 	return ckpt_update_chunk_q8_body(CKPT_Q8_CALL);
 }
 
-__attribute__((target("arch=x86-64-v4"))) static u32 ckpt_update_chunk_q8_avx512(CKPT_Q8_ARGS)
+__attribute__((target("arch=x86-64-v4"))) u32 ckpt_update_chunk_q8_avx512(CKPT_Q8_ARGS)
 {
 	return ckpt_update_chunk_q8_body(CKPT_Q8_CALL);
 }
@@ -342,22 +353,22 @@ CKPT_SVE static void ckpt_f16_to_f32_array_sve(const u16 *h, u32 *f, u64 n)
 	ckpt_f16_to_f32_array_body(h, f, n);
 }
 
-static u32 ckpt_update_chunk_q8_neon(CKPT_Q8_ARGS)
+u32 ckpt_update_chunk_q8_neon(CKPT_Q8_ARGS)
 {
 	return ckpt_update_chunk_q8_body(CKPT_Q8_CALL);
 }
 
-CKPT_SVE static u32 ckpt_update_chunk_q8_sve(CKPT_Q8_ARGS)
+CKPT_SVE u32 ckpt_update_chunk_q8_sve(CKPT_Q8_ARGS)
 {
 	return ckpt_update_chunk_q8_body(CKPT_Q8_CALL);
 }
 
-static u32 ckpt_update_chunk_q8bf_neon(CKPT_Q8BF_ARGS)
+u32 ckpt_update_chunk_q8bf_neon(CKPT_Q8BF_ARGS)
 {
 	return ckpt_update_chunk_q8bf_body(CKPT_Q8BF_CALL);
 }
 
-CKPT_SVE static u32 ckpt_update_chunk_q8bf_sve(CKPT_Q8BF_ARGS)
+CKPT_SVE u32 ckpt_update_chunk_q8bf_sve(CKPT_Q8BF_ARGS)
 {
 	return ckpt_update_chunk_q8bf_body(CKPT_Q8BF_CALL);
 }
@@ -413,6 +424,11 @@ u32 ckpt_update_chunk_q8bf(CKPT_Q8BF_ARGS) __attribute__((ifunc("ckpt_update_chu
 int ckpt_cpu_has_sve(void)
 {
 	return (getauxval(AT_HWCAP) & HWCAP_SVE) != 0;
+}
+
+u32 ckpt_cpu_features(void)
+{
+	return ckpt_cpu_has_sve() ? CKPT_CPU_SVE : 0;
 }
 
 unsigned int ckpt_update_variants(struct ckpt_update_variant *out)

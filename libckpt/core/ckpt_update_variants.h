@@ -10,21 +10,13 @@
 #ifndef CKPT_UPDATE_VARIANTS_H
 #define CKPT_UPDATE_VARIANTS_H
 
-#include "ckpt_update.h"
+#include "ckpt_update_builds.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-typedef u32 (*ckpt_update_fn)(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
-			      const u16 *grad, u32 *p, u32 *m, u32 *v, u16 *plo, u64 n);
 typedef void (*ckpt_round_fn)(u32 dtype, const u32 *p, u16 *plo, u64 n);
-typedef u32 (*ckpt_update_q8_fn)(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
-				 const u16 *grad, u32 *p, const struct ckpt_q8_state *s, u32 *tmp,
-				 u16 *plo, u64 n);
-typedef u32 (*ckpt_update_q8bf_fn)(const struct ckpt_hparams *hp, u32 grad_scale, const u16 *grad,
-				   u16 *p, const struct ckpt_q8_state *s, u32 *tmp, u16 *plo, u64 n,
-				   const struct ckpt_sr *sr);
 
 /* Not vectorized (-fno-tree-vectorize): the reference every other must equal. */
 u32 ckpt_update_chunk_scalar(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
@@ -61,21 +53,13 @@ struct ckpt_update_variant {
 unsigned int ckpt_update_variants(struct ckpt_update_variant *out);
 
 #if defined(__x86_64__)
-/* Baseline x86-64 (SSE2), the kernel module's instruction set. */
-u32 ckpt_update_chunk_sse2(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
-			   const u16 *grad, u32 *p, u32 *m, u32 *v, u16 *plo, u64 n);
+/* (the builds of ckpt_update_builds.h, and these: the emulated conversions) */
 /* target("avx2") */
 u32 ckpt_update_chunk_avx2(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
 			   const u16 *grad, u32 *p, u32 *m, u32 *v, u16 *plo, u64 n);
 /* target("arch=x86-64-v4"): AVX-512 F/BW/CD/DQ/VL */
 u32 ckpt_update_chunk_avx512(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
 			     const u16 *grad, u32 *p, u32 *m, u32 *v, u16 *plo, u64 n);
-
-/* the same with the F16C conversions (CKPT_UPDATE_F16C in ckpt_update_impl.h) */
-u32 ckpt_update_chunk_avx2_f16c(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
-				const u16 *grad, u32 *p, u32 *m, u32 *v, u16 *plo, u64 n);
-u32 ckpt_update_chunk_avx512_f16c(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
-				  const u16 *grad, u32 *p, u32 *m, u32 *v, u16 *plo, u64 n);
 
 void ckpt_round_params_sse2(u32 dtype, const u32 *p, u16 *plo, u64 n);
 void ckpt_round_params_avx2_f16c(u32 dtype, const u32 *p, u16 *plo, u64 n);
@@ -87,13 +71,6 @@ int ckpt_cpu_has_avx2(void);
 int ckpt_cpu_has_f16c(void);	/* AVX2 and F16C */
 int ckpt_cpu_has_avx512(void);	/* everything x86-64-v4 needs */
 #elif defined(__aarch64__)
-/* Baseline aarch64: Advanced SIMD (NEON). */
-u32 ckpt_update_chunk_neon(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
-			   const u16 *grad, u32 *p, u32 *m, u32 *v, u16 *plo, u64 n);
-/* target("+sve"): any vector length */
-u32 ckpt_update_chunk_sve(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
-			  const u16 *grad, u32 *p, u32 *m, u32 *v, u16 *plo, u64 n);
-
 void ckpt_round_params_neon(u32 dtype, const u32 *p, u16 *plo, u64 n);
 void ckpt_round_params_sve(u32 dtype, const u32 *p, u16 *plo, u64 n);
 

@@ -528,8 +528,9 @@ void Engine::job_done(const Job &job)
 		done_cv_.notify_all();
 }
 
-// The engine's builds of the update (ckpt_update_chunk* dispatch by CPU) for
-// the core's chunk sequence (ckpt_step_update): no FPU brackets, no slices.
+// The engine's builds of the update for the core's chunk sequence
+// (ckpt_step_update): ckpt_update_chunk* run this CPU's row of the core's
+// table (ckpt_update_pick, the kernel's rule too); no FPU brackets, no slices.
 const struct ckpt_update_ops Engine::update_ops_ = {
 	.update = ckpt_update_chunk,
 	.update_q8 = ckpt_update_chunk_q8,

@@ -466,6 +466,42 @@ TEST(UpdateVariants, BitIdenticalToScalar)
 	RecordProperty("runs", runs);
 }
 
+// The core's table of builds, which both hosts run (ckpt_update_builds.h):
+// the pick rule (the last build whose needs the CPU has; the kernel masks a
+// forced build's needs out), and every build this CPU runs gives the
+// scalar's bits.
+TEST(UpdateBuilds, OneTableOnePick)
+{
+	ASSERT_GE(ckpt_update_n_builds, 2u);
+	EXPECT_EQ(ckpt_update_pick(0), &ckpt_update_builds[0]) << "the baseline needs nothing";
+	EXPECT_EQ(ckpt_update_builds[0].needs, 0u);
+	EXPECT_EQ(ckpt_update_pick(~0u), &ckpt_update_builds[ckpt_update_n_builds - 1]);
+#if defined(__x86_64__)
+	EXPECT_STREQ(ckpt_update_pick(CKPT_CPU_AVX2_F16C)->name, "avx2");
+	EXPECT_STREQ(ckpt_update_pick(CKPT_CPU_AVX512)->name, "sse2") << "AVX-512 without AVX2";
+	EXPECT_STREQ(ckpt_update_pick(CKPT_CPU_AVX2_F16C | CKPT_CPU_AVX512)->name, "avx512");
+#endif
+	std::mt19937_64 rng(77);
+	const uint32_t cpu = ckpt_cpu_features();
+	int runs = 0;
+	for (unsigned i = 0; i < ckpt_update_n_builds; i++) {
+		const ckpt_update_build &b = ckpt_update_builds[i];
+		if (b.needs & ~cpu)
+			continue;
+		for (uint32_t dtype : {(uint32_t)CKPT_DTYPE_FP16, (uint32_t)CKPT_DTYPE_BF16})
+			for (size_t n : {size_t(1), size_t(4097), size_t(65536)}) {
+				SCOPED_TRACE(b.name);
+				expect_same_as_scalar(b.name, b.update, make_hparams(rng, false),
+						      bits(1.0f), dtype,
+						      make_chunk(rng, n, dtype, StateKind::Random),
+						      std::nullopt, false);
+				runs++;
+			}
+	}
+	EXPECT_GT(runs, 0);
+	RecordProperty("runs", runs);
+}
+
 // Every fp16 gradient pattern (all 2^16, Inf and NaN included) through every
 // build: the F16C builds convert them with vcvtph2ps, the others emulate it.
 // Scaled by 1 and by 2^-20 (subnormal fp32 results of the scaling).
