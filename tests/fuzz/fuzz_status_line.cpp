@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 // The kernel target's dm status INFO line parser (ckpt_status_line_parse_at,
-// ckpt_step.c), which libckpt's ckpt_dm_status_parse and ckptctl call on
+// ckpt_status_line.c), which libckpt's ckpt_dm_status_parse and ckptctl call on
 // text from the kernel: strict, and what it accepts prints back the same.
 #include <string>
 

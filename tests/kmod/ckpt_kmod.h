@@ -6,8 +6,8 @@
  * themselves. Everything goes through O_DIRECT so no page cache hides what
  * the target wrote.
  *
- * Built with the portable core (libckpt/core/ckpt_format.c, ckpt_step.c,
- * ckpt_update.c, libckpt/src/crc32c.c): the tests encode commands and
+ * Built with the portable core (libckpt/core, ckpt_core_nodeps, and
+ * libckpt/src/crc32c.c): the tests encode commands and
  * superblocks with the same code as the target, and compute the expected
  * state with the scalar reference of the update.
  */
