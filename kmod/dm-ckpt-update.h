@@ -2,9 +2,10 @@
 /*
  * dm-ckpt update: the chunk buffers (queue_depth of them, allocated in the
  * constructor) and the chunk update that runs in each: read the committed
- * slot's record, check it, run the fused AdamW update in bounded
- * kernel_fpu_begin/end sections, seal the new record and write it and the
- * chunk's p_lo to the other slot, then tell the step state machine.
+ * slot's record, the core's update of the chunk (ckpt_step_update: the
+ * check, the fused AdamW update in bounded kernel_fpu_begin/end sections,
+ * the seal), write the record and the chunk's p_lo to the other slot, then
+ * tell the step state machine (ckpt_step_update_done).
  *
  * Locks: the target's cmd_lock serialises dispatch; job_lock protects the
  * free list and the busy count; the update work items take the target's
@@ -34,8 +35,8 @@ struct dm_ckpt_update {
 };
 
 /*
- * Pick the float variant (AVX2/F16C or SSE2) for the module's life. Module
- * init only.
+ * Pick this CPU's row of the core's update builds (ckpt_update_pick: SSE2,
+ * AVX2/F16C or AVX-512) for the module's life. Module init only.
  */
 void dm_ckpt_upd_init(void);
 
