@@ -40,7 +40,7 @@ struct dm_ckpt_update {
  */
 void dm_ckpt_upd_init(void);
 
-/* The float variant in use, "avx2" or "sse2", for log lines and stats. */
+/* The row in use ("sse2", "avx2", "avx512"), for log lines and stats. */
 const char *dm_ckpt_upd_fpu_name(void);
 
 /* Bytes of memory queue_depth chunk buffers need for chunks of layout l. */
