@@ -21,6 +21,7 @@
 #define CKPT_STEP_H
 
 #include "ckpt_format.h"
+#include "ckpt_update.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -472,17 +473,10 @@ struct ckpt_update_job {
  * most ops->slice params (0: a run at once; else a multiple of
  * CKPT_TENSOR_ALIGN), where the kernel saves the FPU and reschedules.
  */
-struct ckpt_sr;		/* ckpt_update.h */
-
 struct ckpt_update_ops {
-	u32 (*update)(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype, const u16 *grad,
-		      u32 *p, u32 *m, u32 *v, u16 *plo, u64 n);
-	u32 (*update_q8)(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
-			 const u16 *grad, u32 *p, const struct ckpt_q8_state *s, u32 *tmp, u16 *plo,
-			 u64 n);
-	u32 (*update_q8bf)(const struct ckpt_hparams *hp, u32 grad_scale, const u16 *grad, u16 *p,
-			   const struct ckpt_q8_state *s, u32 *tmp, u16 *plo, u64 n,
-			   const struct ckpt_sr *sr);
+	ckpt_update_t *update;
+	ckpt_update_q8_t *update_q8;
+	ckpt_update_q8bf_t *update_q8bf;
 	void (*fpu_begin)(void *host);
 	void (*fpu_end)(void *host);
 	u64 slice;

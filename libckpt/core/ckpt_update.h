@@ -117,15 +117,18 @@ void ckpt_q8_decode(const struct ckpt_q8_state *s, u32 *m, u32 *v, u64 n);
 void ckpt_q8_encode(const struct ckpt_q8_state *s, const u32 *m, const u32 *v, u64 n);
 #endif
 
-/* The update's signatures, for the tables of its builds. */
-typedef u32 (*ckpt_update_fn)(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
-			      const u16 *grad, u32 *p, u32 *m, u32 *v, u16 *plo, u64 n);
-typedef u32 (*ckpt_update_q8_fn)(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
-				 const u16 *grad, u32 *p, const struct ckpt_q8_state *s, u32 *tmp,
-				 u16 *plo, u64 n);
-typedef u32 (*ckpt_update_q8bf_fn)(const struct ckpt_hparams *hp, u32 grad_scale, const u16 *grad,
-				   u16 *p, const struct ckpt_q8_state *s, u32 *tmp, u16 *plo, u64 n,
-				   const struct ckpt_sr *sr);
+/*
+ * The update's signatures (ckpt_update_chunk, _q8, _q8bf), as function types
+ * that declare its builds (ckpt_update_builds.h) and point at them.
+ */
+typedef u32 (ckpt_update_t)(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
+			    const u16 *grad, u32 *p, u32 *m, u32 *v, u16 *plo, u64 n);
+typedef u32 (ckpt_update_q8_t)(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
+			       const u16 *grad, u32 *p, const struct ckpt_q8_state *s, u32 *tmp,
+			       u16 *plo, u64 n);
+typedef u32 (ckpt_update_q8bf_t)(const struct ckpt_hparams *hp, u32 grad_scale, const u16 *grad,
+				 u16 *p, const struct ckpt_q8_state *s, u32 *tmp, u16 *plo, u64 n,
+				 const struct ckpt_sr *sr);
 
 /* Low-precision copy of fp32 values (as bits), round to nearest even. */
 void ckpt_round_params(u32 dtype, const u32 *p, u16 *plo, u64 n);

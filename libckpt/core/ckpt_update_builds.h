@@ -27,57 +27,25 @@ extern "C" {
 struct ckpt_update_build {
 	const char *name;
 	u32 needs;		/* CKPT_CPU_* */
-	ckpt_update_fn update;
-	ckpt_update_q8_fn update_q8;
-	ckpt_update_q8bf_fn update_q8bf;
+	ckpt_update_t *update;
+	ckpt_update_q8_t *update_q8;
+	ckpt_update_q8bf_t *update_q8bf;
 };
 
 #if defined(__x86_64__)
-/* The baseline (SSE2), the kernel's default. */
-u32 ckpt_update_chunk_sse2(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
-			   const u16 *grad, u32 *p, u32 *m, u32 *v, u16 *plo, u64 n);
-u32 ckpt_update_chunk_q8_sse2(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
-			      const u16 *grad, u32 *p, const struct ckpt_q8_state *s, u32 *tmp,
-			      u16 *plo, u64 n);
-u32 ckpt_update_chunk_q8bf_sse2(const struct ckpt_hparams *hp, u32 grad_scale, const u16 *grad,
-				u16 *p, const struct ckpt_q8_state *s, u32 *tmp, u16 *plo, u64 n,
-				const struct ckpt_sr *sr);
-/* AVX2 with the F16C conversions (CKPT_UPDATE_F16C in ckpt_update_impl.h) */
-u32 ckpt_update_chunk_avx2_f16c(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
-				const u16 *grad, u32 *p, u32 *m, u32 *v, u16 *plo, u64 n);
-u32 ckpt_update_chunk_q8_avx2(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
-			      const u16 *grad, u32 *p, const struct ckpt_q8_state *s, u32 *tmp,
-			      u16 *plo, u64 n);
-u32 ckpt_update_chunk_q8bf_avx2(const struct ckpt_hparams *hp, u32 grad_scale, const u16 *grad,
-				u16 *p, const struct ckpt_q8_state *s, u32 *tmp, u16 *plo, u64 n,
-				const struct ckpt_sr *sr);
-/* x86-64-v4 (AVX-512) with the F16C conversions */
-u32 ckpt_update_chunk_avx512_f16c(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
-				  const u16 *grad, u32 *p, u32 *m, u32 *v, u16 *plo, u64 n);
-u32 ckpt_update_chunk_q8_avx512(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
-				const u16 *grad, u32 *p, const struct ckpt_q8_state *s, u32 *tmp,
-				u16 *plo, u64 n);
-u32 ckpt_update_chunk_q8bf_avx512(const struct ckpt_hparams *hp, u32 grad_scale,
-				  const u16 *grad, u16 *p, const struct ckpt_q8_state *s, u32 *tmp,
-				  u16 *plo, u64 n, const struct ckpt_sr *sr);
+/*
+ * SSE2, the baseline; AVX2 and x86-64-v4 (AVX-512) with the F16C
+ * conversions of the fp32 update (CKPT_UPDATE_F16C in ckpt_update_impl.h).
+ */
+ckpt_update_t ckpt_update_chunk_sse2, ckpt_update_chunk_avx2_f16c, ckpt_update_chunk_avx512_f16c;
+ckpt_update_q8_t ckpt_update_chunk_q8_sse2, ckpt_update_chunk_q8_avx2, ckpt_update_chunk_q8_avx512;
+ckpt_update_q8bf_t ckpt_update_chunk_q8bf_sse2, ckpt_update_chunk_q8bf_avx2,
+	ckpt_update_chunk_q8bf_avx512;
 #elif defined(__aarch64__)
 /* Advanced SIMD (NEON), the baseline, and SVE at any vector length */
-u32 ckpt_update_chunk_neon(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
-			   const u16 *grad, u32 *p, u32 *m, u32 *v, u16 *plo, u64 n);
-u32 ckpt_update_chunk_q8_neon(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
-			      const u16 *grad, u32 *p, const struct ckpt_q8_state *s, u32 *tmp,
-			      u16 *plo, u64 n);
-u32 ckpt_update_chunk_q8bf_neon(const struct ckpt_hparams *hp, u32 grad_scale, const u16 *grad,
-				u16 *p, const struct ckpt_q8_state *s, u32 *tmp, u16 *plo, u64 n,
-				const struct ckpt_sr *sr);
-u32 ckpt_update_chunk_sve(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
-			  const u16 *grad, u32 *p, u32 *m, u32 *v, u16 *plo, u64 n);
-u32 ckpt_update_chunk_q8_sve(const struct ckpt_hparams *hp, u32 grad_scale, u32 dtype,
-			     const u16 *grad, u32 *p, const struct ckpt_q8_state *s, u32 *tmp,
-			     u16 *plo, u64 n);
-u32 ckpt_update_chunk_q8bf_sve(const struct ckpt_hparams *hp, u32 grad_scale, const u16 *grad,
-			       u16 *p, const struct ckpt_q8_state *s, u32 *tmp, u16 *plo, u64 n,
-			       const struct ckpt_sr *sr);
+ckpt_update_t ckpt_update_chunk_neon, ckpt_update_chunk_sve;
+ckpt_update_q8_t ckpt_update_chunk_q8_neon, ckpt_update_chunk_q8_sve;
+ckpt_update_q8bf_t ckpt_update_chunk_q8bf_neon, ckpt_update_chunk_q8bf_sve;
 #endif
 
 /* This architecture's builds, the baseline first; n_builds of them. */

@@ -16,6 +16,9 @@
 extern "C" {
 #endif
 
+typedef ckpt_update_t *ckpt_update_fn;
+typedef ckpt_update_q8_t *ckpt_update_q8_fn;
+typedef ckpt_update_q8bf_t *ckpt_update_q8bf_fn;
 typedef void (*ckpt_round_fn)(u32 dtype, const u32 *p, u16 *plo, u64 n);
 
 /* Not vectorized (-fno-tree-vectorize): the reference every other must equal. */
