@@ -73,19 +73,14 @@ void load_spans(const std::vector<StateSpan> &spans, uint32_t chunk, uint32_t sh
 	}
 }
 
-// The p_lo of the n masters from first in a record's data: with BF16M the
-// bf16 masters themselves, else the fp32 ones rounded to nearest even (the
-// same bits vectorized or, for the few blocks a step skips, by the integer
-// code the kernel uses outside its FPU sections).
-void plo_of_masters(const struct ckpt_sb &sb, const uint8_t *data, uint64_t first, uint16_t *plo,
-		    uint64_t n, bool vectorized)
+// The p_lo of a chunk's masters in a record's data: with BF16M the bf16
+// masters themselves, else the fp32 ones rounded to nearest even.
+void plo_of_masters(const struct ckpt_sb &sb, const uint8_t *data, uint16_t *plo, uint64_t n)
 {
 	if (sb.feature_incompat & CKPT_FEATURE_INCOMPAT_BF16M)
-		std::memcpy(plo, data + 2 * first, n * 2);
-	else if (vectorized)
-		ckpt_round_params(sb.geo.dtype, reinterpret_cast<const uint32_t *>(data) + first, plo, n);
+		std::memcpy(plo, data, n * 2);
 	else
-		ckpt_round_params_int(sb.geo.dtype, reinterpret_cast<const uint32_t *>(data) + first, plo, n);
+		ckpt_round_params(sb.geo.dtype, reinterpret_cast<const uint32_t *>(data), plo, n);
 }
 
 // A load of state into a chunk (load_state: initial masters, an import): the
@@ -99,7 +94,7 @@ void load_chunk(const struct ckpt_sb &sb, const std::vector<StateSpan> &spans,
 	const uint64_t step = job.dst.step;
 	load_spans(spans, chunk, sb.geo.chunk_shift, sb.feature_incompat, ckpt_sr_seed(sb.uuid), step,
 		   rec + CKPT_BLOCK, scratch);
-	plo_of_masters(sb, rec + CKPT_BLOCK, 0, plo, cp, true);
+	plo_of_masters(sb, rec + CKPT_BLOCK, plo, cp);
 	if (sb.feature_incompat & CKPT_FEATURE_INCOMPAT_COUNTS) {
 		ckpt_rec_set_counts(rec, sb.geo.chunk_shift, step);
 		// a tensor that lags the step keeps its own count in each block it owns
