@@ -23,11 +23,11 @@ set(CKPT_INSTALL_BASHCOMPDIR ${CMAKE_INSTALL_DATADIR}/bash-completion/completion
 set(CKPT_INSTALL_UDEVRULESDIR lib/udev/rules.d CACHE STRING "where udev rules are installed")
 set(CKPT_INSTALL_SYSTEMDUNITDIR lib/systemd/system CACHE STRING "where systemd units are installed")
 
-# libckpt.so.0.2.0, its SONAME link libckpt.so.0 (runtime) and the link-time
-# libckpt.so; ckpt.h and the headers it includes; ckpt_error.hpp, C++ errors
-# over the C ABI (needs {fmt}).
+# libckpt.so.MAJOR.MINOR.PATCH, its SONAME link libckpt.so.MAJOR (runtime)
+# and the link-time libckpt.so; the two public headers (the training path,
+# ckpt.h, and the administration, ckpt_admin.h) and the one they include.
 install(TARGETS ckpt LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
-install(FILES libckpt/include/ckpt.h libckpt/core/ckpt_abi.h libckpt/include/ckpt_error.hpp
+install(FILES libckpt/include/ckpt.h libckpt/include/ckpt_admin.h libckpt/core/ckpt_abi.h
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 
 # ckpt.pc, relocatable: its prefix is found from where the file is, so a

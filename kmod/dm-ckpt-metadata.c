@@ -18,7 +18,7 @@
 
 #define DM_MSG_PREFIX "ckpt"
 
-static const char *md_name(struct dm_ckpt_metadata *md)
+const char *dm_ckpt_md_name(struct dm_ckpt_metadata *md)
 {
 	return dm_device_name(dm_table_get_md(md->ti->table));
 }
@@ -62,7 +62,7 @@ int dm_ckpt_md_claim(struct dm_ckpt_metadata *md, const u8 *uuid, char **error)
 	list_for_each_entry(o, &dm_ckpt_claims, claim) {
 		if (o->owner != owner && !memcmp(o->uuid, uuid, sizeof(o->uuid))) {
 			DMERR("%s: the image on %s (uuid %pU) is in use by ckpt device %s",
-			      md_name(md), md->dev->name, uuid, dm_device_name(o->owner));
+			      dm_ckpt_md_name(md), md->dev->name, uuid, dm_device_name(o->owner));
 			*error = "Backing device in use by another ckpt device";
 			ret = -EBUSY;
 			goto out;
@@ -222,7 +222,7 @@ int dm_ckpt_md_read_sb(struct dm_ckpt_metadata *md, struct ckpt_sb *sb,
 		r0 = ckpt_sb_decode(buf, dev_bytes, scratch);
 		r1 = ckpt_sb_decode(buf + CKPT_BLOCK, dev_bytes, scratch);
 		DMERR("%s: no usable superblock on %s (%llu bytes): copy 0: %s, copy 1: %s",
-		      md_name(md), md->dev->name, dev_bytes,
+		      dm_ckpt_md_name(md), md->dev->name, dev_bytes,
 		      r0 ? ckpt_strerror(r0) : "wrong parity",
 		      r1 ? ckpt_strerror(r1) : "wrong parity");
 		*error = (char *)sb_error(ret);
@@ -239,7 +239,7 @@ int dm_ckpt_md_read_sb(struct dm_ckpt_metadata *md, struct ckpt_sb *sb,
 	r1 = ckpt_sb_check_other(buf + other * CKPT_BLOCK, other, dev_bytes, sb, scratch);
 	if (r1)
 		DMWARN("%s: superblock copy %u on %s is damaged (%s): using copy %u (sequence %llu, step %llu), a newer commit may be lost",
-		       md_name(md), other, md->dev->name,
+		       dm_ckpt_md_name(md), other, md->dev->name,
 		       r1 == -CKPT_E_NO_SB ? "its sequence belongs to the other copy" :
 		       ckpt_strerror(r1), copy, sb->sequence, sb->committed_step);
 
@@ -256,7 +256,7 @@ int dm_ckpt_md_read_sb(struct dm_ckpt_metadata *md, struct ckpt_sb *sb,
 			break;
 	}
 	if (ret) {
-		DMERR("%s: group table on %s: copy 0: %s%s%s", md_name(md), md->dev->name,
+		DMERR("%s: group table on %s: copy 0: %s%s%s", dm_ckpt_md_name(md), md->dev->name,
 		      why[0], copies > 1 ? ", copy 1: " : "", copies > 1 ? why[1] : "");
 		if (copies > 1)
 			*error = "Group table: no intact copy";
@@ -264,7 +264,7 @@ int dm_ckpt_md_read_sb(struct dm_ckpt_metadata *md, struct ckpt_sb *sb,
 	}
 	if (copy)
 		DMWARN("%s: group table copy 0 on %s is damaged (%s): using copy 1",
-		       md_name(md), md->dev->name, why[0]);
+		       dm_ckpt_md_name(md), md->dev->name, why[0]);
 	*groups = table;
 	table = NULL;
 out:

@@ -46,6 +46,9 @@ int dm_ckpt_md_open(struct dm_ckpt_metadata *md, struct dm_target *ti,
  */
 int dm_ckpt_md_claim(struct dm_ckpt_metadata *md, const u8 *uuid, char **error);
 
+/* The mapped device's name, for log lines. Any context. */
+const char *dm_ckpt_md_name(struct dm_ckpt_metadata *md);
+
 /*
  * Undo dm_ckpt_md_open; also on a partly opened md. No I/O may be in flight.
  * Process context, may sleep.

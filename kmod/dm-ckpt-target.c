@@ -19,7 +19,8 @@
  * Files: this one is the target (table line, map, deferred bios, commands,
  * staging, status, messages, module init); dm-ckpt-metadata.c reads the
  * superblock and group table and commits; dm-ckpt-update.c owns the chunk
- * buffers and runs the chunk updates. dm-ckpt.h is the instance they share.
+ * buffers and runs the chunk updates, knowing the target only through what
+ * dm_ckpt_upd_create is given; dm-ckpt-io.h is the per-bio data they share.
  *
  * Names tell the layer, as in dm-clone: dmckpt_* are the target's ops and
  * helpers, __dmckpt_* run with cmd_lock held (the core's ops among them),
@@ -57,7 +58,84 @@
 #include <linux/sched/mm.h>
 
 #include "ckpt_config.h"
-#include "dm-ckpt.h"
+#include "ckpt_format.h"
+#include "ckpt_step.h"
+#include "ckpt_table.h"
+#include "dm-ckpt-io.h"
+#include "dm-ckpt-metadata.h"
+#include "dm-ckpt-update.h"
+
+#define DM_MSG_PREFIX "ckpt"
+
+/*
+ * The target instance: this file's alone (the metadata layer and the update
+ * see only what their create calls are given).
+ */
+struct dm_ckpt {
+	struct dm_target *ti;
+	struct dm_ckpt_metadata md;
+	struct dm_ckpt_update *upd;
+	struct workqueue_struct *ctl_wq;
+	struct ckpt_layout layout;	/* constant for the target's life */
+	u32 dtype;
+
+	/* deferred bios, in arrival order */
+	spinlock_t bio_lock;
+	struct bio_list bios;
+	struct work_struct bio_work;
+
+	/*
+	 * cmd_lock: the core's command lock (ckpt_step.h): commands, gradient
+	 * writes, the superblock, staging and the scratch page. Held by the
+	 * bio work item, messages and preresume.
+	 */
+	struct mutex cmd_lock;
+	struct ckpt_sb *sb;		/* the committed superblock (the core updates it) */
+	u8 *groups;			/* chunk -> group */
+	struct ckpt_status *st;
+	u8 *page;			/* 4 KiB scratch: commands, status, superblock */
+	bool started;
+
+	/*
+	 * The step protocol, run by the core with this target as its host:
+	 * step.sm and step.grad_bytes are under sm_lock (the core's sm lock),
+	 * the rest under cmd_lock. mem is what the constructor allocated for
+	 * it (kept here to be freed).
+	 */
+	struct ckpt_step step;
+	struct ckpt_step_mem mem;
+	u64 *cover_mem;
+	spinlock_t sm_lock;		/* the core's sm lock: step.sm, step.grad_bytes */
+
+	/*
+	 * The first backing device error (-errno), sticky: set once with
+	 * cmpxchg, as dm-writecache and dm-integrity keep theirs. Non-zero
+	 * means failed mode (no new steps until the table is reloaded).
+	 */
+	int error;
+	u8 uuid[16];			/* the image's, constant */
+
+	/*
+	 * PARAM reads in flight per p_lo slot, counted in map (under sm_lock,
+	 * with the slot choice) and end_io: BEGIN waits for the slot it is
+	 * about to rewrite (the core's quiesce op), so that no read returns a
+	 * mix of two steps.
+	 */
+	atomic_t readers[2];
+	wait_queue_head_t readers_wait;
+
+	bool read_only;			/* the table was loaded read-only */
+
+	atomic64_t param_bytes;
+
+	/* the table line's optional arguments (the core parses them) */
+	struct ckpt_table_args args;
+};
+
+static inline const char *dm_ckpt_name(struct dm_ckpt *c)
+{
+	return dm_device_name(dm_table_get_md(c->ti->table));
+}
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -93,8 +171,18 @@ static void dmckpt_failed_mode(struct dm_ckpt *c, int err, bool first, bool ente
 		dm_table_event(c->ti->table);
 }
 
-void dm_ckpt_error(struct dm_ckpt *c, int err)
+/*
+ * A chunk update failed on the backing device with err (a -errno, never a
+ * -CKPT_E_*; the update's failed op): the first such error is kept
+ * (c->error, reported as first_io_error), the state machine enters FAILED
+ * (ckpt_sm_fail), and on entering failed mode a table event tells userspace
+ * (dmsetup wait, dmeventd). A failed commit takes the same way through the
+ * core's failed op. Process context, no spinlock held: takes sm_lock, and
+ * dm_table_event() a mutex.
+ */
+static void dmckpt_update_failed(void *ctx, int err)
 {
+	struct dm_ckpt *c = ctx;
 	bool first, entered;
 
 	/* A caller bug must neither clear the sticky error nor pass for success. */
@@ -140,7 +228,9 @@ static void dmckpt_unlock(void *host)
 /* Core op: cmd_lock held. */
 static void __dmckpt_drain(void *host)
 {
-	dm_ckpt_upd_drain(host);
+	struct dm_ckpt *c = host;
+
+	dm_ckpt_upd_drain(c->upd);
 }
 
 /* Core op: cmd_lock held. */
@@ -160,11 +250,37 @@ static int __dmckpt_write_sb(void *host, const void *block, u64 off)
 }
 
 /* Core op: cmd_lock held. */
-static int __dmckpt_read_sb(void *host, void *block, u64 off)
+static int __dmckpt_read(void *host, void *buf, u64 off, u64 len)
 {
 	struct dm_ckpt *c = host;
 
-	return dm_ckpt_md_io(&c->md, REQ_OP_READ | REQ_SYNC, block, off, CKPT_BLOCK);
+	return dm_ckpt_md_io(&c->md, REQ_OP_READ | REQ_SYNC, buf, off, len);
+}
+
+/* Core op (a rollback's re-stamped headers): cmd_lock held. */
+static int __dmckpt_write(void *host, const void *buf, u64 off, u64 len)
+{
+	struct dm_ckpt *c = host;
+
+	return dm_ckpt_md_io(&c->md, REQ_OP_WRITE | REQ_SYNC, (void *)buf, off, len);
+}
+
+/*
+ * Core op (a rollback's superblock and record): cmd_lock held. A control
+ * write runs it from the bio work, so the memory is allocated without I/O.
+ */
+static void *__dmckpt_alloc(void *host, u64 bytes)
+{
+	unsigned int noio = memalloc_noio_save();
+	void *p = kvmalloc(bytes, DM_CKPT_GFP_BIG);
+
+	memalloc_noio_restore(noio);
+	return p;
+}
+
+static void __dmckpt_free(void *host, void *p)
+{
+	kvfree(p);
 }
 
 /* Core op: cmd_lock held. */
@@ -180,7 +296,9 @@ static int __dmckpt_dispatch(void *host, void *src, u32 chunk, const void *grad)
 {
 	struct dmckpt_src *s = src;
 
-	dm_ckpt_upd_dispatch(host, s->bio, chunk, grad ? NULL : &s->it, grad);
+	struct dm_ckpt *c = host;
+
+	dm_ckpt_upd_dispatch(c->upd, s->bio, chunk, c->groups[chunk], grad ? NULL : &s->it, grad);
 	return 0;
 }
 
@@ -210,7 +328,58 @@ static void __dmckpt_sb_failed(void *host, int err)
 	dmckpt_failed_mode(c, err, !cmpxchg(&c->error, 0, err), true);
 }
 
-static int __dmckpt_rollback(void *host, u64 step, int *io);
+/*
+ * What the core's rollback did (the ROLLBACK command and the rollback
+ * message both run it through ckpt_step_exec), in the log: where and why it
+ * refused or failed, or the step now committed; nothing after any other
+ * command (ret < 0: the command may not have decoded). Caller holds cmd_lock.
+ */
+static void __dmckpt_rollback_said(struct dm_ckpt *c, int ret)
+{
+	const struct ckpt_rollback_fault *f = &c->step.rollback;
+	const char *name = dm_ckpt_name(c);
+	const u64 prev = c->sb->committed_step - 1;
+
+	switch (f->part) {
+	case CKPT_ROLLBACK_OK:
+		if (!ret && c->step.mem.cmd->opcode == CKPT_OP_ROLLBACK)
+			DMINFO("%s: rolled back to step %llu", name, c->sb->committed_step);
+		break;
+	case CKPT_ROLLBACK_MACHINE:
+		DMWARN_LIMIT("%s: rollback refused: %s (committed step %llu)", name,
+			     ckpt_strerror(ret), c->sb->committed_step);
+		break;
+	case CKPT_ROLLBACK_OLDER:
+		if (ret == -CKPT_E_IO)
+			DMWARN_LIMIT("%s: rollback failed: reading superblock copy %u: %d", name,
+				     f->older_index, f->io_errno);
+		else if (f->older)
+			DMWARN_LIMIT("%s: rollback refused: superblock copy %u is not valid (%s)",
+				     name, f->older_index, ckpt_strerror(f->older));
+		else
+			DMWARN_LIMIT("%s: rollback refused: superblock copy %u commits step %llu sequence %llu, not step %llu: a rollback goes back one step, once",
+				     name, f->older_index, f->older_step, f->older_sequence, prev);
+		break;
+	case CKPT_ROLLBACK_RECORD:
+		if (ret == -CKPT_E_IO)
+			DMWARN_LIMIT("%s: rollback failed: reading chunk %u of slot %u: %d", name,
+				     f->chunk, f->slot, f->io_errno);
+		else
+			DMWARN_LIMIT("%s: rollback refused: chunk %u of slot %u no longer holds step %llu: %s",
+				     name, f->chunk, f->slot, prev, ckpt_rec_fault_str(f->rec));
+		break;
+	case CKPT_ROLLBACK_RESTAMP:
+		DMWARN_LIMIT("%s: rollback failed: writing chunk %u of slot %u: %d", name, f->chunk,
+			     f->slot, f->io_errno);
+		break;
+	case CKPT_ROLLBACK_COMMIT:
+		DMWARN_LIMIT("%s: rollback failed: the commit: %d", name, f->io_errno);
+		break;
+	case CKPT_ROLLBACK_NOMEM:
+		DMWARN_LIMIT("%s: rollback refused: out of memory", name);
+		break;
+	}
+}
 
 static const struct ckpt_step_ops dmckpt_step_ops = {
 	.lock = dmckpt_lock,
@@ -222,8 +391,10 @@ static const struct ckpt_step_ops dmckpt_step_ops = {
 	.dispatch = __dmckpt_dispatch,
 	.quiesce = __dmckpt_quiesce,
 	.failed = __dmckpt_sb_failed,
-	.read_sb = __dmckpt_read_sb,
-	.rollback = __dmckpt_rollback,
+	.read = __dmckpt_read,
+	.write = __dmckpt_write,
+	.alloc = __dmckpt_alloc,
+	.free = __dmckpt_free,
 	.fpu_begin = dm_ckpt_fpu_begin,
 	.fpu_end = dm_ckpt_fpu_end,
 };
@@ -255,6 +426,7 @@ static void __dmckpt_control_write(struct dm_ckpt *c, struct bio *bio)
 	memset(c->page, 0, CKPT_BLOCK);
 	dm_ckpt_bio_copy_from(bio, &it, c->page, len);
 	ret = ckpt_step_command(&c->step, c->page, len);
+	__dmckpt_rollback_said(c, ret);
 	if (ret < 0)
 		DMDEBUG_LIMIT("%s: command refused: %s", dm_ckpt_name(c), ckpt_strerror(ret));
 	dm_ckpt_bio_put(bio, ret < 0 ? BLK_STS_IOERR : BLK_STS_OK);
@@ -394,7 +566,7 @@ static int dmckpt_end_io(struct dm_target *ti, struct bio *bio, blk_status_t *er
 
 static void dmckpt_free(struct dm_ckpt *c)
 {
-	dm_ckpt_upd_destroy(c);
+	dm_ckpt_upd_destroy(c->upd);
 	if (c->ctl_wq)
 		destroy_workqueue(c->ctl_wq);
 	if (c->mem.stages) {
@@ -467,6 +639,7 @@ static int dmckpt_alloc(struct dm_ckpt *c, char **error)
 	const u32 n_chunks = c->sb->geo.n_chunks;
 	const u64 cb = c->layout.plo_chunk_bytes;
 	const u32 cover_words = ckpt_bitmap_words(cb >> SECTOR_SHIFT);
+	struct dm_ckpt_upd_target upd;
 	u32 n_stages;
 	unsigned int i;
 	int ret;
@@ -518,7 +691,21 @@ static int dmckpt_alloc(struct dm_ckpt *c, char **error)
 		if (!(i & 1023))
 			cond_resched();
 	}
-	return dm_ckpt_upd_create(c, c->args.queue_depth, error);
+	upd = (struct dm_ckpt_upd_target){
+		.md = &c->md,
+		.layout = &c->layout,
+		.step = &c->step,
+		.sm_lock = &c->sm_lock,
+		.failed = dmckpt_update_failed,
+		.ctx = c,
+	};
+	c->upd = dm_ckpt_upd_create(&upd, c->args.queue_depth, error);
+	if (IS_ERR(c->upd)) {
+		ret = PTR_ERR(c->upd);
+		c->upd = NULL;
+		return ret;
+	}
+	return 0;
 }
 
 /*
@@ -621,7 +808,7 @@ static void dmckpt_dtr(struct dm_target *ti)
 	struct dm_ckpt *c = ti->private;
 
 	flush_workqueue(c->ctl_wq);
-	dm_ckpt_upd_drain(c);
+	dm_ckpt_upd_drain(c->upd);
 	dmckpt_free(c);
 }
 
@@ -633,7 +820,7 @@ static void dmckpt_postsuspend(struct dm_target *ti)
 
 	/* dm core waited for our bios; nothing may still touch the device. */
 	flush_workqueue(c->ctl_wq);
-	dm_ckpt_upd_drain(c);
+	dm_ckpt_upd_drain(c->upd);
 }
 
 /*
@@ -761,7 +948,7 @@ static int dmckpt_stats(struct dm_ckpt *c, char *result, unsigned int maxlen)
 	mutex_lock(&c->cmd_lock);
 	used = ckpt_step_stages_used(&c->step);
 	n_stages = c->step.mem.n_stages;
-	busy = dm_ckpt_upd_busy(c);
+	busy = dm_ckpt_upd_busy(c->upd);
 	DMEMIT("state %s\ncommitted_step %llu\ncommitted_slot %u\nsequence %llu\n",
 	       ckpt_state_name(k.state), k.committed_step, k.committed_slot,
 	       c->sb->sequence);
@@ -777,7 +964,7 @@ static int dmckpt_stats(struct dm_ckpt *c, char *result, unsigned int maxlen)
 	DMEMIT("commands_rejected %llu\nio_errors %llu\ngrad_bytes %llu\nparam_bytes %llu\n",
 	       k.commands_rejected, k.io_errors, k.grad_bytes, k.param_bytes);
 	DMEMIT("blob_len %u\nstaging %u/%u\nqueue %u/%u\nfpu %s\n", c->sb->blob_len,
-	       used, n_stages, busy, c->upd.queue_depth, dm_ckpt_upd_fpu_name());
+	       used, n_stages, busy, c->args.queue_depth, dm_ckpt_upd_fpu_name());
 	mutex_unlock(&c->cmd_lock);
 	return 1;
 }
@@ -860,89 +1047,6 @@ usage:
 	return -EINVAL;
 }
 
-/*
- * The target's one rollback (ckpt_step_ops rollback), which the ROLLBACK
- * command and the rollback message both run through ckpt_step_exec: the
- * previous step committed again, by the core's rule (ckpt_step_rollback_*):
- * the older superblock copy must commit it and every record of the other
- * slot must still hold it intact; the records are re-stamped, flushed, then
- * the superblock is written. Nothing changes on a refusal (-CKPT_E_*); an
- * I/O error is -CKPT_E_IO with *io the errno. Before the superblock write
- * the device does not fail (the current commit stands); from it on the
- * core fails it (ckpt_step_rollback_commit): the device may commit either
- * step. Caller holds cmd_lock; a control write runs it from the bio work,
- * so its memory is allocated without I/O.
- */
-static int __dmckpt_rollback(void *host, u64 step, int *io)
-{
-	struct dm_ckpt *c = host;
-	const struct ckpt_layout *l = &c->layout;
-	u64 dev_bytes = bdev_nr_bytes(c->md.dev->bdev);
-	unsigned int noio = memalloc_noio_save();
-	struct ckpt_sb *prev;
-	bool valid;
-	u8 *rec;
-	u64 off;
-	u32 ch;
-	int ret;
-
-	prev = kvmalloc(sizeof(*prev), GFP_KERNEL);
-	rec = kvmalloc(l->record_bytes + l->plo_chunk_bytes, DM_CKPT_GFP_BIG);
-	memalloc_noio_restore(noio);
-	if (!prev || !rec) {
-		ret = -CKPT_E_NOMEM;
-		goto out;
-	}
-	/* The command is decoded: the page is free for the older copy. */
-	*io = dm_ckpt_md_io(&c->md, REQ_OP_READ | REQ_SYNC, c->page,
-			    ckpt_sb_next_offset(c->sb), CKPT_BLOCK);
-	if (*io)
-		goto io_error;
-	valid = !ckpt_sb_decode(c->page, dev_bytes, prev);
-	ret = ckpt_step_rollback_check(&c->step, valid ? prev : NULL, step);
-	if (ret) {
-		DMWARN_LIMIT("%s: rollback refused: %s (committed step %llu)",
-			     dm_ckpt_name(c), ckpt_strerror(ret), c->sb->committed_step);
-		goto out;
-	}
-	for (ch = 0; ch < c->step.sm.n_chunks; ch++) {
-		off = ckpt_record_offset(l, prev->committed_slot, ch);
-		*io = dm_ckpt_md_io(&c->md, REQ_OP_READ | REQ_SYNC, rec, off, l->record_bytes);
-		if (!*io)
-			*io = dm_ckpt_md_io(&c->md, REQ_OP_READ | REQ_SYNC, rec + l->record_bytes,
-					    ckpt_plo_offset(l, prev->committed_slot, ch),
-					    l->plo_chunk_bytes);
-		if (*io)
-			goto io_error;
-		ret = ckpt_step_rollback_rec(&c->step, prev, ch, rec, rec + CKPT_BLOCK,
-					     rec + l->record_bytes);
-		if (ret < 0) {
-			DMWARN_LIMIT("%s: rollback refused: chunk %u of slot %u no longer holds step %llu",
-				     dm_ckpt_name(c), ch, prev->committed_slot,
-				     prev->committed_step);
-			goto out;
-		}
-		if (ret) {
-			*io = dm_ckpt_md_io(&c->md, REQ_OP_WRITE | REQ_SYNC, rec, off, CKPT_BLOCK);
-			if (*io)
-				goto io_error;
-		}
-	}
-	*io = ckpt_step_rollback_commit(&c->step, prev);
-	if (*io)
-		goto io_error;
-	DMINFO("%s: rolled back to step %llu", dm_ckpt_name(c), c->sb->committed_step);
-	ret = 0;
-	goto out;
-io_error:
-	DMWARN_LIMIT("%s: rollback failed: %d", dm_ckpt_name(c), *io);
-	ret = -CKPT_E_IO;
-out:
-	kvfree(rec);
-	kvfree(prev);
-	return ret;
-}
-
 static int dmckpt_message(struct dm_target *ti, unsigned int argc, char **argv,
 			  char *result, unsigned int maxlen)
 {
@@ -972,6 +1076,7 @@ static int dmckpt_message(struct dm_target *ti, unsigned int argc, char **argv,
 	opcode = c->step.mem.cmd->opcode;
 	step = c->step.mem.cmd->step;
 	ret = ckpt_step_exec(&c->step, c->step.mem.cmd, &io);
+	__dmckpt_rollback_said(c, ret);
 	if (opcode == CKPT_OP_ROLLBACK)
 		step = c->sb->committed_step;
 	mutex_unlock(&c->cmd_lock);

@@ -17,6 +17,8 @@
 #include <linux/workqueue.h>
 #include <asm/cpufeature.h>
 
+#define DM_MSG_PREFIX "ckpt"
+
 #include "ckpt_config.h"
 #ifdef CKPT_HAVE_LINUX_FPU_H
 #include <linux/fpu.h>
@@ -24,8 +26,9 @@
 #include <asm/fpu/api.h>
 #endif
 
-#include "dm-ckpt.h"
 #include "ckpt_update_builds.h"
+#include "dm-ckpt-io.h"
+#include "dm-ckpt-update.h"
 
 /* Params per kernel_fpu_begin/end section: preemption is off inside. */
 #define CKPT_FPU_SLICE			4096u
@@ -39,9 +42,22 @@ module_param(force_avx2, bool, 0444);
 MODULE_PARM_DESC(force_avx2, "Use the AVX2/F16C update even on an AVX-512 CPU");
 
 
+struct dm_ckpt_job;
+
+struct dm_ckpt_update {
+	struct dm_ckpt_upd_target t;
+	struct workqueue_struct *wq;	/* unbound, queue_depth items at once */
+	struct dm_ckpt_job *jobs;
+	unsigned int queue_depth;
+	spinlock_t job_lock;		/* free_jobs, jobs_busy */
+	struct list_head free_jobs;
+	unsigned int jobs_busy;
+	wait_queue_head_t job_wait;
+};
+
 /* One chunk buffer and the update that uses it. */
 struct dm_ckpt_job {
-	struct dm_ckpt *c;
+	struct dm_ckpt_update *u;
 	struct work_struct work;
 	struct list_head list;
 	struct bio *bio;
@@ -156,9 +172,9 @@ static bool upd_idle(struct dm_ckpt_update *u)
 	return r;
 }
 
-void dm_ckpt_upd_drain(struct dm_ckpt *c)
+void dm_ckpt_upd_drain(struct dm_ckpt_update *u)
 {
-	wait_event(c->upd.job_wait, upd_idle(&c->upd));
+	wait_event(u->job_wait, upd_idle(u));
 }
 
 /*
@@ -167,18 +183,19 @@ void dm_ckpt_upd_drain(struct dm_ckpt *c)
  * committed state with a fresh checksum. Says what is wrong; the update
  * fails with -EILSEQ, as dm-integrity reports a checksum mismatch.
  */
-static void record_damaged(struct dm_ckpt *c, struct dm_ckpt_job *j)
+static void record_damaged(struct dm_ckpt_update *upd, struct dm_ckpt_job *j)
 {
 	const struct ckpt_update_job *u = &j->upd;
+	const char *name = dm_ckpt_md_name(upd->t.md);
 	struct ckpt_rec header;
 
 	if (u->fault == CKPT_REC_HEADER)
-		DMERR_LIMIT("%s: state record of chunk %u slot %u: %s (%s)", dm_ckpt_name(c),
+		DMERR_LIMIT("%s: state record of chunk %u slot %u: %s (%s)", name,
 			    u->chunk, u->src.slot, ckpt_rec_fault_str(u->fault),
 			    ckpt_strerror(ckpt_rec_decode(j->rec, &header)));
 	else
 		DMERR_LIMIT("%s: state record of chunk %u slot %u: %s (holds chunk %u slot %u step %llu seq %llu, want step %llu seq %llu)",
-			    dm_ckpt_name(c), u->chunk, u->src.slot, ckpt_rec_fault_str(u->fault),
+			    name, u->chunk, u->src.slot, ckpt_rec_fault_str(u->fault),
 			    u->got.chunk, u->got.slot, u->got.step, u->got.sequence,
 			    u->src.step, u->src.sequence);
 }
@@ -208,9 +225,9 @@ static void write_done(unsigned long error, void *context)
  * reachable with one region and a write. So notifying here on a non-zero
  * return is never a second notification.
  */
-static int write_state(struct dm_ckpt *c, struct dm_ckpt_job *j)
+static int write_state(struct dm_ckpt_update *u, struct dm_ckpt_job *j)
 {
-	const struct ckpt_layout *l = &c->layout;
+	const struct ckpt_layout *l = u->t.layout;
 	struct dm_io_request req;
 	struct dm_io_region where;
 	int ret;
@@ -219,7 +236,7 @@ static int write_state(struct dm_ckpt *c, struct dm_ckpt_job *j)
 	atomic_set(&j->writes, 2);
 	reinit_completion(&j->done);
 
-	dm_ckpt_md_io_prep(&c->md, &req, &where, REQ_OP_WRITE, j->rec,
+	dm_ckpt_md_io_prep(u->t.md, &req, &where, REQ_OP_WRITE, j->rec,
 			   ckpt_record_offset(l, j->upd.dst.slot, j->upd.chunk), l->record_bytes);
 	req.notify.fn = write_done;
 	req.notify.context = j;
@@ -227,7 +244,7 @@ static int write_state(struct dm_ckpt *c, struct dm_ckpt_job *j)
 	if (ret)
 		write_done(1, j);
 
-	dm_ckpt_md_io_prep(&c->md, &req, &where, REQ_OP_WRITE, j->plo,
+	dm_ckpt_md_io_prep(u->t.md, &req, &where, REQ_OP_WRITE, j->plo,
 			   ckpt_plo_offset(l, j->upd.dst.slot, j->upd.chunk), l->plo_chunk_bytes);
 	req.notify.fn = write_done;
 	req.notify.context = j;
@@ -242,73 +259,74 @@ static int write_state(struct dm_ckpt *c, struct dm_ckpt_job *j)
 static void job_work(struct work_struct *work)
 {
 	struct dm_ckpt_job *j = container_of(work, struct dm_ckpt_job, work);
-	struct dm_ckpt *c = j->c;
-	const struct ckpt_layout *l = &c->layout;
+	struct dm_ckpt_update *u = j->u;
+	const struct ckpt_layout *l = u->t.layout;
 	const u32 chunk = j->upd.chunk;
 	blk_status_t status = BLK_STS_OK;
 	enum ckpt_update_result res;
 	int ret;
 
 	/* dm-io's synchronous path reports -EIO for every failure. */
-	ret = dm_ckpt_md_io(&c->md, REQ_OP_READ, j->rec,
+	ret = dm_ckpt_md_io(u->t.md, REQ_OP_READ, j->rec,
 			    ckpt_record_offset(l, j->upd.src.slot, chunk), l->record_bytes);
 	if (ret) {
-		DMERR_LIMIT("%s: reading the state of chunk %u failed: %d", dm_ckpt_name(c),
-			    chunk, ret);
+		DMERR_LIMIT("%s: reading the state of chunk %u failed: %d",
+			    dm_ckpt_md_name(u->t.md), chunk, ret);
 		goto fail;
 	}
-	res = ckpt_step_update(&c->step, &update_ops, c, &j->upd, j->rec, j->grad, j->plo,
+	res = ckpt_step_update(u->t.step, &update_ops, u, &j->upd, j->rec, j->grad, j->plo,
 			       j->q8_tmp);
 	if (res == CKPT_UPDATE_DAMAGED) {
-		record_damaged(c, j);
+		record_damaged(u, j);
 		ret = -EILSEQ;
 		goto fail;
 	}
 	if (res == CKPT_UPDATE_WRITE) {
-		ret = write_state(c, j);
+		ret = write_state(u, j);
 		if (ret) {
-			DMERR_LIMIT("%s: writing the state of chunk %u failed: %d", dm_ckpt_name(c),
-				    chunk, ret);
+			DMERR_LIMIT("%s: writing the state of chunk %u failed: %d",
+				    dm_ckpt_md_name(u->t.md), chunk, ret);
 			goto fail;
 		}
 	}
-	spin_lock(&c->sm_lock);
-	ckpt_step_update_done(&c->step, &j->upd, res);
-	spin_unlock(&c->sm_lock);
+	spin_lock(u->t.sm_lock);
+	ckpt_step_update_done(u->t.step, &j->upd, res);
+	spin_unlock(u->t.sm_lock);
 	goto out;
 fail:
-	dm_ckpt_error(c, ret);
+	u->t.failed(u->t.ctx, ret);
 	status = BLK_STS_IOERR;
 out:
 	dm_ckpt_bio_put(j->bio, status);
-	put_job(&c->upd, j);
+	put_job(u, j);
 }
 
-void dm_ckpt_upd_dispatch(struct dm_ckpt *c, struct bio *bio, u32 chunk,
+void dm_ckpt_upd_dispatch(struct dm_ckpt_update *u, struct bio *bio, u32 chunk, u8 group,
 			  struct bvec_iter *it, const u8 *stage_grad)
 {
-	struct dm_ckpt_job *j = __get_job(&c->upd);
+	struct dm_ckpt_job *j = __get_job(u);
+	const u64 cb = u->t.layout->plo_chunk_bytes;
 
 	if (it)
-		dm_ckpt_bio_copy_from(bio, it, j->grad, c->layout.plo_chunk_bytes);
+		dm_ckpt_bio_copy_from(bio, it, j->grad, cb);
 	else
-		memcpy(j->grad, stage_grad, c->layout.plo_chunk_bytes);
+		memcpy(j->grad, stage_grad, cb);
 
 	j->bio = bio;
-	spin_lock(&c->sm_lock);
-	ckpt_step_job(&c->step, chunk, c->groups[chunk], c->step.sm.open_step, &j->upd);
-	spin_unlock(&c->sm_lock);
+	spin_lock(u->t.sm_lock);
+	ckpt_step_job(u->t.step, chunk, group, u->t.step->sm.open_step, &j->upd);
+	spin_unlock(u->t.sm_lock);
 	atomic_inc(&dm_ckpt_io_of(bio)->pending);
-	queue_work(c->upd.wq, &j->work);
+	queue_work(u->wq, &j->work);
 }
 
-unsigned int dm_ckpt_upd_busy(struct dm_ckpt *c)
+unsigned int dm_ckpt_upd_busy(struct dm_ckpt_update *u)
 {
 	unsigned int busy;
 
-	spin_lock(&c->upd.job_lock);
-	busy = c->upd.jobs_busy;
-	spin_unlock(&c->upd.job_lock);
+	spin_lock(&u->job_lock);
+	busy = u->jobs_busy;
+	spin_unlock(&u->job_lock);
 	return busy;
 }
 
@@ -318,33 +336,40 @@ u64 dm_ckpt_upd_bytes(const struct ckpt_layout *l, unsigned int queue_depth)
 				   2 * l->plo_chunk_bytes);
 }
 
-int dm_ckpt_upd_create(struct dm_ckpt *c, unsigned int queue_depth, char **error)
+struct dm_ckpt_update *dm_ckpt_upd_create(const struct dm_ckpt_upd_target *t,
+					  unsigned int queue_depth, char **error)
 {
-	struct dm_ckpt_update *u = &c->upd;
-	const struct ckpt_layout *l = &c->layout;
+	const struct ckpt_layout *l = t->layout;
 	const u64 cb = l->plo_chunk_bytes;
+	struct dm_ckpt_update *u;
 	unsigned int i;
 
+	u = kzalloc(sizeof(*u), GFP_KERNEL);
+	if (!u) {
+		*error = "Cannot allocate memory";
+		return ERR_PTR(-ENOMEM);
+	}
+	u->t = *t;
 	spin_lock_init(&u->job_lock);
 	INIT_LIST_HEAD(&u->free_jobs);
 	init_waitqueue_head(&u->job_wait);
 	u->jobs = kvcalloc(queue_depth, sizeof(*u->jobs), GFP_KERNEL);
 	if (!u->jobs) {
 		*error = "Cannot allocate memory";
-		return -ENOMEM;
+		goto bad;
 	}
 	u->queue_depth = queue_depth;
 	for (i = 0; i < queue_depth; i++) {
 		struct dm_ckpt_job *j = &u->jobs[i];
 
-		j->c = c;
+		j->u = u;
 		INIT_WORK(&j->work, job_work);
 		init_completion(&j->done);
 		j->rec = kvmalloc(l->record_bytes, DM_CKPT_GFP_BIG);
 		j->plo = kvmalloc(2 * cb, DM_CKPT_GFP_BIG);
 		if (!j->rec || !j->plo) {
 			*error = "Cannot allocate chunk buffers (reduce queue_depth)";
-			return -ENOMEM;
+			goto bad;
 		}
 		j->grad = j->plo + (cb >> 1);
 		list_add_tail(&j->list, &u->free_jobs);
@@ -352,19 +377,22 @@ int dm_ckpt_upd_create(struct dm_ckpt *c, unsigned int queue_depth, char **error
 	u->wq = alloc_workqueue("dm-ckpt-upd", WQ_MEM_RECLAIM | WQ_UNBOUND, queue_depth);
 	if (!u->wq) {
 		*error = "Cannot allocate workqueues";
-		return -ENOMEM;
+		goto bad;
 	}
-	return 0;
+	return u;
+bad:
+	dm_ckpt_upd_destroy(u);
+	return ERR_PTR(-ENOMEM);
 }
 
-void dm_ckpt_upd_destroy(struct dm_ckpt *c)
+void dm_ckpt_upd_destroy(struct dm_ckpt_update *u)
 {
-	struct dm_ckpt_update *u = &c->upd;
 	unsigned int i;
 
+	if (!u)
+		return;
 	if (u->wq)
 		destroy_workqueue(u->wq);
-	u->wq = NULL;
 	if (u->jobs) {
 		for (i = 0; i < u->queue_depth; i++) {
 			kvfree(u->jobs[i].rec);
@@ -372,5 +400,5 @@ void dm_ckpt_upd_destroy(struct dm_ckpt *c)
 		}
 		kvfree(u->jobs);
 	}
-	u->jobs = NULL;
+	kfree(u);
 }

@@ -7,31 +7,39 @@
  * the seal), write the record and the chunk's p_lo to the other slot, then
  * tell the step state machine (ckpt_step_update_done).
  *
- * Locks: the target's cmd_lock serialises dispatch; job_lock protects the
- * free list and the busy count; the update work items take the target's
- * sm_lock (a spinlock) only around state machine calls.
+ * Locks: the target's command lock serialises dispatch; job_lock protects
+ * the free list and the busy count; the update work items take the core's
+ * sm lock (a spinlock the target gives) only around the core's job calls.
+ * The update knows its target only through struct dm_ckpt_upd_target.
  */
 #ifndef DM_CKPT_UPDATE_H
 #define DM_CKPT_UPDATE_H
 
 #include <linux/bio.h>
-#include <linux/list.h>
+#include <linux/err.h>
 #include <linux/spinlock.h>
-#include <linux/wait.h>
-#include <linux/workqueue.h>
 
-struct dm_ckpt;
-struct dm_ckpt_job;
-struct ckpt_layout;
+#include "ckpt_format.h"
+#include "ckpt_step.h"
+#include "dm-ckpt-metadata.h"
 
-struct dm_ckpt_update {
-	struct workqueue_struct *wq;	/* unbound, queue_depth items at once */
-	struct dm_ckpt_job *jobs;
-	unsigned int queue_depth;
-	spinlock_t job_lock;		/* free_jobs, jobs_busy */
-	struct list_head free_jobs;
-	unsigned int jobs_busy;
-	wait_queue_head_t job_wait;
+struct dm_ckpt_update;		/* the chunk buffers and their workqueue: opaque */
+
+/*
+ * What the update needs of its target, given to dm_ckpt_upd_create and
+ * constant for the update's life: the backing device, the image's layout,
+ * the core's step and its sm lock (taken around the core's job calls), and
+ * where a chunk update that failed on the backing device reports it:
+ * failed(ctx, -errno), in process context with no lock held, once per
+ * failed update.
+ */
+struct dm_ckpt_upd_target {
+	struct dm_ckpt_metadata *md;
+	const struct ckpt_layout *layout;
+	struct ckpt_step *step;
+	spinlock_t *sm_lock;		/* the core's sm lock: step->sm */
+	void (*failed)(void *ctx, int err);
+	void *ctx;
 };
 
 /*
@@ -47,39 +55,39 @@ const char *dm_ckpt_upd_fpu_name(void);
 u64 dm_ckpt_upd_bytes(const struct ckpt_layout *l, unsigned int queue_depth);
 
 /*
- * Allocate queue_depth chunk buffers and the update workqueue for c, whose
- * layout is known. Constructor only: process context, GFP_KERNEL. Returns 0
- * or -errno with *error set to a static message for ti->error; on error the
- * caller still calls dm_ckpt_upd_destroy.
+ * Allocate queue_depth chunk buffers and the update workqueue for target t
+ * (copied). Constructor only: process context, GFP_KERNEL. Returns the
+ * update or an ERR_PTR with *error set to a static message for ti->error.
  */
-int dm_ckpt_upd_create(struct dm_ckpt *c, unsigned int queue_depth, char **error);
+struct dm_ckpt_update *dm_ckpt_upd_create(const struct dm_ckpt_upd_target *t,
+					  unsigned int queue_depth, char **error);
 
-/* Free what dm_ckpt_upd_create allocated; no update may be in flight. */
-void dm_ckpt_upd_destroy(struct dm_ckpt *c);
+/* Free what dm_ckpt_upd_create allocated; no update may be in flight. NULL is ignored. */
+void dm_ckpt_upd_destroy(struct dm_ckpt_update *u);
 
 /*
  * Hand one whole chunk of gradients, which the core has claimed, to an
- * update and take a reference on bio (dropped when the update completes).
- * The gradient comes from bio at *it (advanced) or, when it is NULL, from
- * stage_grad. The update reads the record the current superblock commits
- * and writes the one the open step makes (ckpt_rec_committed/_next).
- * Called with cmd_lock held, in process context (the core's dispatch op);
- * blocks while all queue_depth buffers are busy.
+ * update (group: the chunk's group) and take a reference on bio (dropped when the
+ * update completes). The gradient comes from bio at *it (advanced) or, when
+ * it is NULL, from stage_grad. The update reads the record the current
+ * superblock commits and writes the one the open step makes
+ * (ckpt_rec_committed/_next). Called with the command lock held, in process
+ * context (the core's dispatch op); blocks while all buffers are busy.
  */
-void dm_ckpt_upd_dispatch(struct dm_ckpt *c, struct bio *bio, u32 chunk,
+void dm_ckpt_upd_dispatch(struct dm_ckpt_update *u, struct bio *bio, u32 chunk, u8 group,
 			  struct bvec_iter *it, const u8 *stage_grad);
 
 /*
  * Wait until no chunk update is in flight. Process context; blocks. With
- * cmd_lock held no new update can start meanwhile.
+ * the command lock held no new update can start meanwhile.
  */
-void dm_ckpt_upd_drain(struct dm_ckpt *c);
+void dm_ckpt_upd_drain(struct dm_ckpt_update *u);
 
 /* The core's fpu_begin and fpu_end ops: kernel_fpu_begin/end, then cond_resched. */
 void dm_ckpt_fpu_begin(void *host);
 void dm_ckpt_fpu_end(void *host);
 
 /* Chunk buffers in use now (a snapshot). Any context but hard IRQ. */
-unsigned int dm_ckpt_upd_busy(struct dm_ckpt *c);
+unsigned int dm_ckpt_upd_busy(struct dm_ckpt_update *u);
 
 #endif /* DM_CKPT_UPDATE_H */

@@ -24,7 +24,7 @@ cd "$top"
 # not checked: beyond its kernel includes it is the userspace shim that spells
 # out what the kernel's headers provide.
 out=$(perl "$dir/scripts/checkpatch.pl" --no-tree --strict --show-types --ignore CAMELCASE \
-	-f kmod/dm-ckpt-target.c kmod/dm-ckpt.h kmod/dm-ckpt-metadata.c kmod/dm-ckpt-metadata.h \
+	-f kmod/dm-ckpt-target.c kmod/dm-ckpt-io.h kmod/dm-ckpt-metadata.c kmod/dm-ckpt-metadata.h \
 	kmod/dm-ckpt-update.c kmod/dm-ckpt-update.h \
 	kmod/dm-ckpt-fpu-sse2.c kmod/dm-ckpt-fpu-avx2.c kmod/dm-ckpt-fpu-avx512.c \
 	libckpt/core/ckpt_format.c libckpt/core/ckpt_format.h libckpt/core/ckpt_sm.c \

@@ -291,10 +291,10 @@ int ckpt_sb_commit(const struct ckpt_step_ops *ops, void *host, struct ckpt_sb *
 	ret = ops->write_sb(host, block, ckpt_sb_next_offset(sb));
 	if (ret)
 		return ret;
-	if (ops->read_sb) {
+	if (ops->read) {
 		const u32 crc = ckpt_crc32c(block, CKPT_BLOCK);
 
-		ret = ops->read_sb(host, block, ckpt_sb_next_offset(sb));
+		ret = ops->read(host, block, ckpt_sb_next_offset(sb), CKPT_BLOCK);
 		if (ret)
 			return ret;
 		if (ckpt_crc32c(block, CKPT_BLOCK) != crc)
@@ -379,28 +379,17 @@ static int ckpt_step_begin(struct ckpt_step *cs, const struct ckpt_cmd *cmd)
 	return 0;
 }
 
-/*
- * ROLLBACK: the host's rollback (ckpt_step_ops rollback), which checks by
- * ckpt_step_rollback_check; a refusal is recorded here, as every command's.
- */
-static int ckpt_step_rollback(struct ckpt_step *cs, const struct ckpt_cmd *cmd, int *io_errno)
+/* ROLLBACK (ckpt_step_rollback); a refusal is recorded here, as every command's. */
+static int ckpt_step_exec_rollback(struct ckpt_step *cs, const struct ckpt_cmd *cmd, int *io_errno)
 {
-	int ret = -CKPT_E_OPCODE, io = 0;
+	int ret = ckpt_step_rollback(cs, cmd->step, &cs->rollback, io_errno);
 
-	if (cs->ops->rollback)
-		ret = cs->ops->rollback(cs->host, cmd->step, &io);
-	if (ret == -CKPT_E_IO) {
-		if (io_errno)
-			*io_errno = io;
-		return ret;
-	}
-	if (ret < 0) {
+	if (ret < 0 && ret != -CKPT_E_IO) {
 		cs->ops->lock(cs->host);
 		ckpt_sm_rejected(&cs->sm, ret);
 		cs->ops->unlock(cs->host);
-		return ret;
 	}
-	return 0;
+	return ret;
 }
 
 int ckpt_step_exec(struct ckpt_step *cs, const struct ckpt_cmd *cmd, int *io_errno)
@@ -410,6 +399,7 @@ int ckpt_step_exec(struct ckpt_step *cs, const struct ckpt_cmd *cmd, int *io_err
 	u32 slot = 0;
 	int ret, io;
 
+	cs->rollback.part = CKPT_ROLLBACK_OK;
 	if (cmd->opcode == CKPT_OP_RANGE)
 		return ckpt_step_range(cs, cmd);
 	/* Everything dispatched before the command is on the device first. */
@@ -418,7 +408,7 @@ int ckpt_step_exec(struct ckpt_step *cs, const struct ckpt_cmd *cmd, int *io_err
 	if (cmd->opcode == CKPT_OP_BEGIN)
 		return ckpt_step_begin(cs, cmd);
 	if (cmd->opcode == CKPT_OP_ROLLBACK)
-		return ckpt_step_rollback(cs, cmd, io_errno);
+		return ckpt_step_exec_rollback(cs, cmd, io_errno);
 	/*
 	 * The step's gradient sum, in chunk order, before the lock (the updates
 	 * are drained: the chunks' sums stand); used only if COMMIT ends the step.
@@ -475,8 +465,10 @@ int ckpt_step_exec(struct ckpt_step *cs, const struct ckpt_cmd *cmd, int *io_err
 
 int ckpt_step_command(struct ckpt_step *cs, const void *buf, u32 len)
 {
-	int ret = ckpt_cmd_decode(buf, len, cs->mem.cmd);
+	int ret;
 
+	cs->rollback.part = CKPT_ROLLBACK_OK;
+	ret = ckpt_cmd_decode(buf, len, cs->mem.cmd);
 	if (ret < 0) {
 		cs->ops->lock(cs->host);
 		ckpt_sm_rejected(&cs->sm, ret);

@@ -10,7 +10,7 @@
  *                                          : host writes superblock -> IDLE, committed = t
  *   OPEN --ABORT--> IDLE
  *   any  --I/O error--> FAILED (refuses new steps; committed state untouched)
- *   IDLE --ROLLBACK--> host re-stamps, writes superblock -> IDLE, committed - 1
+ *   IDLE --ROLLBACK--> core re-stamps, writes superblock -> IDLE, committed - 1
  *
  * A superblock write that failed once it was issued (any commit: COMMIT, a
  * load, a ROLLBACK) leaves the device naming either copy as committed, so
@@ -244,25 +244,24 @@ struct ckpt_step_ops {
 	 */
 	void (*failed)(void *host, int io_errno);
 	/*
-	 * Both targets: read the CKPT_BLOCK at off from the device into block (0 or
-	 * -errno). The commit reads its superblock back: a device that
-	 * acknowledged the write but lost it (dm-flakey drop_writes, a lying
-	 * cache) fails the commit, instead of the next step overwriting the
-	 * slot the device still names as committed.
+	 * Both targets: read len bytes at byte offset off of the device into
+	 * buf (0 or -errno). The commit reads its superblock back: a device
+	 * that acknowledged the write but lost it (dm-flakey drop_writes, a
+	 * lying cache) fails the commit, instead of the next step overwriting
+	 * the slot the device still names as committed. A rollback reads the
+	 * older superblock copy and the other slot's records.
 	 */
-	int (*read_sb)(void *host, void *block, u64 off);
+	int (*read)(void *host, void *buf, u64 off, u64 len);
 	/*
-	 * Optional (without it ROLLBACK is an unknown command, E_OPCODE): the
-	 * host's one rollback, the one its other entry points (the kernel's
-	 * rollback message, Engine::rollback) run too: it reads the older
-	 * superblock copy and every record of the other slot, around
-	 * ckpt_step_rollback_check(cs, prev, step), ckpt_step_rollback_rec
-	 * and ckpt_step_rollback_commit. Returns 0, a refusal -CKPT_E_* with
-	 * nothing changed, or -CKPT_E_IO with *io_errno the host's -errno (the
-	 * machine has failed when the superblock write had been issued).
-	 * Called with only the command lock held.
+	 * Optional (without write and alloc ROLLBACK is an unknown command,
+	 * E_OPCODE): write len bytes from buf at off (0 or -errno; durable
+	 * only after ops->flush), and the rollback's memory (a superblock, a
+	 * record with its p_lo): alloc returns NULL when there is none, free
+	 * takes what alloc gave. Called with only the command lock held.
 	 */
-	int (*rollback)(void *host, u64 step, int *io_errno);
+	int (*write)(void *host, const void *buf, u64 off, u64 len);
+	void *(*alloc)(void *host, u64 bytes);
+	void (*free)(void *host, void *p);
 	/*
 	 * Optional: around the core's own float arithmetic (COMMIT's sum of the
 	 * chunks' gradient sums, ckpt_sum_f64): the kernel's kernel_fpu_begin
@@ -313,6 +312,36 @@ struct ckpt_stage_buf {
 	u8 *grad;		/* chunk_bytes */
 };
 
+/* Which part of a rollback refused or failed (struct ckpt_rollback_fault). */
+enum ckpt_rollback_part {
+	CKPT_ROLLBACK_OK = 0,
+	CKPT_ROLLBACK_MACHINE,	/* refused by the machine: FAILED, a step open, another step, step 0 */
+	CKPT_ROLLBACK_OLDER,	/* the older superblock copy: unreadable, invalid, not the previous commit */
+	CKPT_ROLLBACK_RECORD,	/* a record of the other slot: unreadable, overwritten or damaged */
+	CKPT_ROLLBACK_RESTAMP,	/* writing a re-stamped record header */
+	CKPT_ROLLBACK_COMMIT,	/* the commit (ckpt_step_rollback_commit) */
+	CKPT_ROLLBACK_NOMEM,	/* ops->alloc */
+};
+
+/*
+ * What the last ROLLBACK found, for the host's words (cs->rollback, under
+ * the command lock): the part, and for OLDER the copy's index and what its
+ * decode answered (older: 0 when it decoded, then older_sb is it), for
+ * RECORD the chunk, the slot, the check's fault and what the record holds
+ * (got, when its header decodes), for an I/O error io_errno.
+ */
+struct ckpt_rollback_fault {
+	enum ckpt_rollback_part part;
+	u32 older_index;
+	int older;
+	u64 older_step, older_sequence;
+	u32 chunk, slot;
+	enum ckpt_rec_fault rec;
+	bool got_valid;
+	struct ckpt_rec got;
+	int io_errno;
+};
+
 /*
  * What the host allocates for ckpt_step_init (the core never allocates):
  * claimed, applied: ckpt_bitmap_words(n_chunks) words each; stages:
@@ -356,6 +385,11 @@ struct ckpt_step {
 	 */
 	u32 n_bias;
 	struct ckpt_bias bias[CKPT_BIAS_MAX];
+	/*
+	 * What the last command found if it was a ROLLBACK (ckpt_step_rollback;
+	 * part CKPT_ROLLBACK_OK after any other), under the command lock.
+	 */
+	struct ckpt_rollback_fault rollback;
 };
 
 /* Blocks (CKPT_TENSOR_ALIGN params) of an image: the size of mem.modes. */
@@ -390,7 +424,7 @@ int ckpt_step_command(struct ckpt_step *cs, const void *buf, u32 len);
 
 /*
  * Run a decoded command: drain the updates, then BEGIN, ABORT, COMMIT or
- * ROLLBACK (ops->rollback; its refusals are recorded, an I/O error is not:
+ * ROLLBACK (ckpt_step_rollback, its fault in cs->rollback; its refusals are recorded, an I/O error is not:
  * before the superblock write the device does not fail and the old commit
  * stands, after it the device fails as for COMMIT).
  * BEGIN clears the step's bitmaps with the sm lock released (see
@@ -504,7 +538,7 @@ void ckpt_round_params_int(u32 dtype, const u32 *p, u16 *plo, u64 n);
 /*
  * Commit: flush, then the superblock after cs->sb committing step in slot
  * with blob, with FUA at its copy; on success *cs->sb is it. Returns 0 or
- * -errno (of ops->flush, ops->write_sb or ops->read_sb; -EIO if it cannot be
+ * -errno (of ops->flush, ops->write_sb or ops->read; -EIO if it cannot be
  * encoded or does not read back). An error before the superblock write
  * leaves the step machine untouched. One after it is issued leaves the
  * device naming either copy as committed, so the machine fails
@@ -528,8 +562,8 @@ void ckpt_step_restart(struct ckpt_step *cs);
  * the successor of *sb committing step in slot with blob (ckpt_sb_next) is
  * built in spare, ops->flush makes the writes before it durable, then it is
  * encoded into block (CKPT_BLOCK bytes) and written with ops->write_sb at
- * its copy, then read back (ops->read_sb, if any); on success *sb is it.
- * Uses only ops->flush, ops->write_sb and ops->read_sb. Returns 0, the
+ * its copy, then read back (ops->read, if any); on success *sb is it.
+ * Uses only ops->flush, ops->write_sb and ops->read. Returns 0, the
  * -errno of an op, or -EIO when it cannot be built or encoded (nothing
  * written) or does not read back. *issued (if not NULL) says whether the
  * superblock write was issued: after that a failure leaves the device
@@ -662,6 +696,21 @@ int ckpt_step_load_commit(struct ckpt_step *cs, u64 step, const void *blob, u32 
  * (ckpt_step_write_sb): the device may already commit prev's step in the
  * slot the machine would write next.
  */
+/*
+ * The ROLLBACK command (ckpt_step_exec runs it; the hosts' other entry
+ * points, the kernel's rollback message and Engine::rollback, go through
+ * exec too): the previous step committed again, over the host's read,
+ * write, flush and superblock ops, in the three parts above: read the older
+ * superblock copy and check it, read every record of the other slot with
+ * its p_lo and write back each re-stamped header, commit. Returns 0, a
+ * refusal -CKPT_E_* with nothing changed, -CKPT_E_NOMEM, -CKPT_E_OPCODE
+ * (the host has no write or alloc op), or -CKPT_E_IO with *io_errno the
+ * host's -errno (the machine has failed when the superblock write had been
+ * issued). *f says where and why (its part is CKPT_ROLLBACK_OK on success).
+ * Caller holds the command lock; no step open (the check refuses one).
+ */
+int ckpt_step_rollback(struct ckpt_step *cs, u64 step, struct ckpt_rollback_fault *f,
+		       int *io_errno);
 int ckpt_step_rollback_check(struct ckpt_step *cs, const struct ckpt_sb *prev, u64 step);
 int ckpt_step_rollback_rec(const struct ckpt_step *cs, const struct ckpt_sb *prev, u32 chunk,
 			   void *header, const void *data, const void *plo);

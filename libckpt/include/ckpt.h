@@ -1,10 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * libckpt C ABI: format a dm-ckpt backing device, open it through the
- * userspace engine (or a kernel target's device), drive optimizer steps
- * tensor by tensor, read its status and uuid, export it as safetensors, and
- * the operations of ckptctl (info, verify, restore, import) as JSON reports.
- * The tools and the Python package use this header and nothing else.
+ * libckpt C ABI, the training path: open a dm-ckpt device through the
+ * userspace engine (or a kernel target's device), load its initial state,
+ * drive optimizer steps tensor by tensor, read the params, state and status
+ * back, roll back one step, close. Small and stable: a function keeps the
+ * version node of the release that added it (libckpt.map). Formatting,
+ * import, export, verification and ckptctl's reports are ckpt_admin.h. The
+ * tools and the Python package use these two headers and nothing else.
  *
  * Every function returns 0 (or a non-negative value) on success and a negated
  * enum ckpt_err on failure; ckpt_last_error() then describes what is wrong in
@@ -15,8 +17,8 @@
  * parallel. ckpt_close() waits for the call in flight on the device, and
  * every call with the handle after it fails with CKPT_E_STATE ("device is
  * closed"): a device handle is an id, never reused, not memory, so a stale or
- * made-up handle is refused (CKPT_E_INVAL), never dereferenced. A layout
- * builder is used by one thread at a time. ckpt_last_error() is per thread.
+ * made-up handle is refused (CKPT_E_INVAL), never dereferenced.
+ * ckpt_last_error() is per thread.
  */
 #ifndef CKPT_H
 #define CKPT_H
@@ -33,7 +35,8 @@ extern "C" {
 
 /*
  * libckpt.so is built with -fvisibility=hidden and exports exactly the
- * functions declared here (and a version script keeps anything else local).
+ * functions declared here and in ckpt_admin.h (its version script,
+ * libckpt.map, keeps anything else local).
  */
 #if defined(__GNUC__)
 #pragma GCC visibility push(default)
@@ -46,29 +49,7 @@ extern "C" {
  */
 const char *ckpt_version(void);
 
-typedef struct ckpt_layout_builder ckpt_layout_builder;
 typedef struct ckpt_device ckpt_device;
-
-/* Older names, kept so that existing callers compile. */
-enum ckpt_dtype_id { CKPT_FP16 = CKPT_DTYPE_FP16, CKPT_BF16 = CKPT_DTYPE_BF16 };
-enum ckpt_commit_result {
-	CKPT_COMMITTED = CKPT_RESULT_COMMITTED,
-	CKPT_OVERFLOW = CKPT_RESULT_OVERFLOW,
-};
-
-/* The version of libckpt (the project's version, "0.1.0"). */
-const char *ckpt_version(void);
-
-/*
- * Progress of the long operations on the calling thread (ckpt_format_manifest,
- * ckpt_import, ckpt_export_image, ckpt_verify, ckpt_restore): fn(ctx, what,
- * done, total), what naming the phase ("format", "import", "export",
- * "check"), done rising from 0 to total (a phase may start again, e.g. check
- * for the committed and the previous step). fn must not call libckpt. NULL
- * turns it off (the default).
- */
-typedef void (*ckpt_progress_fn)(void *ctx, const char *what, uint64_t done, uint64_t total);
-void ckpt_set_progress(ckpt_progress_fn fn, void *ctx);
 
 /* Message of the last failed call on this thread. */
 const char *ckpt_last_error(void);
@@ -78,86 +59,16 @@ void ckpt_free(void *p);
 
 /*
  * Names of the ckpt_abi.h lists, from the same tables the kernel target
- * prints: never NULL, "unknown" for a value not in the list. These and the
- * ckpt_abi_* functions leave ckpt_last_error() alone.
+ * prints: never NULL, "unknown" for a value not in the list. These (and the
+ * ckpt_abi_* functions of ckpt_admin.h) leave ckpt_last_error() alone.
  */
 const char *ckpt_err_name(int err);		/* "E_TWICE"; err of either sign */
 const char *ckpt_strerror(int err);		/* "gradient written twice in one step" */
 const char *ckpt_state_name(uint32_t state);	/* "idle", "open", "failed" */
 const char *ckpt_result_name(uint32_t result);	/* "committed", "overflow", ... */
 const char *ckpt_dtype_name(uint32_t dtype);	/* "fp16", "bf16" */
-const char *ckpt_dtype_safetensors(uint32_t dtype);	/* "F16", "BF16" */
-/* The code of a dtype name ("bf16"), or -CKPT_E_DTYPE. */
-int ckpt_dtype_parse(const char *name);
 
-/*
- * How many entries a list has: "errors" (CKPT_E_MAX), "dtypes", "states",
- * "results", "status_fields" (the dm status line's), "status" (members of
- * struct ckpt_device_status); 0 for an unknown list. ckpt_dtype_code(i)
- * is the code of the i-th dtype (-CKPT_E_RANGE past the end).
- */
-uint32_t ckpt_abi_count(const char *list);
-int ckpt_dtype_code(uint32_t index);
-/*
- * sizeof the public struct named ("ckpt_info", "ckpt_tensor_info",
- * "ckpt_group_hparams", "ckpt_device_status", "ckpt_traffic"); 0 for an
- * unknown name. A
- * binding that mirrors a struct checks its size against this.
- */
-size_t ckpt_abi_sizeof(const char *name);
-/*
- * The value of a constant of this header by name ("CKPT_EXPORT_LOWP",
- * "CKPT_EXPORT_OPTIMIZER", "CKPT_EXPORT_FORCE", "CKPT_RESTORE_ROLLBACK",
- * "CKPT_MAX_DIMS"), or of the format ("CKPT_BLOCK", the metadata block, 4096;
- * "CKPT_SECTOR", 512); -1 when unknown.
- */
-int64_t ckpt_abi_constant(const char *name);
 
-ckpt_layout_builder *ckpt_layout_new(void);
-void ckpt_layout_free(ckpt_layout_builder *l);
-/*
- * Tensors of different groups never share a chunk. shape has ndim entries,
- * at most CKPT_MAX_DIMS (a larger ndim is refused before shape is read).
- */
-#define CKPT_MAX_DIMS	8
-int ckpt_layout_add(ckpt_layout_builder *l, const char *name, const uint64_t *shape,
-		    uint32_t ndim, uint32_t group);
-
-/*
- * Create (a file) or format (a file or block device) path for layout.
- * size: 0 for exactly what the layout needs; a file is extended to it.
- */
-int ckpt_format(const char *path, const ckpt_layout_builder *l, int dtype,
-		uint32_t chunk_params, uint64_t size);
-
-/* ckpt_format_opts flags */
-#define CKPT_FORMAT_STATE_8BIT	(1u << 0)	/* 8-bit moments (feature Q8) */
-#define CKPT_FORMAT_MASTER_BF16	(1u << 1)	/* bf16 masters (feature BF16M) */
-#define CKPT_FORMAT_KEEP	(1u << 2)	/* refuse to format over an image or signature */
-
-/*
- * ckpt_format with flags: CKPT_FORMAT_STATE_8BIT stores exp_avg and
- * exp_avg_sq as block-wise 8-bit codes with a scale per 256 params (6 B of
- * state per param instead of 12; docs/design.md, "8-bit moments").
- * CKPT_FORMAT_MASTER_BF16 (with CKPT_FORMAT_STATE_8BIT and dtype bf16 only,
- * else E_FEATURE) stores the masters as bf16, rounded stochastically at every
- * step: 4 B of state per param (docs/design.md, "bf16 masters").
- * CKPT_FORMAT_KEEP refuses (CKPT_E_STATE) a path holding a dm-ckpt image or
- * a signature libblkid recognizes, as `ckptctl format` does without --force;
- * without it, what is there is formatted over. A path that does not exist is
- * created without ever replacing a file that appears there meanwhile
- * (CKPT_E_STATE).
- */
-int ckpt_format_opts(const char *path, const ckpt_layout_builder *l, int dtype,
-		     uint32_t chunk_params, uint64_t size, uint32_t flags);
-
-/*
- * Renames the file from to path, which must not exist (a new image prepared
- * under a temporary name, as ckpt.torch.OffloadAdamW prepares one): a file
- * at path, even one another process created meanwhile, is never replaced
- * (CKPT_E_STATE, and from stays). The directory is flushed.
- */
-int ckpt_rename_new(const char *from, const char *path);
 
 int ckpt_open(const char *path, ckpt_device **out);
 /*
@@ -243,34 +154,12 @@ struct ckpt_device_status {
 /* The status of an open device (the engine's, or the kernel target's page). */
 int ckpt_status(ckpt_device *d, struct ckpt_device_status *st);
 
-/*
- * Parses the kernel target's dm status INFO line ("idle 3 0 0/8 0 committed
- * ..."): the fields of CKPT_STATUS_FIELDS separated by blanks, nothing else.
- * Sets the counters and n_chunks (the FRACTION's denominator); the other
- * geometry members are 0. Anything else fails with CKPT_E_INVAL and a
- * message naming the field; *st is then unchanged.
- */
-int ckpt_dm_status_parse(const char *line, struct ckpt_device_status *st);
 
-/* Name of member index of struct ckpt_device_status, NULL past its end. */
-const char *ckpt_status_field(uint32_t index);
-
-/*
- * *json: st as a JSON object (malloc'ed; ckpt_free): the dm status line's
- * fields by name (state and last_result as names), n_chunks, and
- * last_error_name ("-" for none) and first_io_error_name (when not 0).
- */
-int ckpt_status_json(const struct ckpt_device_status *st, char **json);
-
-/*
- * The uuid of a device's image (16 bytes, as the superblock stores it), of
- * the backing file or device at path (read-only; a dm-ckpt device node
- * stands for its backing device), and its text form (37 bytes with the
- * NUL: "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx").
- */
+/* The uuid of a device's image (16 bytes, as the superblock stores it). */
 int ckpt_uuid(ckpt_device *d, uint8_t uuid[16]);
-int ckpt_image_uuid(const char *path, uint8_t uuid[16]);
-void ckpt_uuid_string(const uint8_t uuid[16], char out[37]);
+
+/* Tensors have at most CKPT_MAX_DIMS dimensions. */
+#define CKPT_MAX_DIMS	8
 
 struct ckpt_tensor_info {
 	const char *name;	/* valid until ckpt_close */
@@ -368,7 +257,7 @@ int ckpt_skip(ckpt_device *d, const char *name);
 int ckpt_tensor_step(ckpt_device *d, const char *name, uint64_t *step);
 /* The device's write unit (512, or 4096 on a 4Kn device). */
 int ckpt_block_size(ckpt_device *d);
-/* Returns CKPT_COMMITTED or CKPT_OVERFLOW (step skipped). */
+/* Returns CKPT_RESULT_COMMITTED or CKPT_RESULT_OVERFLOW (step skipped). */
 int ckpt_commit(ckpt_device *d, const void *blob, size_t blob_len);
 /*
  * The sum of the squares of the gradients of the step this handle's last
@@ -430,97 +319,6 @@ int ckpt_read_state(ckpt_device *d, const char *name, float *p, float *m, float 
 /* Copies the committed trainer blob; returns its length (may exceed cap). */
 int ckpt_blob(ckpt_device *d, void *buf, size_t cap);
 
-/* fp32 values to dtype's bit patterns, rounded to nearest even as the update does. */
-int ckpt_to_lowp(uint32_t dtype, const float *in, uint16_t *out, uint64_t n);
-/* crc32c of p[0..len) continuing crc (0 to start), as the format's checksums. */
-uint32_t ckpt_crc32c_update(uint32_t crc, const void *p, size_t len);
-
-/* ckpt_export flags */
-#define CKPT_EXPORT_LOWP	(1u << 0)	/* params in the device dtype (F16/BF16), not fp32 masters */
-#define CKPT_EXPORT_OPTIMIZER	(1u << 1)	/* also NAME.exp_avg, NAME.exp_avg_sq, the trainer blob */
-#define CKPT_EXPORT_FORCE	(1u << 2)	/* out may be a dm-ckpt image: it is replaced */
-
-/*
- * Writes the committed step's tensors to the safetensors file out (written
- * as out.tmp, flushed and renamed: a failed export leaves no half file), in
- * manifest order. out is a new path (never replacing a file that appears
- * there meanwhile) or a regular file, replaced; never a device node, FIFO or
- * directory, nor a file a writer (a trainer) has open (CKPT_E_STATE, even
- * with CKPT_EXPORT_FORCE), nor a dm-ckpt image unless CKPT_EXPORT_FORCE
- * (CKPT_E_STATE). __metadata__: "format" "pt", "step", "ckpt.dtype",
- * "ckpt.uuid", "ckpt.params" "lowp" (CKPT_EXPORT_LOWP), "ckpt.trainer_blob"
- * in hex (CKPT_EXPORT_OPTIMIZER, when there is one), then the members of
- * meta_json (a JSON object of strings, NULL for none), which may replace
- * them. A device with an open step is refused (CKPT_E_STATE).
- */
-int ckpt_export(ckpt_device *d, const char *out, uint32_t flags, const char *meta_json);
-
-/*
- * ---- tool operations: what ckptctl does with an image, as JSON reports.
- *
- * Each sets *json to a malloc'ed JSON object (ckpt_free) and returns 0, or
- * fails as every call does. A dm-ckpt device node (/dev/mapper/NAME) stands
- * for its backing device where an operation only reads; an operation that
- * writes (format, import, verify --repair, restore --rollback) refuses a
- * device in use by a target.
- */
-
-/* 1 and *backing (ckpt_free) when path is a dm-ckpt device node, else 0. */
-int ckpt_backing_of(const char *path, char **backing);
-/* What `ckptctl info --json` prints: geometry, layout, tensors, warnings. */
-int ckpt_image_info(const char *path, char **json);
-/*
- * Formats device from {"manifest": PATH} (a JSON tensor manifest) or
- * {"safetensors": PATH} (its floating-point tensors; "groups":
- * ["G:GLOB,..."], "include"/"exclude": [GLOB]) with "dtype", "chunk_params",
- * "state" ("fp32" | "8bit"), "master" ("fp32" | "bf16"), "size" and "force"
- * overriding (an export's own metadata, or the defaults); the report is
- * ckpt_image_info's plus "summary", lines describing a safetensors file's
- * selection.
- */
-int ckpt_format_manifest(const char *device, const char *opts_json, char **json);
-/*
- * Loads the safetensors file from into device, before its first step:
- * options "with_optimizer" (exp_avg, exp_avg_sq, "step" or the file's
- * __metadata__ step, trainer blob), "partial" (tensors missing on either
- * side are kept or skipped), "step".
- */
-int ckpt_import(const char *device, const char *from, const char *opts_json, char **json);
-/*
- * The validated header of a safetensors checkpoint, as import reads it: a
- * file, a sharded checkpoint's index (.json) or a model folder. {"path": the
- * file or index read, "files": [paths], "tensors": [{"name", "dtype",
- * "shape", "file": index into files, "offset": byte offset in that file,
- * "bytes"}] in file order, "metadata": the __metadata__ of every file}.
- */
-int ckpt_safetensors_header(const char *path, char **json);
-/* ckpt_export of the committed step of a backing image (read-only, records checked). */
-int ckpt_export_image(const char *path, const char *out, uint32_t flags, char **json);
-/*
- * {"report": what `ckptctl verify --json` prints, "extra": {...}}; with
- * CKPT_VERIFY_REPAIR the damaged metadata copies are rewritten first.
- */
-#define CKPT_VERIFY_REPAIR	(1u << 0)
-int ckpt_verify(const char *path, uint32_t flags, char **json);
-/*
- * {"report": what `ckptctl restore --json` prints, "refused": true when
- * CKPT_RESTORE_ROLLBACK found no previous step to go back to, ...}.
- */
-#define CKPT_RESTORE_ROLLBACK	(1u << 0)
-int ckpt_restore(const char *path, uint32_t flags, char **json);
-
-/*
- * The largest layout on bytes of device with chunk_params (0: the default,
- * raised until a chunk's p_lo covers write_unit bytes).
- */
-struct ckpt_fit {
-	uint32_t chunk_params;
-	uint32_t n_chunks;
-	uint64_t n_params;
-	uint64_t backing_bytes;	/* what that layout uses */
-	uint64_t record_bytes;	/* per chunk */
-};
-int ckpt_fit(uint64_t bytes, uint32_t chunk_params, uint64_t write_unit, struct ckpt_fit *fit);
 
 #if defined(__GNUC__)
 #pragma GCC visibility pop

@@ -15,7 +15,7 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
-#include "ckpt_error.hpp"
+#include "error.hpp"
 #include "image.hpp"
 
 namespace ckpt {

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 // The C ABI: exceptions stop here and become a code plus a thread-local message.
-#include "ckpt.h"
+#include "ckpt_admin.h"
 
 #include <cerrno>
 #include <climits>
@@ -19,7 +19,7 @@
 
 #include "block_target.hpp"
 #include "device.hpp"
-#include "ckpt_error.hpp"
+#include "error.hpp"
 #include "export.hpp"
 #include "format.hpp"
 #include "image.hpp"

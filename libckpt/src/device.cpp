@@ -6,7 +6,7 @@
 #include <cstring>
 
 #include "block_target.hpp"
-#include "ckpt_error.hpp"
+#include "error.hpp"
 #include "verify.hpp"
 
 extern "C" {

@@ -10,7 +10,7 @@
 
 #include <cfenv>
 
-#include "ckpt_error.hpp"
+#include "error.hpp"
 #include "verify.hpp"
 
 extern "C" {
@@ -344,11 +344,19 @@ struct EngineOps {
 		Engine &e = of(host);
 		return e.img_.file.commit_write_sb(block, off, e.io_message_);
 	}
-	static int read_sb(void *host, void *block, uint64_t off)
+	static int read(void *host, void *buf, uint64_t off, uint64_t len)
 	{
 		Engine &e = of(host);
-		return e.img_.file.commit_read_sb(block, off, e.io_message_);
+		return e.img_.file.commit_read(buf, off, len, e.io_message_);
 	}
+	static int write(void *host, const void *buf, uint64_t off, uint64_t len)
+	{
+		Engine &e = of(host);
+		return e.img_.file.commit_write(buf, off, len, e.io_message_);
+	}
+	// page aligned: the backing file may be open with O_DIRECT
+	static void *alloc(void *, uint64_t bytes) { return std::aligned_alloc(4096, (bytes + 4095) & ~uint64_t{4095}); }
+	static void free(void *, void *p) { std::free(p); }
 	static void copy(void *, void *src, void *dst, uint64_t n)
 	{
 		auto *s = static_cast<Src *>(src);
@@ -367,24 +375,6 @@ struct EngineOps {
 		return 0;
 	}
 	static void drain(void *host) { of(host).drain(); }
-	// The engine's one rollback, for the ROLLBACK command and Engine::rollback
-	// alike; its words kept for the throw that follows.
-	static int rollback(void *host, uint64_t step, int *io_errno)
-	{
-		Engine &e = of(host);
-		try {
-			e.rollback_locked(step);
-			return 0;
-		} catch (const Error &x) {
-			e.command_message_ = x.what();
-			if (x.code() == CKPT_E_IO)
-				*io_errno = -EIO;
-			return -x.code();
-		} catch (const std::bad_alloc &) {
-			e.command_message_ = "rollback: out of memory";
-			return -CKPT_E_NOMEM;
-		}
-	}
 };
 
 const struct ckpt_step_ops Engine::ops_ = {
@@ -398,8 +388,10 @@ const struct ckpt_step_ops Engine::ops_ = {
 	.dispatched = nullptr,	// dispatch copied the gradients: nothing to wait for
 	.quiesce = nullptr,	// reads hold call_mu_: none is in flight during a command
 	.failed = nullptr,	// control_write throws the io message instead
-	.read_sb = EngineOps::read_sb,
-	.rollback = EngineOps::rollback,
+	.read = EngineOps::read,
+	.write = EngineOps::write,
+	.alloc = EngineOps::alloc,
+	.free = EngineOps::free,
 	.fpu_begin = nullptr,	// userspace: the FPU is always usable
 	.fpu_end = nullptr,
 };
@@ -409,7 +401,6 @@ const struct ckpt_step_ops Engine::ops_ = {
 void Engine::control_write(const void *buf, uint64_t len)
 {
 	io_message_.clear();
-	command_message_.clear();
 	command_done(ckpt_step_command(&step_, buf, static_cast<uint32_t>(len)));
 }
 
@@ -417,8 +408,8 @@ void Engine::control_write(const void *buf, uint64_t len)
 void Engine::command_done(int ret)
 {
 	report_error();		// an update failed: the cause, before what the command says
-	if (ret < 0 && !command_message_.empty())
-		throw Error(-ret, command_message_);
+	if (ret < 0 && step_.rollback.part != CKPT_ROLLBACK_OK)
+		throw Error(-ret, rollback_refusal(-ret));
 	if (ret == -CKPT_E_IO)
 		throw Error(CKPT_E_IO, io_message_.empty() ? "committing the step failed" : io_message_);
 	check_core(ret, "command rejected");
@@ -755,61 +746,62 @@ uint64_t Engine::rollback(uint64_t step)
 	cmd_->opcode = CKPT_OP_ROLLBACK;
 	cmd_->step = step;
 	io_message_.clear();
-	command_message_.clear();
 	command_done(ckpt_step_exec(&step_, cmd_.get(), nullptr));
 	return img_.sb.committed_step;
 }
 
-void Engine::rollback_locked(uint64_t step)
+// Why the core's rollback (ckpt_step_rollback) refused or failed with code,
+// in words: what it found where (step_.rollback).
+std::string Engine::rollback_refusal(int code) const
 {
+	const struct ckpt_rollback_fault &f = step_.rollback;
 	const struct ckpt_sb &sb = img_.sb;
-	const auto copies = inspect_superblocks(img_.file);
-	const SuperblockCopy &older = copies[(sb.sequence + 1) & 1];
-	switch (const int ret = ckpt_step_rollback_check(&step_, older.valid ? &older.sb : nullptr, step); -ret) {
-	case 0:
-		break;
-	case CKPT_E_FAILED:
-		fail(-ret, "rollback: the device failed earlier; no changes accepted");
-	case CKPT_E_STATE:
-		fail(-ret, "rollback: step {} is open; commit or abort it first", step_.sm.open_step);
-	case CKPT_E_STEP:
-		fail(-ret, "rollback from step {}: the committed step is {}", step, sb.committed_step);
-	case CKPT_E_ROLLBACK:
-		if (!sb.committed_step)
-			fail(-ret, "rollback: the committed step is 0: there is no previous step");
-		if (!older.valid)
-			fail(-ret, "rollback: the older superblock copy ({}) is {}: step {} is not readable",
-			     older.index, older.blank ? "blank" : "invalid", sb.committed_step - 1);
-		fail(-ret, "rollback: the older superblock copy commits step {} (sequence {}), not step {} "
-			   "(sequence {}): a rollback goes back one step, once",
-		     older.sb.committed_step, older.sb.sequence, sb.committed_step - 1, sb.sequence - 1);
-	default:
-		fail(-ret, "rollback refused: {}", ckpt_strerror(-ret));
-	}
-	const struct ckpt_sb prev = older.sb;
-	const struct ckpt_layout &l = sb.layout;
-	Buffer rec(l.record_bytes), plo(l.plo_chunk_bytes);
-	for (uint32_t c = 0; c < sb.geo.n_chunks; c++) {
-		const uint64_t off = ckpt_record_offset(&l, prev.committed_slot, c);
-		img_.file.pread_all(rec.as(), l.record_bytes, off);
-		img_.file.pread_all(plo.as(), l.plo_chunk_bytes, ckpt_plo_offset(&l, prev.committed_slot, c));
-		const int ret = ckpt_step_rollback_rec(&step_, &prev, c, rec.as(), rec.as() + CKPT_BLOCK, plo.as());
-		if (ret < 0) {
-			struct ckpt_rec r;
-			if (!ckpt_rec_decode(rec.as(), &r) && r.step > sb.committed_step)
-				fail(CKPT_E_ROLLBACK, "rollback: chunk {} of slot {} was overwritten by step {} (a "
-						      "step began after step {} committed): step {} is gone",
-				     c, prev.committed_slot, r.step, sb.committed_step, prev.committed_step);
-			fail(CKPT_E_ROLLBACK, "rollback: chunk {} of slot {} does not hold step {} intact (a "
-					      "damaged record)",
-			     c, prev.committed_slot, prev.committed_step);
+	const uint64_t prev = sb.committed_step - 1;
+	const auto io = [&](std::string_view what) {
+		return fmt::format("rollback: {}: {}", what,
+				   io_message_.empty() ? std::string(strerror(-f.io_errno)) : io_message_);
+	};
+	switch (f.part) {
+	case CKPT_ROLLBACK_MACHINE:
+		switch (code) {
+		case CKPT_E_FAILED:
+			return "rollback: the device failed earlier; no changes accepted";
+		case CKPT_E_STATE:
+			return fmt::format("rollback: step {} is open; commit or abort it first", step_.sm.open_step);
+		case CKPT_E_STEP:
+			return fmt::format("rollback from step {}: the committed step is {}", step_.mem.cmd->step,
+					   sb.committed_step);
+		default:
+			return "rollback: the committed step is 0: there is no previous step";
 		}
-		if (ret)
-			img_.file.pwrite_all(rec.as(), CKPT_BLOCK, off);
+	case CKPT_ROLLBACK_OLDER:
+		if (code == CKPT_E_IO)
+			return io(fmt::format("reading the older superblock copy ({})", f.older_index));
+		if (f.older)
+			return fmt::format("rollback: the older superblock copy ({}) is not valid ({}): step {} is "
+					   "not readable",
+					   f.older_index, ckpt_strerror(-f.older), prev);
+		return fmt::format("rollback: the older superblock copy commits step {} (sequence {}), not step {} "
+				   "(sequence {}): a rollback goes back one step, once",
+				   f.older_step, f.older_sequence, prev, sb.sequence - 1);
+	case CKPT_ROLLBACK_RECORD:
+		if (code == CKPT_E_IO)
+			return io(fmt::format("reading chunk {} of slot {}", f.chunk, f.slot));
+		if (f.got_valid && f.got.step > sb.committed_step)
+			return fmt::format("rollback: chunk {} of slot {} was overwritten by step {} (a step began "
+					   "after step {} committed): step {} is gone",
+					   f.chunk, f.slot, f.got.step, sb.committed_step, prev);
+		return fmt::format("rollback: chunk {} of slot {} does not hold step {} intact ({})", f.chunk,
+				   f.slot, prev, ckpt_rec_fault_str(f.rec));
+	case CKPT_ROLLBACK_RESTAMP:
+		return io(fmt::format("re-stamping chunk {} of slot {}", f.chunk, f.slot));
+	case CKPT_ROLLBACK_COMMIT:
+		return io("commit");
+	case CKPT_ROLLBACK_NOMEM:
+		return "rollback: out of memory";
+	default:
+		return fmt::format("rollback refused: {}", ckpt_strerror(code));
 	}
-	io_message_.clear();
-	if (ckpt_step_rollback_commit(&step_, &prev) < 0)
-		throw Error(CKPT_E_IO, io_message_.empty() ? "rollback: commit failed" : io_message_);
 }
 
 } // namespace ckpt

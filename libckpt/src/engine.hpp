@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "ckpt_error.hpp"
+#include "error.hpp"
 #include "image.hpp"
 
 extern "C" {
@@ -107,7 +107,7 @@ public:
 	// Makes the previous step the committed one again: the ROLLBACK command
 	// (step: the committed step it goes back from, 0 whichever), which a
 	// client may also write to the control block. The core's rule
-	// (ckpt_step_rollback_*): only with no step open, once (never two steps
+	// (ckpt_step_rollback): only with no step open, once (never two steps
 	// back), and only while the other slot still holds that step intact.
 	// Returns the step now committed.
 	uint64_t rollback(uint64_t step = 0);
@@ -136,7 +136,7 @@ private:
 
 	void control_write(const void *buf, uint64_t len);
 	void command_done(int ret);
-	void rollback_locked(uint64_t step);	// ckpt_step_ops rollback; caller holds call_mu_
+	std::string rollback_refusal(int code) const;
 	void grad_write(uint64_t off, const uint8_t *buf, uint64_t len);
 	static const struct ckpt_step_ops ops_;
 	static const struct ckpt_update_ops update_ops_;
@@ -167,7 +167,6 @@ private:
 	uint64_t param_bytes_ = 0;
 	uint64_t load_step_ = 0;		// the step load_state commits
 	std::string io_message_;		// why the last flush or superblock write failed
-	std::string command_message_;		// why the last rollback failed
 
 	std::mutex call_mu_;			// one virtual-device call at a time
 	// The queue of dispatched chunks and step_.sm from workers. A gradient

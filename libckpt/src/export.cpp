@@ -9,9 +9,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "ckpt.h"
+#include "ckpt_admin.h"
 #include "device.hpp"
-#include "ckpt_error.hpp"
+#include "error.hpp"
 #include "image.hpp"
 #include "interchange.hpp"
 #include "progress.hpp"

@@ -14,7 +14,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
-#include "ckpt_error.hpp"
+#include "error.hpp"
 #include "io.hpp"
 
 extern "C" {

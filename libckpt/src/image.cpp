@@ -5,7 +5,7 @@
 #include <cstring>
 #include <optional>
 
-#include "ckpt_error.hpp"
+#include "error.hpp"
 
 extern "C" {
 #include "ckpt_update.h"

@@ -9,7 +9,7 @@
 
 #include <fmt/format.h>
 
-#include "ckpt_error.hpp"
+#include "error.hpp"
 
 extern "C" {
 #include "ckpt_step.h"

@@ -23,7 +23,7 @@
 
 #include <fmt/format.h>
 
-#include "ckpt_error.hpp"
+#include "error.hpp"
 #include "ckpt_format.h"
 
 namespace ckpt {
@@ -465,10 +465,21 @@ int BackingFile::commit_write_sb(const void *block, uint64_t off, std::string &m
 	return 0;
 }
 
-int BackingFile::commit_read_sb(void *block, uint64_t off, std::string &message) const noexcept
+int BackingFile::commit_read(void *buf, uint64_t off, uint64_t len, std::string &message) const noexcept
 {
 	try {
-		pread_all(block, CKPT_BLOCK, off);
+		pread_all(buf, len, off);
+	} catch (const std::exception &e) {
+		message = e.what();
+		return -EIO;
+	}
+	return 0;
+}
+
+int BackingFile::commit_write(const void *buf, uint64_t off, uint64_t len, std::string &message) const noexcept
+{
+	try {
+		pwrite_all(buf, len, off);
 	} catch (const std::exception &e) {
 		message = e.what();
 		return -EIO;

@@ -173,10 +173,12 @@ struct BackingFile {
 	// follows.
 	int commit_flush(std::string &message) const noexcept;
 	int commit_write_sb(const void *block, uint64_t off, std::string &message) const noexcept;
-	// The commit's read-back of its superblock (the core compares it): 0 or
-	// -EIO with message set. Through O_DIRECT it reads the device, else the
-	// page cache, where it can only confirm the write.
-	int commit_read_sb(void *block, uint64_t off, std::string &message) const noexcept;
+	// The core's reads and plain writes (ckpt_step_ops read and write: the
+	// commit's read-back of its superblock, which through O_DIRECT reads the
+	// device, else the page cache, where it can only confirm the write; a
+	// rollback's records): 0 or -EIO with message set.
+	int commit_read(void *buf, uint64_t off, uint64_t len, std::string &message) const noexcept;
+	int commit_write(const void *buf, uint64_t off, uint64_t len, std::string &message) const noexcept;
 
 private:
 	IoObserver::Fault fault(IoObserver::Op op, uint64_t off, size_t len) const;

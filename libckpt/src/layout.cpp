@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckpt.h"
-#include "ckpt_error.hpp"
+#include "error.hpp"
 
 namespace ckpt {
 

@@ -12,7 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ckpt_error.hpp"
+#include "error.hpp"
 #include "io.hpp"
 
 extern "C" {

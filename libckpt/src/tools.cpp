@@ -20,9 +20,9 @@
 #include <nlohmann/json.hpp>
 
 #include "block_target.hpp"
-#include "ckpt.h"
+#include "ckpt_admin.h"
 #include "device.hpp"
-#include "ckpt_error.hpp"
+#include "error.hpp"
 #include "export.hpp"
 #include "format.hpp"
 #include "image.hpp"

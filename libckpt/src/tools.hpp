@@ -8,7 +8,7 @@
 #include <optional>
 #include <string>
 
-#include "ckpt.h"
+#include "ckpt_admin.h"
 
 namespace ckpt {
 

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <functional>
 
-#include "ckpt_error.hpp"
+#include "error.hpp"
 
 extern "C" {
 #include "ckpt_step.h"
@@ -294,12 +294,14 @@ void rollback(Image &img, const RollbackCheck &rb)
 		.dispatched = nullptr,
 		.quiesce = nullptr,
 		.failed = nullptr,
-		.read_sb =
-			[](void *h, void *block, uint64_t off) {
+		.read =
+			[](void *h, void *buf, uint64_t off, uint64_t len) {
 				auto &o = *static_cast<Host *>(h);
-				return o.img.file.commit_read_sb(block, off, o.message);
+				return o.img.file.commit_read(buf, off, len, o.message);
 			},
-		.rollback = nullptr,	// this is the offline rollback itself
+		.write = nullptr,	// this is the offline rollback itself
+		.alloc = nullptr,
+		.free = nullptr,
 		.fpu_begin = nullptr,
 		.fpu_end = nullptr,
 	};

@@ -19,7 +19,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "ckpt.h"
+#include "ckpt_admin.h"
 #include "crash_model.hpp"
 #include "device.hpp"
 #include "format.hpp"

@@ -11,7 +11,7 @@
 #include <string>
 #include <string_view>
 
-#include "ckpt_error.hpp"
+#include "error.hpp"
 #include "fuzz_util.hpp"
 #include "layout.hpp"
 

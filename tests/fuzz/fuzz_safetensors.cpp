@@ -10,7 +10,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "ckpt_error.hpp"
+#include "error.hpp"
 #include "fuzz_util.hpp"
 #include "interchange.hpp"
 #include "safetensors.hpp"

@@ -37,7 +37,7 @@ ok "libckpt.so.$version installed" test -f "$libdir/libckpt.so.$version"
 ok "libckpt.so.0 -> libckpt.so.$version" test "$(readlink "$libdir/libckpt.so.0")" = "libckpt.so.$version"
 ok "libckpt.so -> libckpt.so.0" test "$(readlink "$libdir/libckpt.so")" = "libckpt.so.0"
 ok "its SONAME is libckpt.so.0" sh -c 'readelf -d "$1" | grep -q "(SONAME).*\[libckpt.so.0\]"' sh "$libdir/libckpt.so.$version"
-for f in include/ckpt.h include/ckpt_abi.h include/ckpt_error.hpp sbin/ckptctl bin/ckpt-trace \
+for f in include/ckpt.h include/ckpt_admin.h include/ckpt_abi.h sbin/ckptctl bin/ckpt-trace \
 	share/man/man8/ckptctl.8 share/man/man4/dm-ckpt.4 share/bash-completion/completions/ckptctl; do
 	ok "$f installed" test -f "$root/$f"
 done
@@ -50,11 +50,13 @@ ok "ckpt.pc installed in $libdir/pkgconfig" test -f "$libdir/pkgconfig/ckpt.pc"
 ok "the Python package installed ($pydir)" test -f "$pydir/ckpt/__init__.py" -a -f "$pydir/ckpt/torch/__init__.py"
 ok "nothing installed outside the prefix" sh -c '[ -z "$(find "$1" -mindepth 1 -maxdepth 2 ! -path "$1/usr" ! -path "$1/usr/local")" ]' sh "$stage"
 
-# --- exports: exactly the functions ckpt.h declares ---
-sed -n 's/^[a-z].*[ *]\(ckpt_[a-z0-9_]*\)(.*/\1/p' "$top/libckpt/include/ckpt.h" | sort -u >"$scratch/declared"
-nm -D --defined-only "$libdir/libckpt.so.$version" | awk '$2 != "A" { sub(/@.*/, "", $3); print $3 }' |
-	sort -u >"$scratch/exported"
-ok "ckpt.h declares the C ABI ($(wc -l <"$scratch/declared") functions)" test "$(wc -l <"$scratch/declared")" -gt 50
+# --- exports: exactly the functions ckpt.h and ckpt_admin.h declare, each versioned ---
+sed -n 's/^[a-z].*[ *]\(ckpt_[a-z0-9_]*\)(.*/\1/p' "$top/libckpt/include/ckpt.h" "$top/libckpt/include/ckpt_admin.h" |
+	sort -u >"$scratch/declared"
+nm -D --defined-only --with-symbol-versions "$libdir/libckpt.so.$version" | awk '$2 != "A"' >"$scratch/nm"
+awk '{ sub(/@.*/, "", $3); print $3 }' "$scratch/nm" | sort -u >"$scratch/exported"
+ok "ckpt.h and ckpt_admin.h declare the C ABI ($(wc -l <"$scratch/declared") functions)" test "$(wc -l <"$scratch/declared")" -gt 50
+ok "every export has a release's version node (CKPT_MAJOR.MINOR)" sh -c '! grep -v "@@CKPT_[0-9]*\.[0-9]*$" "$1"' sh "$scratch/nm"
 if cmp -s "$scratch/declared" "$scratch/exported"; then ok "libckpt.so exports exactly them" true
 else ok "libckpt.so exports exactly them" false; diff "$scratch/declared" "$scratch/exported" | sed 's/^/# /'; fi
 
@@ -64,7 +66,7 @@ ok "ckpt.pc's Version is $version" sh -c 'PKG_CONFIG_PATH="$1" pkg-config --modv
 
 # --- a C program against the staged files, through pkg-config ---
 cat >"$scratch/prog.c" <<'C'
-#include <ckpt.h>
+#include <ckpt_admin.h>	/* formats the image, then the training path of ckpt.h */
 #include <stdio.h>
 #include <string.h>
 int main(int argc, char **argv)

@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "ckpt.h"
+#include "ckpt_admin.h"
 #include "ckpt_format.h"
 #include "status_test_util.hpp"
 
@@ -40,7 +40,7 @@ protected:
 		ASSERT_NE(l, nullptr);
 		ASSERT_EQ(ckpt_layout_add(l, "w", &n_w, 1, 0), 0) << ckpt_last_error();
 		ASSERT_EQ(ckpt_layout_add(l, "b", &n_b, 1, 0), 0) << ckpt_last_error();
-		ASSERT_EQ(ckpt_format(path_.c_str(), l, CKPT_BF16, 4096, 0), 0) << ckpt_last_error();
+		ASSERT_EQ(ckpt_format(path_.c_str(), l, CKPT_DTYPE_BF16, 4096, 0), 0) << ckpt_last_error();
 		ckpt_layout_free(l);
 	}
 	void TearDown() override { fs::remove_all(dir_); }
@@ -219,7 +219,7 @@ TEST_F(CapiTest, TwoThreadsOnOneHandle)
 				r = ckpt_write_grad(d, "b", gb.data(), n_b);
 			if (r == 0)
 				r = ckpt_commit(d, "x", 1);
-			if (r == CKPT_COMMITTED)
+			if (r == CKPT_RESULT_COMMITTED)
 				committed++;
 			else
 				bad++;
@@ -259,8 +259,8 @@ TEST(CapiNames, ListsAndNames)
 	EXPECT_EQ(ckpt_abi_count("states"), 3u);
 	EXPECT_STREQ(ckpt_state_name(CKPT_STATE_OPEN), "open");
 	EXPECT_STREQ(ckpt_state_name(99), "unknown");
-	EXPECT_STREQ(ckpt_result_name(CKPT_COMMITTED), "committed");
-	EXPECT_STREQ(ckpt_result_name(CKPT_OVERFLOW), "overflow");
+	EXPECT_STREQ(ckpt_result_name(CKPT_RESULT_COMMITTED), "committed");
+	EXPECT_STREQ(ckpt_result_name(CKPT_RESULT_OVERFLOW), "overflow");
 	ASSERT_EQ(ckpt_abi_count("dtypes"), 2u);
 	for (uint32_t i = 0; i < ckpt_abi_count("dtypes"); i++) {
 		const int code = ckpt_dtype_code(i);
@@ -268,10 +268,10 @@ TEST(CapiNames, ListsAndNames)
 		EXPECT_EQ(ckpt_dtype_parse(ckpt_dtype_name(code)), code);
 	}
 	EXPECT_EQ(ckpt_dtype_code(2), -CKPT_E_RANGE);
-	EXPECT_EQ(ckpt_dtype_parse("bf16"), CKPT_BF16);
-	EXPECT_EQ(ckpt_dtype_parse("fp16"), CKPT_FP16);
+	EXPECT_EQ(ckpt_dtype_parse("bf16"), CKPT_DTYPE_BF16);
+	EXPECT_EQ(ckpt_dtype_parse("fp16"), CKPT_DTYPE_FP16);
 	EXPECT_EQ(ckpt_dtype_parse("fp32"), -CKPT_E_DTYPE);
-	EXPECT_STREQ(ckpt_dtype_safetensors(CKPT_BF16), "BF16");
+	EXPECT_STREQ(ckpt_dtype_safetensors(CKPT_DTYPE_BF16), "BF16");
 	EXPECT_EQ(ckpt_abi_count("nonsense"), 0u);
 	EXPECT_EQ(ckpt_abi_count(nullptr), 0u);
 	EXPECT_EQ(ckpt_abi_sizeof("ckpt_device_status"), sizeof(struct ckpt_device_status));
@@ -403,7 +403,7 @@ TEST_F(CapiTest, UuidOfDeviceAndImage)
 	const std::string other = (dir_ / "other.img").string();
 	ckpt_layout_builder *l = ckpt_layout_new();
 	ASSERT_EQ(ckpt_layout_add(l, "w", &n_b, 1, 0), 0);
-	ASSERT_EQ(ckpt_format(other.c_str(), l, CKPT_FP16, 2048, 0), 0) << ckpt_last_error();
+	ASSERT_EQ(ckpt_format(other.c_str(), l, CKPT_DTYPE_FP16, 2048, 0), 0) << ckpt_last_error();
 	ckpt_layout_free(l);
 	ASSERT_EQ(ckpt_image_uuid(other.c_str(), b), 0) << ckpt_last_error();
 	EXPECT_NE(std::memcmp(a, b, 16), 0);
@@ -426,7 +426,7 @@ TEST_F(CapiTest, StatusOfADevice)
 	EXPECT_EQ(st.chunk_params, 4096u);
 	EXPECT_EQ(st.n_chunks, 65u);	// 64 of w, 1 of b
 	EXPECT_EQ(st.n_params, 65u * 4096);
-	EXPECT_EQ(st.dtype, static_cast<uint64_t>(CKPT_BF16));
+	EXPECT_EQ(st.dtype, static_cast<uint64_t>(CKPT_DTYPE_BF16));
 	EXPECT_EQ(st.n_groups, 1u);
 	ASSERT_EQ(ckpt_begin(d, &hp, 1, 1.0), 0) << ckpt_last_error();
 	ASSERT_EQ(ckpt_status(d, &st), 0);
@@ -584,10 +584,10 @@ TEST(CapiConvert, LowpAndCrc)
 {
 	const float in[3] = {1.0f, -2.0f, 65504.0f};
 	uint16_t out[3];
-	ASSERT_EQ(ckpt_to_lowp(CKPT_BF16, in, out, 3), 0);
+	ASSERT_EQ(ckpt_to_lowp(CKPT_DTYPE_BF16, in, out, 3), 0);
 	EXPECT_EQ(out[0], 0x3f80);
 	EXPECT_EQ(out[1], 0xc000);
-	ASSERT_EQ(ckpt_to_lowp(CKPT_FP16, in, out, 3), 0);
+	ASSERT_EQ(ckpt_to_lowp(CKPT_DTYPE_FP16, in, out, 3), 0);
 	EXPECT_EQ(out[0], 0x3c00);
 	EXPECT_EQ(out[2], 0x7bff);
 	EXPECT_EQ(ckpt_to_lowp(7, in, out, 3), -CKPT_E_DTYPE);

@@ -11,6 +11,8 @@
 #include <cstring>
 #include <functional>
 #include <iterator>
+#include <map>
+#include <cstdlib>
 #include <utility>
 #include <memory>
 #include <string>
@@ -555,11 +557,15 @@ struct FakeHost {
 	size_t watch_words = 0;
 	uint64_t watch_bits = 0;
 	bool cleared_under_lock = false;
-	// rollback_ops: the host's rollback over prev, or an I/O error
-	ckpt_step *cs = nullptr;
-	const ckpt_sb *prev = nullptr;
+	// rollback_ops: the disk's records (offset -> bytes, zeros elsewhere),
+	// the older superblock copy blank, reads failing, no memory; memory
+	// still out
+	std::map<uint64_t, std::vector<uint8_t>> disk;
+	size_t record_writes = 0;
+	bool blank_older = false;
 	int rollback_io = 0;
-	std::vector<uint64_t> rollbacks;	// the step of each call
+	bool no_memory = false;
+	int allocated = 0;
 	int fpu = 0, fpu_calls = 0;		// fpu_begin nesting, and how many
 	bool fpu_under_lock = false;
 
@@ -634,16 +640,18 @@ const ckpt_step_ops fake_ops = {
 	.dispatched = [](void *h, void *) { host_of(h).check_unlocked(); host_of(h).batches++; return 0; },
 	.quiesce = [](void *h, uint32_t slot) { host_of(h).check_unlocked(); host_of(h).quiesced.push_back(slot); },
 	.failed = [](void *h, int err) { host_of(h).check_unlocked(); host_of(h).failed.push_back(err); },
-	.read_sb =
-		[](void *h, void *block, uint64_t off) {
+	.read =
+		[](void *h, void *block, uint64_t off, uint64_t len) {
 			FakeHost &f = host_of(h);
 			f.check_unlocked();
-			std::memset(block, 0, CKPT_BLOCK);
+			std::memset(block, 0, len);
 			if (!f.lose_sb && !f.sb_writes.empty() && f.sb_writes.back().first == off)
 				std::memcpy(block, f.sb_writes.back().second.data(), CKPT_BLOCK);
 			return 0;
 		},
-	.rollback = nullptr,	// rollback_ops() has one
+	.write = nullptr,	// rollback_ops() has write, alloc and free
+	.alloc = nullptr,
+	.free = nullptr,
 	.fpu_begin =
 		[](void *h) {
 			FakeHost &f = host_of(h);
@@ -654,25 +662,49 @@ const ckpt_step_ops fake_ops = {
 	.fpu_end = [](void *h) { host_of(h).fpu--; },
 };
 
-// fake_ops with a host rollback: the core's check and commit around prev
-// (the records are the host's business, and tested above).
+// fake_ops with what a rollback needs: a disk whose superblock copies are
+// the last ones written there, and whose other blocks are host.disk's.
 ckpt_step_ops rollback_ops()
 {
 	ckpt_step_ops ops = fake_ops;
-	ops.rollback = [](void *h, uint64_t step, int *io) {
+	ops.read = [](void *h, void *buf, uint64_t off, uint64_t len) {
 		FakeHost &f = host_of(h);
 		f.check_unlocked();
-		f.rollbacks.push_back(step);
-		if (f.rollback_io) {
-			*io = f.rollback_io;
-			return -CKPT_E_IO;
+		if (f.rollback_io)
+			return f.rollback_io;
+		auto *b = static_cast<uint8_t *>(buf);
+		std::memset(b, 0, len);
+		if (off < 2 * CKPT_BLOCK) {
+			const bool older = f.sb_writes.empty() || f.sb_writes.back().first != off;
+			for (auto w = f.sb_writes.rbegin(); w != f.sb_writes.rend(); ++w)
+				if (w->first == off && !(older && f.blank_older)) {
+					std::memcpy(b, w->second.data(), CKPT_BLOCK);
+					break;
+				}
+		} else if (auto d = f.disk.find(off); d != f.disk.end()) {
+			std::memcpy(b, d->second.data(), std::min<uint64_t>(len, d->second.size()));
 		}
-		int ret = ckpt_step_rollback_check(f.cs, f.prev, step);
-		if (!ret && (ret = ckpt_step_rollback_commit(f.cs, f.prev)) < 0) {
-			*io = ret;
-			return -CKPT_E_IO;
-		}
-		return ret;
+		return 0;
+	};
+	ops.write = [](void *h, const void *buf, uint64_t off, uint64_t len) {
+		FakeHost &f = host_of(h);
+		f.check_unlocked();
+		auto &d = f.disk[off];
+		d.resize(std::max<uint64_t>(d.size(), len));
+		std::memcpy(d.data(), buf, len);
+		f.record_writes++;
+		return 0;
+	};
+	ops.alloc = [](void *h, uint64_t bytes) -> void * {
+		FakeHost &f = host_of(h);
+		if (f.no_memory)
+			return nullptr;
+		f.allocated++;
+		return std::malloc(bytes);
+	};
+	ops.free = [](void *h, void *p) {
+		host_of(h).allocated--;
+		std::free(p);
 	};
 	return ops;
 }
@@ -1404,13 +1436,15 @@ TEST(CoreRollback, OnlyOneStepBackOverIntactRecords)
 	EXPECT_EQ(ckpt_step_rollback_check(&p.cs, &one, 0), -CKPT_E_FAILED);
 }
 
-// The ROLLBACK command runs the host's rollback (ckpt_step_ops rollback)
-// with its step; a host without one refuses it as an unknown command (an
-// older target). Refusals are recorded and change nothing else; an I/O
-// error is passed on, not recorded, and does not fail the device; a
-// rollback keeps the counters and leaves the machine IDLE at the previous
-// step.
-TEST(CoreRollback, CommandRunsTheHostsRollback)
+// The ROLLBACK command is the core's whole rollback (ckpt_step_rollback)
+// over the host's read, write and memory ops; a host without write and
+// alloc refuses it as an unknown command (an older target). It reads the
+// older superblock copy and every record of its slot, re-stamps each header,
+// commits. Refusals are recorded, say where and why (cs.rollback), and
+// change nothing else; an I/O error is passed on, not recorded, and does not
+// fail the device; a rollback keeps the counters and leaves the machine IDLE
+// at the previous step; every allocation is freed.
+TEST(CoreRollback, CommandIsTheCoresRollback)
 {
 	Proto p(CKPT_STAGING_DEFAULT);
 	for (uint64_t t : {1, 2}) {
@@ -1428,6 +1462,21 @@ TEST(CoreRollback, CommandRunsTheHostsRollback)
 	}();
 	const ckpt_sb two = p.sb;
 	ASSERT_EQ(one.committed_step, 1u);
+	// step 1's records in its slot, as its updates sealed them
+	const ckpt_layout &l = p.sb.layout;
+	const uint32_t n_chunks = p.sb.geo.n_chunks;
+	const auto record_of = [&](uint32_t ch) {
+		std::vector<uint8_t> rec(l.record_bytes), plo(l.plo_chunk_bytes, uint8_t(ch));
+		for (size_t i = CKPT_BLOCK; i < rec.size(); i++)
+			rec[i] = uint8_t(i * 7 + ch);
+		ckpt_rec id;
+		ckpt_rec_committed(&one, ch, &id);
+		ckpt_rec_seal(rec.data(), rec.data() + CKPT_BLOCK, plo.data(), &id, p.sb.feature_incompat);
+		p.host.disk[ckpt_record_offset(&l, one.committed_slot, ch)] = rec;
+		p.host.disk[ckpt_plo_offset(&l, one.committed_slot, ch)] = plo;
+	};
+	for (uint32_t ch = 0; ch < n_chunks; ch++)
+		record_of(ch);
 
 	auto refused = [&](uint64_t step, int err, const char *why) {
 		const auto before = p.snapshot();
@@ -1438,21 +1487,52 @@ TEST(CoreRollback, CommandRunsTheHostsRollback)
 		EXPECT_EQ(p.cs.sm.last_result, uint32_t(CKPT_RESULT_REJECTED)) << why;
 		EXPECT_EQ(p.snapshot(), before) << why;
 	};
-	refused(0, CKPT_E_OPCODE, "a host without rollback: an older target");
+	refused(0, CKPT_E_OPCODE, "a host without write and alloc: an older target");
 
 	const ckpt_step_ops ops = rollback_ops();
 	p.cs.ops = &ops;
-	p.host.cs = &p.cs;
-	p.host.prev = &one;
 	const size_t writes = p.host.sb_writes.size();
 	refused(1, CKPT_E_STEP, "step 1 is not the committed step");
+	EXPECT_EQ(p.cs.rollback.part, CKPT_ROLLBACK_MACHINE);
 	refused(3, CKPT_E_STEP, "nor is step 3");
 	ASSERT_EQ(p.command(CKPT_OP_BEGIN, 3), 0);
 	refused(2, CKPT_E_STATE, "a step is open");
 	ASSERT_EQ(p.command(CKPT_OP_ABORT, 3), 0);
-	p.host.prev = nullptr;
+	p.host.blank_older = true;
 	refused(0, CKPT_E_ROLLBACK, "no valid older copy");
-	p.host.prev = &one;
+	EXPECT_EQ(p.cs.rollback.part, CKPT_ROLLBACK_OLDER);
+	EXPECT_EQ(p.cs.rollback.older_index, (two.sequence + 1) & 1);
+	EXPECT_NE(p.cs.rollback.older, 0);
+	p.host.blank_older = false;
+	p.host.no_memory = true;
+	refused(0, CKPT_E_NOMEM, "no memory");
+	EXPECT_EQ(p.cs.rollback.part, CKPT_ROLLBACK_NOMEM);
+	p.host.no_memory = false;
+
+	// A damaged record, and one a later step overwrote: refused, saying which.
+	const uint64_t off5 = ckpt_record_offset(&l, one.committed_slot, 5);
+	p.host.disk[off5][CKPT_BLOCK + 9] ^= 1;
+	refused(0, CKPT_E_ROLLBACK, "a damaged record");
+	EXPECT_EQ(p.cs.rollback.part, CKPT_ROLLBACK_RECORD);
+	EXPECT_EQ(p.cs.rollback.chunk, 5u);
+	EXPECT_EQ(p.cs.rollback.slot, one.committed_slot);
+	EXPECT_EQ(p.cs.rollback.rec, CKPT_REC_DATA);
+	record_of(5);
+	{
+		ckpt_rec id;
+		ckpt_rec_next(&two, 5, 3, &id);	// a step 3 began after step 2 and wrote there
+		std::vector<uint8_t> &rec = p.host.disk[off5];
+		ckpt_rec_seal(rec.data(), rec.data() + CKPT_BLOCK, p.host.disk[ckpt_plo_offset(&l, one.committed_slot, 5)].data(),
+			      &id, p.sb.feature_incompat);
+	}
+	refused(0, CKPT_E_ROLLBACK, "an overwritten record");
+	EXPECT_EQ(p.cs.rollback.chunk, 5u);
+	EXPECT_TRUE(p.cs.rollback.got_valid);
+	EXPECT_EQ(p.cs.rollback.got.step, 3u);
+	record_of(5);
+	// Chunks before 5 were re-stamped by the refused rollbacks: that is
+	// what an interrupted rollback leaves, and the next one takes it.
+	EXPECT_EQ(p.host.record_writes, 5u) << "re-stamped once";
 
 	// An I/O error: passed on with the host's errno, not a refusal, not a failure.
 	p.host.rollback_io = -EIO;
@@ -1463,19 +1543,35 @@ TEST(CoreRollback, CommandRunsTheHostsRollback)
 		int io = 0;
 		EXPECT_EQ(ckpt_step_exec(&p.cs, c.get(), &io), -CKPT_E_IO);
 		EXPECT_EQ(io, -EIO);
+		EXPECT_EQ(p.cs.rollback.part, CKPT_ROLLBACK_OLDER);
+		EXPECT_EQ(p.cs.rollback.io_errno, -EIO);
 		EXPECT_EQ(p.cs.sm.commands_rejected, rejected);
 		EXPECT_EQ(p.cs.sm.state, uint32_t(CKPT_STATE_IDLE));
 		EXPECT_EQ(p.snapshot(), before);
 	}
 	p.host.rollback_io = 0;
-	EXPECT_EQ(p.host.sb_writes.size(), writes) << "no refusal wrote anything";
+	EXPECT_EQ(p.host.sb_writes.size(), writes) << "no refusal wrote a superblock";
 
 	const uint64_t rejected = p.cs.sm.commands_rejected, aborted = p.cs.sm.steps_aborted;
+	p.host.record_writes = 0;
 	ASSERT_EQ(p.command(CKPT_OP_ROLLBACK, 2), 0);
-	EXPECT_EQ(p.host.rollbacks.back(), 2u);
+	EXPECT_EQ(p.cs.rollback.part, CKPT_ROLLBACK_OK);
+	EXPECT_EQ(p.host.record_writes, n_chunks - 5) << "chunks 0-4 were re-stamped already";
 	EXPECT_EQ(p.host.sb_writes.size(), writes + 1);
 	EXPECT_EQ(p.sb.committed_step, 1u);
 	EXPECT_EQ(p.sb.sequence, two.sequence + 1);
+	EXPECT_EQ(p.sb.blob_len, 3u);
+	EXPECT_EQ(std::memcmp(p.sb.blob, "one", 3), 0);
+	for (uint32_t ch = 0; ch < n_chunks; ch++) {
+		const std::vector<uint8_t> &rec = p.host.disk[ckpt_record_offset(&l, one.committed_slot, ch)];
+		ckpt_rec want, got;
+		ckpt_rec_committed(&p.sb, ch, &want);
+		EXPECT_EQ(ckpt_rec_check(rec.data(), rec.data() + CKPT_BLOCK,
+					 p.host.disk[ckpt_plo_offset(&l, one.committed_slot, ch)].data(), &want,
+					 p.sb.feature_incompat, &got),
+			  CKPT_REC_OK)
+			<< "chunk " << ch << " is the new superblock's";
+	}
 	EXPECT_EQ(p.cs.sm.state, uint32_t(CKPT_STATE_IDLE));
 	EXPECT_EQ(p.cs.sm.committed_step, 1u);
 	EXPECT_EQ(p.cs.sm.committed_slot, one.committed_slot);
@@ -1485,13 +1581,16 @@ TEST(CoreRollback, CommandRunsTheHostsRollback)
 	EXPECT_EQ(p.cs.sm.steps_aborted, aborted);
 	EXPECT_EQ(p.cs.sm.commands_rejected, rejected);
 	// Never two steps back: the older copy now commits step 2.
-	p.host.prev = &two;
 	refused(0, CKPT_E_ROLLBACK, "a second rollback");
+	EXPECT_EQ(p.cs.rollback.part, CKPT_ROLLBACK_OLDER);
+	EXPECT_EQ(p.cs.rollback.older, 0);
+	EXPECT_EQ(p.cs.rollback.older_step, 2u);
 	// The next step is step 2 again, in step 1's slot's other one.
 	EXPECT_EQ(p.command(CKPT_OP_BEGIN, 2), 0);
 	EXPECT_EQ(p.host.quiesced.back(), one.committed_slot ^ 1);
 	EXPECT_EQ(p.host.locked, 0);
 	EXPECT_FALSE(p.host.op_under_lock);
+	EXPECT_EQ(p.host.allocated, 0) << "every allocation freed";
 }
 
 // A rollback's commit that fails before its superblock write (the flush)

@@ -8,7 +8,7 @@
 
 #include <string>
 
-#include "ckpt_error.hpp"
+#include "error.hpp"
 #include "layout.hpp"
 
 namespace {

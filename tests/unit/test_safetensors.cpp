@@ -9,7 +9,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include "ckpt_error.hpp"
+#include "error.hpp"
 #include "interchange.hpp"
 #include "safetensors.hpp"
 

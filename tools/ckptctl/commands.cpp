@@ -15,7 +15,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "ckpt.h"
+#include "ckpt_admin.h"
 #include "dm.hpp"
 #include "fail.hpp"
 #include "probe.hpp"

@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "ckpt.h"
+#include "ckpt_admin.h"
 
 namespace ckptctl {
 

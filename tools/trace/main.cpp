@@ -25,7 +25,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
-#include "ckpt.h"
+#include "ckpt_admin.h"
 
 namespace {
 

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: MIT
-// C++ errors over the libckpt C ABI (ckpt.h): an exception carrying an enum
-// ckpt_err code and a message naming what is wrong. Header-only, built on the
-// public C API and {fmt} alone, so that the library's own C++ code and its
-// C++ callers (ckptctl) throw and catch the same type.
+// The library's C++ errors: an exception carrying an enum ckpt_err code and a
+// message naming what is wrong, which the C ABI (capi.cpp) turns into a
+// negated code and ckpt_last_error(). Internal: callers of libckpt see only
+// the C ABI (ckptctl has its own error type over it).
 #pragma once
 
 #include <stdexcept>
@@ -11,7 +11,7 @@
 
 #include <fmt/format.h>
 
-#include "ckpt.h"
+#include "ckpt_format.h"	// ckpt_strerror, the core's
 
 namespace ckpt {
 
@@ -37,15 +37,6 @@ inline void check_core(int ret, const std::string &context)
 {
 	if (ret < 0)
 		throw Error(-ret, fmt::format("{}: {}", context, ckpt_strerror(-ret)));
-}
-
-// ret of a libckpt C ABI call: returned when not negative, else thrown with
-// the library's message for it (ckpt_last_error).
-inline int check(int ret)
-{
-	if (ret < 0)
-		throw Error(-ret, ckpt_last_error());
-	return ret;
 }
 
 } // namespace ckpt
