@@ -39,7 +39,7 @@ double seconds_since(clock_type::time_point t0)
 // One step's I/O with no compute: read the records of one slot, write records and p_lo of the other.
 // src is the committed slot: the pass never writes it, so the engine's state stays valid.
 // One thread of it takes chunks first, first + stride, ...
-void raw_thread(const ckpt::BackingFile &f, const struct ckpt_layout &l, uint32_t n_chunks, uint32_t src,
+void raw_thread(const ckpt::BackingFile &f, const struct ckpt_regions &l, uint32_t n_chunks, uint32_t src,
 		uint32_t first, uint32_t stride, std::vector<ckpt::Buffer> &rec, std::vector<ckpt::Buffer> &plo)
 {
 	const unsigned depth = static_cast<unsigned>(rec.size());
@@ -79,7 +79,7 @@ void raw_thread(const ckpt::BackingFile &f, const struct ckpt_layout &l, uint32_
 }
 
 // The same parallelism as the engine: one ring and `depth` buffers per worker.
-double raw_pass(const ckpt::BackingFile &f, const struct ckpt_layout &l, uint32_t n_chunks, uint32_t src,
+double raw_pass(const ckpt::BackingFile &f, const struct ckpt_regions &l, uint32_t n_chunks, uint32_t src,
 		std::vector<std::vector<ckpt::Buffer>> &rec, std::vector<std::vector<ckpt::Buffer>> &plo)
 {
 	const uint32_t n = static_cast<uint32_t>(rec.size());
@@ -113,7 +113,7 @@ Spread spread(std::vector<double> v)
 // run, so that the first touch of fio's fresh buffers (slow on these VMs)
 // weighs little, as the engine's buffers are reused. Returns the seconds the
 // slowest stream took for one pass; throws if fio is missing or fails.
-double fio_pass(const std::string &path, const struct ckpt_layout &l, uint32_t n_chunks, uint32_t src,
+double fio_pass(const std::string &path, const struct ckpt_regions &l, uint32_t n_chunks, uint32_t src,
 		bool direct, unsigned qd)
 {
 	const uint32_t dst = src ^ 1;
@@ -180,7 +180,7 @@ int main(int argc, char **argv)
 		{
 			// Preallocate the other slot, so no round times page allocation.
 			ckpt::Image img = ckpt::Image::open(path, true);
-			const struct ckpt_layout &l = img.sb.layout;
+			const struct ckpt_regions &l = img.sb.regions;
 			ckpt::Buffer zero(8u << 20);
 			auto fill = [&](uint64_t off, uint64_t len) {
 				for (uint64_t end = off + len; off < end; off += zero.size())
@@ -193,7 +193,7 @@ int main(int argc, char **argv)
 		ckpt::EngineOptions opts;
 		opts.workers = workers;
 		auto dev = ckpt::Device::open(path, opts);
-		const struct ckpt_layout l = dev->layout();
+		const struct ckpt_regions l = dev->regions();
 		const uint32_t n_chunks = dev->geometry().n_chunks;
 		const uint64_t step_bytes = n_chunks * (2 * l.record_bytes + l.plo_chunk_bytes);
 		// The engine's own fd: a second writable open would be refused.

@@ -174,7 +174,7 @@ static int read_groups(struct dm_ckpt_metadata *md, const struct ckpt_sb *sb, u3
 	int ret;
 
 	ret = dm_ckpt_md_io(md, REQ_OP_READ | REQ_SYNC, table,
-			    ckpt_group_offset(&sb->layout, copy), sb->layout.group_bytes);
+			    ckpt_group_offset(&sb->regions, copy), sb->regions.group_bytes);
 	if (ret) {
 		*why = "read error";
 		*error = "Cannot read the group table";
@@ -243,13 +243,13 @@ int dm_ckpt_md_read_sb(struct dm_ckpt_metadata *md, struct ckpt_sb *sb,
 		       r1 == -CKPT_E_NO_SB ? "its sequence belongs to the other copy" :
 		       ckpt_strerror(r1), copy, sb->sequence, sb->committed_step);
 
-	table = kvmalloc(sb->layout.group_bytes, GFP_KERNEL);
+	table = kvmalloc(sb->regions.group_bytes, GFP_KERNEL);
 	if (!table) {
 		*error = "Cannot allocate the group table";
 		ret = -ENOMEM;
 		goto out;
 	}
-	copies = ckpt_meta_copies(&sb->layout);
+	copies = ckpt_meta_copies(&sb->regions);
 	for (copy = 0; copy < copies; copy++) {
 		ret = read_groups(md, sb, copy, table, &why[copy], error);
 		if (!ret)

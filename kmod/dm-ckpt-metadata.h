@@ -4,7 +4,7 @@
  * the commit of a step (flush, then the next superblock copy with FUA).
  *
  * The on-disk format itself (encoding, checks, which copy is current) is the
- * portable core's (ckpt_format.h); this layer does the I/O around it. All
+ * portable core's (ckpt_codec.h); this layer does the I/O around it. All
  * I/O goes through dm-io on the backing device.
  */
 #ifndef DM_CKPT_METADATA_H
@@ -13,7 +13,7 @@
 #include <linux/device-mapper.h>
 #include <linux/dm-io.h>
 
-#include "ckpt_format.h"
+#include "ckpt_codec.h"
 
 struct dm_ckpt_metadata {
 	struct dm_target *ti;		/* for the device name in log lines */

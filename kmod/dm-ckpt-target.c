@@ -58,7 +58,7 @@
 #include <linux/sched/mm.h>
 
 #include "ckpt_config.h"
-#include "ckpt_format.h"
+#include "ckpt_codec.h"
 #include "ckpt_step.h"
 #include "ckpt_table.h"
 #include "dm-ckpt-io.h"
@@ -76,7 +76,7 @@ struct dm_ckpt {
 	struct dm_ckpt_metadata md;
 	struct dm_ckpt_update *upd;
 	struct workqueue_struct *ctl_wq;
-	struct ckpt_layout layout;	/* constant for the target's life */
+	struct ckpt_regions regions;	/* constant for the target's life */
 	u32 dtype;
 
 	/* deferred bios, in arrival order */
@@ -543,7 +543,7 @@ static int dmckpt_map(struct dm_target *ti, struct bio *bio)
 		io->slot = slot;
 		atomic64_add(r->len, &c->param_bytes);
 		bio_set_dev(bio, c->md.dev->bdev);
-		bio->bi_iter.bi_sector = (ckpt_plo_offset(&c->layout, slot, r->chunk) + r->in) >>
+		bio->bi_iter.bi_sector = (ckpt_plo_offset(&c->regions, slot, r->chunk) + r->in) >>
 					 SECTOR_SHIFT;
 		return DM_MAPIO_REMAPPED;
 	}
@@ -601,11 +601,11 @@ static void dmckpt_free(struct dm_ckpt *c)
  */
 static int dmckpt_check_memory(struct dm_ckpt *c, u64 n_stages, char **error)
 {
-	const u64 cb = c->layout.plo_chunk_bytes;
+	const u64 cb = c->regions.plo_chunk_bytes;
 	const u64 stage_bytes = cb + sizeof(struct ckpt_stage_buf) +
 		ckpt_bitmap_words(cb >> SECTOR_SHIFT) * sizeof(u64);
 	const u64 staging = n_stages * stage_bytes;
-	const u64 jobs = dm_ckpt_upd_bytes(&c->layout, c->args.queue_depth);
+	const u64 jobs = dm_ckpt_upd_bytes(&c->regions, c->args.queue_depth);
 	const u64 budget = ((u64)totalram_pages() << PAGE_SHIFT) / 2;
 
 	if (staging > budget) {
@@ -617,7 +617,7 @@ static int dmckpt_check_memory(struct dm_ckpt *c, u64 n_stages, char **error)
 	}
 	if (jobs > budget) {
 		DMERR("%s: queue_depth %u with %llu KiB records needs %llu MiB of chunk buffers, more than half the RAM (%llu MiB)",
-		      dm_ckpt_name(c), c->args.queue_depth, c->layout.record_bytes >> 10,
+		      dm_ckpt_name(c), c->args.queue_depth, c->regions.record_bytes >> 10,
 		      jobs >> 20, budget >> 20);
 		*error = "queue_depth needs more than half the RAM: reduce queue_depth";
 		return -ENOMEM;
@@ -637,7 +637,7 @@ static int dmckpt_alloc(struct dm_ckpt *c, char **error)
 {
 	struct ckpt_step_mem *mem = &c->mem;
 	const u32 n_chunks = c->sb->geo.n_chunks;
-	const u64 cb = c->layout.plo_chunk_bytes;
+	const u64 cb = c->regions.plo_chunk_bytes;
 	const u32 cover_words = ckpt_bitmap_words(cb >> SECTOR_SHIFT);
 	struct dm_ckpt_upd_target upd;
 	u32 n_stages;
@@ -659,7 +659,7 @@ static int dmckpt_alloc(struct dm_ckpt *c, char **error)
 	}
 	if (c->sb->feature_incompat & CKPT_FEATURE_INCOMPAT_COUNTS) {
 		/* what the open step does with each block (1 B per 2048 params) */
-		mem->modes = kvzalloc(ckpt_step_blocks(&c->layout), DM_CKPT_GFP_BIG);
+		mem->modes = kvzalloc(ckpt_step_blocks(&c->regions), DM_CKPT_GFP_BIG);
 		if (!mem->modes) {
 			*error = "Cannot allocate the per-block step modes";
 			return -ENOMEM;
@@ -693,7 +693,7 @@ static int dmckpt_alloc(struct dm_ckpt *c, char **error)
 	}
 	upd = (struct dm_ckpt_upd_target){
 		.md = &c->md,
-		.layout = &c->layout,
+		.regions = &c->regions,
 		.step = &c->step,
 		.sm_lock = &c->sm_lock,
 		.failed = dmckpt_update_failed,
@@ -766,14 +766,14 @@ static int dmckpt_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 	ret = dm_ckpt_md_claim(&c->md, c->sb->uuid, &ti->error);
 	if (ret)
 		goto bad;
-	c->layout = c->sb->layout;
+	c->regions = c->sb->regions;
 	memcpy(c->uuid, c->sb->uuid, sizeof(c->uuid));
 	c->dtype = c->sb->geo.dtype;
 
-	if (ti->len != c->layout.virt_bytes >> SECTOR_SHIFT) {
+	if (ti->len != c->regions.virt_bytes >> SECTOR_SHIFT) {
 		DMERR("%s: the table has %llu sectors, the device's virtual size is %llu sectors",
 		      dm_ckpt_name(c), (unsigned long long)ti->len,
-		      c->layout.virt_bytes >> SECTOR_SHIFT);
+		      c->regions.virt_bytes >> SECTOR_SHIFT);
 		ti->error = "Target length does not match the virtual size in the superblock";
 		ret = -EINVAL;
 		goto bad;
@@ -953,7 +953,7 @@ static int dmckpt_stats(struct dm_ckpt *c, char *result, unsigned int maxlen)
 	       ckpt_state_name(k.state), k.committed_step, k.committed_slot,
 	       c->sb->sequence);
 	DMEMIT("open_step %llu\nchunks_done %llu\nn_chunks %u\nchunk_params %llu\n",
-	       k.open_step, k.chunks_done, c->step.sm.n_chunks, c->layout.chunk_params);
+	       k.open_step, k.chunks_done, c->step.sm.n_chunks, c->regions.chunk_params);
 	DMEMIT("n_groups %u\ndtype %s\noverflow %u\nlast_result %s\n",
 	       c->step.sm.n_groups, c->dtype == CKPT_DTYPE_BF16 ? "bf16" : "fp16",
 	       k.overflow, ckpt_result_name(k.last_result));
@@ -1104,7 +1104,7 @@ static int dmckpt_iterate_devices(struct dm_target *ti, iterate_devices_callout_
 {
 	struct dm_ckpt *c = ti->private;
 
-	return fn(ti, c->md.dev, 0, c->layout.dev_bytes >> SECTOR_SHIFT, data);
+	return fn(ti, c->md.dev, 0, c->regions.dev_bytes >> SECTOR_SHIFT, data);
 }
 
 static void dmckpt_io_hints(struct dm_target *ti, struct queue_limits *limits)
@@ -1112,7 +1112,7 @@ static void dmckpt_io_hints(struct dm_target *ti, struct queue_limits *limits)
 	struct dm_ckpt *c = ti->private;
 
 	/* Whole chunks go straight to the update; anything less is staged. */
-	limits->io_opt = c->layout.plo_chunk_bytes;
+	limits->io_opt = c->regions.plo_chunk_bytes;
 }
 
 static struct target_type dmckpt_target = {

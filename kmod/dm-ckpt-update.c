@@ -227,7 +227,7 @@ static void write_done(unsigned long error, void *context)
  */
 static int write_state(struct dm_ckpt_update *u, struct dm_ckpt_job *j)
 {
-	const struct ckpt_layout *l = u->t.layout;
+	const struct ckpt_regions *l = u->t.regions;
 	struct dm_io_request req;
 	struct dm_io_region where;
 	int ret;
@@ -260,7 +260,7 @@ static void job_work(struct work_struct *work)
 {
 	struct dm_ckpt_job *j = container_of(work, struct dm_ckpt_job, work);
 	struct dm_ckpt_update *u = j->u;
-	const struct ckpt_layout *l = u->t.layout;
+	const struct ckpt_regions *l = u->t.regions;
 	const u32 chunk = j->upd.chunk;
 	blk_status_t status = BLK_STS_OK;
 	enum ckpt_update_result res;
@@ -305,7 +305,7 @@ void dm_ckpt_upd_dispatch(struct dm_ckpt_update *u, struct bio *bio, u32 chunk, 
 			  struct bvec_iter *it, const u8 *stage_grad)
 {
 	struct dm_ckpt_job *j = __get_job(u);
-	const u64 cb = u->t.layout->plo_chunk_bytes;
+	const u64 cb = u->t.regions->plo_chunk_bytes;
 
 	if (it)
 		dm_ckpt_bio_copy_from(bio, it, j->grad, cb);
@@ -330,7 +330,7 @@ unsigned int dm_ckpt_upd_busy(struct dm_ckpt_update *u)
 	return busy;
 }
 
-u64 dm_ckpt_upd_bytes(const struct ckpt_layout *l, unsigned int queue_depth)
+u64 dm_ckpt_upd_bytes(const struct ckpt_regions *l, unsigned int queue_depth)
 {
 	return (u64)queue_depth * (sizeof(struct dm_ckpt_job) + l->record_bytes +
 				   2 * l->plo_chunk_bytes);
@@ -339,7 +339,7 @@ u64 dm_ckpt_upd_bytes(const struct ckpt_layout *l, unsigned int queue_depth)
 struct dm_ckpt_update *dm_ckpt_upd_create(const struct dm_ckpt_upd_target *t,
 					  unsigned int queue_depth, char **error)
 {
-	const struct ckpt_layout *l = t->layout;
+	const struct ckpt_regions *l = t->regions;
 	const u64 cb = l->plo_chunk_bytes;
 	struct dm_ckpt_update *u;
 	unsigned int i;

@@ -19,7 +19,7 @@
 #include <linux/err.h>
 #include <linux/spinlock.h>
 
-#include "ckpt_format.h"
+#include "ckpt_codec.h"
 #include "ckpt_step.h"
 #include "dm-ckpt-metadata.h"
 
@@ -35,7 +35,7 @@ struct dm_ckpt_update;		/* the chunk buffers and their workqueue: opaque */
  */
 struct dm_ckpt_upd_target {
 	struct dm_ckpt_metadata *md;
-	const struct ckpt_layout *layout;
+	const struct ckpt_regions *regions;
 	struct ckpt_step *step;
 	spinlock_t *sm_lock;		/* the core's sm lock: step->sm */
 	void (*failed)(void *ctx, int err);
@@ -52,7 +52,7 @@ void dm_ckpt_upd_init(void);
 const char *dm_ckpt_upd_fpu_name(void);
 
 /* Bytes of memory queue_depth chunk buffers need for chunks of layout l. */
-u64 dm_ckpt_upd_bytes(const struct ckpt_layout *l, unsigned int queue_depth);
+u64 dm_ckpt_upd_bytes(const struct ckpt_regions *l, unsigned int queue_depth);
 
 /*
  * Allocate queue_depth chunk buffers and the update workqueue for target t

@@ -27,7 +27,7 @@ out=$(perl "$dir/scripts/checkpatch.pl" --no-tree --strict --show-types --ignore
 	-f kmod/dm-ckpt-target.c kmod/dm-ckpt-io.h kmod/dm-ckpt-metadata.c kmod/dm-ckpt-metadata.h \
 	kmod/dm-ckpt-update.c kmod/dm-ckpt-update.h \
 	kmod/dm-ckpt-fpu-sse2.c kmod/dm-ckpt-fpu-avx2.c kmod/dm-ckpt-fpu-avx512.c \
-	libckpt/core/ckpt_format.c libckpt/core/ckpt_format.h libckpt/core/ckpt_sm.c \
+	libckpt/core/ckpt_codec.c libckpt/core/ckpt_codec.h libckpt/core/ckpt_sm.c \
 	libckpt/core/ckpt_status_line.c libckpt/core/ckpt_step.c libckpt/core/ckpt_range.c \
 	libckpt/core/ckpt_route.c libckpt/core/ckpt_load.c libckpt/core/ckpt_rollback.c \
 	libckpt/core/ckpt_step_impl.h \

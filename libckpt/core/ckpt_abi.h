@@ -6,7 +6,7 @@
  * ABI, ckptctl and the Python package) is generated from these X-macros or
  * asks libckpt for them; nothing else spells them out.
  *
- * Plain C preprocessor text: included by the core (ckpt_format.h), by the
+ * Plain C preprocessor text: included by the core (ckpt_codec.h), by the
  * kernel target and by libckpt's public header ckpt.h. It declares no types
  * of its own beyond the enums, so it needs no platform header.
  *

@@ -31,7 +31,7 @@ static u32 update_run(const struct ckpt_step *cs, const struct ckpt_update_ops *
 	const struct ckpt_sb *sb = cs->sb;
 	const u32 incompat = sb->feature_incompat;
 	const u32 dtype = sb->geo.dtype;
-	const u64 cp = cs->layout.chunk_params;
+	const u64 cp = cs->regions.chunk_params;
 	const u64 seed = ckpt_sr_seed(sb->uuid);
 	struct ckpt_q8_state q;
 	struct ckpt_sr sr;

@@ -30,7 +30,7 @@ int ckpt_step_load_check(struct ckpt_step *cs, u64 step, u64 blob_len)
 
 int ckpt_step_load_span(const struct ckpt_step *cs, u64 offset, u64 n)
 {
-	const u64 n_params = cs->layout.n_params;
+	const u64 n_params = cs->regions.n_params;
 
 	if (offset >= n_params || n > n_params - offset)
 		return -CKPT_E_RANGE;

@@ -25,7 +25,7 @@ static u32 ckpt_bpc_shift(const struct ckpt_step *cs)
 /* Every range of a RANGE command, before anything changes. */
 static int ckpt_range_check(const struct ckpt_step *cs, const struct ckpt_cmd *cmd)
 {
-	const u64 window = cs->layout.window_bytes;
+	const u64 window = cs->regions.window_bytes;
 	const u32 bpc = ckpt_bpc_shift(cs);
 	u32 i, k, n_bias = cs->n_bias;
 

@@ -90,7 +90,7 @@ static int rollback_older(struct ckpt_step *cs, u64 step, struct ckpt_sb *prev,
 	if (*io)
 		return -CKPT_E_IO;
 	/* the same geometry as the current copy, which was checked against the device */
-	f->older = ckpt_sb_decode(cs->mem.block, cs->sb->layout.dev_bytes, prev);
+	f->older = ckpt_sb_decode(cs->mem.block, cs->sb->regions.dev_bytes, prev);
 	if (!f->older) {
 		f->older_step = prev->committed_step;
 		f->older_sequence = prev->sequence;
@@ -106,7 +106,7 @@ static int rollback_records(struct ckpt_step *cs, const struct ckpt_sb *prev, u8
 			    struct ckpt_rollback_fault *f, int *io)
 {
 	const struct ckpt_step_ops *ops = cs->ops;
-	const struct ckpt_layout *l = &cs->layout;
+	const struct ckpt_regions *l = &cs->regions;
 	struct ckpt_rec want;
 	u64 off;
 	u32 ch;
@@ -156,7 +156,7 @@ int ckpt_step_rollback(struct ckpt_step *cs, u64 step, struct ckpt_rollback_faul
 	if (!ops->write || !ops->alloc)
 		return -CKPT_E_OPCODE;
 	prev = ops->alloc(cs->host, sizeof(*prev));
-	rec = ops->alloc(cs->host, cs->layout.record_bytes + cs->layout.plo_chunk_bytes);
+	rec = ops->alloc(cs->host, cs->regions.record_bytes + cs->regions.plo_chunk_bytes);
 	if (!prev || !rec) {
 		f->part = CKPT_ROLLBACK_NOMEM;
 		ret = -CKPT_E_NOMEM;

@@ -9,7 +9,7 @@
 
 /* ---------------- the virtual device's windows ---------------- */
 
-int ckpt_route(const struct ckpt_layout *l, u64 off, u64 len, u32 flags, struct ckpt_route *r)
+int ckpt_route(const struct ckpt_regions *l, u64 off, u64 len, u32 flags, struct ckpt_route *r)
 {
 	const bool write = flags & CKPT_ROUTE_WRITE;
 	u64 end = 0;
@@ -69,7 +69,7 @@ int ckpt_route(const struct ckpt_layout *l, u64 off, u64 len, u32 flags, struct 
 
 int ckpt_step_route(struct ckpt_step *cs, u64 off, u64 len, u32 flags, struct ckpt_route *r)
 {
-	int ret = ckpt_route(&cs->layout, off, len, flags, r);
+	int ret = ckpt_route(&cs->regions, off, len, flags, r);
 
 	if (ret && (flags & CKPT_ROUTE_WRITE)) {
 		cs->ops->lock(cs->host);

@@ -103,10 +103,10 @@ void ckpt_step_init(struct ckpt_step *cs, const struct ckpt_step_ops *ops, void 
 	cs->host = host;
 	cs->sb = sb;
 	cs->mem = *mem;
-	cs->chunk_bytes = sb->layout.plo_chunk_bytes;
+	cs->chunk_bytes = sb->regions.plo_chunk_bytes;
 	cs->cb_shift = sb->geo.chunk_shift + 1;	/* 2 bytes per param */
 	cs->sectors = (u32)(cs->chunk_bytes >> 9);
-	cs->layout = sb->layout;
+	cs->regions = sb->regions;
 	ckpt_sm_init(&cs->sm, sb, mem->claimed, mem->applied);
 	for (i = 0; i < sb->geo.n_chunks; i++)
 		mem->stage_of[i] = CKPT_STAGE_FREE;
@@ -361,7 +361,7 @@ static int ckpt_step_begin(struct ckpt_step *cs, const struct ckpt_cmd *cmd)
 
 	ckpt_sm_clear_bitmaps(&cs->sm, cs->mem.claimed, cs->mem.applied);
 	if (cs->mem.modes)
-		memset(cs->mem.modes, 0, ckpt_step_blocks(&cs->layout));
+		memset(cs->mem.modes, 0, ckpt_step_blocks(&cs->regions));
 	cs->n_bias = 0;
 
 	ops->lock(cs->host);

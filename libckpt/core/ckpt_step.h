@@ -20,7 +20,7 @@
 #ifndef CKPT_STEP_H
 #define CKPT_STEP_H
 
-#include "ckpt_format.h"
+#include "ckpt_codec.h"
 #include "ckpt_update.h"
 
 #ifdef __cplusplus
@@ -375,7 +375,7 @@ struct ckpt_step {
 	u32 free_stages;	/* under the command lock, as the stages */
 	u32 done_first;		/* stages completed by the current write */
 	/* the image's layout: constant (a restart keeps the geometry), read unlocked */
-	struct ckpt_layout layout;
+	struct ckpt_regions regions;
 	/*
 	 * COUNTS: what the open step does with each block (mem.modes: 0 an
 	 * update with its group's hyperparameters, CKPT_MODE_SKIP, or 1 + an
@@ -393,7 +393,7 @@ struct ckpt_step {
 };
 
 /* Blocks (CKPT_TENSOR_ALIGN params) of an image: the size of mem.modes. */
-static inline u64 ckpt_step_blocks(const struct ckpt_layout *l)
+static inline u64 ckpt_step_blocks(const struct ckpt_regions *l)
 {
 	return l->n_params >> CKPT_BLOCK_SHIFT;
 }
@@ -617,10 +617,10 @@ struct ckpt_route {
  * bytes go to r->window, the host routes the rest again from off + r->len.
  * An empty access is accepted as CKPT_WIN_NONE with r->len 0. r is always
  * filled (window of off, or NONE beyond the device). l must be a computed
- * layout (ckpt_layout_compute). off and len may be any u64: an off + len
+ * layout (ckpt_regions_compute). off and len may be any u64: an off + len
  * that wraps is beyond the device. Pure: no lock, any context.
  */
-int ckpt_route(const struct ckpt_layout *l, u64 off, u64 len, u32 flags, struct ckpt_route *r);
+int ckpt_route(const struct ckpt_regions *l, u64 off, u64 len, u32 flags, struct ckpt_route *r);
 
 /*
  * ckpt_route on cs's image, and the refusal counted as the protocol counts

@@ -109,38 +109,6 @@ u32 ckpt_cpu_features(void)
 	       (ckpt_cpu_has_avx512() ? CKPT_CPU_AVX512 : 0);
 }
 
-/*
- * The update: this CPU's build in the core's table (ckpt_update_pick, the
- * kernel's rule too), chosen at the first call (a data race on a pointer
- * every thread computes the same, made atomic for TSan).
- */
-static const struct ckpt_update_build *ckpt_update_build_here(void)
-{
-	static const struct ckpt_update_build *chosen;
-	const struct ckpt_update_build *b = __atomic_load_n(&chosen, __ATOMIC_RELAXED);
-
-	if (!b) {
-		b = ckpt_update_pick(ckpt_cpu_features());
-		__atomic_store_n(&chosen, b, __ATOMIC_RELAXED);
-	}
-	return b;
-}
-
-u32 ckpt_update_chunk(CKPT_UPDATE_ARGS)
-{
-	return ckpt_update_build_here()->update(CKPT_UPDATE_CALL);
-}
-
-u32 ckpt_update_chunk_q8(CKPT_Q8_ARGS)
-{
-	return ckpt_update_build_here()->update_q8(CKPT_Q8_CALL);
-}
-
-u32 ckpt_update_chunk_q8bf(CKPT_Q8BF_ARGS)
-{
-	return ckpt_update_build_here()->update_q8bf(CKPT_Q8BF_CALL);
-}
-
 /* The rounding: the F16C builds where the CPU has AVX2 (or AVX-512) and F16C. */
 
 void ckpt_round_params(u32 dtype, const u32 *p, u16 *plo, u64 n)
@@ -312,8 +280,10 @@ unsigned int ckpt_update_variants(struct ckpt_update_variant *out)
 /*
  * aarch64: NEON (Advanced SIMD) is the baseline, so the default build is the
  * NEON one; SVE is a second build of the same body. GCC 12 has no
- * target_clones on aarch64, so an ifunc (what target_clones generates on
- * x86) picks the SVE build when the kernel reports HWCAP_SVE.
+ * target_clones on aarch64: the update's entry points take the core's table
+ * (below, as on x86), the rounding and the fp16 array conversion an ifunc
+ * (what target_clones generates on x86) that picks SVE when the kernel
+ * reports HWCAP_SVE.
  */
 #define CKPT_SVE __attribute__((target("+sve")))
 
@@ -387,24 +357,9 @@ void ckpt_q8_encode(const struct ckpt_q8_state *s, const u32 *m, const u32 *v, u
 /* glibc passes AT_HWCAP to an aarch64 ifunc resolver: no getauxval needed yet */
 #define CKPT_PICK(hwcap, name) (((hwcap) & HWCAP_SVE) ? name##_sve : name##_neon)
 
-static ckpt_update_fn ckpt_update_chunk_resolve(unsigned long hwcap)
-{
-	return CKPT_PICK(hwcap, ckpt_update_chunk);
-}
-
 static ckpt_round_fn ckpt_round_params_resolve(unsigned long hwcap)
 {
 	return CKPT_PICK(hwcap, ckpt_round_params);
-}
-
-static ckpt_update_q8_fn ckpt_update_chunk_q8_resolve(unsigned long hwcap)
-{
-	return CKPT_PICK(hwcap, ckpt_update_chunk_q8);
-}
-
-static ckpt_update_q8bf_fn ckpt_update_chunk_q8bf_resolve(unsigned long hwcap)
-{
-	return CKPT_PICK(hwcap, ckpt_update_chunk_q8bf);
 }
 
 typedef void (*ckpt_f16_array_fn)(const u16 *h, u32 *f, u64 n);
@@ -413,13 +368,10 @@ static ckpt_f16_array_fn ckpt_f16_to_f32_array_resolve(unsigned long hwcap)
 	return CKPT_PICK(hwcap, ckpt_f16_to_f32_array);
 }
 
-u32 ckpt_update_chunk(CKPT_UPDATE_ARGS) __attribute__((ifunc("ckpt_update_chunk_resolve")));
 void ckpt_round_params(u32 dtype, const u32 *p, u16 *plo, u64 n)
 	__attribute__((ifunc("ckpt_round_params_resolve")));
 void ckpt_f16_to_f32_array(const u16 *h, u32 *f, u64 n)
 	__attribute__((ifunc("ckpt_f16_to_f32_array_resolve")));
-u32 ckpt_update_chunk_q8(CKPT_Q8_ARGS) __attribute__((ifunc("ckpt_update_chunk_q8_resolve")));
-u32 ckpt_update_chunk_q8bf(CKPT_Q8BF_ARGS) __attribute__((ifunc("ckpt_update_chunk_q8bf_resolve")));
 
 int ckpt_cpu_has_sve(void)
 {
@@ -451,6 +403,38 @@ unsigned int ckpt_update_variants(struct ckpt_update_variant *out)
 #else
 #error "ckpt_update.c: the update loop is built for x86-64 and aarch64 only"
 #endif
+
+/*
+ * The update: this CPU's build in the core's table (ckpt_update_pick, the
+ * kernel's rule too), chosen at the first call (a data race on a pointer
+ * every thread computes the same, made atomic for TSan).
+ */
+static const struct ckpt_update_build *ckpt_update_build_here(void)
+{
+	static const struct ckpt_update_build *chosen;
+	const struct ckpt_update_build *b = __atomic_load_n(&chosen, __ATOMIC_RELAXED);
+
+	if (!b) {
+		b = ckpt_update_pick(ckpt_cpu_features());
+		__atomic_store_n(&chosen, b, __ATOMIC_RELAXED);
+	}
+	return b;
+}
+
+u32 ckpt_update_chunk(CKPT_UPDATE_ARGS)
+{
+	return ckpt_update_build_here()->update(CKPT_UPDATE_CALL);
+}
+
+u32 ckpt_update_chunk_q8(CKPT_Q8_ARGS)
+{
+	return ckpt_update_build_here()->update_q8(CKPT_Q8_CALL);
+}
+
+u32 ckpt_update_chunk_q8bf(CKPT_Q8BF_ARGS)
+{
+	return ckpt_update_build_here()->update_q8bf(CKPT_Q8BF_CALL);
+}
 
 /* ---- integer-only scalar conversions ---- */
 

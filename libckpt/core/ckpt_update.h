@@ -9,7 +9,7 @@
 #ifndef CKPT_UPDATE_H
 #define CKPT_UPDATE_H
 
-#include "ckpt_format.h"
+#include "ckpt_codec.h"
 
 #ifdef __cplusplus
 extern "C" {

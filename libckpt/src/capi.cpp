@@ -25,7 +25,7 @@
 #include "image.hpp"
 #include "io.hpp"
 #include "progress.hpp"
-#include "tools.hpp"
+#include "admin.hpp"
 
 extern "C" {
 #include "ckpt_step.h"

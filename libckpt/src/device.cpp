@@ -64,7 +64,7 @@ std::unique_ptr<Device> Device::open(const std::string &path, const EngineOption
 	}
 	d->cmd_ = std::make_unique<struct ckpt_cmd>();
 	d->page_ = Buffer(CKPT_BLOCK);
-	d->tail_ = Buffer(d->layout().plo_chunk_bytes + CKPT_BLOCK);
+	d->tail_ = Buffer(d->regions().plo_chunk_bytes + CKPT_BLOCK);
 	d->plo_checked_.assign(d->geometry().n_chunks, false);
 	if (d->kernel_) {
 		const struct ckpt_status st = d->status();
@@ -263,7 +263,7 @@ void Device::write_grad(const std::string &name, const uint16_t *grad, uint64_t 
 		if (next != open_step_)
 			send_range(t, 0, next);
 	}
-	const struct ckpt_layout &l = layout();
+	const struct ckpt_regions &l = regions();
 	const uint64_t base = l.grad_off + t.offset * 2;
 	const uint64_t bs = target_->block_size();	// extents are 4 KiB multiples
 	const uint64_t body = t.numel * 2 / bs * bs;
@@ -330,7 +330,7 @@ void Device::skip(const std::string &name)
 		fail(CKPT_E_FEATURE, "skip '{}': the image has no per-block step counts (formatted "
 				     "without the COUNTS feature); write a zero gradient instead", name);
 	send_range(t, CKPT_RANGE_SKIP, 0);
-	const struct ckpt_layout &l = layout();
+	const struct ckpt_regions &l = regions();
 	const uint64_t cb = l.plo_chunk_bytes;
 	if (!zeros_.size())
 		zeros_ = Buffer(cb);
@@ -346,7 +346,7 @@ void Device::skip(const std::string &name)
 
 void Device::write_grad_window(uint64_t off, const void *buf, uint64_t len)
 {
-	const struct ckpt_layout &l = layout();
+	const struct ckpt_regions &l = regions();
 	if (off > l.window_bytes || len > l.window_bytes - off)
 		fail(CKPT_E_RANGE, "gradient write of {} bytes at {}: beyond the GRAD window", len, off);
 	target_->write(l.grad_off + off, buf, len);
@@ -362,7 +362,7 @@ void Device::check_params(const Tensor &t)
 {
 	if (!(image().sb.feature_incompat & CKPT_FEATURE_INCOMPAT_PLO_CRC) || !t.numel)
 		return;
-	const uint64_t cp = layout().chunk_params;
+	const uint64_t cp = regions().chunk_params;
 	const uint32_t first = static_cast<uint32_t>(t.offset / cp);
 	const uint32_t last = static_cast<uint32_t>((t.offset + t.numel - 1) / cp);
 	bool fresh = false;
@@ -375,7 +375,7 @@ void Device::check_params(const Tensor &t)
 		}
 		const Image &img = image();
 		const struct ckpt_sb &sb = img.sb;
-		const struct ckpt_layout &l = sb.layout;
+		const struct ckpt_regions &l = sb.regions;
 		if (!plo_check_.size())
 			plo_check_ = Buffer(CKPT_BLOCK + l.plo_chunk_bytes);
 		uint8_t *plo = plo_check_.as() + CKPT_BLOCK;
@@ -391,7 +391,7 @@ void Device::read_params(const std::string &name, uint16_t *out, uint64_t n)
 {
 	const Tensor &t = tensor(name, n);
 	check_params(t);
-	target_->read(layout().param_off + t.offset * 2, out, n * 2);
+	target_->read(regions().param_off + t.offset * 2, out, n * 2);
 	traffic_.param_bytes += n * 2;
 }
 
@@ -401,7 +401,7 @@ void Device::read_params_multi(std::span<const ParamsOut> outs)
 	uint64_t bytes = 0;
 	for (const ParamsOut &o : outs) {
 		const Tensor &t = tensor(o.name, o.n);
-		pieces.push_back({layout().param_off + t.offset * 2, o.out, o.n * 2});
+		pieces.push_back({regions().param_off + t.offset * 2, o.out, o.n * 2});
 		bytes += o.n * 2;
 	}
 	for (const ParamsOut &o : outs)
@@ -422,7 +422,7 @@ void Device::read_state(const std::string &name, float *p, float *m, float *v, u
 	// records' step and sequence change, which the record checks refuse
 	// (E_RECORD) rather than mix steps.
 	backing_->reload_superblock();
-	Buffer bounce(layout().record_bytes);
+	Buffer bounce(regions().record_bytes);
 	const struct ckpt_sb &sb = backing_->sb;
 	backing_->read_state(sb.committed_slot, sb.committed_step, sb.sequence, t.offset, n, p, m, v, bounce);
 }

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "engine.hpp"
-#include "layout.hpp"
+#include "manifest.hpp"
 
 namespace ckpt {
 
@@ -61,7 +61,7 @@ public:
 	struct ckpt_status status();
 	const Manifest &manifest() const { return image().manifest; }
 	const struct ckpt_geometry &geometry() const { return image().sb.geo; }
-	const struct ckpt_layout &layout() const { return image().sb.layout; }
+	const struct ckpt_regions &regions() const { return image().sb.regions; }
 	// Damaged superblock/metadata copies skipped when the image was read.
 	std::vector<std::string> warnings() const { return image().warnings(); }
 	// Writes to the device must be multiples of this (512 B, 4 KiB on 4Kn).

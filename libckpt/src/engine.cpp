@@ -89,7 +89,7 @@ void plo_of_masters(const struct ckpt_sb &sb, const uint8_t *data, uint16_t *plo
 void load_chunk(const struct ckpt_sb &sb, const std::vector<StateSpan> &spans,
 		const struct ckpt_update_job &job, uint8_t *rec, uint16_t *plo, std::vector<uint32_t> &scratch)
 {
-	const uint64_t cp = sb.layout.chunk_params;
+	const uint64_t cp = sb.regions.chunk_params;
 	const uint32_t chunk = job.chunk;
 	const uint64_t step = job.dst.step;
 	load_spans(spans, chunk, sb.geo.chunk_shift, sb.feature_incompat, ckpt_sr_seed(sb.uuid), step,
@@ -128,7 +128,7 @@ public:
 		int writes = 0;
 	};
 
-	Worker(const struct ckpt_layout &l, unsigned depth, Ring::Mode io) : ring(depth * 2 + 2, io)
+	Worker(const struct ckpt_regions &l, unsigned depth, Ring::Mode io) : ring(depth * 2 + 2, io)
 	{
 		slots.resize(depth);
 		for (Slot &s : slots) {
@@ -158,7 +158,7 @@ void Engine::start(const std::string &path)
 	img_ = Image::open(path, true);
 	img_.file.observer = opts_.observer;
 	block_ = Buffer(CKPT_BLOCK);
-	const struct ckpt_layout &l = img_.sb.layout;
+	const struct ckpt_regions &l = img_.sb.regions;
 
 	const uint32_t n_chunks = img_.sb.geo.n_chunks;
 	claimed_.assign(ckpt_bitmap_words(n_chunks), 0);
@@ -233,7 +233,7 @@ void Engine::write(uint64_t off, const void *buf, uint64_t len)
 	struct ckpt_route r;
 	const int ret = ckpt_step_route(&step_, off, len, CKPT_ROUTE_WRITE, &r);
 	if (ret) {
-		const struct ckpt_layout &l = img_.sb.layout;
+		const struct ckpt_regions &l = img_.sb.regions;
 		switch (-ret) {
 		case CKPT_E_ALIGN:
 			fail(-ret, "write of {} bytes at {}: not {}-byte aligned", len, off, CKPT_SECTOR);
@@ -267,7 +267,7 @@ void Engine::read_many(std::span<const ReadPiece> pieces)
 {
 	std::lock_guard call(call_mu_);
 	drain();
-	const struct ckpt_layout &l = img_.sb.layout;
+	const struct ckpt_regions &l = img_.sb.regions;
 	param_pieces_.clear();
 	uint64_t param_bytes = 0;
 	for (const ReadPiece &p : pieces) {
@@ -530,7 +530,7 @@ const struct ckpt_update_ops Engine::update_ops_ = {
 // reads and writes records around it, on its ring, several chunks in flight.
 void Engine::worker_main(Worker &w)
 {
-	const struct ckpt_layout &l = img_.sb.layout;
+	const struct ckpt_regions &l = img_.sb.regions;
 	const int fd = img_.file.fd.get();
 	unsigned inflight = 0;
 
@@ -660,12 +660,12 @@ void Engine::read_state(uint64_t offset, uint64_t n, float *p, float *m, float *
 	// aborted, so a checkpoint of its state would hold a step that never
 	// existed. The open step writes the other slot; this one stays intact.
 	const struct ckpt_sb &sb = img_.sb;
-	if (offset >= sb.layout.n_params || n > sb.layout.n_params - offset)
+	if (offset >= sb.regions.n_params || n > sb.regions.n_params - offset)
 		fail(CKPT_E_RANGE, "state read of {} params at {}: out of range", n, offset);
-	for_each_piece(offset, n, sb.layout.chunk_params, [&](uint32_t c, uint64_t in, uint64_t k) {
+	for_each_piece(offset, n, sb.regions.chunk_params, [&](uint32_t c, uint64_t in, uint64_t k) {
 		struct ckpt_rec id;
 		ckpt_rec_committed(&sb, c, &id);
-		img_.read_state(id, c * sb.layout.chunk_params + in, k, p, m, v, bounce_);
+		img_.read_state(id, c * sb.regions.chunk_params + in, k, p, m, v, bounce_);
 		p += k;
 		m += k;
 		v += k;

@@ -94,7 +94,7 @@ public:
 
 	// Beyond the virtual device: what only the backing device knows.
 	const struct ckpt_sb &superblock() const { return img_.sb; }
-	const struct ckpt_layout &layout() const { return img_.sb.layout; }
+	const struct ckpt_regions &regions() const { return img_.sb.regions; }
 	const Manifest &manifest() const { return img_.manifest; }
 	const Image &image() const { return img_; }
 	struct ckpt_status status();
@@ -166,7 +166,7 @@ private:
 	std::vector<ReadPiece> param_pieces_;	// a read's pieces in the backing file
 	uint64_t param_bytes_ = 0;
 	uint64_t load_step_ = 0;		// the step load_state commits
-	std::string io_message_;		// why the last flush or superblock write failed
+	std::string io_message_;		// why the core's last read, write, flush or superblock write failed
 
 	std::mutex call_mu_;			// one virtual-device call at a time
 	// The queue of dispatched chunks and step_.sm from workers. A gradient

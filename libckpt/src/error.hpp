@@ -11,7 +11,7 @@
 
 #include <fmt/format.h>
 
-#include "ckpt_format.h"	// ckpt_strerror, the core's
+#include "ckpt_codec.h"	// ckpt_strerror, the core's
 
 namespace ckpt {
 

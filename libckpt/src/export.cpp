@@ -62,7 +62,7 @@ std::map<std::string, std::string> metadata(const Source &src, uint32_t flags, c
 	};
 	interchange::Metadata ix;
 	ix.dtype = src.sb->geo.dtype;
-	ix.chunk_params = static_cast<uint32_t>(src.sb->layout.chunk_params);
+	ix.chunk_params = static_cast<uint32_t>(src.sb->regions.chunk_params);
 	ix.step = src.step;
 	ix.n_groups = src.sb->geo.n_groups;
 	for (const Tensor &t : src.manifest->tensors()) {
@@ -182,7 +182,7 @@ ExportReport export_image(const std::string &path, const std::string &out, uint3
 	Image img = Image::open(path, false, true);
 	check_not_image(img, out, "--to ");	// ckptctl export's words
 	const struct ckpt_sb sb = img.sb;
-	Buffer bounce(sb.layout.record_bytes);
+	Buffer bounce(sb.regions.record_bytes);
 	std::vector<float> scratch;
 	Source src{&img.manifest, &sb, sb.committed_step, {sb.blob, sb.blob_len}, {}, {}, {}};
 	src.count = [&](const Tensor &t) { return img.tensor_count(sb, t); };

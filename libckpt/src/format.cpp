@@ -128,7 +128,7 @@ private:
 // Writes the image into f: the old superblocks are invalidated first and the
 // new one is written last, so an interrupted format of a device leaves no
 // image, never a mix.
-void write_image(const BackingFile &f, const Layout::Placed &placed, const struct ckpt_layout &l,
+void write_image(const BackingFile &f, const Layout::Placed &placed, const struct ckpt_regions &l,
 		 const std::string &manifest, uint32_t incompat)
 {
 	Buffer zero(2 * CKPT_BLOCK);
@@ -205,8 +205,8 @@ void format(const std::string &path_arg, const Layout &layout, const FormatOptio
 					     "the update implements that combination only");
 		incompat |= CKPT_FEATURE_INCOMPAT_BF16M;
 	}
-	struct ckpt_layout l;
-	check_core(ckpt_layout_compute_features(&placed.geo, incompat, &l), "layout");
+	struct ckpt_regions l;
+	check_core(ckpt_regions_compute_features(&placed.geo, incompat, &l), "layout");
 	const std::string manifest = Manifest::encode(placed.tensors, opts.dtype, cp, layout.hparams());
 
 	// A symlink stands for the file it names: that file is replaced.

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <string>
 
-#include "layout.hpp"
+#include "manifest.hpp"
 
 namespace ckpt {
 

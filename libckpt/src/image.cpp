@@ -21,10 +21,10 @@ std::string missing_bytes(const BackingFile &f, const uint8_t *blocks)
 	struct ckpt_sb sb;
 	for (unsigned i = 0; i < 2; i++)
 		if (ckpt_sb_decode(blocks + i * CKPT_BLOCK, UINT64_MAX, &sb) == 0 &&
-		    sb.layout.dev_bytes > f.size)
+		    sb.regions.dev_bytes > f.size)
 			return fmt::format("smaller than the layout: {} bytes, its dm-ckpt layout needs {}: the "
 					   "last {} bytes are missing (truncated?)",
-					   f.size, sb.layout.dev_bytes, sb.layout.dev_bytes - f.size);
+					   f.size, sb.regions.dev_bytes, sb.regions.dev_bytes - f.size);
 	return {};
 }
 
@@ -92,7 +92,7 @@ Image Image::open(const std::string &path, bool writable, bool salvage)
 	img.reload_superblock();
 
 	const struct ckpt_sb &sb = img.sb;
-	const struct ckpt_layout &l = sb.layout;
+	const struct ckpt_regions &l = sb.regions;
 	const uint32_t copies = ckpt_meta_copies(&l);
 	// Each copy: group table, then manifest (contiguous in both copies).
 	std::vector<Buffer> bufs;
@@ -155,7 +155,7 @@ std::vector<std::string> Image::warnings() const
 		out.push_back(short_warning);
 	if (!sb_warning.empty())
 		out.push_back(sb_warning);
-	const struct ckpt_layout &l = sb.layout;
+	const struct ckpt_regions &l = sb.regions;
 	for (uint32_t k = 0; k < meta.size(); k++) {
 		if (!meta[k].group_error.empty())
 			out.push_back(fmt::format("group table copy {} (byte {}) is damaged ({}): using copy {}", k,
@@ -170,7 +170,7 @@ std::vector<std::string> Image::warnings() const
 
 unsigned Image::repair_meta()
 {
-	const struct ckpt_layout &l = sb.layout;
+	const struct ckpt_regions &l = sb.regions;
 	if (!short_warning.empty())
 		fail(CKPT_E_TOO_SMALL, "{}: cannot repair: {}; extend it to {} bytes first (truncate -s {} {})",
 		     file.path, short_warning, l.dev_bytes, l.dev_bytes, file.path);
@@ -202,7 +202,7 @@ unsigned Image::repair_meta()
 
 std::string Image::tensors_of_chunk(uint32_t chunk) const
 {
-	const uint64_t cp = sb.layout.chunk_params, lo = chunk * cp, hi = lo + cp;
+	const uint64_t cp = sb.regions.chunk_params, lo = chunk * cp, hi = lo + cp;
 	std::string out;
 	for (const Tensor &t : manifest.tensors())
 		if (t.offset < hi && lo < t.offset + t.extent)
@@ -239,7 +239,7 @@ void Image::fail_record(const uint8_t *block, const struct ckpt_rec &want, enum 
 void Image::read_state(const struct ckpt_rec &id, uint64_t offset, uint64_t n, float *p, float *m,
 		       float *v, Buffer &bounce) const
 {
-	const struct ckpt_layout &l = sb.layout;
+	const struct ckpt_regions &l = sb.regions;
 	if (offset >= l.n_params || n > l.n_params - offset)
 		fail(CKPT_E_RANGE, "state read of {} params at {}: out of range", n, offset);
 	const uint64_t cp = l.chunk_params;
@@ -300,7 +300,7 @@ uint64_t Image::tensor_count(const struct ckpt_sb &at, const Tensor &t) const
 {
 	if (!(at.feature_incompat & CKPT_FEATURE_INCOMPAT_COUNTS))
 		return at.committed_step;
-	const struct ckpt_layout &l = at.layout;
+	const struct ckpt_regions &l = at.regions;
 	const uint32_t chunk = static_cast<uint32_t>(t.offset / l.chunk_params);
 	Buffer header(CKPT_BLOCK);
 	file.pread_all(header.as(), CKPT_BLOCK, ckpt_record_offset(&l, at.committed_slot, chunk));

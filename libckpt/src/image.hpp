@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "io.hpp"
-#include "layout.hpp"
+#include "manifest.hpp"
 
 namespace ckpt {
 

@@ -33,7 +33,7 @@
 #include <string>
 #include <vector>
 
-#include "layout.hpp"
+#include "manifest.hpp"
 
 namespace ckpt::interchange {
 

@@ -24,7 +24,7 @@
 #include <fmt/format.h>
 
 #include "error.hpp"
-#include "ckpt_format.h"
+#include "ckpt_codec.h"
 
 namespace ckpt {
 

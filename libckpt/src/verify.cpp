@@ -38,7 +38,7 @@ std::string describe(const Manifest &m, uint64_t param)
 SlotCheck check_slot(const Image &img, const RecordRule &rule)
 {
 	const uint32_t slot = rule.sb.committed_slot;
-	const struct ckpt_layout &l = img.sb.layout;
+	const struct ckpt_regions &l = img.sb.regions;
 	const uint64_t cp = l.chunk_params;
 	SlotCheck out;
 	out.slot = slot;
@@ -251,7 +251,7 @@ void rollback(Image &img, const RollbackCheck &rb)
 {
 	if (!rb.available)
 		fail(CKPT_E_STATE, "{}: cannot roll back: {}", img.file.path, rb.reason);
-	const struct ckpt_layout &l = img.sb.layout;
+	const struct ckpt_regions &l = img.sb.regions;
 	struct ckpt_sb next;
 	check_core(ckpt_sb_next(&img.sb, rb.step, rb.slot, rb.prev.blob, rb.prev.blob_len, &next),
 		   "rollback superblock");

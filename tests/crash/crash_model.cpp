@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 
 extern "C" {
-#include "ckpt_format.h"
+#include "ckpt_codec.h"
 }
 
 namespace crash {

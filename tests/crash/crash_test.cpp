@@ -287,7 +287,7 @@ Ref capture(ckpt::Device &d, const Trace &tr, const std::string &path)
 // ---------------------------------------------------------------- the checks
 
 // The committed slot's p_lo and records, bytes [off, off + len) of the image.
-std::vector<std::pair<uint64_t, uint64_t>> slot_regions(const struct ckpt_layout &l, uint32_t n_chunks,
+std::vector<std::pair<uint64_t, uint64_t>> slot_regions(const struct ckpt_regions &l, uint32_t n_chunks,
 							 uint32_t slot)
 {
 	return {{ckpt_plo_offset(&l, slot, 0), n_chunks * l.plo_chunk_bytes},
@@ -296,7 +296,7 @@ std::vector<std::pair<uint64_t, uint64_t>> slot_regions(const struct ckpt_layout
 
 class Checker {
 public:
-	Checker(const Trace &tr, const std::vector<Ref> &refs, const struct ckpt_layout &l, uint32_t n_chunks)
+	Checker(const Trace &tr, const std::vector<Ref> &refs, const struct ckpt_regions &l, uint32_t n_chunks)
 		: tr_(tr), refs_(refs), layout_(l), n_chunks_(n_chunks)
 	{
 	}
@@ -403,7 +403,7 @@ public:
 private:
 	const Trace &tr_;
 	const std::vector<Ref> &refs_;
-	struct ckpt_layout layout_;
+	struct ckpt_regions layout_;
 	uint32_t n_chunks_;
 };
 
@@ -450,13 +450,13 @@ int run(const std::string &dtype_name, const std::string &model_name)
 	crash::Recorder rec;
 	std::vector<Ref> refs;
 	Trace tr;
-	struct ckpt_layout l;
+	struct ckpt_regions l;
 	uint32_t n_chunks;
 	{
 		ckpt::EngineOptions o;
 		o.observer = &rec;
 		std::unique_ptr<ckpt::Device> d = ckpt::Device::open(path, o);
-		l = d->layout();
+		l = d->regions();
 		n_chunks = d->geometry().n_chunks;
 		tr = make_trace(static_cast<uint32_t>(dtype), d->manifest().tensors(), l.window_bytes,
 				d->geometry().n_groups, p);

@@ -9,7 +9,7 @@
 #include "crash_model.hpp"
 
 extern "C" {
-#include "ckpt_format.h"
+#include "ckpt_codec.h"
 }
 
 namespace {

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// The control-block command decoder (ckpt_cmd_decode, ckpt_format.c), as a
+// The control-block command decoder (ckpt_cmd_decode, ckpt_codec.c), as a
 // target meets a write to the control block, and the hyperparameter check
 // BEGIN runs on what it decoded.
 //
@@ -9,7 +9,7 @@
 #include "fuzz_util.hpp"
 
 extern "C" {
-#include "ckpt_format.h"
+#include "ckpt_codec.h"
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

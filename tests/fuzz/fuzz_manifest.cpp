@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// The tensor manifests (layout.cpp): the JSON a user gives ckptctl format
+// The tensor manifests (manifest.cpp): the JSON a user gives ckptctl format
 // (parse_layout_json, then Layout::place), and the manifest read back from
 // a device (Manifest::decode), which must accept what place() encoded.
 //
@@ -13,14 +13,14 @@
 
 #include "error.hpp"
 #include "fuzz_util.hpp"
-#include "layout.hpp"
+#include "manifest.hpp"
 
 namespace {
 
 void decode(std::string_view text, const ckpt_geometry &geo, const std::vector<uint8_t> &table)
 {
-	ckpt_layout l;
-	FUZZ_ASSERT(ckpt_layout_compute_features(&geo, CKPT_FEATURE_INCOMPAT_DEFAULT, &l) == 0);
+	ckpt_regions l;
+	FUZZ_ASSERT(ckpt_regions_compute_features(&geo, CKPT_FEATURE_INCOMPAT_DEFAULT, &l) == 0);
 	try {
 		const ckpt::Manifest m = ckpt::Manifest::decode(text, l, geo, table);
 		uint64_t next = 0;
@@ -64,8 +64,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		const uint64_t cp = uint64_t{1} << p.geo.chunk_shift;
 		if (p.geo.n_chunks <= (1u << 16)) {
 			const std::string enc = ckpt::Manifest::encode(p.tensors, p.geo.dtype, cp, f.layout.hparams());
-			ckpt_layout l;
-			FUZZ_ASSERT(ckpt_layout_compute_features(&p.geo, CKPT_FEATURE_INCOMPAT_DEFAULT, &l) == 0);
+			ckpt_regions l;
+			FUZZ_ASSERT(ckpt_regions_compute_features(&p.geo, CKPT_FEATURE_INCOMPAT_DEFAULT, &l) == 0);
 			const ckpt::Manifest m = ckpt::Manifest::decode(enc, l, p.geo, p.group_table);
 			FUZZ_ASSERT(m.tensors().size() == p.tensors.size());
 			FUZZ_ASSERT(m.hparams() == f.layout.hparams());

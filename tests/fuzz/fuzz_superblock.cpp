@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// The core's on-disk decoders (ckpt_format.c): both superblock copies
+// The core's on-disk decoders (ckpt_codec.c): both superblock copies
 // (decode, pick, check_other), the group table check, the record header
 // (decode, check) and the status page, as a reader meets them on a device.
 //
@@ -12,7 +12,7 @@
 #include "fuzz_util.hpp"
 
 extern "C" {
-#include "ckpt_format.h"
+#include "ckpt_codec.h"
 }
 
 namespace {
@@ -33,18 +33,18 @@ void check_sb(const ckpt_sb &sb, uint64_t dev_bytes)
 	FUZZ_ASSERT(sb.committed_slot <= 1);
 	FUZZ_ASSERT(sb.blob_len <= CKPT_BLOB_MAX);
 	FUZZ_ASSERT(sb.manifest_len <= sb.geo.manifest_bytes);
-	FUZZ_ASSERT(sb.layout.dev_bytes <= dev_bytes);
-	ckpt_layout l;
-	FUZZ_ASSERT(ckpt_layout_compute_features(&sb.geo, sb.feature_incompat, &l) == 0);
-	FUZZ_ASSERT(l.dev_bytes <= sb.layout.dev_bytes);
-	FUZZ_ASSERT(l.rec_off[1] + sb.geo.n_chunks * l.record_bytes <= sb.layout.dev_bytes);
+	FUZZ_ASSERT(sb.regions.dev_bytes <= dev_bytes);
+	ckpt_regions l;
+	FUZZ_ASSERT(ckpt_regions_compute_features(&sb.geo, sb.feature_incompat, &l) == 0);
+	FUZZ_ASSERT(l.dev_bytes <= sb.regions.dev_bytes);
+	FUZZ_ASSERT(l.rec_off[1] + sb.geo.n_chunks * l.record_bytes <= sb.regions.dev_bytes);
 
 	// What was read can be written back and reads the same.
 	static uint8_t block[CKPT_BLOCK];
 	static ckpt_sb again, next;
 	FUZZ_ASSERT(ckpt_sb_encode(&sb, block) == 0);
 	FUZZ_ASSERT(ckpt_sb_decode(block, dev_bytes, &again) == 0);
-	FUZZ_ASSERT(std::memcmp(&again.layout, &sb.layout, sizeof(sb.layout)) == 0);
+	FUZZ_ASSERT(std::memcmp(&again.regions, &sb.regions, sizeof(sb.regions)) == 0);
 	FUZZ_ASSERT(again.sequence == sb.sequence && again.committed_step == sb.committed_step &&
 		    again.blob_len == sb.blob_len &&
 		    std::memcmp(again.blob, sb.blob, CKPT_BLOB_MAX) == 0);

@@ -9,12 +9,12 @@
 #include <fstream>
 #include <string>
 
-#include "layout.hpp"
+#include "manifest.hpp"
 #include "interchange.hpp"
 #include "safetensors.hpp"
 
 extern "C" {
-#include "ckpt_format.h"
+#include "ckpt_codec.h"
 #include "ckpt_step.h"
 }
 
@@ -49,8 +49,8 @@ void superblocks()
 {
 	for (uint32_t incompat : {0u, uint32_t{CKPT_FEATURE_INCOMPAT_DEFAULT}}) {
 		const ckpt::Layout::Placed p = small_layout(2);
-		ckpt_layout l;
-		ckpt_layout_compute_features(&p.geo, incompat, &l);
+		ckpt_regions l;
+		ckpt_regions_compute_features(&p.geo, incompat, &l);
 		const uint8_t uuid[16] = {0xd1, 0x5c, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13};
 		static ckpt_sb sb, next;
 		ckpt_sb_first(&sb, uuid, &p.geo, &l, incompat, 100, 0x1234, ckpt_crc32c(p.group_table.data(), p.group_table.size()));

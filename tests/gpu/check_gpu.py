@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: MIT
 """make check-gpu: OffloadAdamW training a CUDA model.
 
-Where torch sees no CUDA device it says so and exits 0, having checked
-nothing. Where one is:
+Where torch sees no CUDA device it says so and exits 77, the suites' one
+skip code (tests/README.md): nothing was checked, which is not a pass.
+Where one is:
 
 1. equality: a small Llama (transformers, random init) in bf16 on the GPU,
    OffloadAdamW with its hooks (gradients copied on a side stream into pinned
@@ -29,6 +30,9 @@ import re
 import subprocess
 import sys
 import tempfile
+
+# The suites' one skip code (tests/README.md; ctest's SKIP_RETURN_CODE).
+SKIP = 77
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -223,9 +227,9 @@ def main():
         return memory_child(args.child, args.hidden, args.layers, args.tmp)
     import torch
     if not torch.cuda.is_available():
-        print(f"check-gpu: no CUDA device here (torch {torch.__version__}, built for CUDA "
-              f"{torch.version.cuda}): nothing checked, nothing recorded")
-        return 0
+        print(f"check-gpu: SKIPPED: no CUDA device here (torch {torch.__version__}, built for "
+              f"CUDA {torch.version.cuda}): nothing checked, nothing recorded", file=sys.stderr)
+        return SKIP
     equality(args)
     memory(args)
     return 0

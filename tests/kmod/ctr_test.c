@@ -325,15 +325,15 @@ TEST_F(ctr, device_too_small)
 
 	sb.geo.n_chunks = (uint32_t)(dev_bytes / (14u << 16)) + 1;
 	sb.geo.chunk_shift = 16;
-	ASSERT_EQ(0, ckpt_layout_compute(&sb.geo, &sb.layout));
-	ASSERT_GT(sb.layout.dev_bytes, dev_bytes);
+	ASSERT_EQ(0, ckpt_regions_compute(&sb.geo, &sb.regions));
+	ASSERT_GT(sb.regions.dev_bytes, dev_bytes);
 	sb.sequence = 2;
 	ASSERT_EQ(0, ckpt_sb_encode(&sb, blk));
 	fd = open(ck_dev(), O_RDWR | O_DIRECT);
 	ASSERT_EQ(0, ck_write_at(fd, blk, 2 * CKPT_BLOCK, 0));
 	close(fd);
 	snprintf(table, sizeof(table), "0 %llu ckpt %s",
-		 (unsigned long long)(sb.layout.virt_bytes / 512), ck_dev());
+		 (unsigned long long)(sb.regions.virt_bytes / 512), ck_dev());
 	EXPECT_EQ(0, expect_refused(_metadata, table,
 				    "Superblock: backing device smaller than the layout"));
 	free(blk);
@@ -418,16 +418,16 @@ TEST_F(ctr, picks_the_newest_valid_copy)
 static int make_meta2(struct ck_model *m)
 {
 	uint8_t *blk = ck_alloc(CKPT_BLOCK);
-	struct ckpt_layout l;
+	struct ckpt_regions l;
 	int fd, ret = -1;
 
 	if (!blk ||
-	    ckpt_layout_compute_features(&m->sb.geo,
+	    ckpt_regions_compute_features(&m->sb.geo,
 					 m->sb.feature_incompat | CKPT_FEATURE_INCOMPAT_META2, &l) ||
 	    l.group_bytes != CKPT_BLOCK || ck_dev_bytes(m->dev) < l.dev_bytes)
 		goto out;
 	m->l = l;
-	m->sb.layout = l;
+	m->sb.regions = l;
 	m->sb.feature_incompat |= CKPT_FEATURE_INCOMPAT_META2;
 	m->sb.group_crc = ckpt_crc32c(m->groups, m->sb.geo.n_chunks);
 	fd = open(m->dev, O_RDWR | O_DIRECT);

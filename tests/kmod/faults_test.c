@@ -627,7 +627,7 @@ static int held_back(const char *name)
  */
 TEST_F_TIMEOUT(faults, rollback_fails_at_each_io, 2 * TIMEOUT_S)
 {
-	const struct ckpt_layout *l = &self->m.l;
+	const struct ckpt_regions *l = &self->m.l;
 	const uint64_t sb_end = 2 * CKPT_BLOCK / 512;
 	char mid[256], t[1024], fix[256];
 	uint8_t *blk = ck_alloc(2 * CKPT_BLOCK);

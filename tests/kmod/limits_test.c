@@ -41,7 +41,7 @@ static int try_create(struct __test_metadata *_metadata, const struct ckpt_geome
 	if (ret == -ENOSPC) {
 		TH_LOG("%s has %llu bytes, the layout needs %llu: run the VM with --image-size 64G",
 		       ck_dev(), (unsigned long long)ck_dev_bytes(ck_dev()),
-		       (unsigned long long)sb.layout.dev_bytes);
+		       (unsigned long long)sb.regions.dev_bytes);
 		return -1;
 	}
 	if (ret) {
@@ -49,7 +49,7 @@ static int try_create(struct __test_metadata *_metadata, const struct ckpt_geome
 		return -1;
 	}
 	snprintf(table, sizeof(table), "0 %llu ckpt %s %s",
-		 (unsigned long long)(sb.layout.virt_bytes / 512), ck_dev(), opts);
+		 (unsigned long long)(sb.regions.virt_bytes / 512), ck_dev(), opts);
 	ck_kmsg_clear();
 	ret = ck_create(CK_NAME, table);
 	if (!ret)

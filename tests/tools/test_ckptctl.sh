@@ -119,7 +119,7 @@ if __name__ == "__main__":
             f.write(bytes([int(sys.argv[4])]))
     elif cmd == "off":  # off INFO_JSON KEY [PLUS]: a layout offset (+ PLUS)
         j = json.load(open(sys.argv[2]))
-        print(j["layout"][sys.argv[3]] + (int(sys.argv[4]) if len(sys.argv) > 4 else 0))
+        print(j["regions"][sys.argv[3]] + (int(sys.argv[4]) if len(sys.argv) > 4 else 0))
     elif cmd == "v1":  # v1 FILE: make a META2 image what main's format wrote (one metadata copy)
         def crc32c(b):
             c = 0xffffffff
@@ -147,13 +147,13 @@ if __name__ == "__main__":
         j = json.load(open(sys.argv[2]))
         t = [x for x in j["tensors"] if x["name"] == sys.argv[3]][0]
         slot = int(sys.argv[4]) if len(sys.argv) > 4 else j["committed_slot"]
-        L, cp = j["layout"], j["chunk_params"]
+        L, cp = j["regions"], j["chunk_params"]
         c, i = divmod(t["offset"], cp)
         print(L["rec_off"][slot] + c * L["record_bytes"] + 4096 + i * 4 + 2)
     elif cmd == "plooff":  # plooff INFO_JSON TENSOR: byte offset of that tensor's first committed p_lo
         j = json.load(open(sys.argv[2]))
         t = [x for x in j["tensors"] if x["name"] == sys.argv[3]][0]
-        print(j["layout"]["plo_off"][j["committed_slot"]] + t["offset"] * 2)
+        print(j["regions"]["plo_off"][j["committed_slot"]] + t["offset"] * 2)
     elif cmd == "many":  # many FILE N [params]: N tensors of shape [3] with moments (or not), step 7
         r = np.random.default_rng(3)
         t = {}

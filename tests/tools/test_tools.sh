@@ -60,7 +60,7 @@ ok "trace: --format --force formats it again" sh -c \
 # become new committed state with a fresh checksum (and verify would say ok).
 cp "$tmp/t1.img" "$tmp/t3.img"
 flip_off=$("$bin/ckptctl" info --json "$tmp/t3.img" | /usr/bin/python3 -c \
-	'import json,sys; j=json.load(sys.stdin); L=j["layout"]; print(L["rec_off"][j["committed_slot"]] + 4096 + 2)')
+	'import json,sys; j=json.load(sys.stdin); L=j["regions"]; print(L["rec_off"][j["committed_slot"]] + 4096 + 2)')
 /usr/bin/python3 -c 'import sys
 with open(sys.argv[1], "r+b") as f:
     f.seek(int(sys.argv[2])); c = f.read(1)[0]; f.seek(int(sys.argv[2])); f.write(bytes([c ^ 0x40]))' \

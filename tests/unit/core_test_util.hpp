@@ -8,7 +8,7 @@
 #include <memory>
 
 extern "C" {
-#include "ckpt_format.h"
+#include "ckpt_codec.h"
 }
 
 inline uint32_t f32(float f)

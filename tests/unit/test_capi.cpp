@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "ckpt_admin.h"
-#include "ckpt_format.h"
+#include "ckpt_codec.h"
 #include "status_test_util.hpp"
 
 namespace {

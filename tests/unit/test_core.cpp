@@ -33,8 +33,8 @@ namespace {
 ckpt_sb small_sb(uint32_t incompat = CKPT_FEATURE_INCOMPAT_DEFAULT)
 {
 	ckpt_geometry g = test_geometry(8, CKPT_MIN_CHUNK_SHIFT, 2, CKPT_DTYPE_BF16, CKPT_BLOCK);
-	ckpt_layout l{};
-	EXPECT_EQ(ckpt_layout_compute_features(&g, incompat, &l), 0);
+	ckpt_regions l{};
+	EXPECT_EQ(ckpt_regions_compute_features(&g, incompat, &l), 0);
 	const uint8_t uuid[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
 	ckpt_sb sb;
 	ckpt_sb_first(&sb, uuid, &g, &l, incompat, 10, 0x1234, 0x5678);
@@ -164,7 +164,7 @@ TEST(CoreSuperblock, FirstIsCopyOneAtStepZero)
 	std::vector<uint8_t> block(CKPT_BLOCK);
 	ASSERT_EQ(ckpt_sb_encode(&sb, block.data()), 0);
 	ckpt_sb back;
-	ASSERT_EQ(ckpt_sb_decode(block.data(), sb.layout.dev_bytes, &back), 0);
+	ASSERT_EQ(ckpt_sb_decode(block.data(), sb.regions.dev_bytes, &back), 0);
 	EXPECT_EQ(back.sequence, 1u);
 }
 
@@ -727,7 +727,7 @@ struct Proto {
 
 	explicit Proto(uint64_t staging)
 	{
-		cb = sb.layout.plo_chunk_bytes;
+		cb = sb.regions.plo_chunk_bytes;
 		const uint32_t n = sb.geo.n_chunks;
 		const uint32_t n_stages = ckpt_stage_count(staging, cb, n);
 		const uint64_t words = ckpt_bitmap_words(cb / CKPT_SECTOR);
@@ -742,7 +742,7 @@ struct Proto {
 		}
 		stage_of.resize(n);
 		sumsq.assign(n, 0);
-		modes.assign(ckpt_step_blocks(&sb.layout), 0);
+		modes.assign(ckpt_step_blocks(&sb.regions), 0);
 		const ckpt_step_mem mem = {
 			.claimed = claimed.data(), .applied = applied.data(), .modes = modes.data(),
 			.stages = stages.data(),
@@ -1121,7 +1121,7 @@ struct Routed {
 	struct ckpt_route r;
 };
 
-Routed route(const ckpt_layout &l, uint64_t off, uint64_t len, uint32_t flags = 0)
+Routed route(const ckpt_regions &l, uint64_t off, uint64_t len, uint32_t flags = 0)
 {
 	Routed x{};
 	std::memset(&x.r, 0xaa, sizeof(x.r));	// every field is written
@@ -1144,7 +1144,7 @@ constexpr uint32_t W = CKPT_ROUTE_WRITE;
 
 TEST(CoreRoute, ReadsAreCutAtWindowsAndChunks)
 {
-	const ckpt_layout l = small_sb().layout;
+	const ckpt_regions l = small_sb().regions;
 	const uint64_t cb = l.plo_chunk_bytes, win = l.window_bytes;
 	ASSERT_EQ(l.grad_off, uint64_t(CKPT_BLOCK));
 	ASSERT_EQ(l.param_off, l.grad_off + win);
@@ -1193,7 +1193,7 @@ TEST(CoreRoute, ReadsAreCutAtWindowsAndChunks)
 
 TEST(CoreRoute, WritesAreWholeOrRefused)
 {
-	const ckpt_layout l = small_sb().layout;
+	const ckpt_regions l = small_sb().regions;
 	const uint64_t win = l.window_bytes;
 
 	// The control block: one command at offset 0, at most a block.
@@ -1228,7 +1228,7 @@ TEST(CoreRoute, WritesAreWholeOrRefused)
 
 TEST(CoreRoute, UnalignedBeyondAndOverflow)
 {
-	const ckpt_layout l = small_sb().layout;
+	const ckpt_regions l = small_sb().regions;
 	const uint64_t end = l.virt_bytes, max = ~0ull;
 
 	// Writes are sector aligned; alignment is checked first, as the engine did.
@@ -1271,10 +1271,10 @@ TEST(CoreRoute, LargestGeometry)
 	g.dtype = CKPT_DTYPE_FP16;
 	g.optimizer = CKPT_OPT_ADAM;
 	g.manifest_bytes = CKPT_BLOCK;
-	ckpt_layout l{};
+	ckpt_regions l{};
 	// block counts do not fit the header of chunks this large: no COUNTS
-	EXPECT_EQ(ckpt_layout_compute_features(&g, CKPT_FEATURE_INCOMPAT_DEFAULT, &l), -CKPT_E_FEATURE);
-	ASSERT_EQ(ckpt_layout_compute_features(&g, CKPT_FEATURE_INCOMPAT_DEFAULT & ~CKPT_FEATURE_INCOMPAT_COUNTS,
+	EXPECT_EQ(ckpt_regions_compute_features(&g, CKPT_FEATURE_INCOMPAT_DEFAULT, &l), -CKPT_E_FEATURE);
+	ASSERT_EQ(ckpt_regions_compute_features(&g, CKPT_FEATURE_INCOMPAT_DEFAULT & ~CKPT_FEATURE_INCOMPAT_COUNTS,
 					       &l), 0);
 	const uint64_t cb = l.plo_chunk_bytes;
 	Routed x = route(l, l.virt_bytes - cb + 4096, 3 * cb);
@@ -1294,7 +1294,7 @@ TEST(CoreRoute, LargestGeometry)
 TEST(CoreRoute, StepRouteRecordsRefusedWritesOnly)
 {
 	Proto p(CKPT_STAGING_DEFAULT);
-	const ckpt_layout &l = p.sb.layout;
+	const ckpt_regions &l = p.sb.regions;
 	struct ckpt_route r;
 	EXPECT_EQ(ckpt_step_route(&p.cs, 0, 512, W, &r), 0);
 	EXPECT_EQ(ckpt_step_route(&p.cs, l.virt_bytes, 512, 0, &r), -CKPT_E_RANGE);
@@ -1345,7 +1345,7 @@ TEST(CoreLoad, Preconditions)
 	EXPECT_EQ(ckpt_step_load_check(&p.cs, ~0ull, ~0ull), -CKPT_E_FAILED);
 
 	// Spans: inside the image's params.
-	const uint64_t n = p.sb.layout.n_params;
+	const uint64_t n = p.sb.regions.n_params;
 	EXPECT_EQ(ckpt_step_load_span(&p.cs, 0, n), 0);
 	EXPECT_EQ(ckpt_step_load_span(&p.cs, n - 1, 1), 0);
 	EXPECT_EQ(ckpt_step_load_span(&p.cs, 5, 0), 0);
@@ -1390,7 +1390,7 @@ TEST(CoreRollback, OnlyOneStepBackOverIntactRecords)
 
 	// A record of step 1 in its slot: re-stamped for the next sequence, then
 	// already right (an interrupted rollback); overwritten or damaged: refused.
-	const ckpt_layout &l = p.sb.layout;
+	const ckpt_regions &l = p.sb.regions;
 	std::vector<uint8_t> rec(l.record_bytes), plo(l.plo_chunk_bytes, 0x5a);
 	for (size_t i = CKPT_BLOCK; i < rec.size(); i++)
 		rec[i] = uint8_t(i * 7);
@@ -1457,13 +1457,13 @@ TEST(CoreRollback, CommandIsTheCoresRollback)
 	const ckpt_sb one = [&] {
 		ckpt_sb b;
 		EXPECT_EQ(ckpt_sb_decode(p.host.sb_writes[p.host.sb_writes.size() - 2].second.data(),
-					 p.sb.layout.dev_bytes, &b), 0);
+					 p.sb.regions.dev_bytes, &b), 0);
 		return b;
 	}();
 	const ckpt_sb two = p.sb;
 	ASSERT_EQ(one.committed_step, 1u);
 	// step 1's records in its slot, as its updates sealed them
-	const ckpt_layout &l = p.sb.layout;
+	const ckpt_regions &l = p.sb.regions;
 	const uint32_t n_chunks = p.sb.geo.n_chunks;
 	const auto record_of = [&](uint32_t ch) {
 		std::vector<uint8_t> rec(l.record_bytes), plo(l.plo_chunk_bytes, uint8_t(ch));
@@ -1617,7 +1617,7 @@ TEST(CoreRollback, CommitFailureAfterTheSuperblockWriteFails)
 		}
 		ckpt_sb one{};
 		if (what != load) {
-			ASSERT_EQ(ckpt_sb_decode(p.host.sb_writes[0].second.data(), p.sb.layout.dev_bytes, &one), 0);
+			ASSERT_EQ(ckpt_sb_decode(p.host.sb_writes[0].second.data(), p.sb.regions.dev_bytes, &one), 0);
 		}
 		const ckpt_sb two = p.sb;
 		const uint32_t slot = p.cs.sm.committed_slot;

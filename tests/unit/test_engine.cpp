@@ -26,7 +26,7 @@
 #include "device.hpp"
 #include "format.hpp"
 #include "io.hpp"
-#include "tools.hpp"
+#include "admin.hpp"
 
 extern "C" {
 #include "ckpt_update.h"
@@ -93,7 +93,7 @@ protected:
 	static void step_alike(std::initializer_list<ckpt::Device *> devs, Rng &rng,
 			       std::normal_distribution<float> &nd)
 	{
-		const struct ckpt_layout &l = (*devs.begin())->layout();
+		const struct ckpt_regions &l = (*devs.begin())->regions();
 		std::vector<uint16_t> g(l.n_params);
 		for (uint16_t &x : g)
 			x = ckpt_f32_to_bf16(std::bit_cast<uint32_t>(nd(rng) * 1e-3f));
@@ -111,7 +111,7 @@ protected:
 					       uint64_t committed)
 	{
 		d.begin(gs, grad_scale);
-		d.write_grad_window(0, g.data(), d.layout().window_bytes);
+		d.write_grad_window(0, g.data(), d.regions().window_bytes);
 		EXPECT_EQ(d.status().overflow, 1u);
 		EXPECT_EQ(d.commit({}), ckpt::CommitResult::overflow);
 		const struct ckpt_status st = d.status();
@@ -152,7 +152,7 @@ protected:
 	// One committed step of gradient 1.0 everywhere.
 	static void step(ckpt::Device &d)
 	{
-		const struct ckpt_layout &l = d.layout();
+		const struct ckpt_regions &l = d.regions();
 		std::vector<uint16_t> g(l.n_params, 0x3f80);
 		d.begin(groups(), 1.0);
 		d.write_grad_window(0, g.data(), l.window_bytes);
@@ -168,7 +168,7 @@ TEST_F(EngineTest, RegionsOfTheVirtualDevice)
 {
 	auto d = open();
 	ckpt::Engine &e = *d->engine();
-	const struct ckpt_layout &l = d->layout();
+	const struct ckpt_regions &l = d->regions();
 	EXPECT_EQ(l.grad_off, CKPT_BLOCK);
 	EXPECT_EQ(l.param_off, l.grad_off + l.window_bytes);
 
@@ -212,7 +212,7 @@ TEST_F(EngineTest, GarbageCommandIsRefusedAndTold)
 TEST_F(EngineTest, PartialChunksStageUntilComplete)
 {
 	auto d = open();
-	const struct ckpt_layout &l = d->layout();
+	const struct ckpt_regions &l = d->regions();
 	d->begin(groups(), 1.0);
 	std::vector<uint16_t> g(l.n_params, 0x3c00);
 	// The first half of chunk 0: staged, nothing applied yet.
@@ -237,7 +237,7 @@ TEST_F(EngineTest, PartialChunksStageUntilComplete)
 TEST_F(EngineTest, StagingIsBounded)
 {
 	auto d = open(0);	// the minimum: two partial chunks at a time
-	const struct ckpt_layout &l = d->layout();
+	const struct ckpt_regions &l = d->regions();
 	std::vector<uint16_t> g(l.n_params, 0x3c00);
 	d->begin(groups(), 1.0);
 	d->write_grad_window(0, g.data(), CKPT_SECTOR);
@@ -258,7 +258,7 @@ TEST_F(EngineTest, StagingIsBounded)
 TEST_F(EngineTest, OverflowSkipsTheStep)
 {
 	auto d = open();
-	const struct ckpt_layout &l = d->layout();
+	const struct ckpt_regions &l = d->regions();
 	std::vector<uint16_t> g(l.n_params, 0x3c00);
 	d->begin(groups(), 1.0);
 	d->write_grad_window(0, g.data(), l.window_bytes);
@@ -284,7 +284,7 @@ TEST_F(EngineTest, CommitIsDurableAcrossReopen)
 	std::vector<uint16_t> p1(3000);
 	{
 		auto d = open();
-		const struct ckpt_layout &l = d->layout();
+		const struct ckpt_regions &l = d->regions();
 		std::vector<uint16_t> g(l.n_params, 0xbc00);
 		d->begin(groups(), 1.0);
 		d->write_grad_window(0, g.data(), l.window_bytes);
@@ -308,13 +308,13 @@ TEST_F(EngineTest, CommitIsDurableAcrossReopen)
 TEST_F(EngineTest, CorruptStateRecordFailsTheDevice)
 {
 	{
-		const struct ckpt_layout l = ckpt::Image::open(path_, false).sb.layout;
+		const struct ckpt_regions l = ckpt::Image::open(path_, false).sb.regions;
 		std::fstream f(path_, std::ios::in | std::ios::out | std::ios::binary);
 		f.seekp(static_cast<std::streamoff>(ckpt_record_offset(&l, 0, 2) + 16));
 		f.put('\xff');	// the step field of chunk 2's record, committed slot
 	}
 	auto d = open();
-	const struct ckpt_layout &l = d->layout();
+	const struct ckpt_regions &l = d->regions();
 	std::vector<uint16_t> g(l.n_params, 0x3c00);
 	d->begin(groups(), 1.0);
 	// The write is taken; its update fails behind it, and the commit says why.
@@ -331,7 +331,7 @@ TEST_F(EngineTest, CorruptStateRecordFailsTheDevice)
 TEST_F(EngineTest, FailedWriteKeepsItsErrno)
 {
 	auto d = open();
-	const struct ckpt_layout &l = d->layout();
+	const struct ckpt_regions &l = d->regions();
 	ASSERT_EQ(truncate(path_.c_str(), static_cast<off_t>(l.rec_off[1])), 0);
 	struct rlimit old_lim;
 	ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old_lim), 0);
@@ -361,13 +361,13 @@ TEST_F(EngineTest, FailedWriteKeepsItsErrno)
 TEST_F(EngineTest, WriteAfterAFailedUpdateReportsIt)
 {
 	{
-		const struct ckpt_layout l = ckpt::Image::open(path_, false).sb.layout;
+		const struct ckpt_regions l = ckpt::Image::open(path_, false).sb.regions;
 		std::fstream f(path_, std::ios::in | std::ios::out | std::ios::binary);
 		f.seekp(static_cast<std::streamoff>(ckpt_record_offset(&l, 0, 0) + 16));
 		f.put('\xff');	// the step field of chunk 0's record, committed slot
 	}
 	auto d = open();
-	const struct ckpt_layout &l = d->layout();
+	const struct ckpt_regions &l = d->regions();
 	std::vector<uint16_t> g(l.n_params, 0x3c00);
 	d->begin(groups(), 1.0);
 	d->write_grad_window(0, g.data(), l.plo_chunk_bytes);	// chunk 0: fails behind the write
@@ -420,7 +420,7 @@ TEST_F(EngineTest, ReadParamsMultiReadsEveryTensorInOneBatch)
 		want.push_back(rounded_params(*d, t));
 	d->begin(groups(), 1.0);
 	const ckpt::Tensor &c = d->manifest().find("c");
-	std::vector<uint16_t> g(d->layout().n_params, 0x3f80);
+	std::vector<uint16_t> g(d->regions().n_params, 0x3f80);
 	d->write_grad_window(c.offset * 2, g.data(), c.extent * 2);	// its own chunk: updated now
 	std::vector<std::vector<uint16_t>> got_c;
 	for (uint64_t skew : {0, 1, 3}) {
@@ -457,7 +457,7 @@ TEST_F(EngineTest, ReadParamsMultiReadsEveryTensorInOneBatch)
 	// ones its update gave mid-step
 	d->write_grad_window(0, g.data(), c.offset * 2);
 	const uint64_t end = (c.offset + c.extent) * 2;
-	d->write_grad_window(end, g.data(), d->layout().window_bytes - end);
+	d->write_grad_window(end, g.data(), d->regions().window_bytes - end);
 	ASSERT_EQ(d->commit({}), ckpt::CommitResult::committed);
 	const std::vector<uint16_t> want_c = rounded_params(*d, c);
 	for (const auto &got : got_c)
@@ -476,7 +476,7 @@ TEST_F(EngineTest, AStepReadsTheStatusPageOnce)
 	const ckpt::Traffic t1 = d->traffic();
 	EXPECT_EQ(t1.status_reads - t0.status_reads, 1u);
 	EXPECT_EQ(t1.commands - t0.commands, 2u);
-	EXPECT_EQ(t1.grad_bytes - t0.grad_bytes, d->layout().window_bytes);
+	EXPECT_EQ(t1.grad_bytes - t0.grad_bytes, d->regions().window_bytes);
 	EXPECT_EQ(t1.param_bytes - t0.param_bytes, 0u);
 	const uint64_t control = t1.control_bytes - t0.control_bytes;
 	EXPECT_GT(control, CKPT_BLOCK + 2 * CKPT_SECTOR - 1);
@@ -507,7 +507,7 @@ TEST_F(EngineTest, AsyncUpdatesGiveTheSameBytesInAnyOrder)
 	fs::copy_file(path_, other);
 	auto run = [](const std::string &path, ckpt::EngineOptions o) {
 		auto d = ckpt::Device::open(path, o);
-		const struct ckpt_layout &l = d->layout();
+		const struct ckpt_regions &l = d->regions();
 		std::vector<uint16_t> g(l.n_params);
 		for (uint64_t i = 0; i < g.size(); i++)
 			g[i] = static_cast<uint16_t>(0x3c00 + i % 977);	// bf16 of assorted magnitudes
@@ -555,7 +555,7 @@ TEST_F(EngineTest, FlippedDataBitFailsTheStep)
 		step(*d);
 	}
 	const ckpt::Image img = ckpt::Image::open(path_, false);
-	const struct ckpt_layout l = img.sb.layout;
+	const struct ckpt_regions l = img.sb.regions;
 	const uint32_t slot = img.sb.committed_slot;
 	const uint64_t rec0 = ckpt_record_offset(&l, slot, 0);
 	flip(rec0 + CKPT_BLOCK + 2, 0x40);	// an exponent bit of p[0]
@@ -597,7 +597,7 @@ TEST_F(EngineTest, FlippedPloBitFailsReadParams)
 		step(*d);
 	}
 	const ckpt::Image img = ckpt::Image::open(path_, false);
-	const struct ckpt_layout l = img.sb.layout;
+	const struct ckpt_regions l = img.sb.regions;
 	const ckpt::Tensor &c = img.manifest.find("c");
 	flip(ckpt_plo_offset(&l, img.sb.committed_slot, 0) + c.offset * 2 + 10, 0x02);
 
@@ -634,7 +634,7 @@ TEST_F(EngineTest, ImageWithoutPloCrcKeepsWorking)
 	const ckpt::Image img = ckpt::Image::open(path_, false);
 	EXPECT_EQ(img.sb.feature_incompat & CKPT_FEATURE_INCOMPAT_PLO_CRC, 0u);
 	const ckpt::Tensor &c = img.manifest.find("c");
-	flip(ckpt_plo_offset(&img.sb.layout, img.sb.committed_slot, 0) + c.offset * 2 + 10, 0x02);
+	flip(ckpt_plo_offset(&img.sb.regions, img.sb.committed_slot, 0) + c.offset * 2 + 10, 0x02);
 	auto d = open();
 	std::vector<uint16_t> out(c.numel);
 	d->read_params("c", out.data(), out.size());	// not checked: no checksum
@@ -646,7 +646,7 @@ TEST_F(EngineTest, ImageWithoutPloCrcKeepsWorking)
 TEST_F(EngineTest, EpsZeroWithZeroGradientIsSkipped)
 {
 	auto d = open();	// step 0: p, m, v all zero
-	const struct ckpt_layout &l = d->layout();
+	const struct ckpt_regions &l = d->regions();
 	auto gs = groups();
 	gs[1].eps = 0;		// group 1: tensor c
 	std::vector<uint16_t> g(l.n_params, 0x3f80);
@@ -831,9 +831,9 @@ TEST_F(EngineTest, RollbackGoesBackOneStepOnce)
 	EXPECT_EQ(again->status().committed_step, 2u);
 	EXPECT_TRUE(state_of(*again, "a") == a2);
 	// A step written over the previous slot and aborted: nothing to go back to.
-	std::vector<uint16_t> g(again->layout().n_params, 0x3c00);
+	std::vector<uint16_t> g(again->regions().n_params, 0x3c00);
 	again->begin(groups(), 1.0);
-	again->write_grad_window(0, g.data(), again->layout().window_bytes);
+	again->write_grad_window(0, g.data(), again->regions().window_bytes);
 	again->abort();
 	EXPECT_EQ(code_of([&] { again->rollback(); }), CKPT_E_ROLLBACK);
 	EXPECT_EQ(again->status().committed_step, 2u);
@@ -870,14 +870,14 @@ TEST_F(EngineTest, ParamCacheReadsWhatTheDeviceHolds)
 		ASSERT_EQ(step_with(*cached, t, {"a", "b", "c"}), ckpt::CommitResult::committed);
 		same("after a step");
 	}
-	std::vector<uint16_t> inf(plain->layout().n_params, 0x7c00);
+	std::vector<uint16_t> inf(plain->regions().n_params, 0x7c00);
 	for (ckpt::Device *d : {plain.get(), cached.get()})
 		skipped_step(*d, groups(), 1.0, inf, 2);
 	same("after an overflow");
-	std::vector<uint16_t> g(plain->layout().n_params, 0x3c00);
+	std::vector<uint16_t> g(plain->regions().n_params, 0x3c00);
 	for (ckpt::Device *d : {plain.get(), cached.get()}) {
 		d->begin(groups(), 1.0);
-		d->write_grad_window(0, g.data(), d->layout().window_bytes);
+		d->write_grad_window(0, g.data(), d->regions().window_bytes);
 		d->abort();
 	}
 	same("after an aborted step");
@@ -896,7 +896,7 @@ TEST_F(EngineTest, ParamCacheReadsWhatTheDeviceHolds)
 	cached->read_params("a", want.data(), n);
 	{
 		const ckpt::Image img = ckpt::Image::open(twin, false);
-		const struct ckpt_layout &l = img.sb.layout;
+		const struct ckpt_regions &l = img.sb.regions;
 		std::fstream f(twin, std::ios::in | std::ios::out | std::ios::binary);
 		f.seekp(static_cast<std::streamoff>(ckpt_plo_offset(&l, img.sb.committed_slot, 0)));
 		const std::vector<char> zeros(l.plo_chunk_bytes);
@@ -975,17 +975,17 @@ TEST_F(EngineTest, RollbackCommandIsEngineRollback)
 
 	// The previous slot overwritten by a step that was then aborted.
 	e = ckpt::Engine::open(twin);
-	std::vector<uint16_t> g(e->layout().n_params, 0x3c00);
+	std::vector<uint16_t> g(e->regions().n_params, 0x3c00);
 	for (uint64_t t : {2, 3}) {
 		send(CKPT_OP_BEGIN, t);
-		e->write(e->layout().grad_off, g.data(), e->layout().window_bytes);
+		e->write(e->regions().grad_off, g.data(), e->regions().window_bytes);
 		send(t == 2 ? CKPT_OP_COMMIT : CKPT_OP_ABORT, t);
 	}
 	refused(2, CKPT_E_ROLLBACK, "overwritten by step 3");
 	// A failed device: a corrupt record of the committed slot fails the step.
 	e.reset();
 	{
-		const struct ckpt_layout l = ckpt::Image::open(twin, false).sb.layout;
+		const struct ckpt_regions l = ckpt::Image::open(twin, false).sb.regions;
 		const uint32_t slot = ckpt::Image::open(twin, false).sb.committed_slot;
 		std::fstream f(twin, std::ios::in | std::ios::out | std::ios::binary);
 		f.seekp(static_cast<std::streamoff>(ckpt_record_offset(&l, slot, 0) + 16));
@@ -997,7 +997,7 @@ TEST_F(EngineTest, RollbackCommandIsEngineRollback)
 	// itself when a worker failed chunk 0 before the write of the window's
 	// last chunk returned (so it does, one at a time, with pread/pwrite under
 	// qemu-user), else the next command.
-	code_of([&] { e->write(e->layout().grad_off, g.data(), e->layout().window_bytes); });
+	code_of([&] { e->write(e->regions().grad_off, g.data(), e->regions().window_bytes); });
 	EXPECT_EQ(e->status().state, uint32_t(CKPT_STATE_FAILED));
 	EXPECT_NE(code_of([&] { send(CKPT_OP_ABORT, 3); }), 0);
 	refused(0, CKPT_E_FAILED, "failed earlier");
@@ -1246,7 +1246,7 @@ TEST_F(EngineTest, CountMismatchRefusesTheCommit)
 	load_masters(*d);
 	ASSERT_EQ(step_with(*d, 1, {"a", "c"}), ckpt::CommitResult::committed);
 	const TensorState b0 = state_of(*d, "b");
-	const struct ckpt_layout &l = d->layout();
+	const struct ckpt_regions &l = d->regions();
 	std::vector<uint16_t> g(l.n_params, 0x3c00);
 	d->begin(groups(), 1.0);
 	d->write_grad_window(0, g.data(), l.window_bytes);	// b at the group's step 2
@@ -1281,7 +1281,7 @@ TEST_F(EngineTest, RangeCommandIsChecked)
 	cmd.step = 1;
 	cmd.ranges[0].len = 512;
 	EXPECT_EQ(code_of(send), CKPT_E_ALIGN);
-	cmd.ranges[0].len = d->layout().window_bytes + 4096;
+	cmd.ranges[0].len = d->regions().window_bytes + 4096;
 	EXPECT_EQ(code_of(send), CKPT_E_RANGE);
 	cmd.ranges[0] = {0, 4096, 1, 0x3f800000u, 0x3f800000u, 0};
 	cmd.ranges[0].count = 2;	// beyond the open step
@@ -1386,8 +1386,8 @@ TEST_F(EngineTest, EightBitMomentsStepLoadAndRead)
 	ASSERT_TRUE(d8->image().sb.feature_incompat & CKPT_FEATURE_INCOMPAT_Q8);
 	EXPECT_FALSE(d32->image().sb.feature_incompat & CKPT_FEATURE_INCOMPAT_Q8);
 	// 4 KiB header + 6 B * 4096 + 2 * 4 B * 16 scales, in 4 KiB blocks
-	EXPECT_EQ(d8->layout().record_bytes, 4096u + 28672u);
-	EXPECT_EQ(d32->layout().record_bytes, 4096u + 12u * 4096u);
+	EXPECT_EQ(d8->regions().record_bytes, 4096u + 28672u);
+	EXPECT_EQ(d32->regions().record_bytes, 4096u + 12u * 4096u);
 
 	std::mt19937_64 rng(12);
 	std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -1463,7 +1463,7 @@ TEST_F(EngineTest, EightBitStateReloadsBitForBit)
 	lay.add("c", {1000}, 1);
 	const auto state_bytes = [](const std::string &path) {
 		const ckpt::Image img = ckpt::Image::open(path, false);
-		const struct ckpt_layout &l = img.sb.layout;
+		const struct ckpt_regions &l = img.sb.regions;
 		const uint64_t n = ckpt_rec_data_bytes(img.sb.geo.chunk_shift, img.sb.feature_incompat);
 		std::ifstream f(path, std::ios::binary);
 		std::vector<char> out;
@@ -1546,7 +1546,7 @@ TEST_F(EngineTest, Bf16MastersStepLoadAndRead)
 	auto db = ckpt::Device::open(bf, {});
 	ASSERT_TRUE(db->image().sb.feature_incompat & CKPT_FEATURE_INCOMPAT_BF16M);
 	// 4 KiB header + 4 B * 4096 + 2 * 4 B * 16 scales, in 4 KiB blocks
-	EXPECT_EQ(db->layout().record_bytes, 4096u + 20480u);
+	EXPECT_EQ(db->regions().record_bytes, 4096u + 20480u);
 
 	std::mt19937_64 rng(13);
 	std::normal_distribution<float> nd(0.0f, 1.0f);

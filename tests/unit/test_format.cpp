@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "ckpt_format.h"
+#include "ckpt_codec.h"
 #include "core_test_util.hpp"
 
 extern "C" {
@@ -91,7 +91,7 @@ std::unique_ptr<ckpt_sb> test_sb(uint64_t sequence = 4, uint32_t blob_len = 100)
 {
 	auto sb = std::make_unique<ckpt_sb>();
 	sb->geo = test_geo();
-	EXPECT_EQ(ckpt_layout_compute(&sb->geo, &sb->layout), 0);
+	EXPECT_EQ(ckpt_regions_compute(&sb->geo, &sb->regions), 0);
 	for (int i = 0; i < 16; i++)
 		sb->uuid[i] = uint8_t(0xa0 + i);
 	sb->sequence = sequence;
@@ -118,7 +118,7 @@ int decode_sb(const Block &b, uint64_t dev)
 	return ckpt_sb_decode(b.data(), dev, out.get());
 }
 
-uint64_t dev_of(const ckpt_sb &sb) { return sb.layout.dev_bytes; }
+uint64_t dev_of(const ckpt_sb &sb) { return sb.regions.dev_bytes; }
 
 std::unique_ptr<ckpt_cmd> begin_cmd(uint64_t step, uint32_t n_groups)
 {
@@ -306,16 +306,16 @@ TEST(Geometry, ValidAndEveryFieldOutOfRange)
 		ckpt_geometry x = test_geo();
 		c.mut(x);
 		EXPECT_EQ(ckpt_geometry_check(&x), c.ok ? 0 : -CKPT_E_GEOMETRY) << c.name;
-		ckpt_layout l;
-		EXPECT_EQ(ckpt_layout_compute(&x, &l), c.ok ? 0 : -CKPT_E_GEOMETRY) << c.name;
+		ckpt_regions l;
+		EXPECT_EQ(ckpt_regions_compute(&x, &l), c.ok ? 0 : -CKPT_E_GEOMETRY) << c.name;
 	}
 }
 
 TEST(Layout, CanonicalValues)
 {
 	ckpt_geometry g = test_geo(); // 10 chunks of 2048 params, 8 KiB manifest
-	ckpt_layout l;
-	ASSERT_EQ(ckpt_layout_compute(&g, &l), 0);
+	ckpt_regions l;
+	ASSERT_EQ(ckpt_regions_compute(&g, &l), 0);
 	EXPECT_EQ(l.chunk_params, 2048u);
 	EXPECT_EQ(l.n_params, 20480u);
 	EXPECT_EQ(l.plo_chunk_bytes, 4096u);
@@ -335,8 +335,8 @@ TEST(Layout, CanonicalValues)
 	EXPECT_EQ(l.virt_bytes, 4096u + 2 * 40960u);
 	EXPECT_EQ(ckpt_plo_offset(&l, 1, 3), l.plo_off[1] + 3 * 4096u);
 	EXPECT_EQ(ckpt_record_offset(&l, 0, 9), l.rec_off[0] + 9 * l.record_bytes);
-	EXPECT_EQ(ckpt_layout_compute(&g, nullptr), -CKPT_E_INVAL);
-	EXPECT_EQ(ckpt_layout_compute(nullptr, &l), -CKPT_E_INVAL);
+	EXPECT_EQ(ckpt_regions_compute(&g, nullptr), -CKPT_E_INVAL);
+	EXPECT_EQ(ckpt_regions_compute(nullptr, &l), -CKPT_E_INVAL);
 }
 
 TEST(Layout, AlignedContiguousAndNoOverflowAtExtremes)
@@ -351,8 +351,8 @@ TEST(Layout, AlignedContiguousAndNoOverflowAtExtremes)
 				g.n_chunks = n;
 				g.chunk_shift = s;
 				g.manifest_bytes = m;
-				ckpt_layout l;
-				ASSERT_EQ(ckpt_layout_compute(&g, &l), 0);
+				ckpt_regions l;
+				ASSERT_EQ(ckpt_regions_compute(&g, &l), 0);
 				// Exact arithmetic in 128 bits.
 				unsigned __int128 cp = (unsigned __int128)1 << s;
 				unsigned __int128 plo = (unsigned __int128)n * cp * 2;
@@ -381,18 +381,18 @@ TEST(Superblock, RoundTrip)
 {
 	for (uint32_t blob_len : {0u, 1u, 100u, CKPT_BLOB_MAX}) {
 		auto sb = test_sb(6, blob_len);
-		sb->layout.dev_bytes += 1 << 20; // a layout end beyond the minimum is kept
+		sb->regions.dev_bytes += 1 << 20; // a layout end beyond the minimum is kept
 		Block b = encode_sb(*sb);
 		// Encode zeroes the block: nothing of the 0xcc fill survives past the header.
 		for (size_t i = sizeof(ckpt_sb_disk); i < CKPT_BLOCK; i++)
 			ASSERT_EQ(b[i], 0) << i;
 		auto out = std::make_unique<ckpt_sb>();
 		std::memset(out.get(), 0x5a, sizeof(ckpt_sb));
-		ASSERT_EQ(ckpt_sb_decode(b.data(), sb->layout.dev_bytes, out.get()), 0);
+		ASSERT_EQ(ckpt_sb_decode(b.data(), sb->regions.dev_bytes, out.get()), 0);
 		EXPECT_EQ(std::memcmp(out->uuid, sb->uuid, 16), 0);
 		EXPECT_EQ(out->sequence, 6u);
 		EXPECT_EQ(std::memcmp(&out->geo, &sb->geo, sizeof(sb->geo)), 0);
-		EXPECT_EQ(std::memcmp(&out->layout, &sb->layout, sizeof(sb->layout)), 0);
+		EXPECT_EQ(std::memcmp(&out->regions, &sb->regions, sizeof(sb->regions)), 0);
 		EXPECT_EQ(out->manifest_len, 5000u);
 		EXPECT_EQ(out->manifest_crc, 0xdeadbeefu);
 		EXPECT_EQ(out->committed_step, 41u);
@@ -419,12 +419,12 @@ TEST(Superblock, EncodeRefusesWhatDecodeWouldRefuse)
 	}
 	{
 		auto sb = test_sb();
-		sb->layout.rec_off[1] += 4096;
+		sb->regions.rec_off[1] += 4096;
 		EXPECT_EQ(ckpt_sb_encode(sb.get(), b.data()), -CKPT_E_LAYOUT);
 	}
 	{
 		auto sb = test_sb();
-		sb->layout.dev_bytes -= 4096;
+		sb->regions.dev_bytes -= 4096;
 		EXPECT_EQ(ckpt_sb_encode(sb.get(), b.data()), -CKPT_E_TOO_SMALL);
 	}
 	{
@@ -614,7 +614,7 @@ TEST(Superblock, DeviceSize)
 		EXPECT_EQ(decode_sb(b, end), -CKPT_E_TOO_SMALL);
 		auto out = std::make_unique<ckpt_sb>();
 		EXPECT_EQ(ckpt_sb_decode(b.data(), end + (1 << 20), out.get()), 0);
-		EXPECT_EQ(out->layout.dev_bytes, end + (1 << 20));
+		EXPECT_EQ(out->regions.dev_bytes, end + (1 << 20));
 	}
 }
 
@@ -668,9 +668,9 @@ TEST(Superblock, RandomMutationsNeverAcceptNonsense)
 		ASSERT_GT(r, -CKPT_E_MAX);
 		if (r == 0) {
 			accepted++;
-			ckpt_layout l;
-			ASSERT_EQ(ckpt_layout_compute(&out->geo, &l), 0);
-			ASSERT_LE(out->layout.dev_bytes, dev);
+			ckpt_regions l;
+			ASSERT_EQ(ckpt_regions_compute(&out->geo, &l), 0);
+			ASSERT_LE(out->regions.dev_bytes, dev);
 			ASSERT_LE(out->blob_len, CKPT_BLOB_MAX);
 			ASSERT_LE(out->committed_slot, 1u);
 			ASSERT_LE(out->manifest_len, out->geo.manifest_bytes);
@@ -846,14 +846,14 @@ TEST(SuperblockPick, OtherCopyDamage)
 TEST(Meta2, LayoutAppendsTheSecondCopyAndMovesNothing)
 {
 	ckpt_geometry g = test_geo();
-	ckpt_layout v1, l;
-	ASSERT_EQ(ckpt_layout_compute(&g, &v1), 0);
-	ASSERT_EQ(ckpt_layout_compute_features(&g, 0, &l), 0);
+	ckpt_regions v1, l;
+	ASSERT_EQ(ckpt_regions_compute(&g, &v1), 0);
+	ASSERT_EQ(ckpt_regions_compute_features(&g, 0, &l), 0);
 	EXPECT_EQ(std::memcmp(&v1, &l, sizeof(l)), 0);
 	EXPECT_EQ(v1.meta2_off, 0u);
 	EXPECT_EQ(ckpt_meta_copies(&v1), 1u);
 
-	ASSERT_EQ(ckpt_layout_compute_features(&g, CKPT_FEATURE_INCOMPAT_META2, &l), 0);
+	ASSERT_EQ(ckpt_regions_compute_features(&g, CKPT_FEATURE_INCOMPAT_META2, &l), 0);
 	EXPECT_EQ(ckpt_meta_copies(&l), 2u);
 	EXPECT_EQ(l.meta2_off, v1.dev_bytes);
 	EXPECT_EQ(l.dev_bytes, v1.dev_bytes + v1.group_bytes + v1.manifest_bytes);
@@ -862,17 +862,17 @@ TEST(Meta2, LayoutAppendsTheSecondCopyAndMovesNothing)
 	EXPECT_EQ(ckpt_group_offset(&l, 1), l.meta2_off);
 	EXPECT_EQ(ckpt_manifest_offset(&l, 1), l.meta2_off + l.group_bytes);
 	// every other offset and the virtual device stay
-	ckpt_layout a = l;
+	ckpt_regions a = l;
 	a.meta2_off = 0;
 	a.dev_bytes = v1.dev_bytes;
 	EXPECT_EQ(std::memcmp(&a, &v1, sizeof(a)), 0);
 
-	EXPECT_EQ(ckpt_layout_compute_features(&g, 1u << 31, &l), -CKPT_E_FEATURE);
+	EXPECT_EQ(ckpt_regions_compute_features(&g, 1u << 31, &l), -CKPT_E_FEATURE);
 	// the largest geometry still fits in 64 bits with the copy
 	g.n_chunks = CKPT_MAX_CHUNKS;
 	g.chunk_shift = CKPT_MAX_CHUNK_SHIFT;
 	g.manifest_bytes = CKPT_MANIFEST_MAX;
-	ASSERT_EQ(ckpt_layout_compute_features(&g, CKPT_FEATURE_INCOMPAT_META2, &l), 0);
+	ASSERT_EQ(ckpt_regions_compute_features(&g, CKPT_FEATURE_INCOMPAT_META2, &l), 0);
 	EXPECT_EQ(l.dev_bytes - l.meta2_off, l.group_bytes + l.manifest_bytes);
 	EXPECT_EQ(l.meta2_off % 4096, 0u);
 }
@@ -881,7 +881,7 @@ std::unique_ptr<ckpt_sb> meta2_sb(const std::vector<uint8_t> &groups)
 {
 	auto sb = test_sb();
 	sb->feature_incompat = CKPT_FEATURE_INCOMPAT_META2;
-	EXPECT_EQ(ckpt_layout_compute_features(&sb->geo, sb->feature_incompat, &sb->layout), 0);
+	EXPECT_EQ(ckpt_regions_compute_features(&sb->geo, sb->feature_incompat, &sb->regions), 0);
 	sb->group_crc = ckpt_crc32c(groups.data(), sb->geo.n_chunks);
 	return sb;
 }
@@ -892,30 +892,30 @@ TEST(Meta2, SuperblockCarriesTheGroupCrcAndTheLayout)
 	auto sb = meta2_sb(groups);
 	Block b = encode_sb(*sb);
 	EXPECT_EQ(get32(b, offsetof(ckpt_sb_disk, feature_incompat)), CKPT_FEATURE_INCOMPAT_META2);
-	EXPECT_EQ(get64(b, offsetof(ckpt_sb_disk, meta2_off)), sb->layout.meta2_off);
+	EXPECT_EQ(get64(b, offsetof(ckpt_sb_disk, meta2_off)), sb->regions.meta2_off);
 	EXPECT_EQ(get32(b, offsetof(ckpt_sb_disk, group_crc)), sb->group_crc);
 	auto out = std::make_unique<ckpt_sb>();
 	ASSERT_EQ(ckpt_sb_decode(b.data(), dev_of(*sb), out.get()), 0);
 	EXPECT_EQ(out->group_crc, sb->group_crc);
-	EXPECT_EQ(out->layout.meta2_off, sb->layout.meta2_off);
+	EXPECT_EQ(out->regions.meta2_off, sb->regions.meta2_off);
 	EXPECT_EQ(encode_sb(*out), b);
 	// the second copy is part of the layout: a device without it is too small
 	EXPECT_EQ(ckpt_sb_decode(b.data(), dev_of(*sb) - 1, out.get()), -CKPT_E_TOO_SMALL);
 	// a stored meta2_off that is not the derived one
 	Block bad = b;
-	put64(bad, offsetof(ckpt_sb_disk, meta2_off), sb->layout.meta2_off + 4096);
+	put64(bad, offsetof(ckpt_sb_disk, meta2_off), sb->regions.meta2_off + 4096);
 	recrc_block(bad);
 	EXPECT_EQ(decode_sb(bad, dev_of(*sb) + 4096), -CKPT_E_LAYOUT);
 	// without the feature, meta2_off must be 0 and group_crc is not read
 	auto v1 = test_sb();
 	Block b1 = encode_sb(*v1);
 	EXPECT_EQ(get64(b1, offsetof(ckpt_sb_disk, meta2_off)), 0u);
-	put64(b1, offsetof(ckpt_sb_disk, meta2_off), sb->layout.meta2_off);
+	put64(b1, offsetof(ckpt_sb_disk, meta2_off), sb->regions.meta2_off);
 	recrc_block(b1);
 	EXPECT_EQ(decode_sb(b1, dev_of(*sb)), -CKPT_E_LAYOUT);
 	// encode refuses a layout that is not the feature's
 	auto mixed = meta2_sb(groups);
-	mixed->layout = v1->layout;
+	mixed->regions = v1->regions;
 	Block tmp(CKPT_BLOCK);
 	EXPECT_EQ(ckpt_sb_encode(mixed.get(), tmp.data()), -CKPT_E_LAYOUT);
 }

@@ -29,7 +29,7 @@
 #include "ckpt.h"
 #include "device.hpp"
 #include "format.hpp"
-#include "tools.hpp"
+#include "admin.hpp"
 
 namespace {
 
@@ -83,7 +83,7 @@ protected:
 	}
 
 	// The same gradients at every step (so racing writers agree), finite.
-	static std::vector<uint16_t> grads(const struct ckpt_layout &l)
+	static std::vector<uint16_t> grads(const struct ckpt_regions &l)
 	{
 		std::vector<uint16_t> g(l.n_params);
 		for (uint64_t i = 0; i < g.size(); i++)
@@ -94,9 +94,9 @@ protected:
 
 	static void step(ckpt::Device &d, std::string_view blob = "hostile")
 	{
-		const auto g = grads(d.layout());
+		const auto g = grads(d.regions());
 		d.begin(groups(), 0.5);
-		d.write_grad_window(0, g.data(), d.layout().window_bytes);
+		d.write_grad_window(0, g.data(), d.regions().window_bytes);
 		const auto *b = reinterpret_cast<const uint8_t *>(blob.data());
 		ASSERT_EQ(d.commit({b, blob.size()}), ckpt::CommitResult::committed);
 	}
@@ -147,7 +147,7 @@ protected:
 
 	// Places to aim at: each region's start and odd sectors in it, the
 	// boundaries, past the end.
-	static std::vector<uint64_t> targets(const struct ckpt_layout &l)
+	static std::vector<uint64_t> targets(const struct ckpt_regions &l)
 	{
 		return {0, 512, 3 * 512, l.grad_off, l.grad_off + 7 * 512,
 			l.grad_off + l.plo_chunk_bytes - 512, l.param_off - 512, l.param_off,
@@ -177,7 +177,7 @@ TEST_F(HostileTest, RandomBytesEverywhere)
 	step(*d);
 	const Snapshot before = snapshot(*d);
 	ckpt::Engine &e = *d->engine();
-	const struct ckpt_layout &l = d->layout();
+	const struct ckpt_regions &l = d->regions();
 	std::vector<uint8_t> rd(kBig + 512);
 	uint64_t refused = 0;
 	for (uint64_t at : targets(l)) {
@@ -217,7 +217,7 @@ TEST_F(HostileTest, RefusalsSayWhy)
 {
 	auto d = ckpt::Device::open(path_);
 	ckpt::Engine &e = *d->engine();
-	const struct ckpt_layout &l = d->layout();
+	const struct ckpt_regions &l = d->regions();
 	const uint8_t *j = junk_.data();
 	EXPECT_EQ(refusal([&] { e.write(l.grad_off, j, 4096); }).first, CKPT_E_STATE);
 	EXPECT_EQ(refusal([&] { e.write(l.param_off, j, 4096); }).first, CKPT_E_READONLY);
@@ -240,7 +240,7 @@ TEST_F(HostileTest, GarbageWithAStepOpen)
 	step(*d);
 	const Snapshot before = snapshot(*d);
 	ckpt::Engine &e = *d->engine();
-	const struct ckpt_layout &l = d->layout();
+	const struct ckpt_regions &l = d->regions();
 	d->begin(groups(), 0.5);
 	const uint64_t t = d->status().open_step;
 	for (uint64_t at : targets(l)) {
@@ -321,7 +321,7 @@ TEST_F(HostileTest, TwoThreadsRaceBeginCommit)
 	constexpr uint64_t kLast = 12;
 	auto d = ckpt::Device::open(path_);
 	ckpt::Engine &e = *d->engine();
-	const struct ckpt_layout l = d->layout();
+	const struct ckpt_regions l = d->regions();
 	const auto g = grads(l);
 	const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
 	std::atomic<uint64_t> refusals{0};

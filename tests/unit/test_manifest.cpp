@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// The tensor manifests' JSON (layout.cpp): the user's layout for ckptctl
+// The tensor manifests' JSON (manifest.cpp): the user's layout for ckptctl
 // format --manifest, and the manifest read back from a device. Numbers must
 // be JSON integers in range: nlohmann's get<unsigned>() would convert 1.5 to
 // 1, wrap -1 or 2^32 + 4096, and a float beyond the range is undefined
@@ -9,7 +9,7 @@
 #include <string>
 
 #include "error.hpp"
-#include "layout.hpp"
+#include "manifest.hpp"
 
 namespace {
 
@@ -100,7 +100,7 @@ TEST(LayoutJson, StrictKeysAndTypes)
 // A device's manifest: one tensor of 4096 params in 2 chunks of 2048.
 struct Device {
 	ckpt_geometry geo{};
-	ckpt_layout l{};
+	ckpt_regions l{};
 	std::vector<uint8_t> table{0, 0};
 	Device()
 	{
@@ -110,7 +110,7 @@ struct Device {
 		geo.dtype = CKPT_DTYPE_BF16;
 		geo.optimizer = CKPT_OPT_ADAM;
 		geo.manifest_bytes = CKPT_BLOCK;
-		EXPECT_EQ(ckpt_layout_compute(&geo, &l), 0);
+		EXPECT_EQ(ckpt_regions_compute(&geo, &l), 0);
 	}
 	std::string manifest(const std::string &offset, const std::string &numel, const std::string &group = "0")
 	{

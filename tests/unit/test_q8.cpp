@@ -812,16 +812,16 @@ TEST(BF16M, OnlyWithQ8AndBf16)
 	g.dtype = CKPT_DTYPE_BF16;
 	g.optimizer = CKPT_OPT_ADAM;
 	g.manifest_bytes = 4096;
-	struct ckpt_layout l;
+	struct ckpt_regions l;
 	const uint32_t base = CKPT_FEATURE_INCOMPAT_DEFAULT;
-	EXPECT_EQ(ckpt_layout_compute_features(&g, base | CKPT_FEATURE_INCOMPAT_BF16M, &l), -CKPT_E_FEATURE);
-	ASSERT_EQ(ckpt_layout_compute_features(&g, base | CKPT_FEATURE_INCOMPAT_Q8 | CKPT_FEATURE_INCOMPAT_BF16M,
+	EXPECT_EQ(ckpt_regions_compute_features(&g, base | CKPT_FEATURE_INCOMPAT_BF16M, &l), -CKPT_E_FEATURE);
+	ASSERT_EQ(ckpt_regions_compute_features(&g, base | CKPT_FEATURE_INCOMPAT_Q8 | CKPT_FEATURE_INCOMPAT_BF16M,
 					       &l),
 		  0);
 	// 4 KiB header + 4 B * 65536 + 2 * 4 B * 256 scales, in 4 KiB blocks
 	EXPECT_EQ(l.record_bytes, 4096u + 266240u);
 	g.dtype = CKPT_DTYPE_FP16;
-	EXPECT_EQ(ckpt_layout_compute_features(&g, base | CKPT_FEATURE_INCOMPAT_Q8 | CKPT_FEATURE_INCOMPAT_BF16M,
+	EXPECT_EQ(ckpt_regions_compute_features(&g, base | CKPT_FEATURE_INCOMPAT_Q8 | CKPT_FEATURE_INCOMPAT_BF16M,
 					       &l),
 		  -CKPT_E_FEATURE);
 }

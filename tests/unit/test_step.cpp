@@ -49,7 +49,7 @@ protected:
 	void init(uint64_t committed_step, uint32_t slot)
 	{
 		sb->geo = test_geometry(kChunks, 11, kGroups, CKPT_DTYPE_BF16, 4096);
-		ASSERT_EQ(ckpt_layout_compute(&sb->geo, &sb->layout), 0);
+		ASSERT_EQ(ckpt_regions_compute(&sb->geo, &sb->regions), 0);
 		sb->committed_step = committed_step;
 		sb->committed_slot = slot;
 		sb->blob_len = 5;

@@ -380,7 +380,7 @@ def flipped_params(dev, mapper, no_target):
     info = json.loads(subprocess.run(["ckptctl", "info", "--json", dev], capture_output=True,
                                      text=True, check=True).stdout)
     t = info["tensors"][-1]
-    off = info["layout"]["plo_off"][info["committed_slot"]] + 2 * t["offset"] + 1
+    off = info["regions"]["plo_off"][info["committed_slot"]] + 2 * t["offset"] + 1
 
     def flip():
         fd = os.open(dev, os.O_RDWR)

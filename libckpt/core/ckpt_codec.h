@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: GPL-2.0 OR MIT */
 /*
- * dm-ckpt on-disk format v1, the command/status ABI of the virtual device, and
- * the layout arithmetic shared by the kernel target and libckpt.
+ * dm-ckpt's codecs: the on-disk format v1 (superblock, group table, records),
+ * the command/status ABI of the virtual device, and the arithmetic of the
+ * image's layout (struct ckpt_regions: where each region is), shared by the
+ * kernel target and libckpt. ("format" is the verb: making an image.)
  *
  * Backing device (all regions 4 KiB aligned, offsets in bytes):
  *
@@ -30,8 +32,8 @@
  *   4 KiB    GRAD window: n_chunks * chunk_params * 2 B (write gradients)
  *   ...      PARAM window: same size (read low-precision params)
  */
-#ifndef CKPT_FORMAT_H
-#define CKPT_FORMAT_H
+#ifndef CKPT_CODEC_H
+#define CKPT_CODEC_H
 
 #include "ckpt_platform.h"
 #include "ckpt_abi.h"
@@ -145,7 +147,7 @@ struct ckpt_geometry {
 };
 
 /* Everything derived from a geometry. All values in bytes. */
-struct ckpt_layout {
+struct ckpt_regions {
 	u64 chunk_params;
 	u64 n_params;		/* n_chunks * chunk_params */
 	u64 plo_chunk_bytes;	/* chunk_params * 2 */
@@ -165,28 +167,28 @@ struct ckpt_layout {
 
 int ckpt_geometry_check(const struct ckpt_geometry *g);
 /* The layout of geometry g for an image with incompat feature bits incompat. */
-int ckpt_layout_compute_features(const struct ckpt_geometry *g, u32 incompat,
-				 struct ckpt_layout *l);
+int ckpt_regions_compute_features(const struct ckpt_geometry *g, u32 incompat,
+				 struct ckpt_regions *l);
 /* The layout of an image without feature bits (format v1 as first released). */
-int ckpt_layout_compute(const struct ckpt_geometry *g, struct ckpt_layout *l);
+int ckpt_regions_compute(const struct ckpt_geometry *g, struct ckpt_regions *l);
 
 /* Copies of the group table and manifest: 1, or 2 with META2. */
-static inline u32 ckpt_meta_copies(const struct ckpt_layout *l)
+static inline u32 ckpt_meta_copies(const struct ckpt_regions *l)
 {
 	return l->meta2_off ? 2 : 1;
 }
 
-static inline u64 ckpt_group_offset(const struct ckpt_layout *l, u32 copy)
+static inline u64 ckpt_group_offset(const struct ckpt_regions *l, u32 copy)
 {
 	return copy ? l->meta2_off : l->group_off;
 }
 
-static inline u64 ckpt_manifest_offset(const struct ckpt_layout *l, u32 copy)
+static inline u64 ckpt_manifest_offset(const struct ckpt_regions *l, u32 copy)
 {
 	return copy ? l->meta2_off + l->group_bytes : l->manifest_off;
 }
 
-static inline u64 ckpt_plo_offset(const struct ckpt_layout *l, u32 slot, u64 chunk)
+static inline u64 ckpt_plo_offset(const struct ckpt_regions *l, u32 slot, u64 chunk)
 {
 	return l->plo_off[slot] + chunk * l->plo_chunk_bytes;
 }
@@ -249,7 +251,7 @@ static inline u64 ckpt_sr_seed(const u8 uuid[16])
 	return s;
 }
 
-static inline u64 ckpt_record_offset(const struct ckpt_layout *l, u32 slot, u64 chunk)
+static inline u64 ckpt_record_offset(const struct ckpt_regions *l, u32 slot, u64 chunk)
 {
 	return l->rec_off[slot] + chunk * l->record_bytes;
 }
@@ -305,7 +307,7 @@ struct ckpt_sb {
 	u32 feature_incompat;
 	u32 feature_ro_compat;
 	struct ckpt_geometry geo;
-	struct ckpt_layout layout;
+	struct ckpt_regions regions;
 	u32 manifest_len;
 	u32 manifest_crc;
 	u32 group_crc;		/* with META2 */
@@ -374,7 +376,7 @@ int ckpt_sb_next(const struct ckpt_sb *cur, u64 step, u32 slot, const void *blob
  * slot 0, no blob, incompat the image's feature bits.
  */
 void ckpt_sb_first(struct ckpt_sb *sb, const u8 *uuid, const struct ckpt_geometry *geo,
-		   const struct ckpt_layout *l, u32 incompat, u32 manifest_len,
+		   const struct ckpt_regions *l, u32 incompat, u32 manifest_len,
 		   u32 manifest_crc, u32 group_crc);
 
 /* ---------------- state record header ---------------- */
@@ -689,4 +691,4 @@ int ckpt_status_decode(const void *block, struct ckpt_status *st);
 }
 #endif
 
-#endif /* CKPT_FORMAT_H */
+#endif /* CKPT_CODEC_H */

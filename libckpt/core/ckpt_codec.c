@@ -11,7 +11,7 @@
  * Compiled unchanged into dm-ckpt.ko and libckpt: no libc beyond
  * memcpy/memset, no float, no 64-bit division, small stack frames.
  */
-#include "ckpt_format.h"
+#include "ckpt_codec.h"
 
 /* ---------------- error messages ---------------- */
 
@@ -154,8 +154,8 @@ int ckpt_geometry_check(const struct ckpt_geometry *g)
 	return 0;
 }
 
-int ckpt_layout_compute_features(const struct ckpt_geometry *g, u32 incompat,
-				 struct ckpt_layout *l)
+int ckpt_regions_compute_features(const struct ckpt_geometry *g, u32 incompat,
+				 struct ckpt_regions *l)
 {
 	u64 plo_slot, rec_slot, off;
 	int ret;
@@ -229,9 +229,9 @@ int ckpt_layout_compute_features(const struct ckpt_geometry *g, u32 incompat,
 	return 0;
 }
 
-int ckpt_layout_compute(const struct ckpt_geometry *g, struct ckpt_layout *l)
+int ckpt_regions_compute(const struct ckpt_geometry *g, struct ckpt_regions *l)
 {
-	return ckpt_layout_compute_features(g, 0, l);
+	return ckpt_regions_compute_features(g, 0, l);
 }
 
 /* ---------------- superblock ---------------- */
@@ -262,14 +262,14 @@ _Static_assert(__builtin_offsetof(struct ckpt_rec_disk, crc32c) == CKPT_REC_CRC_
  * Check the stored layout of d against the one derived from geo. Returns the
  * derived layout in l (with l->dev_bytes the stored, possibly larger value).
  */
-static int ckpt_sb_check_layout(const struct ckpt_sb_disk *d,
+static int ckpt_sb_check_regions(const struct ckpt_sb_disk *d,
 				const struct ckpt_geometry *geo, u64 dev_size,
-				struct ckpt_layout *l)
+				struct ckpt_regions *l)
 {
 	u64 stored_dev;
 	int ret;
 
-	ret = ckpt_layout_compute_features(geo, le32_to_cpu(d->feature_incompat), l);
+	ret = ckpt_regions_compute_features(geo, le32_to_cpu(d->feature_incompat), l);
 	if (ret)
 		return ret;
 	if (le64_to_cpu(d->meta2_off) != l->meta2_off ||
@@ -291,25 +291,25 @@ static int ckpt_sb_check_layout(const struct ckpt_sb_disk *d,
 int ckpt_sb_encode(const struct ckpt_sb *sb, void *block)
 {
 	struct ckpt_sb_disk *d = block;
-	struct ckpt_layout l;
+	struct ckpt_regions l;
 	int ret;
 
 	if (!sb || !block)
 		return -CKPT_E_INVAL;
 	/* Refuse to write what ckpt_sb_decode would refuse to read. */
-	ret = ckpt_layout_compute_features(&sb->geo, sb->feature_incompat, &l);
+	ret = ckpt_regions_compute_features(&sb->geo, sb->feature_incompat, &l);
 	if (ret)
 		return ret;
-	if (sb->layout.meta2_off != l.meta2_off ||
-	    sb->layout.group_off != l.group_off ||
-	    sb->layout.manifest_off != l.manifest_off ||
-	    sb->layout.plo_off[0] != l.plo_off[0] ||
-	    sb->layout.plo_off[1] != l.plo_off[1] ||
-	    sb->layout.rec_off[0] != l.rec_off[0] ||
-	    sb->layout.rec_off[1] != l.rec_off[1] ||
-	    sb->layout.record_bytes != l.record_bytes)
+	if (sb->regions.meta2_off != l.meta2_off ||
+	    sb->regions.group_off != l.group_off ||
+	    sb->regions.manifest_off != l.manifest_off ||
+	    sb->regions.plo_off[0] != l.plo_off[0] ||
+	    sb->regions.plo_off[1] != l.plo_off[1] ||
+	    sb->regions.rec_off[0] != l.rec_off[0] ||
+	    sb->regions.rec_off[1] != l.rec_off[1] ||
+	    sb->regions.record_bytes != l.record_bytes)
 		return -CKPT_E_LAYOUT;
-	if (sb->layout.dev_bytes < l.dev_bytes)
+	if (sb->regions.dev_bytes < l.dev_bytes)
 		return -CKPT_E_TOO_SMALL;
 	if (sb->committed_slot > 1)
 		return -CKPT_E_LAYOUT;
@@ -339,7 +339,7 @@ int ckpt_sb_encode(const struct ckpt_sb *sb, void *block)
 	d->manifest_bytes = cpu_to_le32(sb->geo.manifest_bytes);
 	d->manifest_len = cpu_to_le32(sb->manifest_len);
 	d->manifest_crc = cpu_to_le32(sb->manifest_crc);
-	d->dev_bytes = cpu_to_le64(sb->layout.dev_bytes);
+	d->dev_bytes = cpu_to_le64(sb->regions.dev_bytes);
 	d->group_off = cpu_to_le64(l.group_off);
 	d->manifest_off = cpu_to_le64(l.manifest_off);
 	d->plo_off[0] = cpu_to_le64(l.plo_off[0]);
@@ -391,7 +391,7 @@ int ckpt_sb_decode(const void *block, u64 dev_bytes, struct ckpt_sb *sb)
 	if (ret)
 		return ret;
 
-	ret = ckpt_sb_check_layout(d, &geo, dev_bytes, &sb->layout);
+	ret = ckpt_sb_check_regions(d, &geo, dev_bytes, &sb->regions);
 	if (ret)
 		return ret;
 
@@ -524,7 +524,7 @@ int ckpt_sb_next(const struct ckpt_sb *cur, u64 step, u32 slot, const void *blob
 }
 
 void ckpt_sb_first(struct ckpt_sb *sb, const u8 *uuid, const struct ckpt_geometry *geo,
-		   const struct ckpt_layout *l, u32 incompat, u32 manifest_len,
+		   const struct ckpt_regions *l, u32 incompat, u32 manifest_len,
 		   u32 manifest_crc, u32 group_crc)
 {
 	memset(sb, 0, sizeof(*sb));
@@ -532,7 +532,7 @@ void ckpt_sb_first(struct ckpt_sb *sb, const u8 *uuid, const struct ckpt_geometr
 	sb->sequence = 1;
 	sb->feature_incompat = incompat;
 	sb->geo = *geo;
-	sb->layout = *l;
+	sb->regions = *l;
 	sb->manifest_len = manifest_len;
 	sb->manifest_crc = manifest_crc;
 	sb->group_crc = group_crc;

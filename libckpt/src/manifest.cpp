@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-#include "layout.hpp"
+#include "manifest.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -329,7 +329,7 @@ std::string Manifest::encode(const std::vector<Tensor> &tensors, uint32_t dtype,
 	return j.dump();
 }
 
-Manifest Manifest::decode(std::string_view text, const struct ckpt_layout &layout,
+Manifest Manifest::decode(std::string_view text, const struct ckpt_regions &regions,
 			  const struct ckpt_geometry &geo, const std::vector<uint8_t> &group_table)
 {
 	const json j = json::parse(text, nullptr, false);
@@ -341,7 +341,7 @@ Manifest Manifest::decode(std::string_view text, const struct ckpt_layout &layou
 		    json_uint<uint32_t>(top.at("version"), top.path("version")) != 1)
 			bad("unknown format or version");
 		if (json_string(top.at("dtype"), top.path("dtype")) != dtype_name(geo.dtype) ||
-		    json_uint<uint64_t>(top.at("chunk_params"), top.path("chunk_params")) != layout.chunk_params)
+		    json_uint<uint64_t>(top.at("chunk_params"), top.path("chunk_params")) != regions.chunk_params)
 			bad("dtype or chunk size disagree with the superblock");
 		const json &arr = json_tensors(top);
 		std::vector<Tensor> tensors;
@@ -360,7 +360,7 @@ Manifest Manifest::decode(std::string_view text, const struct ckpt_layout &layou
 			if (t.group >= geo.n_groups)
 				bad(fmt::format("'{}': group {} out of range", t.name, t.group));
 			if (t.offset < next || t.offset % CKPT_TENSOR_ALIGN ||
-			    t.numel > layout.n_params || t.offset > layout.n_params - t.numel)
+			    t.numel > regions.n_params || t.offset > regions.n_params - t.numel)
 				bad(fmt::format("'{}': offset {} out of order or out of range", t.name, t.offset));
 			if (!tensors.empty())
 				tensors.back().extent = t.offset - tensors.back().offset;
@@ -369,10 +369,10 @@ Manifest Manifest::decode(std::string_view text, const struct ckpt_layout &layou
 		}
 		if (tensors.front().offset != 0)
 			bad("the first tensor does not start at param 0");
-		tensors.back().extent = layout.n_params - tensors.back().offset;
+		tensors.back().extent = regions.n_params - tensors.back().offset;
 		for (const Tensor &t : tensors) {
-			uint64_t first = t.offset / layout.chunk_params;
-			uint64_t last = (t.offset + t.extent - 1) / layout.chunk_params;
+			uint64_t first = t.offset / regions.chunk_params;
+			uint64_t last = (t.offset + t.extent - 1) / regions.chunk_params;
 			for (uint64_t c = first; c <= last; c++)
 				if (group_table[c] != t.group)
 					bad(fmt::format("'{}': group {} disagrees with the group table (chunk {})",

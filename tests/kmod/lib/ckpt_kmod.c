@@ -1,57 +1,18 @@
-/* SPDX-License-Identifier: GPL-2.0 OR MIT */
+// SPDX-License-Identifier: GPL-2.0 OR MIT
 /*
- * Helpers shared by the dm-ckpt kernel tests (the tests/kmod test programs). They run
- * inside the test VM: busybox, dmsetup on PATH, the module loaded, a scratch
- * NVMe namespace at $CKPT_TEST_DEV (default /dev/nvme0n1) that they format
- * themselves. Everything goes through O_DIRECT so no page cache hides what
- * the target wrote.
- *
- * Built with the portable core (libckpt/core, ckpt_core_nodeps, and
- * libckpt/src/crc32c.c): the tests encode commands and
- * superblocks with the same code as the target, and compute the expected
- * state with the scalar reference of the update.
+ * The helpers of the dm-ckpt kernel tests (ckpt_kmod.h says what each does),
+ * linked into every tests/kmod program.
  */
-#ifndef CKPT_KMOD_H
-#define CKPT_KMOD_H
+#include "ckpt_kmod.h"
 
-#ifndef _GNU_SOURCE
-#define _GNU_SOURCE
-#endif
-#include <errno.h>
-#include <fcntl.h>
-#include <math.h>
-#include <stdarg.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <unistd.h>
-#include <sys/klog.h>
-#include <sys/stat.h>
-#include <sys/sysmacros.h>
-#include <sys/wait.h>
-#include <linux/fs.h>
-#include <sys/ioctl.h>
-#include <signal.h>
-#include <linux/dm-ioctl.h>
-
-#include "ckpt_format.h"
-#include "ckpt_step.h"
-#include "ckpt_update.h"
-#include "ckpt_update_variants.h"
-
-#define CK_UNUSED __attribute__((unused))
-#define CK_NAME "ckpt_kt"
-#define CK_MAX_CHUNKS 64
-
-static CK_UNUSED const char *ck_dev(void)
+const char *ck_dev(void)
 {
 	const char *d = getenv("CKPT_TEST_DEV");
 
 	return d && *d ? d : "/dev/nvme0n1";
 }
 
-/* "MAJ:MIN" of a block device, as dm prints it in tables. */
-static CK_UNUSED void ck_devno(const char *path, char *out, size_t n)
+void ck_devno(const char *path, char *out, size_t n)
 {
 	struct stat st;
 
@@ -61,7 +22,7 @@ static CK_UNUSED void ck_devno(const char *path, char *out, size_t n)
 		snprintf(out, n, "%u:%u", major(st.st_rdev), minor(st.st_rdev));
 }
 
-static CK_UNUSED uint64_t ck_dev_bytes(const char *path)
+uint64_t ck_dev_bytes(const char *path)
 {
 	uint64_t size = 0;
 	int fd = open(path, O_RDONLY);
@@ -74,10 +35,7 @@ static CK_UNUSED uint64_t ck_dev_bytes(const char *path)
 	return size;
 }
 
-/* ---------------------------------------------------------------- processes */
-
-/* Run a shell command; its output goes to out (if any). Returns the exit code. */
-static CK_UNUSED int ck_sh(char *out, size_t outlen, const char *fmt, ...)
+int ck_sh(char *out, size_t outlen, const char *fmt, ...)
 {
 	char cmd[8192];
 	va_list ap;
@@ -110,15 +68,12 @@ static CK_UNUSED int ck_sh(char *out, size_t outlen, const char *fmt, ...)
 	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-/* ---------------------------------------------------------------- kernel log */
-
-static CK_UNUSED void ck_kmsg_clear(void)
+void ck_kmsg_clear(void)
 {
 	klogctl(5 /* SYSLOG_ACTION_CLEAR */, NULL, 0);
 }
 
-/* The kernel log since the last clear, NUL-terminated, malloc'ed. */
-static CK_UNUSED char *ck_kmsg(void)
+char *ck_kmsg(void)
 {
 	int n = klogctl(10 /* SYSLOG_ACTION_SIZE_BUFFER */, NULL, 0);
 	char *buf;
@@ -133,8 +88,7 @@ static CK_UNUSED char *ck_kmsg(void)
 	return buf;
 }
 
-/* 1 if the kernel log since the last clear contains s. */
-static CK_UNUSED int ck_kmsg_has(const char *s)
+int ck_kmsg_has(const char *s)
 {
 	char *log = ck_kmsg();
 	int r = log && strstr(log, s) != NULL;
@@ -143,8 +97,7 @@ static CK_UNUSED int ck_kmsg_has(const char *s)
 	return r;
 }
 
-/* 1 if the kernel log shows a kernel bug of any kind. */
-static CK_UNUSED int ck_kmsg_bug(void)
+int ck_kmsg_bug(void)
 {
 	static const char *const bad[] = {
 		"BUG:", "Oops", "WARNING:", "Call Trace", "general protection", "UBSAN",
@@ -160,9 +113,7 @@ static CK_UNUSED int ck_kmsg_bug(void)
 	return r;
 }
 
-/* ---------------------------------------------------------------- direct I/O */
-
-static CK_UNUSED void *ck_alloc(size_t n)
+void *ck_alloc(size_t n)
 {
 	void *p = NULL;
 
@@ -172,8 +123,7 @@ static CK_UNUSED void *ck_alloc(size_t n)
 	return p;
 }
 
-/* pwrite/pread of whole buffers with O_DIRECT fds: 0 or -errno. */
-static CK_UNUSED int ck_pwrite(int fd, const void *buf, size_t n, uint64_t off)
+int ck_pwrite(int fd, const void *buf, size_t n, uint64_t off)
 {
 	ssize_t r = pwrite(fd, buf, n, (off_t)off);
 
@@ -182,7 +132,7 @@ static CK_UNUSED int ck_pwrite(int fd, const void *buf, size_t n, uint64_t off)
 	return (size_t)r == n ? 0 : -EIO;
 }
 
-static CK_UNUSED int ck_pread(int fd, void *buf, size_t n, uint64_t off)
+int ck_pread(int fd, void *buf, size_t n, uint64_t off)
 {
 	ssize_t r = pread(fd, buf, n, (off_t)off);
 
@@ -191,11 +141,7 @@ static CK_UNUSED int ck_pread(int fd, void *buf, size_t n, uint64_t off)
 	return (size_t)r == n ? 0 : -EIO;
 }
 
-/* Unaligned-memory write through an aligned bounce buffer. */
-static CK_UNUSED int ck_write_at(int fd, const void *src, size_t n, uint64_t off);
-
-/* Write n bytes at off of a device path (O_DIRECT, then fsync). */
-static CK_UNUSED int ck_write_dev(const char *dev, const void *src, size_t n, uint64_t off)
+int ck_write_dev(const char *dev, const void *src, size_t n, uint64_t off)
 {
 	int fd = open(dev, O_RDWR | O_DIRECT);
 	int r;
@@ -209,7 +155,7 @@ static CK_UNUSED int ck_write_dev(const char *dev, const void *src, size_t n, ui
 	return r;
 }
 
-static CK_UNUSED int ck_write_at(int fd, const void *src, size_t n, uint64_t off)
+int ck_write_at(int fd, const void *src, size_t n, uint64_t off)
 {
 	void *b = ck_alloc(n);
 	int r;
@@ -222,7 +168,7 @@ static CK_UNUSED int ck_write_at(int fd, const void *src, size_t n, uint64_t off
 	return r;
 }
 
-static CK_UNUSED int ck_read_at(int fd, void *dst, size_t n, uint64_t off)
+int ck_read_at(int fd, void *dst, size_t n, uint64_t off)
 {
 	void *b = ck_alloc(n);
 	int r;
@@ -235,13 +181,7 @@ static CK_UNUSED int ck_read_at(int fd, void *dst, size_t n, uint64_t off)
 	return r;
 }
 
-/* ---------------------------------------------------------------- numbers */
-
-struct ck_rng {
-	uint64_t s;
-};
-
-static CK_UNUSED uint64_t ck_next(struct ck_rng *r)
+uint64_t ck_next(struct ck_rng *r)
 {
 	uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
 
@@ -250,12 +190,12 @@ static CK_UNUSED uint64_t ck_next(struct ck_rng *r)
 	return z ^ (z >> 31);
 }
 
-static CK_UNUSED float ck_uniform(struct ck_rng *r)
+float ck_uniform(struct ck_rng *r)
 {
 	return (float)(ck_next(r) >> 40) / (float)(1u << 24);
 }
 
-static CK_UNUSED uint32_t ck_f32(double d)
+uint32_t ck_f32(double d)
 {
 	float f = (float)d;
 	uint32_t u;
@@ -264,8 +204,7 @@ static CK_UNUSED uint32_t ck_f32(double d)
 	return u;
 }
 
-/* n random bf16 gradients, uniform in [-0.01, 0.01). */
-static CK_UNUSED void ck_bf16_grads(struct ck_rng *r, uint16_t *grad, uint64_t n)
+void ck_bf16_grads(struct ck_rng *r, uint16_t *grad, uint64_t n)
 {
 	uint64_t i;
 
@@ -278,8 +217,7 @@ static CK_UNUSED void ck_bf16_grads(struct ck_rng *r, uint16_t *grad, uint64_t n
 	}
 }
 
-/* What a client sends for step t, computed in double as PyTorch does. */
-static CK_UNUSED struct ckpt_hparams ck_hparams(double lr, double beta1, double beta2,
+struct ckpt_hparams ck_hparams(double lr, double beta1, double beta2,
 						double eps, double wd, int l2, uint64_t t)
 {
 	struct ckpt_hparams h;
@@ -300,27 +238,7 @@ static CK_UNUSED struct ckpt_hparams ck_hparams(double lr, double beta1, double 
 	return h;
 }
 
-/* ---------------------------------------------------------------- the model */
-
-/*
- * A formatted device and the state the target must leave on it: the
- * committed superblock, and per chunk the fp32 state and p_lo of each slot
- * (with COUNTS, the step count of each block too).
- */
-struct ck_model {
-	const char *dev;
-	struct ckpt_sb sb;
-	struct ckpt_layout l;
-	uint32_t cp;
-	uint8_t groups[CK_MAX_CHUNKS];
-	uint32_t *state[2];	/* per slot: n_chunks * 3 * cp (p, m, v per chunk) */
-	uint16_t *plo[2];	/* per slot: n_params */
-	int valid[2][CK_MAX_CHUNKS];	/* slot holds a record for this chunk */
-	struct ckpt_rec rec[2][CK_MAX_CHUNKS];
-	uint64_t *counts[2];	/* COUNTS: per slot, n_params / CKPT_TENSOR_ALIGN */
-};
-
-static CK_UNUSED void ck_model_free(struct ck_model *m)
+void ck_model_free(struct ck_model *m)
 {
 	int s;
 
@@ -334,8 +252,7 @@ static CK_UNUSED void ck_model_free(struct ck_model *m)
 	}
 }
 
-/* Geometry for the tests: small chunks so sector-sized pieces matter. */
-static CK_UNUSED struct ckpt_geometry ck_geo(uint32_t n_chunks, uint32_t shift,
+struct ckpt_geometry ck_geo(uint32_t n_chunks, uint32_t shift,
 					     uint32_t n_groups, uint32_t dtype)
 {
 	struct ckpt_geometry g;
@@ -350,7 +267,7 @@ static CK_UNUSED struct ckpt_geometry ck_geo(uint32_t n_chunks, uint32_t shift,
 	return g;
 }
 
-static CK_UNUSED void ck_record_block(const struct ck_model *m, int slot, uint32_t c,
+void ck_record_block(const struct ck_model *m, int slot, uint32_t c,
 				      uint8_t *out)
 {
 	const uint32_t incompat = m->sb.feature_incompat;
@@ -367,12 +284,7 @@ static CK_UNUSED void ck_record_block(const struct ck_model *m, int slot, uint32
 	memcpy(out + CKPT_BLOCK, m->state[slot] + (size_t)c * 3 * m->cp, 12 * (size_t)m->cp);
 }
 
-/*
- * Bit rot behind the target's back: flip the bits mask of byte i (below
- * CKPT_BLOCK) of the fp32 state of chunk c's record in slot, on the test
- * device itself (O_DIRECT, then fsync). Returns 0 or -errno.
- */
-static CK_UNUSED int ck_flip_record_data(const struct ck_model *m, uint32_t slot, uint32_t c,
+int ck_flip_record_data(const struct ck_model *m, uint32_t slot, uint32_t c,
 					 size_t i, uint8_t mask)
 {
 	uint64_t off = ckpt_record_offset(&m->l, slot, c) + CKPT_BLOCK;
@@ -397,12 +309,7 @@ static CK_UNUSED int ck_flip_record_data(const struct ck_model *m, uint32_t slot
 	return r;
 }
 
-/*
- * Format the device: zero superblocks, group table (chunk % n_groups), step 0
- * in slot 0 with random p (m = v = 0), slot 1 zeroed, superblock copy 1
- * (sequence 1), with incompat feature bits incompat. Returns 0 or -errno.
- */
-static CK_UNUSED int ck_format_features(struct ck_model *m, const char *dev,
+int ck_format_features(struct ck_model *m, const char *dev,
 					const struct ckpt_geometry *g, uint64_t seed,
 					uint32_t incompat)
 {
@@ -414,7 +321,7 @@ static CK_UNUSED int ck_format_features(struct ck_model *m, const char *dev,
 
 	memset(m, 0, sizeof(*m));
 	m->dev = dev;
-	if (ckpt_layout_compute(g, &m->l) || g->n_chunks > CK_MAX_CHUNKS)
+	if (ckpt_regions_compute(g, &m->l) || g->n_chunks > CK_MAX_CHUNKS)
 		return -EINVAL;
 	m->cp = (uint32_t)m->l.chunk_params;
 	n_params = m->l.n_params;
@@ -455,7 +362,7 @@ static CK_UNUSED int ck_format_features(struct ck_model *m, const char *dev,
 		m->sb.uuid[i] = (uint8_t)ck_next(&r);
 	m->sb.sequence = 1;
 	m->sb.geo = *g;
-	m->sb.layout = m->l;
+	m->sb.regions = m->l;
 	m->sb.committed_step = 0;
 	m->sb.committed_slot = 0;
 
@@ -489,21 +396,13 @@ out:
 	return ret;
 }
 
-/* Format with the p_lo checksum in every record (ctr_test adds META2 itself). */
-static CK_UNUSED int ck_format(struct ck_model *m, const char *dev,
+int ck_format(struct ck_model *m, const char *dev,
 			       const struct ckpt_geometry *g, uint64_t seed)
 {
 	return ck_format_features(m, dev, g, seed, CKPT_FEATURE_INCOMPAT_PLO_CRC);
 }
 
-/*
- * Format only the metadata of a large geometry: superblock copy 1 (sequence
- * 1), copy 0 zeroed, and the group table (every chunk in group 0). The
- * records are not written: enough for the constructor, which reads nothing
- * else, on a sparse device far larger than the guest's memory. sb receives
- * the superblock. Returns 0 or -errno (-ENOSPC: the device is too small).
- */
-static CK_UNUSED int ck_format_sparse(struct ckpt_sb *sb, const char *dev,
+int ck_format_sparse(struct ckpt_sb *sb, const char *dev,
 				      const struct ckpt_geometry *g, uint64_t seed)
 {
 	struct ck_rng r = { seed };
@@ -513,15 +412,15 @@ static CK_UNUSED int ck_format_sparse(struct ckpt_sb *sb, const char *dev,
 
 	memset(sb, 0, sizeof(*sb));
 	sb->feature_incompat = CKPT_FEATURE_INCOMPAT_PLO_CRC;
-	if (ckpt_layout_compute_features(g, sb->feature_incompat, &sb->layout))
+	if (ckpt_regions_compute_features(g, sb->feature_incompat, &sb->regions))
 		return -EINVAL;
-	if (ck_dev_bytes(dev) < sb->layout.dev_bytes)
+	if (ck_dev_bytes(dev) < sb->regions.dev_bytes)
 		return -ENOSPC;
 	for (i = 0; i < 16; i++)
 		sb->uuid[i] = (uint8_t)ck_next(&r);
 	sb->sequence = 1;
 	sb->geo = *g;
-	gbytes = sb->layout.group_bytes;
+	gbytes = sb->regions.group_bytes;
 	blk = ck_alloc(gbytes > 2 * CKPT_BLOCK ? gbytes : 2 * CKPT_BLOCK);
 	if (!blk)
 		return -ENOMEM;
@@ -531,7 +430,7 @@ static CK_UNUSED int ck_format_sparse(struct ckpt_sb *sb, const char *dev,
 		return -errno;
 	}
 	/* zeros: every chunk in group 0 */
-	ret = ck_pwrite(fd, blk, gbytes, sb->layout.group_off);
+	ret = ck_pwrite(fd, blk, gbytes, sb->regions.group_off);
 	if (!ret)
 		ret = ckpt_sb_encode(sb, blk + CKPT_BLOCK) ? -EINVAL :
 		      ck_pwrite(fd, blk, 2 * CKPT_BLOCK, 0);
@@ -542,8 +441,7 @@ static CK_UNUSED int ck_format_sparse(struct ckpt_sb *sb, const char *dev,
 	return ret;
 }
 
-/* Write one superblock block (4 KiB) at copy k of the device. */
-static CK_UNUSED int ck_write_sb_block(const char *dev, const void *block, int k)
+int ck_write_sb_block(const char *dev, const void *block, int k)
 {
 	int fd = open(dev, O_RDWR | O_DIRECT);
 	int r;
@@ -556,21 +454,7 @@ static CK_UNUSED int ck_write_sb_block(const char *dev, const void *block, int k
 	return r;
 }
 
-/*
- * Apply step t to the model as the target must: every chunk updated from the
- * committed slot into the other one. grads: n_params values. Chunks whose
- * scaled gradient or new state is not finite are not written (their bit in
- * written[] stays 0). Returns 1 if any chunk overflowed. Call
- * ck_model_commit() to commit.
- *
- * modes (COUNTS; NULL: every block updated with its group's hyperparameters):
- * per block, as the core keeps them after RANGE commands: 0 an update with
- * the group's hyperparameters, CKPT_MODE_SKIP (p, m, v and count stay, p_lo
- * rounded from p again), or 1 + an index into bias (the group's
- * hyperparameters with that step_size and bc2_sqrt). An updated block's
- * count goes up by one.
- */
-static CK_UNUSED int ck_model_step_modes(struct ck_model *m, uint64_t t,
+int ck_model_step_modes(struct ck_model *m, uint64_t t,
 					 const struct ckpt_hparams *hp, uint32_t grad_scale,
 					 const uint16_t *grad, const int *which,
 					 const uint8_t *modes, const struct ckpt_bias *bias)
@@ -636,14 +520,14 @@ static CK_UNUSED int ck_model_step_modes(struct ck_model *m, uint64_t t,
 	return overflow;
 }
 
-static CK_UNUSED int ck_model_step(struct ck_model *m, uint64_t t,
+int ck_model_step(struct ck_model *m, uint64_t t,
 				   const struct ckpt_hparams *hp, uint32_t grad_scale,
 				   const uint16_t *grad, const int *which)
 {
 	return ck_model_step_modes(m, t, hp, grad_scale, grad, which, NULL, NULL);
 }
 
-static CK_UNUSED void ck_model_commit(struct ck_model *m, uint64_t t, const void *blob,
+void ck_model_commit(struct ck_model *m, uint64_t t, const void *blob,
 				      uint32_t blob_len)
 {
 	m->sb.sequence++;
@@ -655,12 +539,7 @@ static CK_UNUSED void ck_model_commit(struct ck_model *m, uint64_t t, const void
 		memcpy(m->sb.blob, blob, blob_len);
 }
 
-/*
- * A rollback to the previous step, with blob, the step committed before:
- * the superblock after the current one commits it in the other slot, whose
- * records carry the new sequence.
- */
-static CK_UNUSED void ck_model_rollback(struct ck_model *m, const char *blob)
+void ck_model_rollback(struct ck_model *m, const char *blob)
 {
 	uint32_t c, slot = m->sb.committed_slot ^ 1;
 
@@ -670,12 +549,7 @@ static CK_UNUSED void ck_model_rollback(struct ck_model *m, const char *blob)
 		m->rec[slot][c].sequence = m->sb.sequence;
 }
 
-/*
- * Compare the backing device with the model: the current superblock copy
- * byte for byte, and every record and p_lo the model knows of, in both
- * slots. Returns 0, or a description of the first difference in why.
- */
-static CK_UNUSED int ck_model_verify(const struct ck_model *m, char *why, size_t n)
+int ck_model_verify(const struct ck_model *m, char *why, size_t n)
 {
 	uint8_t *blk = ck_alloc(m->l.dev_bytes), *want = ck_alloc(m->l.record_bytes);
 	int fd = open(m->dev, O_RDONLY | O_DIRECT);
@@ -716,23 +590,19 @@ out:
 	return ret;
 }
 
-/* ---------------------------------------------------------------- dm devices */
-
-static CK_UNUSED uint64_t ck_sectors(const struct ck_model *m)
+uint64_t ck_sectors(const struct ck_model *m)
 {
 	return m->l.virt_bytes / 512;
 }
 
-/* dmsetup create without udev; the node appears under /dev/mapper. */
-static CK_UNUSED int ck_create(const char *name, const char *table)
+int ck_create(const char *name, const char *table)
 {
 	if (ck_sh(NULL, 0, "dmsetup create %s --noudevsync --table '%s' 2>&1", name, table))
 		return -1;
 	return ck_sh(NULL, 0, "dmsetup mknodes %s 2>&1", name) ? -1 : 0;
 }
 
-/* Replace a device's table: suspend, load, resume. 0, or -1 if a step failed. */
-static CK_UNUSED int ck_reload(const char *name, const char *table)
+int ck_reload(const char *name, const char *table)
 {
 	if (ck_sh(NULL, 0, "dmsetup suspend --noudevsync %s 2>&1", name) ||
 	    ck_sh(NULL, 0, "dmsetup load --noudevsync %s --table '%s' 2>&1", name, table) ||
@@ -741,12 +611,12 @@ static CK_UNUSED int ck_reload(const char *name, const char *table)
 	return 0;
 }
 
-static CK_UNUSED void ck_remove(const char *name)
+void ck_remove(const char *name)
 {
 	ck_sh(NULL, 0, "dmsetup remove --noudevsync %s 2>&1", name);
 }
 
-static CK_UNUSED int ck_create_ckpt(const struct ck_model *m, const char *name,
+int ck_create_ckpt(const struct ck_model *m, const char *name,
 				    const char *backing, const char *opts)
 {
 	char table[512];
@@ -756,8 +626,7 @@ static CK_UNUSED int ck_create_ckpt(const struct ck_model *m, const char *name,
 	return ck_create(name, table);
 }
 
-/* A target message through the DM_TARGET_MSG ioctl: 0 or -errno. */
-static CK_UNUSED int ck_dm_message(const char *name, const char *msg)
+int ck_dm_message(const char *name, const char *msg)
 {
 	static union {
 		struct dm_ioctl io;
@@ -782,7 +651,7 @@ static CK_UNUSED int ck_dm_message(const char *name, const char *msg)
 	return r;
 }
 
-static CK_UNUSED int ck_open_dm(const char *name)
+int ck_open_dm(const char *name)
 {
 	char path[256];
 
@@ -790,10 +659,7 @@ static CK_UNUSED int ck_open_dm(const char *name)
 	return open(path, O_RDWR | O_DIRECT);
 }
 
-/* ---------------------------------------------------------------- commands */
-
-/* Send cmd as one write at offset 0, padded to 512 bytes: 0 or -errno. */
-static CK_UNUSED int ck_send(int fd, const struct ckpt_cmd *cmd)
+int ck_send(int fd, const struct ckpt_cmd *cmd)
 {
 	uint8_t *b = ck_alloc(CKPT_BLOCK);
 	int len, r;
@@ -810,7 +676,7 @@ static CK_UNUSED int ck_send(int fd, const struct ckpt_cmd *cmd)
 	return r;
 }
 
-static CK_UNUSED int ck_begin(int fd, uint64_t t, uint32_t grad_scale,
+int ck_begin(int fd, uint64_t t, uint32_t grad_scale,
 			      const struct ckpt_hparams *hp, uint32_t n_groups)
 {
 	struct ckpt_cmd *cmd = calloc(1, sizeof(*cmd));
@@ -826,7 +692,7 @@ static CK_UNUSED int ck_begin(int fd, uint64_t t, uint32_t grad_scale,
 	return r;
 }
 
-static CK_UNUSED int ck_commit(int fd, uint64_t t, const void *blob, uint32_t blob_len)
+int ck_commit(int fd, uint64_t t, const void *blob, uint32_t blob_len)
 {
 	struct ckpt_cmd *cmd = calloc(1, sizeof(*cmd));
 	int r;
@@ -841,7 +707,7 @@ static CK_UNUSED int ck_commit(int fd, uint64_t t, const void *blob, uint32_t bl
 	return r;
 }
 
-static CK_UNUSED int ck_abort(int fd, uint64_t t)
+int ck_abort(int fd, uint64_t t)
 {
 	struct ckpt_cmd *cmd = calloc(1, sizeof(*cmd));
 	int r;
@@ -853,8 +719,7 @@ static CK_UNUSED int ck_abort(int fd, uint64_t t)
 	return r;
 }
 
-/* ROLLBACK from committed step t (0: whichever): 0 or -errno. */
-static CK_UNUSED int ck_rollback(int fd, uint64_t t)
+int ck_rollback(int fd, uint64_t t)
 {
 	struct ckpt_cmd *cmd = calloc(1, sizeof(*cmd));
 	int r;
@@ -866,8 +731,7 @@ static CK_UNUSED int ck_rollback(int fd, uint64_t t)
 	return r;
 }
 
-/* Read and decode the status page: 0 or -errno / -CKPT_E_*. */
-static CK_UNUSED int ck_status(int fd, struct ckpt_status *st)
+int ck_status(int fd, struct ckpt_status *st)
 {
 	uint8_t *b = ck_alloc(CKPT_BLOCK);
 	int r;
@@ -881,24 +745,19 @@ static CK_UNUSED int ck_status(int fd, struct ckpt_status *st)
 	return r;
 }
 
-/* Gradient bytes [off, off + len) of the GRAD window (relative to its start). */
-static CK_UNUSED int ck_grad(int fd, const struct ck_model *m, const uint16_t *grad,
+int ck_grad(int fd, const struct ck_model *m, const uint16_t *grad,
 			     uint64_t off, uint64_t len)
 {
 	return ck_write_at(fd, (const uint8_t *)grad + off, len, m->l.grad_off + off);
 }
 
-/* PARAM bytes [off, off + len). */
-static CK_UNUSED int ck_params(int fd, const struct ck_model *m, void *out, uint64_t off,
+int ck_params(int fd, const struct ck_model *m, void *out, uint64_t off,
 			       uint64_t len)
 {
 	return ck_read_at(fd, out, len, m->l.param_off + off);
 }
 
-/* ---------------------------------------------------------------- dm events and faults */
-
-/* The event number of a dm device (dmsetup info), or -1. */
-static CK_UNUSED long ck_dm_events(const char *name)
+long ck_dm_events(const char *name)
 {
 	char out[2048], *p;
 
@@ -908,12 +767,7 @@ static CK_UNUSED long ck_dm_events(const char *name)
 	return p ? strtol(p + strlen("Event number:"), NULL, 10) : -1;
 }
 
-/*
- * Wait, as dmeventd does (DM_DEV_WAIT), until the event number of dm device
- * name is no longer event_nr. 0 when it changed, -ETIMEDOUT after timeout_s
- * seconds (the ioctl runs in a child that SIGALRM ends), -errno otherwise.
- */
-static CK_UNUSED int ck_dm_wait(const char *name, uint32_t event_nr, unsigned int timeout_s)
+int ck_dm_wait(const char *name, uint32_t event_nr, unsigned int timeout_s)
 {
 	pid_t pid = fork();
 	int st;
@@ -940,11 +794,7 @@ static CK_UNUSED int ck_dm_wait(const char *name, uint32_t event_nr, unsigned in
 	return WIFEXITED(st) && !WEXITSTATUS(st) ? 0 : -EIO;
 }
 
-/*
- * Replace the table of a live dm device (suspend, load, resume): how a fault
- * layer under the target is switched on and off. 0 or -1 (out says why).
- */
-static CK_UNUSED int ck_dm_swap(const char *name, const char *table, char *out, size_t n)
+int ck_dm_swap(const char *name, const char *table, char *out, size_t n)
 {
 	/* a file, so that a table may have several lines */
 	FILE *f = fopen("/tmp/ck_table", "w");
@@ -958,8 +808,7 @@ static CK_UNUSED int ck_dm_swap(const char *name, const char *table, char *out, 
 	return 0;
 }
 
-/* 1 if the kernel has dm target type (dmsetup targets). */
-static CK_UNUSED int ck_dm_has_target(const char *type)
+int ck_dm_has_target(const char *type)
 {
 	char out[4096], want[64];
 
@@ -969,5 +818,3 @@ static CK_UNUSED int ck_dm_has_target(const char *type)
 	out[0] = '\n';
 	return strstr(out, want) != NULL;
 }
-
-#endif /* CKPT_KMOD_H */

@@ -10,7 +10,7 @@
 #include <vector>
 
 extern "C" {
-#include "ckpt_format.h"
+#include "ckpt_codec.h"
 }
 
 namespace ckpt {
@@ -73,7 +73,7 @@ public:
 	explicit Manifest(std::vector<Tensor> tensors, std::vector<GroupHparams> hparams = {});
 	static std::string encode(const std::vector<Tensor> &tensors, uint32_t dtype, uint64_t chunk_params,
 				  const std::vector<GroupHparams> &hparams);
-	static Manifest decode(std::string_view json, const struct ckpt_layout &layout,
+	static Manifest decode(std::string_view json, const struct ckpt_regions &regions,
 			       const struct ckpt_geometry &geo, const std::vector<uint8_t> &group_table);
 
 	const std::vector<Tensor> &tensors() const { return tensors_; }

@@ -30,7 +30,7 @@
 #include "io.hpp"
 #include "progress.hpp"
 #include "safetensors.hpp"
-#include "tools.hpp"
+#include "admin.hpp"
 #include "verify.hpp"
 
 using nlohmann::json;
@@ -92,7 +92,7 @@ void check_unused(const std::string &dev, const char *what)
 json image_json(const ckpt::Image &img)
 {
 	const struct ckpt_sb &sb = img.sb;
-	const struct ckpt_layout &l = sb.layout;
+	const struct ckpt_regions &l = sb.regions;
 	json tensors = json::array();
 	for (const ckpt::Tensor &t : img.manifest.tensors())
 		tensors.push_back({{"name", t.name}, {"shape", t.shape}, {"group", t.group},
@@ -119,7 +119,7 @@ json image_json(const ckpt::Image &img)
 		{"superblock_copy", img.sb_copy},
 		{"metadata_copies", ckpt_meta_copies(&l)},
 		{"warnings", img.warnings()},
-		{"layout", {{"group_off", l.group_off}, {"manifest_off", l.manifest_off}, {"meta2_off", l.meta2_off},
+		{"regions", {{"group_off", l.group_off}, {"manifest_off", l.manifest_off}, {"meta2_off", l.meta2_off},
 			    {"manifest_bytes", l.manifest_bytes}, {"plo_off", {l.plo_off[0], l.plo_off[1]}},
 			    {"rec_off", {l.rec_off[0], l.rec_off[1]}}, {"record_bytes", l.record_bytes},
 			    {"plo_chunk_bytes", l.plo_chunk_bytes}, {"grad_off", l.grad_off},
@@ -460,7 +460,7 @@ Checked check_all(const std::string &path, bool writable, bool salvage)
 
 json meta_json(const ckpt::Image &img)
 {
-	const struct ckpt_layout &l = img.sb.layout;
+	const struct ckpt_regions &l = img.sb.regions;
 	json a = json::array();
 	for (uint32_t k = 0; k < img.meta.size(); k++) {
 		const ckpt::Image::MetaCopy &m = img.meta[k];
@@ -811,7 +811,7 @@ namespace {
 // tensors); format reserves what the real manifest needs.
 constexpr uint32_t manifest_estimate = 1u << 20;
 
-bool layout_of(uint32_t n_chunks, uint32_t shift, struct ckpt_layout *l)
+bool layout_of(uint32_t n_chunks, uint32_t shift, struct ckpt_regions *l)
 {
 	struct ckpt_geometry g = {};
 	g.n_chunks = n_chunks;
@@ -820,7 +820,7 @@ bool layout_of(uint32_t n_chunks, uint32_t shift, struct ckpt_layout *l)
 	g.dtype = CKPT_DTYPE_BF16;
 	g.optimizer = CKPT_OPT_ADAM;
 	g.manifest_bytes = manifest_estimate;
-	return ckpt_layout_compute_features(&g, CKPT_FEATURE_INCOMPAT_DEFAULT, l) == 0;
+	return ckpt_regions_compute_features(&g, CKPT_FEATURE_INCOMPAT_DEFAULT, l) == 0;
 }
 
 } // namespace
@@ -843,7 +843,7 @@ struct ckpt_fit fit(uint64_t bytes, uint32_t chunk_params, uint64_t write_unit)
 	f.chunk_params = cp;
 	f.record_bytes = CKPT_BLOCK + 12ull * cp;
 	const uint32_t shift = static_cast<uint32_t>(__builtin_ctz(cp));
-	struct ckpt_layout l;
+	struct ckpt_regions l;
 	// The layout grows with n_chunks: the largest count that fits.
 	uint32_t lo = 0, hi = CKPT_MAX_CHUNKS;
 	while (lo < hi) {
