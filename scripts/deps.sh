@@ -26,7 +26,8 @@ libjemalloc2 fio linux-perf
 # make check also: the kernels the module is built and tested against, qemu and
 # the VM tools, DKMS, the fuzzing toolchain, Python's headers and libaio's
 # (DeepSpeed in the torch 2 venv compiles its ops, torch extensions: CPU Adam
-# and the async I/O that ZeRO-Infinity swaps with, the benchmark's contender)
+# and the async I/O that ZeRO-Infinity swaps with, the benchmark's contender),
+# Prometheus' own parser of the text format the status metrics are checked with
 CHECK="
 linux-image-amd64 linux-headers-amd64
 linux-image-6.12-amd64 linux-headers-6.12-amd64
@@ -35,6 +36,7 @@ qemu-system-x86 busybox-static dmsetup cpio kmod xz-utils
 systemd
 clang libclang-rt-14-dev
 python3-dev libaio-dev
+python3-prometheus-client
 "
 # make kernel-debug (scripts/vm/kdebug.sh): a 6.12 kernel with KASAN and lockdep
 KDEBUG_PACKAGES="linux-source-6.12 flex bison bc libelf-dev libssl-dev"

@@ -133,6 +133,22 @@ const char *ckpt_status_field(uint32_t index);
 int ckpt_status_json(const struct ckpt_device_status *st, char **json);
 
 /*
+ * *text: the status of n devices (st[0..n), as ckpt_dm_status_parse or
+ * ckpt_status gave them) in Prometheus' text exposition format (version
+ * 0.0.4, malloc'ed; ckpt_free), for node_exporter's textfile collector or a
+ * scrape: one family per field of the dm status line, every device's sample
+ * in it, named dm_ckpt_FIELD (the counters, which only grow while a table
+ * lives, dm_ckpt_FIELD_total; state and last_result one sample per value,
+ * 1 for the device's: dm_ckpt_state{state="idle"}), and dm_ckpt_chunks
+ * (n_chunks). labels_json is a JSON array of n objects whose string members
+ * are device i's labels (name="ckpt0", ...): names as Prometheus allows
+ * ([a-zA-Z_][a-zA-Z0-9_]*, not starting with "__"), values escaped here.
+ * Anything else is refused (CKPT_E_INVAL).
+ */
+int ckpt_status_prometheus(const struct ckpt_device_status *st, uint32_t n, const char *labels_json,
+			   char **text);
+
+/*
  * The uuid of the image in the backing file or device at path (read-only; a
  * dm-ckpt device node stands for its backing device), and a uuid's text
  * form (37 bytes with the NUL: "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx").

@@ -2,6 +2,8 @@
 // The C ABI: exceptions stop here and become a code plus a thread-local message.
 #include "ckpt_admin.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
@@ -9,6 +11,7 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -424,6 +427,136 @@ int ckpt_status_json(const struct ckpt_device_status *st, char **out)
 		if (st->first_io_error)
 			j["first_io_error_name"] = std::strerror(static_cast<int>(st->first_io_error));
 		give(j.dump(), out);
+		return 0;
+	});
+}
+
+namespace {
+
+// What each field of the dm status line says, for Prometheus' HELP lines;
+// the counters among them (they only grow while a table lives, and start
+// again from 0 on a reload, which Prometheus takes as a counter reset).
+struct MetricHelp {
+	const char *field;
+	bool counter;
+	const char *help;
+};
+constexpr MetricHelp metric_help[] = {
+	{"state", false, "The step state machine's state: 1 for the device's, 0 for the others."},
+	{"committed_step", false, "The step the device commits."},
+	{"open_step", false, "The open step, 0 when none is open."},
+	{"chunks_done", false, "Chunks the open step has applied."},
+	{"overflow", false, "1 when the open step saw a non-finite gradient (it will be skipped)."},
+	{"last_result", false, "The last COMMIT's result: 1 for it, 0 for the others."},
+	{"last_error", false, "The last refused command's enum ckpt_err code, 0 for none."},
+	{"first_io_error", false, "The first backing device error (an errno), 0 for none: the device has failed."},
+	{"steps_committed", true, "Steps committed since the table was loaded."},
+	{"steps_skipped", true, "Steps skipped for a non-finite gradient since the table was loaded."},
+	{"steps_aborted", true, "Steps aborted since the table was loaded."},
+	{"commands_rejected", true, "Commands and writes refused since the table was loaded."},
+	{"grad_bytes", true, "Gradient bytes written since the table was loaded."},
+	{"param_bytes", true, "Param bytes read since the table was loaded."},
+	{"io_errors", true, "Backing device errors since the table was loaded."},
+};
+constexpr bool metric_help_in_line_order()
+{
+	for (uint32_t i = 0; i < CKPT_STATUS_N; i++)
+		if (std::string_view(metric_help[i].field) != status_fields[i].name)
+			return false;
+	return std::size(metric_help) == CKPT_STATUS_N;
+}
+static_assert(metric_help_in_line_order(), "a HELP line for every field of the dm status line, in its order");
+
+// A label value in the text format: backslash, double quote and newline escaped.
+std::string prometheus_escape(const std::string &v)
+{
+	std::string out;
+	for (char c : v) {
+		if (c == '\\' || c == '"')
+			out += '\\';
+		if (c == '\n') {
+			out += "\\n";
+			continue;
+		}
+		out += c;
+	}
+	return out;
+}
+
+// The label sets of n devices, "name=\"value\",...", from a JSON array of objects.
+std::vector<std::string> prometheus_labels(const char *labels_json, uint32_t n)
+{
+	// ordered: the labels in the order given
+	const nlohmann::ordered_json j = nlohmann::ordered_json::parse(labels_json, nullptr, false);
+	if (!j.is_array() || j.size() != n)
+		ckpt::fail(CKPT_E_INVAL, "labels: a JSON array of {} objects expected", n);
+	std::vector<std::string> sets;
+	for (const nlohmann::ordered_json &o : j) {
+		if (!o.is_object())
+			ckpt::fail(CKPT_E_INVAL, "labels: {} is not an object", o.dump());
+		std::string set;
+		for (const auto &[k, v] : o.items()) {
+			const bool ok = !k.empty() && k.rfind("__", 0) != 0 &&
+					(std::isalpha(static_cast<unsigned char>(k[0])) || k[0] == '_') &&
+					std::all_of(k.begin(), k.end(), [](char c) {
+						return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+					});
+			if (!ok)
+				ckpt::fail(CKPT_E_INVAL, "labels: '{}' is not a Prometheus label name", k);
+			if (!v.is_string())
+				ckpt::fail(CKPT_E_INVAL, "labels: the value of '{}' is not a string", k);
+			set += fmt::format("{}{}=\"{}\"", set.empty() ? "" : ",", k,
+					   prometheus_escape(v.get<std::string>()));
+		}
+		sets.push_back(set);
+	}
+	return sets;
+}
+
+} // namespace
+
+int ckpt_status_prometheus(const struct ckpt_device_status *st, uint32_t n, const char *labels_json,
+			   char **text)
+{
+	return guarded([&] {
+		if (n)
+			need(st, "status");
+		need(labels_json, "labels");
+		need(text, "text");
+		const std::vector<std::string> labels = prometheus_labels(labels_json, n);
+		const auto with = [&](uint32_t d, const std::string &more) {
+			const std::string all = labels[d] + (labels[d].empty() || more.empty() ? "" : ",") + more;
+			return all.empty() ? std::string() : "{" + all + "}";
+		};
+		std::string out;
+		const auto family = [&](const std::string &name, const char *type, const char *help) {
+			out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+		};
+		for (uint32_t i = 0; i < n_line_fields; i++) {
+			const StatusField &f = status_fields[i];
+			const MetricHelp &h = metric_help[i];
+			const std::string name = fmt::format("dm_ckpt_{}{}", f.name, h.counter ? "_total" : "");
+			family(name, h.counter ? "counter" : "gauge", h.help);
+			for (uint32_t d = 0; d < n; d++) {
+				const uint64_t v = st[d].*f.member;
+				if (f.kind == Kind::STATE || f.kind == Kind::RESULT) {
+					const bool state = f.kind == Kind::STATE;
+					const uint32_t values = state ? uint32_t{CKPT_STATE_MAX} : uint32_t{CKPT_RESULT_MAX};
+					for (uint32_t k = 0; k < values; k++)
+						out += fmt::format("{}{} {}\n", name,
+								   with(d, fmt::format("{}=\"{}\"", state ? "state" : "result",
+										       state ? ckpt_state_name(k)
+											     : ckpt_result_name(k))),
+								   v == k ? 1 : 0);
+				} else {
+					out += fmt::format("{}{} {}\n", name, with(d, ""), v);
+				}
+			}
+		}
+		family("dm_ckpt_chunks", "gauge", "Chunks of the device's image (the parallel units of a step).");
+		for (uint32_t d = 0; d < n; d++)
+			out += fmt::format("dm_ckpt_chunks{} {}\n", with(d, ""), st[d].n_chunks);
+		give(out, text);
 		return 0;
 	});
 }

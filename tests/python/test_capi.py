@@ -323,6 +323,45 @@ class TestStatusUuidExport(DeviceCase):
             dev.write_grad("w", np.zeros((256, 1024), np.uint16))
             self.assertEqual(dev.commit(), "committed")
 
+    def test_prometheus_text_parses_with_prometheus_client(self):
+        """Device.prometheus(): the status in Prometheus' text format, as
+        Prometheus' own parser (prometheus_client) reads it: every family of
+        the status line, counters and gauges, the samples status() gives,
+        the labels back as given (quote, backslash, newline escaped)."""
+        from prometheus_client.parser import text_string_to_metric_families
+        odd = 'job "a\\b"\nnext'
+        with ckpt.open(self.path) as dev:
+            dev.begin(GROUPS)
+            dev.write_grad("b", np.zeros(1000, np.uint16))
+            dev.write_grad("w", np.zeros((256, 1024), np.uint16))
+            self.assertEqual(dev.commit(), "committed")
+            st = dev.status()
+            text = dev.prometheus(name="trainer-0", job=odd)
+            for bad in ({"1x": "a"}, {"__name": "a"}, {"a-b": "a"}, {"name": 3}):
+                with self.assertRaises(ckpt.CkptError, msg=repr(bad)) as cm:
+                    dev.prometheus(**bad)
+                self.assertEqual(cm.exception.name, "E_INVAL")
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        # the parser names a counter's family without _total
+        self.assertEqual(families["dm_ckpt_steps_committed"].type, "counter")
+        self.assertEqual(families["dm_ckpt_committed_step"].type, "gauge")
+        values = {}
+        for f in families.values():
+            for s in f.samples:
+                self.assertEqual((s.labels["name"], s.labels["job"]), ("trainer-0", odd), s)
+                key = s.name + "".join(f",{k}={v}" for k, v in sorted(s.labels.items())
+                                       if k not in ("name", "job"))
+                values[key] = s.value
+        self.assertEqual(values["dm_ckpt_committed_step"], st["committed_step"])
+        self.assertEqual(values["dm_ckpt_steps_committed_total"], st["steps_committed"])
+        self.assertEqual(values["dm_ckpt_grad_bytes_total"], st["grad_bytes"])
+        self.assertEqual(values["dm_ckpt_chunks"], st["n_chunks"])
+        self.assertEqual(values["dm_ckpt_state,state=idle"], 1)
+        self.assertEqual(values["dm_ckpt_state,state=open"], 0)
+        self.assertEqual(values["dm_ckpt_last_result,result=committed"], 1)
+        # a family per field of the dm status line, and the chunks
+        self.assertEqual(len(families), ckpt._abi._lib.ckpt_abi_count(b"status_fields") + 1)
+
     def test_uuid(self):
         u = ckpt.image_uuid(self.path)
         self.assertRegex(u, r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")

@@ -854,6 +854,12 @@ fails_with "status: an unknown field, refused before device-mapper is asked" 64 
 	"^ckptctl status: unknown field 'bogus'; valid fields: name,node,backing,.*state" \
 	env DM_DEV_DIR="$tmp/nodm" "$ctl" status t0 -o bogus
 fails_with "list of the kernel targets without device-mapper" 1 "$nodm" env DM_DEV_DIR="$tmp/nodm" "$ctl" list
+fails_with "list --prometheus reports kernel targets, not images" 1 \
+	"^ckptctl: list --prometheus reports kernel targets: an image has no live status\$" "$ctl" list --prometheus h.img
+fails_with "list --prometheus and --json together: usage (exit 64)" 64 "excludes" "$ctl" list --prometheus --json
+fails_with "status --prometheus and --json together: usage (exit 64)" 64 "excludes" "$ctl" status t0 --prometheus --json
+fails_with "list --prometheus without device-mapper says so (a scrape fails, not empty)" 1 "$nodm" \
+	env DM_DEV_DIR="$tmp/nodm" "$ctl" list --prometheus
 
 # ---------------------------------------------------------------- progress
 echo '{"tensors": [{"name": "w", "shape": [1024, 1024]}], "chunk_params": 4096}' >p.json

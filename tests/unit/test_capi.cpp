@@ -13,6 +13,9 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <sstream>
+#include <regex>
+#include <map>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -322,6 +325,78 @@ TEST(CapiDmStatus, ParsesEveryField)
 				 "\"n_chunks\":8", "\"io_errors\":9", "\"last_error_name\":\"gradient written twice",
 				 "\"first_io_error_name\":\"Input/output error\""})
 		EXPECT_NE(j.find(want), std::string::npos) << want << " not in " << j;
+}
+
+// Two devices' status lines in Prometheus' text format: every family once,
+// HELP and TYPE before its samples, one sample per device (per value for the
+// two enums), counters named _total, label values escaped. Hostile labels are
+// refused and nothing is returned.
+TEST(CapiDmStatus, PrometheusTextOfTwoDevices)
+{
+	struct ckpt_device_status st[2];
+	ASSERT_EQ(ckpt_dm_status_parse(good_line, &st[0]), 0);
+	ASSERT_EQ(ckpt_dm_status_parse("idle 7 0 0/4 0 committed 0 0 7 0 0 0 1 2 0", &st[1]), 0);
+	char *text = nullptr;
+	ASSERT_EQ(ckpt_status_prometheus(st, 2, R"([{"name": "a"}, {"name": "b\"c\\d\ne", "job": "j1"}])", &text),
+		  0)
+		<< ckpt_last_error();
+	const std::string t = text;
+	ckpt_free(text);
+
+	std::map<std::string, std::string> type;	// family -> its TYPE
+	std::map<std::string, int> samples;		// family -> samples seen
+	std::istringstream in(t);
+	std::string line, family;
+	const std::regex sample(R"(^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\]|\\.)*",?)*\})? [0-9]+$)");
+	while (std::getline(in, line)) {
+		std::smatch m;
+		if (line.rfind("# HELP ", 0) == 0) {
+			family = line.substr(7, line.find(' ', 7) - 7);
+			EXPECT_EQ(type.count(family), 0u) << family << " twice";
+		} else if (line.rfind("# TYPE ", 0) == 0) {
+			const std::string rest = line.substr(7);
+			EXPECT_EQ(rest.substr(0, rest.find(' ')), family) << "TYPE after its HELP: " << line;
+			type[family] = rest.substr(rest.find(' ') + 1);
+		} else {
+			ASSERT_TRUE(std::regex_match(line, m, sample)) << "not a sample: " << line;
+			EXPECT_EQ(m[1].str(), family) << "a sample outside its family: " << line;
+			samples[family]++;
+		}
+	}
+	EXPECT_EQ(type.size(), size_t{CKPT_STATUS_N} + 1) << "a family per field of the line, and dm_ckpt_chunks";
+	for (const auto &[f, ty] : type) {
+		const bool total = f.size() > 6 && f.compare(f.size() - 6, 6, "_total") == 0;
+		EXPECT_EQ(ty, total ? "counter" : "gauge") << f;
+		const int per_device = f == "dm_ckpt_state" ? CKPT_STATE_MAX : f == "dm_ckpt_last_result" ? CKPT_RESULT_MAX : 1;
+		EXPECT_EQ(samples[f], 2 * per_device) << f;
+	}
+	for (const char *want : {"dm_ckpt_committed_step{name=\"a\"} 3\n",
+				 "dm_ckpt_committed_step{name=\"b\\\"c\\\\d\\ne\",job=\"j1\"} 7\n",
+				 "dm_ckpt_state{name=\"a\",state=\"open\"} 1\n", "dm_ckpt_state{name=\"a\",state=\"idle\"} 0\n",
+				 "dm_ckpt_last_result{name=\"a\",result=\"overflow\"} 1\n",
+				 "dm_ckpt_steps_committed_total{name=\"a\"} 3\n", "dm_ckpt_grad_bytes_total{name=\"a\"} 4096\n",
+				 "dm_ckpt_io_errors_total{name=\"a\"} 9\n", "dm_ckpt_first_io_error{name=\"a\"} 5\n",
+				 "dm_ckpt_chunks{name=\"a\"} 8\n", "# TYPE dm_ckpt_steps_committed_total counter\n"})
+		EXPECT_NE(t.find(want), std::string::npos) << want << " not in\n" << t;
+
+	// no labels at all: bare samples; no devices: only the HELP and TYPE lines
+	ASSERT_EQ(ckpt_status_prometheus(st, 1, "[{}]", &text), 0) << ckpt_last_error();
+	EXPECT_NE(std::string(text).find("\ndm_ckpt_committed_step 3\n"), std::string::npos) << text;
+	ckpt_free(text);
+	ASSERT_EQ(ckpt_status_prometheus(nullptr, 0, "[]", &text), 0) << ckpt_last_error();
+	EXPECT_EQ(std::string(text).find("\ndm_"), std::string::npos) << text;
+	ckpt_free(text);
+
+	for (const char *bad : {"", "{}", "[{}]", "[{\"name\": \"a\"}, 3]", "[{\"1x\": \"a\"}, {}]",
+				"[{\"__name\": \"a\"}, {}]", "[{\"a-b\": \"a\"}, {}]", "[{\"name\": 3}, {}]",
+				"[{\"\": \"a\"}, {}]", "[{}, {}, {}]", "not json"}) {
+		text = nullptr;
+		EXPECT_EQ(ckpt_status_prometheus(st, 2, bad, &text), -CKPT_E_INVAL) << bad;
+		EXPECT_EQ(text, nullptr) << bad;
+	}
+	EXPECT_EQ(ckpt_status_prometheus(nullptr, 2, "[{}, {}]", &text), -CKPT_E_INVAL);
+	EXPECT_EQ(ckpt_status_prometheus(st, 2, nullptr, &text), -CKPT_E_INVAL);
+	EXPECT_EQ(ckpt_status_prometheus(st, 2, "[{}, {}]", nullptr), -CKPT_E_INVAL);
 }
 
 TEST(CapiDmStatus, RefusesHostileInputAndChangesNothing)

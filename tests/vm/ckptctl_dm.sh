@@ -57,6 +57,14 @@ ok "status: idle at committed step 2" has "idle, committed step 2" ckptctl statu
 ok "status --json has the parsed fields" sh -c \
 	"ckptctl status --json $name | grep -q '\"committed_step\": 2' && ckptctl status --json $name | grep -q '\"state\": \"idle\"'"
 ckptctl status $name | sed 's/^/# /'
+ok "status --prometheus: the committed step, labelled with name and backing device" sh -c \
+	"ckptctl status $name --prometheus | grep -q '^dm_ckpt_committed_step{backing=\"$dev\",name=\"$name\".*} 2\$'"
+ok "status --prometheus: state idle is 1, open 0; counters are _total" sh -c \
+	"ckptctl status $name --prometheus >/tmp/p && grep -q '^dm_ckpt_state{.*state=\"idle\"} 1\$' /tmp/p &&
+	 grep -q '^dm_ckpt_state{.*state=\"open\"} 0\$' /tmp/p && grep -q '^# TYPE dm_ckpt_steps_committed_total counter\$' /tmp/p"
+ok "list --prometheus: every target's samples under one HELP and TYPE per family" sh -c \
+	"ckptctl list --prometheus >/tmp/p && [ \$(grep -c '^# TYPE ' /tmp/p) -eq 16 ] &&
+	 [ \$(grep -c '^dm_ckpt_committed_step{.*name=\"$name\"' /tmp/p) -eq 1 ]"
 ok "message stats" has "committed_step 2" ckptctl message $name stats
 fails_with "message abort without an open step is refused" any "failed" ckptctl message $name abort
 fails_with "format refuses a device the target holds" any "in use" ckptctl format $dev -m /tmp/m.json

@@ -513,6 +513,33 @@ json image_row(const json &info)
 	return row;
 }
 
+// Kernel targets' status in Prometheus' text format (ckpt_status_prometheus),
+// each labelled with its device-mapper name, backing device and uuid (when it
+// has one). A target whose status line does not parse is left out, and said
+// on stderr: a scrape still gets the others.
+void print_prometheus(const std::vector<TargetState> &targets)
+{
+	std::vector<struct ckpt_device_status> st;
+	json labels = json::array();
+	for (const TargetState &t : targets) {
+		const json &status = t.j["status"];
+		if (status.contains("parse_error")) {
+			fmt::print(stderr, "ckptctl: {}: status line left out: {}\n", t.j["name"].get<std::string>(),
+				   status["parse_error"].get<std::string>());
+			continue;
+		}
+		st.push_back(t.s);
+		json l = {{"name", t.j["name"]}, {"backing", backing_of(t.table.params)}};
+		if (!t.info.uuid.empty())
+			l["uuid"] = t.info.uuid;
+		labels.push_back(l);
+	}
+	char *text = nullptr;
+	check(ckpt_status_prometheus(st.data(), static_cast<uint32_t>(st.size()), labels.dump().c_str(), &text));
+	const std::unique_ptr<char, decltype(&ckpt_free)> guard(text, ckpt_free);
+	fmt::print("{}", text);
+}
+
 } // namespace
 
 ReportKind status_kind()
@@ -534,7 +561,7 @@ ReportKind list_kind(bool images)
 	return {status_kind().valid, "name,backing,committed_step,state"};
 }
 
-int cmd_status(const std::string &name, bool as_json, const ReportArgs &r)
+int cmd_status(const std::string &name, bool as_json, bool prometheus, const ReportArgs &r)
 {
 	const std::vector<std::string> fields = report_fields(status_kind(), r.fields);
 	const TargetState t = target_state(name);
@@ -543,6 +570,10 @@ int cmd_status(const std::string &name, bool as_json, const ReportArgs &r)
 	const struct ckpt_device_status &s = t.s;
 	if (as_json) {
 		print_json(j);
+		return exit_ok;
+	}
+	if (prometheus) {
+		print_prometheus({t});
 		return exit_ok;
 	}
 	if (r.given()) {
@@ -580,14 +611,23 @@ int cmd_list(const ListArgs &a)
 	const std::vector<std::string> fields = report_fields(list_kind(images), a.report.fields);
 	std::vector<json> rows;
 	int rc = exit_ok;
+	if (a.prometheus && images)
+		fail(CKPT_E_INVAL, "list --prometheus reports kernel targets: an image has no live status");
 	if (!images) {
+		std::vector<TargetState> targets;
 		for (const std::string &name : dm::names()) {
 			try {
-				rows.push_back(target_row(target_state(name).j));
+				targets.push_back(target_state(name));
 			} catch (const Error &) {
 				// not a dm-ckpt device, or gone since the list
 			}
 		}
+		if (a.prometheus) {
+			print_prometheus(targets);
+			return exit_ok;
+		}
+		for (const TargetState &t : targets)
+			rows.push_back(target_row(t.j));
 	}
 	auto add_image = [&](const std::string &path, bool quiet) {
 		try {

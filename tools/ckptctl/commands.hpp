@@ -64,7 +64,8 @@ struct ActivateArgs {
 int cmd_activate(const ActivateArgs &a);
 int cmd_deactivate(const ActivateArgs &a);
 int cmd_remove(const std::string &name, bool retry, bool force);
-int cmd_status(const std::string &name, bool json, const ReportArgs &r);
+// as_json, or prometheus: the status in Prometheus' text format
+int cmd_status(const std::string &name, bool json, bool prometheus, const ReportArgs &r);
 // The fields of status -o and list -o (kernel targets, or images).
 ReportKind status_kind();
 ReportKind list_kind(bool images);
@@ -73,6 +74,7 @@ struct ListArgs {
 	std::vector<std::string> paths, image_dirs;
 	ReportArgs report;
 	bool json = false;
+	bool prometheus = false;	// the targets' status in Prometheus' text format
 };
 int cmd_list(const ListArgs &a);
 int cmd_message(const std::string &name, const std::vector<std::string> &words);

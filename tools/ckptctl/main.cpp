@@ -224,7 +224,7 @@ int main(int argc, char **argv)
 
 	// ---- info
 	std::string dev;
-	bool as_json = false, as_table = false;
+	bool as_json = false, as_table = false, prometheus = false;
 	auto *info = app.add_subcommand("info",
 		"Show the geometry, committed step and tensors of a device.\n\n"
 		"Reads the superblock, group table and manifest (all validated) of a\n"
@@ -300,9 +300,13 @@ int main(int argc, char **argv)
 		"open step, chunks applied, overflow, last result and error, step counts,\n"
 		"rejected commands, traffic and I/O errors; plus its table line. With -o,\n"
 		"--noheadings or --separator: one report row of the chosen fields, as\n"
-		"'ckptctl list' prints them (as lvs -o).");
+		"'ckptctl list' prints them (as lvs -o). --prometheus prints the counters\n"
+		"in Prometheus' text format, as 'ckptctl list --prometheus' does for every\n"
+		"target.");
 	status->add_option("name", name, "device-mapper name")->required();
-	status->add_flag("--json", as_json, "print JSON (the raw status line is in status.raw)");
+	auto *status_json = status->add_flag("--json", as_json, "print JSON (the raw status line is in status.raw)");
+	status->add_flag("--prometheus", prometheus, "print the status in Prometheus' text format")
+		->excludes(status_json);
 	add_report_options(status, status_report);
 	status->footer("\nEXAMPLES\n  ckptctl status ckpt0\n  ckptctl status --json ckpt0\n"
 		       "  ckptctl status ckpt0 -o state,committed_step --noheadings");
@@ -317,14 +321,22 @@ int main(int argc, char **argv)
 		"skipped; a given path that is not an image is an error, exit 1, after the\n"
 		"list). -o FIELDS chooses the columns ('+F' adds to the defaults),\n"
 		"--noheadings drops the heading, --separator S joins the fields with S\n"
-		"instead of aligning them (as lvs).");
+		"instead of aligning them (as lvs). --prometheus prints every target's\n"
+		"status in Prometheus' text format (version 0.0.4): one family per field\n"
+		"of the status line, dm_ckpt_FIELD (counters dm_ckpt_FIELD_total), each\n"
+		"sample labelled name, backing and uuid; for node_exporter's textfile\n"
+		"collector, write it to a .prom file from a timer.");
 	list->add_option("paths", la.paths, "image files or block devices");
 	list->add_option("--images", la.image_dirs, "list the images in this directory (repeatable)")
 		->check(CLI::ExistingDirectory);
-	list->add_flag("--json", la.json, "print the rows (every field) as a JSON array");
+	auto *list_json = list->add_flag("--json", la.json, "print the rows (every field) as a JSON array");
+	list->add_flag("--prometheus", la.prometheus, "print the targets' status in Prometheus' text format")
+		->excludes(list_json);
 	add_report_options(list, la.report);
 	list->footer("\nEXAMPLES\n  ckptctl list\n  ckptctl list -o name,committed_step --noheadings --separator :\n"
-		     "  ckptctl list --images /srv/ckpt -o +tensors\n  ckptctl list /dev/nvme0n1 /dev/nvme1n1");
+		     "  ckptctl list --images /srv/ckpt -o +tensors\n  ckptctl list /dev/nvme0n1 /dev/nvme1n1\n"
+		     "  ckptctl list --prometheus > /var/lib/prometheus/node-exporter/dm-ckpt.prom.$$ &&\n"
+		     "    mv /var/lib/prometheus/node-exporter/dm-ckpt.prom.$$ /var/lib/prometheus/node-exporter/dm-ckpt.prom");
 
 	std::vector<std::string> words;
 	auto *message = app.add_subcommand("message",
@@ -626,7 +638,7 @@ int main(int argc, char **argv)
 		if (*deactivate)
 			return cmd_deactivate(aa);
 		if (*status)
-			return cmd_status(name, as_json, status_report);
+			return cmd_status(name, as_json, prometheus, status_report);
 		if (*list)
 			return cmd_list(la);
 		if (*message)

@@ -126,6 +126,7 @@ for _name, _res, _args in [
     ("ckpt_read_state", _int, [_vp, _cp, _f32p, _f32p, _f32p, _u64]),
     ("ckpt_blob", _int, [_vp, _vp, ctypes.c_size_t]),
     ("ckpt_status", _int, [_vp, ctypes.POINTER(_Status)]),
+    ("ckpt_status_prometheus", _int, [ctypes.POINTER(_Status), _u32, _cp, ctypes.POINTER(_vp)]),
     ("ckpt_uuid", _int, [_vp, ctypes.POINTER(ctypes.c_uint8)]),
     ("ckpt_image_uuid", _int, [_cp, ctypes.POINTER(ctypes.c_uint8)]),
     ("ckpt_uuid_string", None, [ctypes.POINTER(ctypes.c_uint8), _cp]),

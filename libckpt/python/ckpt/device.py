@@ -235,6 +235,21 @@ class Device:
         d["grad_sumsq"] = ctypes.c_double.from_buffer_copy(ctypes.c_uint64(d["grad_sumsq"])).value
         return d
 
+    def prometheus(self, **labels):
+        """The device's status (status()'s counters) in Prometheus' text
+        format, each sample with these labels (name="trainer-3", ...), for
+        node_exporter's textfile collector: the families ckptctl list
+        --prometheus prints for kernel targets (ckpt_status_prometheus)."""
+        st = _Status()
+        _check(_lib.ckpt_status(self._handle(), ctypes.byref(st)))
+        out = ctypes.c_void_p()
+        _check(_lib.ckpt_status_prometheus(ctypes.byref(st), 1, json.dumps([labels]).encode(),
+                                           ctypes.byref(out)))
+        try:
+            return ctypes.string_at(out.value).decode()
+        finally:
+            _lib.ckpt_free(out)
+
     def traffic(self):
         """What this handle moved through the virtual device since it was opened
         (the same count on the engine and the kernel target): grad_bytes written,
