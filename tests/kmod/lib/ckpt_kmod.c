@@ -707,28 +707,27 @@ int ck_commit(int fd, uint64_t t, const void *blob, uint32_t blob_len)
 	return r;
 }
 
-int ck_abort(int fd, uint64_t t)
+/* A command with no payload but its step (ABORT, ROLLBACK). */
+static int ck_send_step(int fd, uint32_t opcode, uint64_t t)
 {
 	struct ckpt_cmd *cmd = calloc(1, sizeof(*cmd));
 	int r;
 
-	cmd->opcode = CKPT_OP_ABORT;
+	cmd->opcode = opcode;
 	cmd->step = t;
 	r = ck_send(fd, cmd);
 	free(cmd);
 	return r;
 }
 
+int ck_abort(int fd, uint64_t t)
+{
+	return ck_send_step(fd, CKPT_OP_ABORT, t);
+}
+
 int ck_rollback(int fd, uint64_t t)
 {
-	struct ckpt_cmd *cmd = calloc(1, sizeof(*cmd));
-	int r;
-
-	cmd->opcode = CKPT_OP_ROLLBACK;
-	cmd->step = t;
-	r = ck_send(fd, cmd);
-	free(cmd);
-	return r;
+	return ck_send_step(fd, CKPT_OP_ROLLBACK, t);
 }
 
 int ck_status(int fd, struct ckpt_status *st)
