@@ -63,6 +63,7 @@ size_t ckpt_abi_sizeof(const char *name);
 /*
  * The value of a constant of this header by name ("CKPT_EXPORT_LOWP",
  * "CKPT_EXPORT_OPTIMIZER", "CKPT_EXPORT_FORCE", "CKPT_RESTORE_ROLLBACK",
+ * "CKPT_SHARD_RULE_EVEN", "CKPT_SHARD_RULE_Q8",
  * "CKPT_MAX_DIMS"), or of the format ("CKPT_BLOCK", the metadata block, 4096;
  * "CKPT_SECTOR", 512); -1 when unknown.
  */
@@ -104,6 +105,65 @@ int ckpt_format(const char *path, const ckpt_layout_builder *l, int dtype,
  */
 int ckpt_format_opts(const char *path, const ckpt_layout_builder *l, int dtype,
 		     uint32_t chunk_params, uint64_t size, uint32_t flags);
+
+/*
+ * ---- sharding: the rule that gives each rank of a sharded run
+ * (ckpt.torch.OffloadAdamW over a process group, ZeRO-1) its share of a
+ * layout, and the reshard of such a run's images onto another number of
+ * ranks.
+ *
+ * The params of a layout of whole params, flattened in order, are cut at
+ * world - 1 bounds; rank r holds [bound r, bound r + 1): the params wholly
+ * inside it as they are, a param cut by a bound as a piece, a flat tensor
+ * named "NAME[a:b]" (its params a to b - 1). CKPT_SHARD_RULE_EVEN puts bound
+ * r at n r / world (n params in all), as dm-ckpt before 0.4 did;
+ * CKPT_SHARD_RULE_Q8 moves it down to the nearest multiple of 256 params
+ * (one 8-bit block) from the start of the param it falls in, so that the
+ * 8-bit blocks of every rank's pieces are blocks of the whole param, and a
+ * reshard moves them whole, codes and scale unchanged.
+ */
+#define CKPT_SHARD_RULE_EVEN	1u
+#define CKPT_SHARD_RULE_Q8	2u
+
+/*
+ * *out: a new layout (ckpt_layout_free), rank's share of whole (a layout
+ * of whole params) over world ranks by rule (0: CKPT_SHARD_RULE_Q8). With
+ * world > 1 it records the share (rank, world, rule, the whole layout's
+ * size and digest), which the images formatted from it keep in their
+ * manifest. A rank left with no params, or a piece name longer than a
+ * tensor name may be, is refused (CKPT_E_INVAL).
+ */
+int ckpt_layout_shard(const ckpt_layout_builder *whole, uint32_t rank, uint32_t world, uint32_t rule,
+		      ckpt_layout_builder **out);
+/*
+ * *json (ckpt_free): {"tensors": [{"name", "shape", "group"} and, for a
+ * piece, "piece": {"param", "shape", "begin"}], "shard": {"rank", "world",
+ * "rule", "params", "digest", "bounds": [the world + 1 bounds]}, only for a
+ * share}.
+ */
+int ckpt_layout_json(const ckpt_layout_builder *l, char **json);
+
+/*
+ * Makes path, a new image file (it must not exist, and is never replaced),
+ * rank's share over world ranks of the committed state of the images
+ * from[0..n): the images of one sharded run (every rank's, in any order) or
+ * one unsharded image; files or devices, never written. The new image has
+ * their dtype, chunk size, state formats and hyperparameters, their trainer
+ * blob and committed step; its masters, moments and per-tensor step counts
+ * are theirs, bit for bit: every value is read back from path and compared
+ * before it returns (8-bit moments move in whole blocks, CKPT_SHARD_RULE_Q8;
+ * images cut by CKPT_SHARD_RULE_EVEN cut blocks, and what cannot be kept
+ * exactly is refused). world 1 makes an unsharded image. opts_json (NULL:
+ * none): {"params": [{"name", "shape", "group"}, ...]}, the whole layout, for
+ * images of dm-ckpt before 0.4, which do not record the shape of a param
+ * they hold pieces of. Refused (CKPT_E_STATE): images at different steps or
+ * with different blobs, a rank missing or given twice, images of different
+ * runs (layouts), and an image committed to meanwhile. A failure leaves no
+ * file at path. *json: {"path", "rank", "world", "step", "tensors",
+ * "params", "from": [the images in rank order]}.
+ */
+int ckpt_reshard(const char *const *from, uint32_t n, const char *path, uint32_t rank, uint32_t world,
+		 const char *opts_json, char **json);
 
 /*
  * Renames the file from to path, which must not exist (a new image prepared

@@ -61,14 +61,6 @@ std::vector<uint8_t> unhex(const std::string &s, const std::string &what)
 	return out;
 }
 
-// A dm-ckpt device (/dev/mapper/NAME) stands for its backing device when
-// reading; anything else is the backing file or device itself.
-std::string backing_path(const std::string &dev)
-{
-	if (auto b = ckpt::BlockTarget::backing_of(dev))
-		return *b;
-	return dev;
-}
 
 // Before writing a backing device behind the kernel's back: not a dm-ckpt
 // device, and (a block device) not held by one. Files cannot be checked: no
@@ -94,9 +86,17 @@ json image_json(const ckpt::Image &img)
 	const struct ckpt_sb &sb = img.sb;
 	const struct ckpt_regions &l = sb.regions;
 	json tensors = json::array();
-	for (const ckpt::Tensor &t : img.manifest.tensors())
+	for (const ckpt::Tensor &t : img.manifest.tensors()) {
 		tensors.push_back({{"name", t.name}, {"shape", t.shape}, {"group", t.group},
 				   {"numel", t.numel}, {"offset", t.offset}});
+		if (t.piece)
+			tensors.back()["piece"] = {{"param", t.piece->param}, {"shape", t.piece->shape},
+						   {"begin", t.piece->begin}};
+	}
+	json shard = nullptr;	// not a rank's share (or one of dm-ckpt before 0.4)
+	if (const auto &s = img.manifest.shard())
+		shard = {{"rank", s->rank}, {"world", s->world}, {"rule", s->rule}, {"params", s->params},
+			 {"digest", s->digest}};
 	return {
 		{"path", img.file.path},
 		{"uuid", uuid_string(sb.uuid)},
@@ -125,6 +125,7 @@ json image_json(const ckpt::Image &img)
 			    {"plo_chunk_bytes", l.plo_chunk_bytes}, {"grad_off", l.grad_off},
 			    {"param_off", l.param_off}}},
 		{"tensors", tensors},
+		{"shard", shard},
 	};
 }
 
@@ -804,6 +805,13 @@ std::string restore_report(const std::string &device, bool do_rollback)
 }
 
 std::optional<std::string> backing_of(const std::string &path) { return BlockTarget::backing_of(path); }
+
+std::string backing_path(const std::string &dev)
+{
+	if (auto b = BlockTarget::backing_of(dev))
+		return *b;
+	return dev;
+}
 
 namespace {
 

@@ -20,6 +20,9 @@ std::string export_image_report(const std::string &device, const std::string &ou
 std::string verify_report(const std::string &device, bool repair);
 std::string restore_report(const std::string &device, bool rollback);
 std::optional<std::string> backing_of(const std::string &path);
+// A dm-ckpt device (/dev/mapper/NAME) stands for its backing device when
+// reading; anything else is the backing file or device itself.
+std::string backing_path(const std::string &dev);
 struct ckpt_fit fit(uint64_t bytes, uint32_t chunk_params, uint64_t write_unit);
 
 } // namespace ckpt

@@ -29,6 +29,7 @@
 #include "io.hpp"
 #include "progress.hpp"
 #include "admin.hpp"
+#include "reshard.hpp"
 
 extern "C" {
 #include "ckpt_step.h"
@@ -381,6 +382,8 @@ int64_t ckpt_abi_constant(const char *name)
 		{"CKPT_EXPORT_OPTIMIZER", CKPT_EXPORT_OPTIMIZER},
 		{"CKPT_EXPORT_FORCE", CKPT_EXPORT_FORCE},
 		{"CKPT_RESTORE_ROLLBACK", CKPT_RESTORE_ROLLBACK},
+		{"CKPT_SHARD_RULE_EVEN", CKPT_SHARD_RULE_EVEN},
+		{"CKPT_SHARD_RULE_Q8", CKPT_SHARD_RULE_Q8},
 		{"CKPT_BLOCK", CKPT_BLOCK},
 		{"CKPT_SECTOR", CKPT_SECTOR},
 		{"CKPT_MAX_DIMS", CKPT_MAX_DIMS},
@@ -599,6 +602,38 @@ int ckpt_layout_add(ckpt_layout_builder *l, const char *name, const uint64_t *sh
 			need(shape, "shape");
 		l->layout.add(name, std::vector<uint64_t>(shape, shape + ndim), group);
 		return 0;
+	});
+}
+
+int ckpt_layout_shard(const ckpt_layout_builder *whole, uint32_t rank, uint32_t world, uint32_t rule,
+		      ckpt_layout_builder **out)
+{
+	return guarded([&] {
+		need(whole, "layout");
+		need(out, "out");
+		auto l = std::make_unique<ckpt_layout_builder>();
+		l->layout = whole->layout.shard(rank, world, rule ? rule : CKPT_SHARD_RULE_Q8);
+		*out = l.release();
+		return 0;
+	});
+}
+
+int ckpt_layout_json(const ckpt_layout_builder *l, char **json)
+{
+	return report(json, [&] {
+		need(l, "layout");
+		nlohmann::json ts = nlohmann::json::array();
+		for (const ckpt::Tensor &t : l->layout.tensors()) {
+			ts.push_back({{"name", t.name}, {"shape", t.shape}, {"group", t.group}});
+			if (t.piece)
+				ts.back()["piece"] = {{"param", t.piece->param}, {"shape", t.piece->shape},
+						      {"begin", t.piece->begin}};
+		}
+		nlohmann::json j{{"tensors", ts}};
+		if (const auto &s = l->layout.shard_record())
+			j["shard"] = {{"rank", s->rank}, {"world", s->world}, {"rule", s->rule}, {"params", s->params},
+				      {"digest", s->digest}, {"bounds", l->layout.bounds()}};
+		return j.dump();
 	});
 }
 
@@ -1037,6 +1072,21 @@ int ckpt_backing_of(const char *path, char **backing)
 			return 0;
 		give(*b, backing);
 		return 1;
+	});
+}
+
+int ckpt_reshard(const char *const *from, uint32_t n, const char *path, uint32_t rank, uint32_t world,
+		 const char *opts_json, char **json)
+{
+	return report(json, [&] {
+		need(from, "from");
+		need(path, "path");
+		std::vector<std::string> in;
+		for (uint32_t i = 0; i < n; i++) {
+			need(from[i], "from[i]");
+			in.emplace_back(from[i]);
+		}
+		return ckpt::reshard(in, path, rank, world, opts_json ? opts_json : "");
 	});
 }
 

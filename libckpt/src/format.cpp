@@ -207,7 +207,7 @@ void format(const std::string &path_arg, const Layout &layout, const FormatOptio
 	}
 	struct ckpt_regions l;
 	check_core(ckpt_regions_compute_features(&placed.geo, incompat, &l), "layout");
-	const std::string manifest = Manifest::encode(placed.tensors, opts.dtype, cp, layout.hparams());
+	const std::string manifest = Manifest::encode(placed.tensors, opts.dtype, cp, layout.hparams(), layout.shard_record());
 
 	// A symlink stands for the file it names: that file is replaced.
 	std::string path = path_arg;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <endian.h>
 #include <cmath>
 #include <limits>
 #include <set>
@@ -12,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckpt.h"
+#include "ckpt_admin.h"
 #include "error.hpp"
 
 namespace ckpt {
@@ -244,6 +246,95 @@ void Layout::add(std::string name, std::vector<uint64_t> shape, uint32_t group)
 	specs_.push_back(std::move(t));
 }
 
+uint32_t Layout::digest() const
+{
+	uint32_t crc = 0;
+	for (const Tensor &t : specs_) {
+		crc = ckpt_crc32c_update(crc, t.name.c_str(), t.name.size() + 1);
+		for (uint64_t d : t.shape) {
+			const uint64_t le = htole64(d);
+			crc = ckpt_crc32c_update(crc, &le, sizeof(le));
+		}
+		const uint32_t end = htole32(0xffffffffu), group = htole32(t.group);
+		crc = ckpt_crc32c_update(crc, &end, sizeof(end));
+		crc = ckpt_crc32c_update(crc, &group, sizeof(group));
+	}
+	return crc;
+}
+
+std::vector<uint64_t> shard_bounds(const std::vector<uint64_t> &numels, uint32_t world, uint32_t rule)
+{
+	if (rule != CKPT_SHARD_RULE_EVEN && rule != CKPT_SHARD_RULE_Q8)
+		fail(CKPT_E_INVAL, "shard rule {} is none of dm-ckpt's ({} even, {} aligned to 8-bit blocks)", rule,
+		     CKPT_SHARD_RULE_EVEN, CKPT_SHARD_RULE_Q8);
+	uint64_t n = 0;
+	for (uint64_t k : numels)
+		n += k;
+	if (world == 0 || n < world)
+		fail(CKPT_E_INVAL, "{} params cannot be shared by {} ranks", n, world);
+	std::vector<uint64_t> bounds(world + 1, n);
+	bounds[0] = 0;
+	size_t i = 0;
+	uint64_t off = 0;	// of param i
+	for (uint32_t r = 1; r < world; r++) {
+		uint64_t b = static_cast<uint64_t>(static_cast<unsigned __int128>(n) * r / world);
+		if (rule == CKPT_SHARD_RULE_Q8) {
+			while (b >= off + numels[i])
+				off += numels[i++];
+			b = off + (b - off) / CKPT_Q8_BLOCK * CKPT_Q8_BLOCK;
+		}
+		bounds[r] = b;
+	}
+	for (uint32_t r = 0; r < world; r++)
+		if (bounds[r] >= bounds[r + 1])
+			fail(CKPT_E_INVAL, "{} params over {} ranks leave rank {} none (a param is cut only at "
+					   "multiples of {} params from its start)", n, world, r, CKPT_Q8_BLOCK);
+	return bounds;
+}
+
+Layout Layout::shard(uint32_t rank, uint32_t world, uint32_t rule) const
+{
+	if (shard_)
+		fail(CKPT_E_INVAL, "the layout is rank {}'s share of {} already", shard_->rank, shard_->world);
+	if (rank >= world)
+		fail(CKPT_E_INVAL, "rank {} of {} ranks", rank, world);
+	std::vector<uint64_t> numels;
+	for (const Tensor &t : specs_)
+		numels.push_back(t.numel);
+	const std::vector<uint64_t> bounds = shard_bounds(numels, world, rule);
+	const uint64_t lo = bounds[rank], hi = bounds[rank + 1];
+	Layout out;
+	uint64_t off = 0;
+	uint32_t max_group = 0;
+	std::set<std::string> names;
+	for (const Tensor &t : specs_) {
+		const uint64_t first = off;
+		off += t.numel;
+		if (off <= lo || first >= hi)
+			continue;
+		const uint64_t a = std::max(lo, first) - first, b = std::min(hi, off) - first;
+		Tensor p = t;
+		if (a != 0 || b != t.numel) {
+			p.name = fmt::format("{}[{}:{}]", t.name, a, b);
+			check_name(p.name);
+			p.shape = {b - a};
+			p.numel = b - a;
+			p.piece = Piece{t.name, t.shape, a};
+		}
+		if (!names.insert(p.name).second)
+			fail(CKPT_E_INVAL, "tensor '{}' is both a param and a piece of one", p.name);
+		max_group = std::max(max_group, p.group);
+		out.specs_.push_back(std::move(p));
+	}
+	if (!hparams_.empty())
+		out.hparams_.assign(hparams_.begin(), hparams_.begin() + max_group + 1);
+	if (world > 1) {
+		out.shard_ = ShardRecord{rank, world, rule, off, digest()};
+		out.bounds_ = bounds;
+	}
+	return out;
+}
+
 Layout::Placed Layout::place(uint32_t chunk_shift, uint32_t dtype) const
 {
 	if (specs_.empty())
@@ -283,7 +374,7 @@ Layout::Placed Layout::place(uint32_t chunk_shift, uint32_t dtype) const
 	if (!hparams_.empty() && hparams_.size() != max_group + 1)
 		fail(CKPT_E_INVAL, "hyperparameters for {} groups, but the tensors use groups 0 to {}",
 		     hparams_.size(), max_group);
-	std::string manifest = Manifest::encode(out.tensors, dtype, cp, hparams_);
+	std::string manifest = Manifest::encode(out.tensors, dtype, cp, hparams_, shard_);
 	out.geo = {};
 	out.geo.n_chunks = static_cast<uint32_t>(n_chunks);
 	out.geo.chunk_shift = chunk_shift;
@@ -297,8 +388,9 @@ Layout::Placed Layout::place(uint32_t chunk_shift, uint32_t dtype) const
 	return out;
 }
 
-Manifest::Manifest(std::vector<Tensor> tensors, std::vector<GroupHparams> hparams)
-	: tensors_(std::move(tensors)), hparams_(std::move(hparams))
+Manifest::Manifest(std::vector<Tensor> tensors, std::vector<GroupHparams> hparams,
+		   std::optional<ShardRecord> shard)
+	: tensors_(std::move(tensors)), hparams_(std::move(hparams)), shard_(std::move(shard))
 {
 	for (size_t i = 0; i < tensors_.size(); i++)
 		index_.emplace(tensors_[i].name, i);
@@ -313,7 +405,7 @@ const Tensor &Manifest::find(std::string_view name) const
 }
 
 std::string Manifest::encode(const std::vector<Tensor> &tensors, uint32_t dtype, uint64_t chunk_params,
-			    const std::vector<GroupHparams> &hparams)
+			    const std::vector<GroupHparams> &hparams, const std::optional<ShardRecord> &shard)
 {
 	nlohmann::json j;
 	j["format"] = "dm-ckpt-manifest";
@@ -321,12 +413,55 @@ std::string Manifest::encode(const std::vector<Tensor> &tensors, uint32_t dtype,
 	j["dtype"] = dtype_name(dtype);
 	j["chunk_params"] = chunk_params;
 	auto &arr = j["tensors"] = nlohmann::json::array();
-	for (const Tensor &t : tensors)
+	for (const Tensor &t : tensors) {
 		arr.push_back({{"name", t.name}, {"shape", t.shape}, {"group", t.group},
 			       {"offset", t.offset}, {"numel", t.numel}});
-	if (!hparams.empty())	// absent rather than empty: older readers see the manifest they know
+		if (t.piece)
+			arr.back()["piece"] = {{"param", t.piece->param}, {"shape", t.piece->shape},
+					       {"begin", t.piece->begin}};
+	}
+	// absent rather than empty: older readers see the manifest they know
+	if (!hparams.empty())
 		j["groups"] = groups_json(hparams);
+	if (shard)
+		j["shard"] = {{"rank", shard->rank}, {"world", shard->world}, {"rule", shard->rule},
+			      {"params", shard->params}, {"digest", shard->digest}};
 	return j.dump();
+}
+
+// A piece's record: its name says the same, and it lies inside its param.
+static Piece json_piece(const nlohmann::json &v, const std::string &path, const Tensor &t)
+{
+	const Fields f(v, path, {"param", "shape", "begin"});
+	Piece p;
+	p.param = json_string(f.at("param"), f.path("param"));
+	p.shape = json_shape(f.at("shape"), f.path("shape"));
+	p.begin = json_uint<uint64_t>(f.at("begin"), f.path("begin"));
+	const uint64_t whole = numel_of(p.shape, p.param);
+	if (t.shape.size() != 1 || p.begin > whole || t.numel > whole - p.begin ||
+	    t.name != fmt::format("{}[{}:{}]", p.param, p.begin, p.begin + t.numel))
+		invalid(path, fmt::format("'{}' is not params {}.. of '{}' (shape {})", t.name, p.begin, p.param,
+					  fmt::join(p.shape, "x")));
+	return p;
+}
+
+static ShardRecord json_shard(const nlohmann::json &v, const std::string &path, const std::vector<Tensor> &tensors)
+{
+	const Fields f(v, path, {"rank", "world", "rule", "params", "digest"});
+	ShardRecord s;
+	s.rank = json_uint<uint32_t>(f.at("rank"), f.path("rank"));
+	s.world = json_uint<uint32_t>(f.at("world"), f.path("world"));
+	s.rule = json_uint<uint32_t>(f.at("rule"), f.path("rule"));
+	s.params = json_uint<uint64_t>(f.at("params"), f.path("params"));
+	s.digest = json_uint<uint32_t>(f.at("digest"), f.path("digest"));
+	uint64_t held = 0;
+	for (const Tensor &t : tensors)
+		held += t.numel;
+	if (s.world < 2 || s.rank >= s.world || held > s.params ||
+	    (s.rule != CKPT_SHARD_RULE_EVEN && s.rule != CKPT_SHARD_RULE_Q8))
+		invalid(path, fmt::format("rank {} of {} by rule {} holding {} of {} params is no rank's share",
+					  s.rank, s.world, s.rule, held, s.params));
+	return s;
 }
 
 Manifest Manifest::decode(std::string_view text, const struct ckpt_regions &regions,
@@ -336,7 +471,7 @@ Manifest Manifest::decode(std::string_view text, const struct ckpt_regions &regi
 	if (j.is_discarded() || !j.is_object())
 		bad("not a JSON object");
 	try {
-		const Fields top(j, "$", {"format", "version", "dtype", "chunk_params", "tensors", "groups"});
+		const Fields top(j, "$", {"format", "version", "dtype", "chunk_params", "tensors", "groups", "shard"});
 		if (json_string(top.at("format"), top.path("format")) != "dm-ckpt-manifest" ||
 		    json_uint<uint32_t>(top.at("version"), top.path("version")) != 1)
 			bad("unknown format or version");
@@ -347,7 +482,8 @@ Manifest Manifest::decode(std::string_view text, const struct ckpt_regions &regi
 		std::vector<Tensor> tensors;
 		uint64_t next = 0;
 		for (size_t i = 0; i < arr.size(); i++) {
-			const Fields e(arr[i], fmt::format("$.tensors[{}]", i), {"name", "shape", "group", "offset", "numel"});
+			const Fields e(arr[i], fmt::format("$.tensors[{}]", i),
+				       {"name", "shape", "group", "offset", "numel", "piece"});
 			Tensor t;
 			t.name = json_string(e.at("name"), e.path("name"));
 			check_name(t.name);
@@ -357,6 +493,8 @@ Manifest Manifest::decode(std::string_view text, const struct ckpt_regions &regi
 			t.numel = json_uint<uint64_t>(e.at("numel"), e.path("numel"));
 			if (numel_of(t.shape, t.name) != t.numel)
 				bad(fmt::format("'{}': numel disagrees with its shape", t.name));
+			if (const json *v = e.find("piece"))
+				t.piece = json_piece(*v, e.path("piece"), t);
 			if (t.group >= geo.n_groups)
 				bad(fmt::format("'{}': group {} out of range", t.name, t.group));
 			if (t.offset < next || t.offset % CKPT_TENSOR_ALIGN ||
@@ -385,7 +523,10 @@ Manifest Manifest::decode(std::string_view text, const struct ckpt_regions &regi
 				bad(fmt::format("hyperparameters for {} groups, the image has {}", hparams.size(),
 						geo.n_groups));
 		}
-		Manifest m(std::move(tensors), std::move(hparams));
+		std::optional<ShardRecord> shard;
+		if (const json *v = top.find("shard"))
+			shard = json_shard(*v, top.path("shard"), tensors);
+		Manifest m(std::move(tensors), std::move(hparams), std::move(shard));
 		if (m.index_.size() != m.tensors_.size())
 			bad("duplicate tensor names");
 		return m;

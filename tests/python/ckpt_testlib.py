@@ -32,6 +32,9 @@ except ImportError as e:  # pragma: no cover - a setup problem, say what to do
                       f"(python is {sys.executable})") from e
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# the build's ckptctl, beside the package assembled in <build>/python
+CKPTCTL = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(ckpt.__file__)))),
+                       "tools", "ckptctl")
 TMP_ROOT = "/tmp"  # supports O_DIRECT (the engine falls back without it, e.g. on tmpfs)
 
 

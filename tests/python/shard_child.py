@@ -16,7 +16,9 @@ scaler's state) is rank 0's; every other rank sets a blob of its own, which
 must never be committed.
 
 KILL "it:rank:when": at iteration it, rank SIGKILLs itself "before" or "after"
-its commit. Prints "resumed S" (the step the ranks agreed on), "committed S"
+its commit. Environment: SHARD_FROM, the devices of an earlier run to resume
+from on this world size (OffloadAdamW's reshard_from); SHARD_STATE and
+SHARD_MASTER, the state formats of new devices. Prints "resumed S" (the step the ranks agreed on), "committed S"
 after each commit and "done S" at the end, flushed.
 """
 
@@ -84,7 +86,10 @@ def main(argv):
                             timeout=timedelta(seconds=60))
     named = shard_model()
     opt = ckpt.torch.OffloadAdamW(shard_groups(named), os.path.join(d, "state-{rank}.img"), lr=1e-2,
-                                  weight_decay=0.1, chunk_params=4096)
+                                  weight_decay=0.1, chunk_params=4096,
+                                  state=os.environ.get("SHARD_STATE", "fp32"),
+                                  master=os.environ.get("SHARD_MASTER", "fp32"),
+                                  reshard_from=os.environ.get("SHARD_FROM"))
     scaler = ckpt.torch.LossScaler(init_scale=2.0 ** 4, growth_interval=2)
     it = 1
     if opt.blob():

@@ -17,6 +17,7 @@ import random
 import re
 import shutil
 import signal
+import subprocess
 import sys
 import time
 import traceback
@@ -26,7 +27,7 @@ import warnings
 import numpy as np
 import torch
 
-from ckpt_testlib import free_port, tempdir
+from ckpt_testlib import CKPTCTL, free_port, tempdir
 
 import ckpt
 import ckpt.torch
@@ -55,9 +56,9 @@ def _rank_main(argv, out, err, pace):
 class Run:
     """The processes of one launch of WORLD ranks, forked from this one."""
 
-    def __init__(self, d, world, kill=None, pace=0.0):
+    def __init__(self, d, world, kill=None, pace=0.0, iters=ITERS):
         port = free_port()
-        args = [str(ITERS)] + ([kill] if kill else [])
+        args = [str(iters)] + ([kill] if kill else [])
         ctx = multiprocessing.get_context("fork")
         self.files = [(os.path.join(d, f"rank{r}.out"), os.path.join(d, f"rank{r}.err"))
                       for r in range(world)]
@@ -111,8 +112,11 @@ def lines(text, word):
     return [int(x) for x in re.findall(rf"^{word} (\d+)$", text, re.M)]
 
 
-def reference_world(d, world):
-    """One device fed every iteration's gradients averaged over the world ranks."""
+def reference_world(d, world, state="fp32"):
+    """One device fed every iteration's gradients averaged over the world ranks
+    (world: a number, or a function of the iteration for a run resumed on
+    another number of ranks)."""
+    world_at = world if callable(world) else (lambda it: world)
     # fp32 params holding the same bf16 values (the masters), so that p.grad can
     # be the fp32 average itself; the device rounds it to bf16 as every rank does.
     named = [(n, torch.nn.Parameter(p.detach().to(torch.float32))) for n, p in sc.shard_model()]
@@ -120,12 +124,13 @@ def reference_world(d, world):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ckpt.torch.PrecisionWarning)
         opt = ckpt.torch.OffloadAdamW(sc.shard_groups(named), os.path.join(d, "one.img"), lr=1e-2,
-                                      weight_decay=0.1, dtype="bf16", chunk_params=4096)
+                                      weight_decay=0.1, dtype="bf16", chunk_params=4096, state=state)
     scaler = ckpt.torch.LossScaler(init_scale=2.0 ** 4, growth_interval=2)
     opt.norms = {}      # step -> last_grad_norm
     it = {"it": 1}
     opt.set_blob(lambda: json.dumps({"it": it["it"] + 1, "scaler": scaler.state_dict()}).encode())
     while it["it"] <= ITERS:
+        world = world_at(it["it"])
         per_rank = [sc.shard_grads(it["it"], r, world, scaler.get_scale()) for r in range(world)]
         for n, p in params.items():
             if n in per_rank[0]:
@@ -141,6 +146,11 @@ def reference_world(d, world):
             opt.norms[opt.committed_step] = opt.last_grad_norm
         it["it"] += 1
     return opt
+
+
+def read_file(path):
+    with open(path, "rb") as f:
+        return f.read()
 
 
 def bits(a):
@@ -302,6 +312,48 @@ class ShardTest(unittest.TestCase):
                 self.assertNotEqual(rc, 0, f"rank {r} {out}")
             self.assertFalse(os.path.exists(paths[0]), "the failed open left rank 0's new device")
             self.assertEqual(sorted(n for n in os.listdir(d) if not n.startswith("rank")), ["state-1.img"])
+
+    def test_resume_on_other_world_sizes(self):
+        """A run resumed on another number of ranks, 2 -> 3 and 3 -> 1 when the
+        new ranks open (reshard_from), 4 -> 2 and 1 -> 4 by ckptctl reshard,
+        with fp32 and 8-bit moments, ends bit-identical to one device fed each
+        iteration's gradients averaged over the ranks of that time; the old
+        devices are only read, and a device of another world size is refused
+        without reshard_from."""
+        half = 3
+        for n, m, how, state in ((2, 3, "open", "fp32"), (4, 2, "ckptctl", "8bit"), (3, 1, "open", "8bit"),
+                                 (1, 4, "ckptctl", "fp32")):
+            with self.subTest(n=n, m=m, how=how, state=state), tempdir() as d:
+                old, new = os.path.join(d, "old"), os.path.join(d, "new")
+                os.mkdir(old)
+                os.mkdir(new)
+                os.environ["SHARD_STATE"] = state
+                try:
+                    self.check_ok(Run(old, n, iters=half).wait())
+                    images = {f: read_file(os.path.join(old, f)) for f in os.listdir(old) if f.endswith(".img")}
+                    self.assertEqual(len(images), n)
+                    if m != n:      # refused, never opened as it is, without reshard_from
+                        for r, (rc, out, err) in enumerate(Run(old, m).wait()):
+                            self.assertNotEqual(rc, 0, f"rank {r} {out}")
+                    if how == "ckptctl":
+                        subprocess.run([CKPTCTL, "reshard", *(os.path.join(old, f) for f in sorted(images)),
+                                        "--to", os.path.join(new, "state-{rank}.img"), "--world", str(m)],
+                                       check=True, capture_output=True)
+                    else:
+                        os.environ["SHARD_FROM"] = os.path.join(old, "state-{rank}.img" if n > 1 else
+                                                                "state-0.img")
+                    results = Run(new, m).wait()
+                finally:
+                    os.environ.pop("SHARD_FROM", None)
+                    os.environ.pop("SHARD_STATE", None)
+                self.check_ok(results)
+                self.assertEqual([lines(out, "resumed") for _, out, _ in results], [[half]] * m)
+                with tempdir() as rd:
+                    ref = reference_world(rd, lambda it: n if it <= half else m, state)
+                    self.compare(new, m, ref)
+                    ref.close()
+                for f, data in images.items():
+                    self.assertEqual(read_file(os.path.join(old, f)), data, f"{f} changed")
 
     def test_duplicate_paths_are_refused(self):
         with self.assertRaisesRegex(ValueError, "ranks 0 and 1 are given the same path"):

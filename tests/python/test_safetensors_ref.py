@@ -29,11 +29,9 @@ from safetensors.torch import save_file  # noqa: E402
 import ckpt  # noqa: E402
 import ckpt.safetensors  # noqa: E402
 from ckpt.torch import OffloadAdamW, export_safetensors, load_safetensors_into  # noqa: E402
-from ckpt_testlib import tempdir  # noqa: E402
+from ckpt_testlib import CKPTCTL, tempdir  # noqa: E402
 
 torch.set_num_threads(1)
-CKPTCTL = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(ckpt.__file__)))),
-                       "tools", "ckptctl")
 
 
 def reference(path):

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 
 #include <sys/stat.h>
@@ -180,6 +181,117 @@ int cmd_export(const std::string &device, const std::string &to, bool with_optim
 	fmt::print("{}: exported {} tensors ({} params{}) at committed step {} to {}\n", path,
 		   r["tensors"].get<uint64_t>(), r["params"].get<uint64_t>(),
 		   with_optimizer ? " with exp_avg, exp_avg_sq" : "", r["step"].get<uint64_t>(), to);
+	return exit_ok;
+}
+
+// ------------------------------------------------------------------ reshard
+
+namespace {
+
+// The M new paths: --to's list, or its one path with {rank} for 0..world-1.
+std::vector<std::string> reshard_targets(const ReshardArgs &a)
+{
+	const bool templ = a.to.size() == 1 && a.to[0].find("{rank}") != std::string::npos;
+	if (templ != (a.world != 0))
+		fail(CKPT_E_INVAL, "reshard: give --world with one --to path holding {{rank}}, or one --to path per "
+				   "new rank without --world");
+	std::vector<std::string> to = a.to;
+	if (templ) {
+		to.clear();
+		for (uint32_t r = 0; r < a.world; r++) {
+			std::string p = a.to[0];
+			for (size_t at; (at = p.find("{rank}")) != std::string::npos;)
+				p.replace(at, 6, std::to_string(r));
+			to.push_back(p);
+		}
+	}
+	auto real = [](const std::string &p) {
+		std::error_code ec;
+		const auto abs = std::filesystem::weakly_canonical(p, ec);
+		return ec ? p : abs.string();
+	};
+	std::vector<std::string> seen;
+	for (const std::string &p : a.from)
+		seen.push_back(real(p));
+	for (const std::string &p : to) {
+		struct stat st;
+		if (lstat(p.c_str(), &st) == 0)
+			fail(CKPT_E_STATE, "reshard: {} exists: the new images go to new paths (the old ones stay "
+					   "as they are)", p);
+		if (std::find(seen.begin(), seen.end(), real(p)) != seen.end())
+			fail(CKPT_E_INVAL, "reshard: {} is given twice", p);
+		seen.push_back(real(p));
+	}
+	return to;
+}
+
+} // namespace
+
+int cmd_reshard(const ReshardArgs &a)
+{
+	const std::vector<std::string> to = reshard_targets(a);
+	json opts = json::object();
+	if (!a.params.empty()) {
+		std::ifstream in(a.params);
+		if (!in)
+			fail(CKPT_E_IO, "reshard: cannot read {}", a.params);
+		const json m = json::parse(in, nullptr, false);
+		if (m.is_discarded() || !m.is_object() || !m.contains("tensors"))
+			fail(CKPT_E_MANIFEST, "{}: not a tensor manifest (a JSON object with \"tensors\")", a.params);
+		opts["params"] = m["tensors"];
+	}
+	std::vector<const char *> from;
+	for (const std::string &p : a.from)
+		from.push_back(p.c_str());
+	// Every new image is made under a temporary name beside its path; only
+	// when all are complete are they renamed, one by one, to their paths. A
+	// reshard stopped before leaves the old images alone and no new path; one
+	// stopped among the renames leaves some new paths, which a resume on the
+	// new ranks refuses (a rank's image missing) until they are removed.
+	std::vector<std::string> tmp;
+	std::vector<json> made;
+	auto clean = [&](size_t renamed) {
+		for (size_t r = 0; r < tmp.size(); r++)
+			unlink((r < renamed ? to[r] : tmp[r]).c_str());
+	};
+	try {
+		for (uint32_t r = 0; r < to.size(); r++) {
+			const std::filesystem::path p(to[r]);
+			tmp.push_back((p.parent_path() / fmt::format(".{}.reshard-{}", p.filename().string(), getpid()))
+					      .string());
+			made.push_back(report([&](char **out) {
+				return ckpt_reshard(from.data(), static_cast<uint32_t>(from.size()), tmp[r].c_str(), r,
+						    static_cast<uint32_t>(to.size()), opts.dump().c_str(), out);
+			}));
+		}
+	} catch (...) {
+		tmp.pop_back();	// ckpt_reshard leaves nothing at the path it failed on
+		clean(0);
+		throw;
+	}
+	for (size_t r = 0; r < to.size(); r++) {
+		if (ckpt_rename_new(tmp[r].c_str(), to[r].c_str()) != 0) {
+			const std::string why = ckpt_last_error();
+			clean(r);
+			fail(CKPT_E_STATE, "reshard: {}; the new images renamed before it were removed, the old ones "
+					   "are as they were", why);
+		}
+	}
+	if (a.json) {
+		json j = json::array();
+		for (size_t r = 0; r < to.size(); r++) {
+			made[r]["path"] = to[r];
+			j.push_back(made[r]);
+		}
+		print_json(j);
+		return exit_ok;
+	}
+	for (size_t r = 0; r < to.size(); r++)
+		fmt::print("{}: rank {} of {}: {} tensors ({} params) at committed step {}\n", to[r], r, to.size(),
+			   made[r]["tensors"].get<uint64_t>(), made[r]["params"].get<uint64_t>(),
+			   made[r]["step"].get<uint64_t>());
+	fmt::print("resharded {} images of {} onto {} ranks; the old images are unchanged\n", a.from.size(),
+		   made[0]["from"].size() == 1 ? "one device" : "a sharded run", to.size());
 	return exit_ok;
 }
 

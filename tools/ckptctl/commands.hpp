@@ -87,6 +87,14 @@ struct ImportArgs {
 int cmd_import(const ImportArgs &a);
 int cmd_export(const std::string &device, const std::string &to, bool with_optimizer, bool force);
 int cmd_verify(const std::string &device, bool json, bool repair);
+
+struct ReshardArgs {
+	std::vector<std::string> from, to;	// to: M paths, or one holding {rank}
+	uint32_t world = 0;			// with a {rank} path
+	std::string params;			// a manifest file: the whole layout (pre-0.4 images)
+	bool json = false;
+};
+int cmd_reshard(const ReshardArgs &a);
 int cmd_restore(const std::string &device, bool rollback, bool json);
 
 } // namespace ckptctl

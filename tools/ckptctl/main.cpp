@@ -491,6 +491,33 @@ int main(int argc, char **argv)
 	exportc->footer("\nEXAMPLES\n  ckptctl export /dev/nvme0n1 --to weights.safetensors\n"
 			"  ckptctl export /dev/mapper/ckpt0 --to step.safetensors --with-optimizer");
 
+	// ---- reshard
+	ReshardArgs ra;
+	auto *reshard = app.add_subcommand("reshard",
+		"Make a sharded run's optimizer state a run on another number of ranks.\n\n"
+		"The images of every rank of a sharded OffloadAdamW run (in any order), or\n"
+		"one unsharded image, become M new images: rank r's share of the same\n"
+		"params over M ranks (M = 1: one unsharded image), at their committed step\n"
+		"with their trainer blob. Masters, moments (8-bit ones in whole blocks,\n"
+		"codes and scales unchanged) and per-tensor step counts are kept bit for\n"
+		"bit: each new image is read back and compared before it is kept. The old\n"
+		"images are only read, and must all be at one committed step (open the run\n"
+		"once on its own ranks if one is a step ahead). The new images are made\n"
+		"under temporary names and renamed to --to only when all are complete; a\n"
+		"reshard stopped among the renames leaves a partial set, which a resume\n"
+		"refuses: remove it and reshard again. Images of dm-ckpt before 0.4 record\n"
+		"no shape of a param they cut into pieces: give the model's whole layout\n"
+		"with --params (a manifest as 'ckptctl format --manifest' takes).");
+	reshard->add_option("images", ra.from, "every rank's image (backing files or devices)")->required();
+	reshard->add_option("--to", ra.to, "the new images' paths, one per new rank, or one with {rank}")
+		->required();
+	reshard->add_option("--world", ra.world, "the number of new ranks, with a --to path holding {rank}")
+		->check(CLI::Range(1u, 65536u));
+	reshard->add_option("--params", ra.params, "JSON tensor manifest of the whole model (pre-0.4 images)");
+	reshard->add_flag("--json", ra.json, "print the new images as JSON");
+	reshard->footer("\nEXAMPLES\n  ckptctl reshard state-0.img state-1.img --to 'new-{rank}.img' --world 3\n"
+			"  ckptctl reshard state-*.img --to single.img");
+
 	// ---- verify / restore
 	auto *verify = app.add_subcommand("verify",
 		"Check a backing device's integrity.\n\n"
@@ -653,6 +680,8 @@ int main(int argc, char **argv)
 			return cmd_export(dev, to, with_opt, export_force);
 		if (*verify)
 			return cmd_verify(dev, as_json, repair);
+		if (*reshard)
+			return cmd_reshard(ra);
 		if (*restore)
 			return cmd_restore(dev, do_rollback, as_json);
 	} catch (const Error &e) {

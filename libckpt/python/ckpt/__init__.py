@@ -30,7 +30,8 @@ outside) and ckpt.restore() (ckptctl restore's report, and its rollback).
 """
 
 from ._abi import ERRORS, CkptError, __version__
-from .device import CkptWarning, Device, Layout, format, image_uuid, open, rename_new, restore  # noqa: A004
+from .device import (CkptWarning, Device, Layout, format, image_info, image_uuid, open,  # noqa: A004
+                     rename_new, reshard, restore)
 
 __all__ = ["__version__", "CkptError", "CkptWarning", "Layout", "Device", "format", "open",
-           "image_uuid", "restore", "rename_new", "ERRORS"]
+           "image_info", "image_uuid", "restore", "rename_new", "reshard", "ERRORS"]

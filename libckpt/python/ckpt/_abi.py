@@ -98,6 +98,10 @@ for _name, _res, _args in [
     ("ckpt_layout_new", _vp, []),
     ("ckpt_layout_free", None, [_vp]),
     ("ckpt_layout_add", _int, [_vp, _cp, _u64p, _u32, _u32]),
+    ("ckpt_layout_shard", _int, [_vp, _u32, _u32, _u32, ctypes.POINTER(_vp)]),
+    ("ckpt_layout_json", _int, [_vp, ctypes.POINTER(_vp)]),
+    ("ckpt_image_info", _int, [_cp, ctypes.POINTER(_vp)]),
+    ("ckpt_reshard", _int, [ctypes.POINTER(_cp), _u32, _cp, _u32, _u32, _cp, ctypes.POINTER(_vp)]),
     ("ckpt_format", _int, [_cp, _vp, _int, _u32, _u64]),
     ("ckpt_format_opts", _int, [_cp, _vp, _int, _u32, _u64, _u32]),
     ("ckpt_rename_new", _int, [_cp, _cp]),
@@ -170,6 +174,7 @@ def _constant(name):
 _EXPORT_LOWP, _EXPORT_OPTIMIZER = _constant("CKPT_EXPORT_LOWP"), _constant("CKPT_EXPORT_OPTIMIZER")
 _EXPORT_FORCE = _constant("CKPT_EXPORT_FORCE")
 _RESTORE_ROLLBACK = _constant("CKPT_RESTORE_ROLLBACK")
+_SHARD_RULE_EVEN, _SHARD_RULE_Q8 = _constant("CKPT_SHARD_RULE_EVEN"), _constant("CKPT_SHARD_RULE_Q8")
 
 
 def _c_string(b, what, value):

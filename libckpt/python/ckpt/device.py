@@ -12,7 +12,8 @@ import warnings as _warnings
 
 from ._abi import (ERRORS, CkptError, _check, _DTYPE_NAMES, _DTYPES, _EXPORT_FORCE, _EXPORT_LOWP,
                    _EXPORT_OPTIMIZER, _f32p, _HParams, _Info, _lib, _name_bytes, _path_bytes,
-                   _PROGRESS_FN, _RESTORE_ROLLBACK, _Status, _TensorInfo, _Traffic, _u16p)
+                   _PROGRESS_FN, _RESTORE_ROLLBACK, _SHARD_RULE_EVEN, _SHARD_RULE_Q8, _Status, _TensorInfo,
+                   _Traffic, _u16p)
 
 
 class _LazyNumpy:
@@ -43,6 +44,31 @@ class Layout:
         _check(_lib.ckpt_layout_add(self._h, _name_bytes(name), arr, len(shape), int(group)))
         self.tensors.append((name, shape, int(group)))
         return self
+
+    def shard(self, rank, world, rule=None):
+        """Rank's share of this layout of whole params over world ranks
+        (ckpt_layout_shard): a new Layout whose tensors are the params the
+        rank holds, a param cut by a bound as a flat piece "name[a:b]". rule:
+        "q8" (the default: cut at 8-bit block boundaries) or "even" (n r /
+        world, the images of dm-ckpt before 0.4)."""
+        rules = {None: 0, "q8": _SHARD_RULE_Q8, "even": _SHARD_RULE_EVEN}
+        if rule not in rules:
+            raise CkptError(ERRORS.index("E_INVAL"), f"unknown shard rule {rule!r}: use 'q8' or 'even'")
+        out = Layout()
+        h = ctypes.c_void_p()
+        _check(_lib.ckpt_layout_shard(self._h, int(rank), int(world), rules[rule], ctypes.byref(h)))
+        _lib.ckpt_layout_free(out._h)
+        out._h = h.value
+        desc = out.describe()
+        out.tensors = [(t["name"], tuple(t["shape"]), t["group"]) for t in desc["tensors"]]
+        return out
+
+    def describe(self):
+        """The layout as ckpt_layout_json gives it: {"tensors": [{"name",
+        "shape", "group", "piece": {"param", "shape", "begin"} for a piece}],
+        "shard": {"rank", "world", "rule", "params", "digest", "bounds"} for
+        a share}."""
+        return _json_out(lambda out: _lib.ckpt_layout_json(self._h, out))
 
     def __del__(self):
         if getattr(self, "_h", None):
@@ -106,6 +132,42 @@ def format(path, layout, dtype="bf16", chunk_params=65536, size=None, progress=N
     with _progress("format", progress):
         _check(_lib.ckpt_format_opts(_path_bytes(path), layout._h, _DTYPES[dtype], int(chunk_params),
                                      int(size or 0), _STATES[state] | _MASTERS[master]))
+
+
+def _json_out(call):
+    """call(out) fills out with a malloc'ed JSON text (a tool operation of
+    ckpt_admin.h): its value."""
+    out = ctypes.c_void_p()
+    _check(call(ctypes.byref(out)))
+    try:
+        return json.loads(ctypes.string_at(out.value).decode())
+    finally:
+        _lib.ckpt_free(out)
+
+
+def image_info(path):
+    """What `ckptctl info --json` prints about the image at path (a backing
+    file or device, or a dm-ckpt device node, read-only), as a dict: geometry,
+    tensors, "shard" (the rank's share a sharded run's image holds, else
+    None)."""
+    return _json_out(lambda out: _lib.ckpt_image_info(_path_bytes(path), out))
+
+
+def reshard(sources, path, rank, world, params=None):
+    """Makes path (a new image file) rank's share over world ranks of the
+    committed state of sources, the images of every rank of a sharded run
+    (any order) or one unsharded image (ckpt_reshard): masters, moments and
+    step counts kept bit for bit (read back and compared), with their step
+    and trainer blob. params: [(name, shape, group)] of the whole model, for
+    images of dm-ckpt before 0.4. Returns the report (a dict)."""
+    srcs = [_path_bytes(p) for p in sources]
+    arr = (ctypes.c_char_p * max(1, len(srcs)))(*srcs)
+    opts = None
+    if params is not None:
+        opts = json.dumps({"params": [{"name": n, "shape": [int(d) for d in shape], "group": int(g)}
+                                      for n, shape, g in params]}).encode()
+    return _json_out(lambda out: _lib.ckpt_reshard(arr, len(srcs), _path_bytes(path), int(rank), int(world),
+                                                   opts, out))
 
 
 def rename_new(src, path):

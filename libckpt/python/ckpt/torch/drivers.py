@@ -10,7 +10,7 @@ import struct
 import numpy as np
 import torch
 
-from .. import CkptError
+from .. import CkptError, Layout
 
 
 def _skip_grad(dev, name, n):
@@ -79,12 +79,23 @@ class _Local:
             raise
 
 
+def whole_layout(flat):
+    """The ckpt.Layout of the params (name, param, group) whole, in order."""
+    layout = Layout()
+    for name, p, gi in flat:
+        layout.add(name, tuple(int(d) for d in p.shape), gi)
+    return layout
+
+
 class _Shard:
     """ZeRO-1 over a torch.distributed process group: rank r of W owns params
-    [N r / W, N (r + 1) / W) of the N params flattened in param_groups order, on
-    its own device, as pieces: "name" for a param it holds whole, "name[a:b]" (flat)
-    for part of one. The collectives run on CPU tensors (gloo), or on the current
-    CUDA device when the group's backend is NCCL."""
+    [bounds[r], bounds[r + 1]) of the params flattened in param_groups order,
+    on its own device, as pieces: "name" for a param it holds whole,
+    "name[a:b]" (flat) for part of one. The bounds are libckpt's rule
+    (ckpt.Layout.shard: cut at 8-bit block boundaries; devices made before
+    dm-ckpt 0.4 record none and were cut evenly). The collectives run on CPU
+    tensors (gloo), or on the current CUDA device when the group's backend is
+    NCCL."""
 
     def __init__(self, group, flat):
         import torch.distributed as dist
@@ -99,19 +110,25 @@ class _Shard:
             self.offsets.append(n)
             n += p.numel()
         self.n = n
-        if n < self.world:
-            raise ValueError(f"{n} params cannot be shared by {self.world} ranks")
-        self.lo, self.hi = n * self.rank // self.world, n * (self.rank + 1) // self.world
-        self.longest = max(n * (r + 1) // self.world - n * r // self.world for r in range(self.world))
+        self.use_rule(flat, "q8")
+
+    def use_rule(self, flat, rule):
+        """This rank's pieces by rule ("q8", or "even": a device of dm-ckpt
+        before 0.4)."""
+        self.layout = whole_layout(flat).shard(self.rank, self.world, rule)   # what a device is made of
+        share = self.layout.describe()
+        self.rule = rule
+        self.bounds = share["shard"]["bounds"]
+        self.lo, self.hi = self.bounds[self.rank], self.bounds[self.rank + 1]
+        self.longest = max(b - a for a, b in zip(self.bounds, self.bounds[1:]))
+        index = {name: i for i, (name, _, _) in enumerate(flat)}
         self.pieces = []
-        for i, ((name, p, gi), off) in enumerate(zip(flat, self.offsets)):
-            a, b = max(self.lo, off) - off, min(self.hi, off + p.numel()) - off
-            if a >= b:
-                continue
-            if a == 0 and b == p.numel():
-                self.pieces.append((name, i, a, b, tuple(int(d) for d in p.shape), gi))
-            else:
-                self.pieces.append((f"{name}[{a}:{b}]", i, a, b, (b - a,), gi))
+        for t in share["tensors"]:
+            piece = t.get("piece")
+            a = piece["begin"] if piece else 0
+            numel = int(np.prod(t["shape"], dtype=np.int64))
+            self.pieces.append((t["name"], index[piece["param"] if piece else t["name"]], a, a + numel,
+                                tuple(t["shape"]), t["group"]))
 
     @classmethod
     def of(cls, process_group, flat):
@@ -315,6 +332,5 @@ class _Shard:
         # As bytes: gloo's all_gather takes uint8 in every version.
         self.dist.all_gather([o.view(torch.uint8) for o in out], buf.view(torch.uint8),
                              group=self.group)
-        parts = [out[r][:self.n * (r + 1) // self.world - self.n * r // self.world].cpu()
-                 for r in range(self.world)]
+        parts = [out[r][:self.bounds[r + 1] - self.bounds[r]].cpu() for r in range(self.world)]
         return torch.cat(parts).numpy().view(np.uint16)

@@ -15,8 +15,10 @@ import torch
 
 from .. import CkptError, Device, Layout
 from .. import format as _format
+from .. import image_info as _image_info
 from .. import open as _open
 from .. import rename_new as _rename_new
+from .. import reshard as _reshard
 from .. import restore as _restore
 from .convert import lowp_to_torch, torch_to_lowp
 from .drivers import _Local, _Shard, _skip_grad
@@ -150,6 +152,37 @@ class _DeviceState(collections.abc.Mapping):
         return len(self._local())
 
 
+def _reshard_sources(reshard_from, path):
+    """The paths of every rank's device of the run reshard_from names: a list
+    as given; a path holding "{rank}", for the ranks its rank 0 records (a
+    device of dm-ckpt before 0.4 records none: the ranks whose paths exist);
+    any other path, one unsharded device. None of them may be path."""
+    if isinstance(reshard_from, (list, tuple)):
+        paths = [os.fspath(p) for p in reshard_from]
+    else:
+        reshard_from = os.fspath(reshard_from)
+        if "{rank}" not in reshard_from:
+            paths = [reshard_from]
+        else:
+            def at(r):
+                return reshard_from.replace("{rank}", str(r))
+            rec = _image_info(at(0))["shard"]
+            if rec is not None:
+                paths = [at(r) for r in range(rec["world"])]
+            else:
+                paths = []
+                while os.path.exists(at(len(paths))):
+                    paths.append(at(len(paths)))
+    if not paths:
+        raise ValueError("reshard_from names no device")
+    real = os.path.realpath(path)
+    for p in paths:
+        if os.path.realpath(p) == real:
+            raise ValueError(f"reshard_from: {p!r} is this run's own device path; the resharded "
+                             f"devices go to new paths (the old ones are only read)")
+    return paths
+
+
 class OffloadAdamW(torch.optim.Optimizer):
     """AdamW (torch.optim.AdamW's algorithm) run by a dm-ckpt device.
 
@@ -199,6 +232,15 @@ class OffloadAdamW(torch.optim.Optimizer):
         gradients are averaged over the ranks, and every step commits on every
         rank or on none; on open the ranks resume from their lowest committed
         step (docs/scale.md).
+    reshard_from: the devices of an earlier run on another number of ranks
+        (a path holding "{rank}", a list of every rank's path, or one unsharded
+        device's path), to resume it on this one: where this run has no
+        devices yet, each rank makes its own from them (ckpt.reshard: the
+        masters, moments, step counts, step and trainer blob, bit for bit),
+        and they are used only once every rank has made its own; the old
+        devices are only read. Where this run's devices exist, they are
+        opened as always. Never implied: a device of another world size is
+        refused without it.
 
     A PrecisionWarning (once per optimizer) says what it costs when the params
     are not in the device's dtype. `with OffloadAdamW(...) as opt:` closes the
@@ -259,8 +301,11 @@ class OffloadAdamW(torch.optim.Optimizer):
                  weight_decay=1e-2, dtype=None, chunk_params=65536, *, amsgrad=False,
                  maximize=False, foreach=None, capturable=False, differentiable=False, fused=None,
                  adam_l2=False, size=None, init_from_model=False, process_group=None,
-                 state="fp32", master="fp32", hooks=True):
+                 state="fp32", master="fp32", hooks=True, reshard_from=None):
         _check_hparams(lr, betas, eps, weight_decay)
+        if reshard_from is not None and init_from_model:
+            raise ValueError("init_from_model and reshard_from: a device takes the model's values or "
+                             "another run's state, not both")
         if amsgrad:
             raise ValueError(_AMSGRAD_REFUSED)
         if dtype not in (None, "bf16", "fp16"):
@@ -330,11 +375,15 @@ class OffloadAdamW(torch.optim.Optimizer):
                 # The ranks create their devices together or not at all; every
                 # rank opens its own device; then they agree on the step.
                 create = self._shard.agree_create(lambda: self._rank_path(device_or_path))
-                self._shard.agree(lambda: self._open(device_or_path, dtype, chunk_params, size,
-                                                     init_from_model, state, master, create),
-                                  "open its device")
+
+                def open_rank():
+                    self._prepare(device_or_path, reshard_from, create)
+                    self._open(device_or_path, dtype, chunk_params, size, init_from_model, state, master,
+                               create)
+                self._shard.agree(open_rank, "open its device")
                 self._resumed_step = self._shard.agree_step(self.device)
             else:
+                self._prepare(device_or_path, reshard_from, None)
                 self._open(device_or_path, dtype, chunk_params, size, init_from_model, state, master)
             self.uuid = self.device.uuid()
             # the device has the groups up to the last one holding a tensor
@@ -352,8 +401,7 @@ class OffloadAdamW(torch.optim.Optimizer):
                 self._install_hooks()
         except BaseException:
             self.close()
-            if self._shard:
-                self._remove_created()
+            self._remove_created()
             raise
 
     def _rank_path(self, device_or_path):
@@ -361,6 +409,30 @@ class OffloadAdamW(torch.optim.Optimizer):
             raise ValueError("a sharded OffloadAdamW opens its rank's device from a path: give a "
                              "path holding {rank}, or a list of one path per rank")
         return _Shard.path_of(self._shard, device_or_path)
+
+    def _prepare(self, device_or_path, reshard_from, create):
+        """Before the open: the sources of a reshard (self._sources), or the
+        shard rule of the existing device (a rank's share must be this run's;
+        a device of dm-ckpt before 0.4 was cut evenly)."""
+        self._sources = None
+        if isinstance(device_or_path, Device):
+            return
+        path = self._rank_path(device_or_path)
+        exists = os.path.exists(path) if create is None else not create
+        if not exists:
+            if reshard_from is not None:
+                self._sources = _reshard_sources(reshard_from, path)
+            return
+        rec = _image_info(path)["shard"]
+        rank, world = (self._shard.rank, self._shard.world) if self._shard else (0, 1)
+        if rec is None and self._shard and self._shard.rule != "even":
+            self._shard.use_rule(self._flat, "even")
+            self._pieces = self._shard.pieces
+            self._layout = [(dn, shape, gi) for dn, _, _, _, shape, gi in self._pieces]
+        elif rec is not None and (rec["rank"], rec["world"]) != (rank, world):
+            raise RuntimeError(f"{path} holds rank {rec['rank']}'s share of a run on {rec['world']} ranks; "
+                               f"this run has {world}: resume it on {rec['world']} ranks, or make this run's "
+                               f"devices from it at new paths (reshard_from=, or ckptctl reshard)")
 
     def _open(self, device_or_path, dtype, chunk_params, size, init_from_model, state, master, create=None):
         """create: whether the ranks agreed to create their devices (sharded);
@@ -382,7 +454,7 @@ class OffloadAdamW(torch.optim.Optimizer):
             self._owned = True
         self._check_layout(dtype)
         if created:
-            self._resumed_step = 0
+            self._resumed_step = self.device.committed_step     # 0, or a reshard's step
         elif init_from_model:
             if self.device.committed_step != 0:
                 raise ValueError(f"init_from_model: the device is at committed step "
@@ -404,17 +476,25 @@ class OffloadAdamW(torch.optim.Optimizer):
         replaced (ckpt_rename_new): an image another process created there meanwhile (a job
         launched twice, a duplicate path) is that process's, and this returns
         False (path is then resumed from). True when this created path."""
-        layout = Layout()
-        for n, shape, gi in self._layout:
-            layout.add(n, shape, gi)
+        if self._shard:
+            layout = self._shard.layout     # the rank's share, recorded in the image
+        else:
+            layout = Layout()
+            for n, shape, gi in self._layout:
+                layout.add(n, shape, gi)
         d = os.path.dirname(os.path.abspath(path))
         tmp = os.path.join(d, f".{os.path.basename(path)}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
         try:
             try:
-                _format(tmp, layout, dtype=dtype, chunk_params=chunk_params, size=size, state=state,
-                        master=master)
-                with _open(tmp) as dev:
-                    dev.load_params(self._model_values())
+                if self._sources:
+                    rank, world = (self._shard.rank, self._shard.world) if self._shard else (0, 1)
+                    _reshard(self._sources, tmp, rank, world,
+                             params=[(n, tuple(p.shape), gi) for n, p, gi in self._flat])
+                else:
+                    _format(tmp, layout, dtype=dtype, chunk_params=chunk_params, size=size, state=state,
+                            master=master)
+                    with _open(tmp) as dev:
+                        dev.load_params(self._model_values())
             except CkptError as e:  # the temporary name is ours: the user asked for path
                 raise CkptError(e.code, e.message.replace(tmp, path)) from None
             if not _rename_new(tmp, path):
