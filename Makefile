@@ -14,6 +14,7 @@ export CKPT_RELIABILITY_BUILD := $(CURDIR)/$(BUILD)
 .PHONY: all deps deps-userspace install check-dkms configure check reliability demo bench clean check-unit check-asan kmod check-vm \
 	check-powercut check-logreplay check-aarch64 vm-shell bench-vm bench-e2e bench-q8 fuzz-build check-fuzz fuzz fuzz-corpus \
 	check-tsan crash-campaign crash-campaign-userspace crash-campaign-kernel crash-campaign-ranks \
+	crash-campaign-reshard \
 	crash-campaign-vm crash-campaign-powercut crash-campaign-logreplay kernel-debug check-kdebug check-gpu
 
 all: configure
@@ -118,7 +119,7 @@ CKPT_CRASH_TORN_ALL ?= 1
 CKPT_CRASH_RESUME_EVERY ?= 1
 CKPT_CRASH_SEED ?= 1
 
-crash-campaign: crash-campaign-userspace crash-campaign-ranks crash-campaign-kernel
+crash-campaign: crash-campaign-userspace crash-campaign-ranks crash-campaign-reshard crash-campaign-kernel
 
 # sharded OffloadAdamW (2 ranks over gloo): RANK_KILLS random SIGKILLs of one
 # rank or both, each restart resuming all ranks at one step, every finished
@@ -133,6 +134,20 @@ crash-campaign-ranks:
 	scripts/reliability.py record --build $(BUILD) --name rank-kills \
 		--what "sharded OffloadAdamW, 2 ranks over gloo, one rank or both SIGKILLed at random; every restart resumes all ranks at one step, every finished run bit-identical to one device" \
 		--count $(RANK_KILLS) --unit kills --lost $$rc --target "make crash-campaign-ranks"; \
+	scripts/reliability.py update --build $(BUILD); exit $$rc
+
+# ckptctl reshard of 2 ranks' 8-bit images onto 3, SIGKILLed RESHARD_KILLS
+# times at random moments: the old images unchanged, every new path that
+# exists a complete image of its rank (tests/python/test_reshard.py)
+RESHARD_KILLS ?= 200
+crash-campaign-reshard:
+	$(MAKE) all
+	rc=0; CKPT_RESHARD_KILLS=$(RESHARD_KILLS) PYTHONPATH=$(BUILD)/python PYTHONDONTWRITEBYTECODE=1 \
+		$(PYTHON) -m unittest discover -s tests/python -p test_reshard.py \
+		-k test_killed_reshard || rc=1; \
+	scripts/reliability.py record --build $(BUILD) --name reshard-kills \
+		--what "ckptctl reshard of 2 ranks' 8-bit images onto 3, SIGKILLed at random; the old images unchanged, every new path that exists a complete image of its rank" \
+		--count $(RESHARD_KILLS) --unit kills --lost $$rc --target "make crash-campaign-reshard"; \
 	scripts/reliability.py update --build $(BUILD); exit $$rc
 
 # the kernel's part, each piece its own row of docs/reliability.md: the VM
