@@ -226,6 +226,37 @@ class Reshard(unittest.TestCase):
                     self.assertFalse(os.path.lexists(out))
 
 
+class AtOpen(unittest.TestCase):
+    def groups(self, shapes=None):
+        import torch
+        shapes = shapes or {n: s for n, s, _ in PARAMS}
+        named = [(n, torch.nn.Parameter(torch.zeros(shapes[n], dtype=torch.bfloat16))) for n, _, _ in PARAMS]
+        return [{"params": named[:3]}, {"params": named[3:], "lr": 3e-3}]
+
+    def test_resume_refused_leaves_nothing_and_a_share_opened_whole_is_refused(self):
+        import ckpt.torch
+        with tempdir() as d:
+            run = make_run(d, 2)
+            old = os.path.join(d, "state-{rank}.img")
+            new = os.path.join(d, "new.img")
+            names = sorted(os.listdir(d))
+            other = dict((n, s) for n, s, _ in PARAMS)
+            other["w2"] = (40, 50)
+            with self.assertRaisesRegex(ckpt.CkptError, "'w2' has shape"):
+                ckpt.torch.OffloadAdamW(self.groups(other), new, reshard_from=old)
+            self.assertEqual(sorted(os.listdir(d)), names, "a refused resume left files")
+            with self.assertRaisesRegex(ValueError, "this run's own device path"):
+                ckpt.torch.OffloadAdamW(self.groups(), new, reshard_from=[run[0], new])
+            with self.assertRaisesRegex(RuntimeError, "holds rank 0's share of a run on 2 ranks"):
+                ckpt.torch.OffloadAdamW(self.groups(), run[0])
+            with ckpt.torch.OffloadAdamW(self.groups(), new, reshard_from=old) as opt:
+                self.assertEqual((opt.committed_step, opt.blob()), (STEPS, b"trainer"))
+            self.assertEqual(state_of([new]), state_of(run))
+            # where this run's device exists, it is opened as always
+            with ckpt.torch.OffloadAdamW(self.groups(), new, reshard_from=old) as opt:
+                self.assertEqual(opt.committed_step, STEPS)
+
+
 class Ckptctl(unittest.TestCase):
     def ckptctl(self, *args, ok=True):
         p = subprocess.run([CKPTCTL, *args], capture_output=True, text=True)

@@ -177,4 +177,51 @@ TEST(ManifestJson, StrictKeysAndTypes)
 	}
 }
 
+// A rank's share: a piece of a param cut by a sharded run and the share's
+// record; what a hostile manifest says about them is checked against the
+// tensor it describes.
+TEST(ManifestJson, PieceAndShardRecords)
+{
+	Device d;
+	auto share = [&](const std::string &name, const std::string &piece, const std::string &shard) {
+		return R"({"format": "dm-ckpt-manifest", "version": 1, "dtype": "bf16", "chunk_params": 2048, )"
+		       R"("tensors": [{"name": ")" + name + R"(", "shape": [4096], "group": 0, "offset": 0, )"
+		       R"("numel": 4096, "piece": )" + piece + "}], \"shard\": " + shard + "}";
+	};
+	const std::string piece = R"({"param": "w", "shape": [64, 128], "begin": 2048})";
+	const std::string shard = R"({"rank": 1, "world": 2, "rule": 2, "params": 8192, "digest": 7})";
+	const ckpt::Manifest m = ckpt::Manifest::decode(share("w[2048:6144]", piece, shard), d.l, d.geo, d.table);
+	ASSERT_TRUE(m.find("w[2048:6144]").piece);
+	EXPECT_EQ(m.find("w[2048:6144]").piece->shape, (std::vector<uint64_t>{64, 128}));
+	ASSERT_TRUE(m.shard());
+	EXPECT_EQ(m.shard()->rank, 1u);
+	const struct {
+		std::string text, says;
+	} cases[] = {
+		{share("w[0:4096]", piece, shard), "'w[0:4096]' is not params 2048.. of 'w'"},
+		{share("w[2048:6144]", R"({"param": "w", "shape": [64, 64], "begin": 2048})", shard),
+		 "is not params 2048.. of 'w' (shape 64x64)"},
+		{share("w[2048:6144]", R"({"param": "w", "shape": [64, 128], "begin": 18446744073709551615})", shard),
+		 "is not params"},
+		{share("w[2048:6144]", R"({"param": "w", "shape": [64, 128]})", shard), "missing key 'begin'"},
+		{share("w[2048:6144]", piece, R"({"rank": 2, "world": 2, "rule": 2, "params": 8192, "digest": 7})"),
+		 "rank 2 of 2 by rule 2"},
+		{share("w[2048:6144]", piece, R"({"rank": 0, "world": 1, "rule": 2, "params": 8192, "digest": 7})"),
+		 "is no rank's share"},
+		{share("w[2048:6144]", piece, R"({"rank": 0, "world": 2, "rule": 3, "params": 8192, "digest": 7})"),
+		 "is no rank's share"},
+		{share("w[2048:6144]", piece, R"({"rank": 0, "world": 2, "rule": 2, "params": 100, "digest": 7})"),
+		 "holding 4096 of 100 params"},
+	};
+	for (const auto &c : cases) {
+		try {
+			ckpt::Manifest::decode(c.text, d.l, d.geo, d.table);
+			ADD_FAILURE() << "accepted: " << c.text;
+		} catch (const ckpt::Error &e) {
+			EXPECT_EQ(e.code(), CKPT_E_MANIFEST);
+			EXPECT_NE(std::string(e.what()).find(c.says), std::string::npos) << c.text << "\n" << e.what();
+		}
+	}
+}
+
 } // namespace

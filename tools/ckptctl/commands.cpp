@@ -69,11 +69,19 @@ void print_info(const json &j)
 		   j["metadata_copies"].get<int>() == 1 ? "y" : "ies");
 	for (const json &w : j["warnings"])
 		fmt::print("  WARNING         {}\n", w.get<std::string>());
+	uint64_t held = 0;
+	for (const json &t : j["tensors"])
+		held += t["numel"].get<uint64_t>();
+	if (const json &s = j["shard"]; !s.is_null())
+		fmt::print("  shard           rank {} of {} ({} of {} params; cut at {})\n", s["rank"].get<uint32_t>(),
+			   s["world"].get<uint32_t>(), held, s["params"].get<uint64_t>(),
+			   s["rule"].get<uint32_t>() == CKPT_SHARD_RULE_Q8 ? "8-bit blocks" : "n r / world");
 	fmt::print("  tensors         {}\n", j["tensors"].size());
 	for (const json &t : j["tensors"])
-		fmt::print("    {:<40} group {:<2} offset {:>12} numel {:>12} shape {}\n",
+		fmt::print("    {:<40} group {:<2} offset {:>12} numel {:>12} shape {}{}\n",
 			   t["name"].get<std::string>(), t["group"].get<int>(), t["offset"].get<uint64_t>(),
-			   t["numel"].get<uint64_t>(), t["shape"].dump());
+			   t["numel"].get<uint64_t>(), t["shape"].dump(),
+			   t.contains("piece") ? fmt::format(" (of {})", t["piece"]["shape"].dump()) : "");
 }
 
 } // namespace
