@@ -16,8 +16,9 @@
 #   scripts/vm/tests.sh [--matrix "6.1:max 6.1:qemu64 6.12:max:8bit"]
 #                       [--params N] [--steps N] [--seed N] [--presteps N] [--state fp32|8bit|8bit-bf16]
 #                       [--rollback-every N]
-#                       [--only harness|kmod|identity|scripts|assembly|nvmeof|SCRIPT]
-# --only SCRIPT: only the guest script tests/vm/SCRIPT.sh.
+#                       [--only harness|kmod|identity|stripe|scripts|assembly|nvmeof|SCRIPT]
+# --only SCRIPT: only the guest script tests/vm/SCRIPT.sh. stripe: the byte
+# identity with dm-ckpt over a dm-stripe of 3 namespaces (once per suite).
 # --presteps N: the host commits the first N steps (default 0) with the
 # userspace engine before the image is copied; both sides then continue from
 # step N+1 (so the kernel starts from a state the userspace engine wrote).
@@ -175,56 +176,81 @@ kmod_run() { # KERNEL CPU DIR
 	[ $counted -gt 0 ] || [ $rc -ne 0 ] || not_ok "$kl/$c kmod tests: no TAP results"
 }
 
-identity_run() { # KERNEL CPU DIR DTYPE STATE
-	local k=$1 c=$2 d=$3 dtype=$4 state=$5 rc hrc kimg uimg
+identity_run() { # KERNEL CPU DIR DTYPE STATE [WAYS:CHUNK]
+	local k=$1 c=$2 d=$3 dtype=$4 state=$5 stripe=${6:-} rc hrc kimg uimg what="byte identity"
+	local images=() guest_args=() i chunk
 	kimg=$d/kernel.img uimg=$d/user.img
+	mkdir -p "$d"
 	[ "$state" != 8bit-bf16 ] || dtype=bf16	# bf16 masters need bf16 params
-	log "$kl/$c: byte identity, $dtype, $state state, $params params, $presteps step(s) on the host then $steps steps in both, a rollback every $rollback_every${seed:+, seed $seed}"
+	[ -z "$stripe" ] || what="byte identity over dm-stripe ($stripe)"
+	log "$kl/$c: $what, $dtype, $state state, $params params, $presteps step(s) on the host then $steps steps in both, a rollback every $rollback_every${seed:+, seed $seed}"
 	if ! "$TRACE" "$kimg" --format --force --dtype "$dtype" --state "$state" --params "$params" --steps 0 \
 		${seed:+--seed "$seed"} >"$d/format.txt" 2>&1; then
-		not_ok "$kl/$c byte identity: ckpt-trace --format on the host failed: $(tail -1 "$d/format.txt")"
+		not_ok "$kl/$c $what: ckpt-trace --format on the host failed: $(tail -1 "$d/format.txt")"
 		return
 	fi
 	if [ "$presteps" -gt 0 ] &&
 		! "$TRACE" "$kimg" --steps "$presteps" ${seed:+--seed "$seed"} >"$d/presteps.txt" 2>&1; then
-		not_ok "$kl/$c byte identity: the host's first $presteps step(s) failed: $(tail -1 "$d/presteps.txt")"
+		not_ok "$kl/$c $what: the host's first $presteps step(s) failed: $(tail -1 "$d/presteps.txt")"
 		return
 	fi
 	cp --sparse=always "$kimg" "$uimg"
+	images=(--image "$kimg")
+	if [ -n "$stripe" ]; then	# the image cut over WAYS namespaces as dm-stripe lays it out
+		images=() chunk=$((${stripe#*:} * 512))
+		for i in $(seq 1 "${stripe%%:*}"); do images+=(--image "$d/ns$i.img"); done
+		python3 "$VM_DIR/stripe.py" split "$kimg" $chunk $(seq -f "$d/ns%g.img" 1 "${stripe%%:*}") ||
+			{ not_ok "$kl/$c $what: stripe.py split failed"; return; }
+		guest_args=(--stripe "$stripe")
+	fi
 	# the userspace engine on the copy, while the guest runs
 	( "$TRACE" "$uimg" --steps "$steps" --rollback-every "$rollback_every" ${seed:+--seed "$seed"} \
 		>"$d/user.trace" 2>"$d/user.err"
 	  echo $? >"$d/user.rc" ) &
 	local hpid=$!
-	"$RUN" --kernel "$k" --cpu "$c" --quiet --image "$kimg" --out "$d/identity" \
-		--log "$d/identity.log" "${run_args[@]}" "$VM_DIR/guest/byte-identity.sh" "$steps" "$rollback_every" $seed \
-		2>"$d/identity.runner"
+	"$RUN" --kernel "$k" --cpu "$c" --quiet "${images[@]}" --out "$d/identity" \
+		--log "$d/identity.log" "${run_args[@]}" "$VM_DIR/guest/byte-identity.sh" "${guest_args[@]}" \
+		"$steps" "$rollback_every" $seed 2>"$d/identity.runner"
 	rc=$?
 	sed 's/^/# /' "$d/identity.runner"
 	wait $hpid
 	hrc=$(cat "$d/user.rc" 2>/dev/null || echo 1)
 	if [ "$hrc" != 0 ]; then
-		not_ok "$kl/$c byte identity: the host's ckpt-trace failed (exit $hrc): $(tail -1 "$d/user.err")"
-		fail=$((fail + 1)); failures+=("$kl/$c byte identity: trace not compared")
+		not_ok "$kl/$c $what: the host's ckpt-trace failed (exit $hrc): $(tail -1 "$d/user.err")"
+		fail=$((fail + 1)); failures+=("$kl/$c $what: trace not compared")
 		return
 	fi
 	if [ $rc -ne 0 ]; then
 		local reason
 		reason=$(grep -as 'byte-identity: FAIL' "$d/identity.log" | tr -d '\r' | head -1)
-		not_ok "$kl/$c byte identity: guest run failed: $(why $rc)${reason:+: ${reason#byte-identity: FAIL: }}$(runner_error "$d/identity.runner") (log $d/identity.log)"
-		fail=$((fail + 1)); failures+=("$kl/$c byte identity: trace not compared")
+		not_ok "$kl/$c $what: guest run failed: $(why $rc)${reason:+: ${reason#byte-identity: FAIL: }}$(runner_error "$d/identity.runner") (log $d/identity.log)"
+		fail=$((fail + 1)); failures+=("$kl/$c $what: trace not compared")
 		return
 	fi
-	if cmp "$kimg" "$uimg" >"$d/cmp.txt" 2>&1; then
-		ok "$kl/$c byte identity: backing images identical ($(stat -c %s "$kimg") bytes)"
+	if [ -n "$stripe" ] && ! python3 "$VM_DIR/stripe.py" join "$kimg" "$(stat -c %s "$uimg")" $chunk \
+		$(seq -f "$d/ns%g.img" 1 "${stripe%%:*}") >"$d/cmp.txt" 2>&1; then
+		not_ok "$kl/$c $what: the namespaces put together: $(tail -1 "$d/cmp.txt")"
+	elif cmp "$kimg" "$uimg" >"$d/cmp.txt" 2>&1; then
+		ok "$kl/$c $what: backing images identical ($(stat -c %s "$kimg") bytes)"
 	else
-		not_ok "$kl/$c byte identity: backing images differ: $(head -1 "$d/cmp.txt") ($kimg vs $uimg)"
+		not_ok "$kl/$c $what: backing images differ: $(head -1 "$d/cmp.txt") ($kimg vs $uimg)"
 	fi
 	if diff "$d/user.trace" "$d/identity/trace.txt" >"$d/trace.diff" 2>&1; then
-		ok "$kl/$c byte identity: trace output identical ($(wc -l <"$d/user.trace") lines)"
+		ok "$kl/$c $what: trace output identical ($(wc -l <"$d/user.trace") lines)"
 	else
-		not_ok "$kl/$c byte identity: trace output differs ($d/trace.diff: $(grep -c '^[<>]' "$d/trace.diff") lines)"
+		not_ok "$kl/$c $what: trace output differs ($d/trace.diff: $(grep -c '^[<>]' "$d/trace.diff") lines)"
 	fi
+}
+
+# The byte identity over several drives: the image cut over 3 namespaces
+# (an odd count: every drive's share differs) with 64 KiB stripes, dm-ckpt
+# over a dm-stripe of them, against the engine on the image whole. Once per
+# suite, smaller than an entry's own run (one TCG boot of about a minute).
+stripe_run() { # KERNEL CPU DIR
+	local saved="$params $steps $rollback_every $presteps"
+	params=${CKPT_VM_STRIPE_PARAMS:-300000} steps=60 rollback_every=20 presteps=0
+	identity_run "$1" "$2" "$3/stripe" bf16 8bit 3:128
+	read -r params steps rollback_every presteps <<<"$saved"
 }
 
 # count_tap WHAT RC BASE: the TAP lines of a guest script's console output
@@ -433,6 +459,7 @@ if [ $preflight_ok = 1 ]; then
 		fi
 		if { want scripts || [ -f "$ROOT/tests/vm/$only.sh" ]; } && [ "$c" = max ]; then scripts_run "$k" "$c" "$d"; fi
 		if want nvmeof && [ "$combo" = "$nvmeof_combo" ]; then nvmeof_run "$k" "$c" "$d"; fi
+		if want stripe && [ "$combo" = "$last_max_combo" ]; then stripe_run "$k" "$c" "$d"; fi
 		if want assembly && [ "$c" = max ] && [ -z "${assembly_done:-}" ]; then
 			assembly_run "$k" "$c" "$d"
 			assembly_done=1

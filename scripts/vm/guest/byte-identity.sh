@@ -1,14 +1,41 @@
 #!/bin/sh
 # Guest side of the byte-identity check (scripts/vm/tests.sh): map the
 # pre-formatted /dev/nvme0n1 through dm-ckpt and replay the seeded trace on
-# /dev/mapper/ckpt. Usage: byte-identity.sh STEPS ROLLBACK_EVERY [SEED]
+# /dev/mapper/ckpt. Usage: byte-identity.sh [--stripe WAYS:CHUNK] STEPS
+# ROLLBACK_EVERY [SEED]. With --stripe the image is cut over namespaces 1 to
+# WAYS (scripts/vm/stripe.py) and dm-ckpt goes over a dm-stripe of them
+# (CHUNK sectors per stripe), as over several NVMe drives.
 # The trace's output goes to /out/trace.txt for the host to diff.
+stripe=""
+if [ "${1:-}" = --stripe ]; then stripe=$2; shift 2; fi
 steps=${1:?steps}
 rollback_every=${2:?rollback_every}
 seed=${3:-}
 fail() { echo "byte-identity: FAIL: $*"; dmesg >/out/dmesg.txt; exit 1; }
 
-table=$(ckptctl info --table /dev/nvme0n1) || fail "ckptctl info --table /dev/nvme0n1 failed (exit $?)"
+backing=/dev/nvme0n1
+if [ -n "$stripe" ]; then
+	ways=${stripe%%:*} chunk=${stripe#*:} devs="" per=""
+	for n in $(seq 1 "$ways"); do
+		# by nsid: the kernel names namespaces in the order their scans end
+		dev=""
+		for b in /sys/block/nvme*n*; do
+			[ "$(cat "$b/nsid" 2>/dev/null)" = "$n" ] && dev=/dev/${b##*/}
+		done
+		[ -b "$dev" ] || fail "no namespace $n"
+		sectors=$(blockdev --getsz "$dev")
+		[ -z "$per" ] || [ "$sectors" -ge "$per" ] || per=$sectors
+		[ -n "$per" ] || per=$sectors
+		devs="$devs $dev 0"
+	done
+	per=$((per / chunk * chunk))
+	echo "byte-identity: stripe: 0 $((per * ways)) striped $ways $chunk$devs"
+	dmsetup create stripe --noudevsync --table "0 $((per * ways)) striped $ways $chunk$devs" ||
+		fail "dmsetup create stripe failed"
+	dmsetup mknodes stripe
+	backing=/dev/mapper/stripe
+fi
+table=$(ckptctl info --table $backing) || fail "ckptctl info --table $backing failed (exit $?)"
 [ -n "$table" ] || fail "ckptctl info --table printed nothing"
 echo "byte-identity: table: $table"
 echo "$table" >/out/table.txt
@@ -34,6 +61,7 @@ cat /out/trace.err
 echo "byte-identity: ckpt-trace exit $rc, $(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }') s"
 dmsetup status ckpt
 dmsetup remove --noudevsync ckpt || fail "dmsetup remove failed"
+[ -z "$stripe" ] || dmsetup remove --noudevsync stripe || fail "dmsetup remove stripe failed"
 sync
 echo 3 >/proc/sys/vm/drop_caches
 dmesg >/out/dmesg.txt
