@@ -12,7 +12,7 @@ export PYTHONPATH := $(CURDIR)/$(BUILD)/python
 export CKPT_RELIABILITY_BUILD := $(CURDIR)/$(BUILD)
 
 .PHONY: all deps deps-userspace install check-dkms configure check reliability demo bench clean check-unit check-asan kmod check-vm \
-	check-powercut check-logreplay check-aarch64 vm-shell bench-vm bench-e2e bench-q8 fuzz-build check-fuzz fuzz fuzz-corpus \
+	check-powercut check-logreplay check-aarch64 vm-shell bench-vm bench-stripe bench-e2e bench-q8 fuzz-build check-fuzz fuzz fuzz-corpus \
 	check-tsan crash-campaign crash-campaign-userspace crash-campaign-kernel crash-campaign-ranks \
 	crash-campaign-reshard \
 	crash-campaign-vm crash-campaign-powercut crash-campaign-logreplay kernel-debug check-kdebug check-gpu
@@ -327,3 +327,12 @@ bench-vm: deps
 	$(MAKE) all
 	BUILD=$(BUILD) scripts/vm/build-kmod.sh $(KERNEL)
 	BUILD=$(BUILD) scripts/vm/bench.sh --kernel $(KERNEL) --cpu $(VM_CPU)
+
+# one optimizer device over 1, 2 and 4 drives (dm-stripe of emulated NVMe
+# namespaces, each throttled to 4 MB/s so the drives bound a step): the kernel
+# target's and the engine's steps/s and their scaling (docs/performance.md,
+# "Many drives"; about 2 minutes)
+bench-stripe: deps
+	$(MAKE) all
+	BUILD=$(BUILD) scripts/vm/build-kmod.sh 6.12
+	BUILD=$(BUILD) scripts/vm/stripe-bench.sh --kernel 6.12
