@@ -531,7 +531,7 @@ const struct ckpt_update_ops Engine::update_ops_ = {
 void Engine::worker_main(Worker &w)
 {
 	const struct ckpt_regions &l = img_.sb.regions;
-	const int fd = img_.file.fd.get();
+	const BackingFile &file = img_.file;
 	unsigned inflight = 0;
 
 	// The update must give the kernel's bits: round to nearest, no flush of
@@ -567,7 +567,7 @@ void Engine::worker_main(Worker &w)
 				const uint32_t c = s.job.chunk;
 				ckpt_step_job(&step_, c, img_.group_table[c],
 					      s.job.load ? load_step_ : step_.sm.open_step, &s.upd);
-				w.ring.read(fd, s.rec.as(), static_cast<unsigned>(l.record_bytes),
+				w.ring.read(file, s.rec.as(), static_cast<unsigned>(l.record_bytes),
 					    ckpt_record_offset(&l, s.upd.src.slot, c), i);
 				inflight++;
 			}
@@ -622,9 +622,9 @@ void Engine::worker_main(Worker &w)
 			}
 			if (!plo_cache_slot_.empty())
 				plo_cache_slot_[chunk] = kUncached;	// until both writes are done
-			w.ring.write(fd, s.rec.as(), static_cast<unsigned>(l.record_bytes),
+			w.ring.write(file, s.rec.as(), static_cast<unsigned>(l.record_bytes),
 				     ckpt_record_offset(&l, s.upd.dst.slot, chunk), tag);
-			w.ring.write(fd, s.plo.as(), static_cast<unsigned>(l.plo_chunk_bytes),
+			w.ring.write(file, s.plo.as(), static_cast<unsigned>(l.plo_chunk_bytes),
 				     ckpt_plo_offset(&l, s.upd.dst.slot, chunk), tag);
 			s.writes = 2;
 			inflight += 2;

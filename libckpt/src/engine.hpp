@@ -90,7 +90,7 @@ public:
 	void write(uint64_t off, const void *buf, uint64_t len) override;
 	void read(uint64_t off, void *buf, uint64_t len) override;
 	void read_many(std::span<const ReadPiece> pieces) override;
-	void forsake() noexcept override { img_.file.fd.reset(); }
+	void forsake() noexcept override { img_.file.forsake(); }
 
 	// Beyond the virtual device: what only the backing device knows.
 	const struct ckpt_sb &superblock() const { return img_.sb; }

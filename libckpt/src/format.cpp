@@ -9,6 +9,7 @@
 #include <random>
 
 #include <blkid/blkid.h>
+#include <endian.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -62,6 +63,20 @@ std::string signature(const std::string &path)
 	if (blkid_probe_lookup_value(pr.get(), "PTTYPE", &v, nullptr) == 0)
 		return fmt::format("a {} partition table (blkid)", v);
 	return "a signature blkid recognizes";
+}
+
+// What a stripe set holds that format would destroy: a dm-ckpt image (the
+// drives' own signatures are their business: they were given to the set).
+std::string image_on(const BackingFile &f)
+{
+	if (f.size < 2 * CKPT_BLOCK)
+		return {};
+	Buffer b(2 * CKPT_BLOCK);
+	f.pread_all(b.as(), 2 * CKPT_BLOCK, 0);
+	for (uint64_t copy = 0; copy < 2; copy++)
+		if (le32toh(*reinterpret_cast<const uint32_t *>(b.as() + copy * CKPT_BLOCK)) == CKPT_SB_MAGIC)
+			return "a dm-ckpt image";
+	return {};
 }
 
 // The new image of a regular file, built beside it under a temporary name so
@@ -231,11 +246,12 @@ void format(const std::string &path_arg, const Layout &layout, const FormatOptio
 	if (exists) {
 		old = BackingFile::open(path, true);
 		if (!opts.force)
-			if (const std::string sig = signature(path); !sig.empty())
+			if (const std::string sig = old.striped() ? image_on(old) : signature(path); !sig.empty())
 				fail(CKPT_E_STATE, "{} holds {}: format would destroy it (--force formats anyway)",
 				     path_arg, sig);
 	}
-	if (old.block_device) {	// formatted in place: no rename for a device
+	// formatted in place: no rename for a device or the drives of a stripe set
+	if (old.block_device || old.striped()) {
 		if (old.size < l.dev_bytes)
 			fail(CKPT_E_TOO_SMALL, "{} has {} bytes: this layout needs {}", path, old.size, l.dev_bytes);
 		write_image(old, placed, l, manifest, incompat);

@@ -24,6 +24,7 @@
 #include <fmt/format.h>
 
 #include "error.hpp"
+#include "stripe.hpp"
 #include "ckpt_codec.h"
 
 namespace ckpt {
@@ -295,42 +296,111 @@ Fd claim_output(const std::string &path, bool force)
 	if (const std::string who = take_lock(fd, path, st); !who.empty())
 		fail(CKPT_E_STATE, "{} is in use: {} has it open for writing; an output never replaces a file a "
 				   "trainer has open", path, who);
+	if (read_stripe_set(fd, path))
+		fail(CKPT_E_STATE, "{} names a stripe set (the drives of a dm-ckpt image): an output never replaces "
+				   "it", path);
 	if (!force && has_image_magic(fd))
 		fail(CKPT_E_STATE, "{} holds a dm-ckpt image: the output would replace it and the state in it "
 				   "(forced, it does: ckptctl export --force, CKPT_EXPORT_FORCE, force=True)", path);
 	return f;
 }
 
-BackingFile BackingFile::open(const std::string &path, bool writable)
+namespace {
+
+// One file or block device of a backing file: fd, its size, whether O_DIRECT.
+struct Opened {
+	Fd fd;
+	uint64_t size = 0;
+	bool direct = false, block = false;
+	struct stat st {};
+};
+
+Opened open_one(const std::string &path, bool writable)
 {
-	BackingFile f;
-	f.path = path;
+	Opened o;
 	// O_EXCL without O_CREAT claims a block device (and Linux ignores it
 	// on anything else): it fails while another writer, a kernel target
 	// or a mount holds the device.
 	int flags = writable ? O_RDWR | O_EXCL : O_RDONLY;
-	struct stat st;
-	int fd = open_checked(path, flags | O_DIRECT, true, st);
+	int fd = open_checked(path, flags | O_DIRECT, true, o.st);
 	if (fd >= 0)
-		f.direct = true;
+		o.direct = true;
 	else if (fd == -EINVAL)	// tmpfs and friends have no O_DIRECT
-		fd = open_checked(path, flags, true, st);
+		fd = open_checked(path, flags, true, o.st);
 	if (fd == -EBUSY)
 		fail(CKPT_E_STATE, "{} is in use: another writer, a kernel target (dm-ckpt) or a mount holds it",
 		     path);
 	if (fd < 0)
 		fail(CKPT_E_IO, "cannot open {}: {}", path, strerror(-fd));
-	f.fd = Fd(fd);
-	if (writable && S_ISREG(st.st_mode))
-		lock(f.fd.get(), path, st);
-	if (S_ISBLK(st.st_mode)) {
-		f.block_device = true;
-		if (ioctl(fd, BLKGETSIZE64, &f.size) < 0)
+	o.fd = Fd(fd);
+	if (S_ISBLK(o.st.st_mode)) {
+		o.block = true;
+		if (ioctl(fd, BLKGETSIZE64, &o.size) < 0)
 			fail(CKPT_E_IO, "cannot get the size of {}: {}", path, strerror(errno));
 	} else {
-		f.size = static_cast<uint64_t>(st.st_size);
+		o.size = static_cast<uint64_t>(o.st.st_size);
 	}
+	return o;
+}
+
+} // namespace
+
+// The stripe set a regular file at path describes (read buffered: a short
+// read through O_DIRECT fails), or none.
+std::optional<StripeSet> stripe_set_at(const std::string &path)
+{
+	struct stat st;
+	const int fd = open_checked(path, O_RDONLY, true, st);
+	if (fd < 0)
+		return std::nullopt;	// the open that follows says why
+	Fd guard(fd);
+	return S_ISREG(st.st_mode) ? read_stripe_set(fd, path) : std::nullopt;
+}
+
+BackingFile BackingFile::open(const std::string &path, bool writable)
+{
+	BackingFile f;
+	f.path = path;
+	const std::optional<StripeSet> set = stripe_set_at(path);
+	if (!set) {
+		Opened o = open_one(path, writable);
+		f.fd = std::move(o.fd);
+		if (writable && !o.block)
+			lock(f.fd.get(), path, o.st);
+		f.direct = o.direct;
+		f.block_device = o.block;
+		f.size = o.size;
+		return f;
+	}
+	// A stripe set: its drives, each opened (and locked) as a backing file.
+	f.stripe_bytes = set->stripe_bytes;
+	f.direct = true;
+	uint64_t per = UINT64_MAX;
+	std::vector<std::pair<dev_t, ino_t>> seen;
+	for (const std::string &d : set->drives) {
+		if (stripe_set_at(d))
+			fail(CKPT_E_INVAL, "stripe set {}: drive {} is a stripe set itself", path, d);
+		Opened m = open_one(d, writable);
+		const std::pair<dev_t, ino_t> id = m.block ? std::pair<dev_t, ino_t>{m.st.st_rdev, 0}
+							    : std::pair<dev_t, ino_t>{m.st.st_dev, m.st.st_ino};
+		if (std::find(seen.begin(), seen.end(), id) != seen.end())
+			fail(CKPT_E_INVAL, "stripe set {}: drive {} is named twice", path, d);
+		seen.push_back(id);
+		if (writable && !m.block)
+			lock(m.fd.get(), d, m.st);
+		f.direct = f.direct && m.direct;
+		per = std::min(per, m.size / f.stripe_bytes * f.stripe_bytes);
+		f.drives.push_back({std::move(m.fd), d});
+	}
+	f.size = per * f.drives.size();
 	return f;
+}
+
+void BackingFile::forsake() noexcept
+{
+	fd.reset();
+	for (Drive &d : drives)
+		d.fd.reset();
 }
 
 // The fault the observer injects into an I/O of this file (IoObserver::fault).
@@ -354,44 +424,58 @@ void BackingFile::pread_all(void *buf, size_t len, uint64_t off) const
 	const IoObserver::Fault f = fault(IoObserver::Op::read, off, len);
 	const uint64_t start = off;
 	const size_t total = len;
-	auto *p = static_cast<uint8_t *>(buf);
-	while (len) {
-		ssize_t n = ::pread(fd.get(), p, len, static_cast<off_t>(off));
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0)
-			fail(CKPT_E_IO, "read of {} bytes at {} from {} failed: {}", len, off, path,
-			     strerror(errno));
-		if (n == 0)
-			fail(CKPT_E_IO, "read at {} from {}: unexpected end of file", off, path);
-		p += n;
-		off += static_cast<uint64_t>(n);
-		len -= static_cast<size_t>(n);
-	}
+	if (start + len > size && striped())
+		fail(CKPT_E_IO, "read at {} from {}: past the end of the stripe set ({} bytes)", start, path, size);
+	extents(start, total, [&](int fd, uint64_t at, uint64_t from, uint64_t n) {
+		auto *p = static_cast<uint8_t *>(buf) + from;
+		while (n) {
+			ssize_t r = ::pread(fd, p, n, static_cast<off_t>(at));
+			if (r < 0 && errno == EINTR)
+				continue;
+			if (r < 0)
+				fail(CKPT_E_IO, "read of {} bytes at {} from {} failed: {}", n, start + from, path,
+				     strerror(errno));
+			if (r == 0)
+				fail(CKPT_E_IO, "read at {} from {}: unexpected end of file", start + from, path);
+			p += r;
+			at += static_cast<uint64_t>(r);
+			from += static_cast<uint64_t>(r);
+			n -= static_cast<uint64_t>(r);
+		}
+	});
 	if (f == IoObserver::Fault::after)
 		injected(IoObserver::Op::read, start, total);
 }
 
 void BackingFile::write_at(const void *buf, size_t len, uint64_t off) const
 {
-	auto *p = static_cast<const uint8_t *>(buf);
-	while (len) {
-		ssize_t n = ::pwrite(fd.get(), p, len, static_cast<off_t>(off));
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			fail(CKPT_E_IO, "write of {} bytes at {} to {} failed: {}", len, off, path,
-			     n < 0 ? strerror(errno) : "no progress");
-		p += n;
-		off += static_cast<uint64_t>(n);
-		len -= static_cast<size_t>(n);
-	}
+	if (off + len > size && striped())
+		fail(CKPT_E_IO, "write at {} to {}: past the end of the stripe set ({} bytes)", off, path, size);
+	extents(off, len, [&](int fd, uint64_t at, uint64_t from, uint64_t n) {
+		auto *p = static_cast<const uint8_t *>(buf) + from;
+		while (n) {
+			ssize_t w = ::pwrite(fd, p, n, static_cast<off_t>(at));
+			if (w < 0 && errno == EINTR)
+				continue;
+			if (w <= 0)
+				fail(CKPT_E_IO, "write of {} bytes at {} to {} failed: {}", n, off + from, path,
+				     w < 0 ? strerror(errno) : "no progress");
+			p += w;
+			at += static_cast<uint64_t>(w);
+			from += static_cast<uint64_t>(w);
+			n -= static_cast<uint64_t>(w);
+		}
+	});
 }
 
 void BackingFile::sync() const
 {
-	if (fdatasync(fd.get()) < 0)
+	if (!striped() && fdatasync(fd.get()) < 0)
 		fail(CKPT_E_IO, "flush of {} failed: {}", path, strerror(errno));
+	for (const Drive &d : drives)
+		if (fdatasync(d.fd.get()) < 0)
+			fail(CKPT_E_IO, "flush of {} (drive {} of {}) failed: {}", d.path,
+			     &d - drives.data(), path, strerror(errno));
 }
 
 void BackingFile::pwrite_all(const void *buf, size_t len, uint64_t off) const
@@ -412,8 +496,27 @@ void BackingFile::pwrite_durable(const void *buf, size_t len, uint64_t off) cons
 		return;
 	}
 	const IoObserver::Fault f = fault(IoObserver::Op::write, off, len);
+	// FUA on the drive that holds it: a stripe set's durable writes (the
+	// superblock's block) lie on one drive (stripes are whole blocks)
+	int fd_at = fd.get();
+	uint64_t at = off;
+	if (striped()) {
+		unsigned pieces = 0;
+		extents(off, len, [&](int d, uint64_t a, uint64_t, uint64_t) { fd_at = d, at = a, pieces++; });
+		if (pieces != 1) {
+			write_at(buf, len, off);
+			if (observer)
+				observer->written(off, buf, len, false);
+			sync();
+			if (observer)
+				observer->flushed();
+			if (f == IoObserver::Fault::after)
+				injected(IoObserver::Op::write, off, len);
+			return;
+		}
+	}
 	iovec iov{const_cast<void *>(buf), len};
-	ssize_t n = pwritev2(fd.get(), &iov, 1, static_cast<off_t>(off), RWF_DSYNC);
+	ssize_t n = pwritev2(fd_at, &iov, 1, static_cast<off_t>(at), RWF_DSYNC);
 	if (n == static_cast<ssize_t>(len)) {
 		if (observer)
 			observer->written(off, buf, len, true);
@@ -553,6 +656,69 @@ void Ring::write(int fd, const void *buf, unsigned len, uint64_t off, uint64_t t
 	io_uring_sqe_set_data64(s, tag);
 }
 
+template <typename Buf>
+void Ring::split(const BackingFile &f, Buf buf, unsigned len, uint64_t off, uint64_t tag, bool write)
+{
+	unsigned pieces = 0;
+	f.extents(off, len, [&](int, uint64_t, uint64_t, uint64_t) { pieces++; });
+	if (pieces == 1) {	// no split: the caller's tag on the one submission
+		f.extents(off, len, [&](int fd, uint64_t at, uint64_t, uint64_t) {
+			write ? Ring::write(fd, buf, len, at, tag) : Ring::read(fd, (void *)buf, len, at, tag);
+		});
+		return;
+	}
+	uint32_t index;
+	if (!free_splits_.empty()) {
+		index = free_splits_.back();
+		free_splits_.pop_back();
+	} else {
+		index = static_cast<uint32_t>(splits_.size());
+		splits_.push_back({});
+	}
+	splits_[index] = {tag, pieces, 0};
+	f.extents(off, len, [&](int fd, uint64_t at, uint64_t from, uint64_t n) {
+		auto *p = reinterpret_cast<uint8_t *>(const_cast<void *>(static_cast<const void *>(buf))) + from;
+		if (write)
+			Ring::write(fd, p, static_cast<unsigned>(n), at, kPiece | index);
+		else
+			Ring::read(fd, p, static_cast<unsigned>(n), at, kPiece | index);
+	});
+	if (sync_) {	// the pieces are done: their one completion, in their place
+		std::optional<std::pair<uint64_t, int>> r;
+		for (unsigned i = 0; i < pieces; i++) {
+			const auto [data, res] = done_.back();
+			done_.pop_back();
+			if (auto c = complete(data, res))
+				r = c;
+		}
+		done_.push_back(*r);
+	}
+}
+
+void Ring::read(const BackingFile &f, void *buf, unsigned len, uint64_t off, uint64_t tag)
+{
+	split(f, buf, len, off, tag, false);
+}
+
+void Ring::write(const BackingFile &f, const void *buf, unsigned len, uint64_t off, uint64_t tag)
+{
+	split(f, buf, len, off, tag, true);
+}
+
+std::optional<std::pair<uint64_t, int>> Ring::complete(uint64_t data, int res)
+{
+	if (!(data & kPiece))
+		return std::pair<uint64_t, int>{data, res};
+	const auto index = static_cast<uint32_t>(data & ~kPiece);
+	Split &s = splits_[index];
+	if (s.result >= 0)
+		s.result = res < 0 ? res : s.result + res;
+	if (--s.left)
+		return std::nullopt;
+	free_splits_.push_back(index);
+	return std::pair<uint64_t, int>{s.tag, s.result};
+}
+
 void Ring::submit()
 {
 	if (sync_)
@@ -574,16 +740,20 @@ std::pair<uint64_t, int> Ring::wait()
 		done_.pop_front();
 		return r;
 	}
-	io_uring_cqe *cqe;
-	int ret;
-	do
-		ret = io_uring_wait_cqe(&ring_, &cqe);
-	while (ret == -EINTR);
-	if (ret < 0)
-		fail(CKPT_E_IO, "io_uring_wait_cqe: {}", strerror(-ret));
-	std::pair<uint64_t, int> r{io_uring_cqe_get_data64(cqe), cqe->res};
-	io_uring_cqe_seen(&ring_, cqe);
-	return r;
+	for (;;) {
+		io_uring_cqe *cqe;
+		int ret;
+		do
+			ret = io_uring_wait_cqe(&ring_, &cqe);
+		while (ret == -EINTR);
+		if (ret < 0)
+			fail(CKPT_E_IO, "io_uring_wait_cqe: {}", strerror(-ret));
+		const uint64_t data = io_uring_cqe_get_data64(cqe);
+		const int res = cqe->res;
+		io_uring_cqe_seen(&ring_, cqe);
+		if (auto r = complete(data, res))
+			return *r;
+	}
 }
 
 std::optional<std::pair<uint64_t, int>> Ring::peek()
@@ -596,11 +766,14 @@ std::optional<std::pair<uint64_t, int>> Ring::peek()
 		return r;
 	}
 	io_uring_cqe *cqe;
-	if (io_uring_peek_cqe(&ring_, &cqe) < 0)
-		return std::nullopt;
-	std::pair<uint64_t, int> r{io_uring_cqe_get_data64(cqe), cqe->res};
-	io_uring_cqe_seen(&ring_, cqe);
-	return r;
+	while (io_uring_peek_cqe(&ring_, &cqe) == 0) {
+		const uint64_t data = io_uring_cqe_get_data64(cqe);
+		const int res = cqe->res;
+		io_uring_cqe_seen(&ring_, cqe);
+		if (auto r = complete(data, res))
+			return r;
+	}
+	return std::nullopt;
 }
 
 void read_pieces(const BackingFile &f, Ring &ring, unsigned depth, std::span<const ReadPiece> pieces,
@@ -645,8 +818,8 @@ void read_pieces(const BackingFile &f, Ring &ring, unsigned depth, std::span<con
 	while (next < ios.size() || inflight) {
 		for (; next < ios.size() && inflight < depth && error.empty(); next++, inflight++) {
 			const Io &io = ios[next];
-			ring.read(f.fd.get(), io.bounced ? bounce.as() + io.at : io.dst, static_cast<unsigned>(io.len),
-				  io.off, next);
+			ring.read(f, io.bounced ? bounce.as() + io.at : io.dst, static_cast<unsigned>(io.len), io.off,
+				  next);
 		}
 		if (!inflight)
 			break;

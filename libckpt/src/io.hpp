@@ -2,6 +2,7 @@
 // RAII around file descriptors, aligned buffers and io_uring.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -9,6 +10,7 @@
 #include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <liburing.h>
 #include <sys/stat.h>
@@ -152,15 +154,44 @@ public:
 // while a kernel target or a mount holds it). A second writer gets an error
 // naming the holder where /proc/locks tells it. Readers take no lock: info,
 // verify and export work while a trainer runs.
+//
+// A stripe set (stripe.hpp: a descriptor file naming drives) opens as one
+// backing file over its drives: byte off at drive k % n, offset
+// k / n * stripe_bytes + off % stripe_bytes, k = off / stripe_bytes, which is
+// how dm-stripe lays a device over the same drives. Each drive is opened,
+// locked and checked as a lone backing file would be; its size is the
+// drives' common size, in whole stripes, times their count.
 struct BackingFile {
-	Fd fd;
+	Fd fd;			// the file or device; none for a stripe set (drives)
 	uint64_t size = 0;
-	bool direct = false;
+	bool direct = false;	// a stripe set: every drive
 	bool block_device = false;
 	std::string path;
 	IoObserver *observer = nullptr;	// told of every write and flush through this file
+	struct Drive {
+		Fd fd;
+		std::string path;
+	};
+	std::vector<Drive> drives;	// a stripe set's, in stripe order
+	uint64_t stripe_bytes = 0;
 
 	static BackingFile open(const std::string &path, bool writable);
+	bool striped() const { return !drives.empty(); }
+	// fn(fd, offset there, offset into the I/O, length) for each piece of
+	// [off, off + len) on the drive that holds it (the file: one piece).
+	template <typename F> void extents(uint64_t off, uint64_t len, F &&fn) const
+	{
+		if (!striped())
+			return fn(fd.get(), off, uint64_t{0}, len);
+		for (uint64_t done = 0; done < len;) {
+			const uint64_t k = (off + done) / stripe_bytes, in = (off + done) % stripe_bytes;
+			const uint64_t n = std::min(len - done, stripe_bytes - in);
+			fn(drives[k % drives.size()].fd.get(), k / drives.size() * stripe_bytes + in, done, n);
+			done += n;
+		}
+	}
+	// Closes every descriptor (Target::forsake: a child forked from the opener).
+	void forsake() noexcept;
 	void pread_all(void *buf, size_t len, uint64_t off) const;
 	void pwrite_all(const void *buf, size_t len, uint64_t off) const;
 	// Forced to stable media on return (FUA where O_DIRECT, else write + fdatasync).
@@ -201,6 +232,11 @@ public:
 	~Ring();
 	void read(int fd, void *buf, unsigned len, uint64_t off, uint64_t tag);
 	void write(int fd, const void *buf, unsigned len, uint64_t off, uint64_t tag);
+	// An I/O of a backing file: on a stripe set, one submission per drive
+	// piece, and one completion (wait, peek) once all are done: the bytes
+	// done (a short piece makes the whole short) or the first error.
+	void read(const BackingFile &f, void *buf, unsigned len, uint64_t off, uint64_t tag);
+	void write(const BackingFile &f, const void *buf, unsigned len, uint64_t off, uint64_t tag);
 	void submit();
 	// Waits for one completion; returns its tag and result (bytes or -errno).
 	std::pair<uint64_t, int> wait();
@@ -209,12 +245,27 @@ public:
 	bool sync() const { return sync_; }
 
 private:
+	// A striped I/O in flight: its caller's tag, pieces left, bytes done or
+	// the first error. A piece's user data is kPiece | its index here.
+	struct Split {
+		uint64_t tag;
+		unsigned left;
+		int result;
+	};
+	static constexpr uint64_t kPiece = uint64_t{1} << 63;
+	template <typename Buf> void split(const BackingFile &f, Buf buf, unsigned len, uint64_t off, uint64_t tag,
+					   bool write);
+	// A completion as the caller sees it: a piece's counted into its I/O,
+	// nothing until the I/O's last.
+	std::optional<std::pair<uint64_t, int>> complete(uint64_t data, int res);
 	io_uring_sqe *sqe();
 	template <typename Io, typename Buf>
 	void now(Io io, int fd, Buf buf, unsigned len, uint64_t off, uint64_t tag);
 	io_uring ring_{};
 	bool sync_ = false;
 	std::deque<std::pair<uint64_t, int>> done_;	// sync: completed, not yet waited for
+	std::vector<Split> splits_;
+	std::vector<uint32_t> free_splits_;
 };
 
 // One piece of a batched read: len bytes at off of a file into dst.

@@ -1362,6 +1362,124 @@ TEST_F(EngineTest, PreadFallbackWritesTheSameBytes)
 	EXPECT_TRUE(bytes(path_) == bytes(other));
 }
 
+// A stripe set: the image over three drives as dm-stripe lays a device over
+// them (chunk k of 16 KiB at drive k % 3, offset k / 3 * 16 KiB: the mapping
+// the VM suite's stripe run proves against the kernel's dm-stripe). The
+// same steps, on io_uring and on the fallback, leave the drives holding
+// exactly the bytes of the image they were cut from.
+TEST_F(EngineTest, StripeSetHoldsTheImageAsDmStripeLaysItOut)
+{
+	constexpr uint64_t S = 16384, N = 3;
+	auto bytes = [](const std::string &p) {
+		std::ifstream f(p, std::ios::binary);
+		return std::string(std::istreambuf_iterator<char>(f), {});
+	};
+	const std::string image = bytes(path_);
+	const uint64_t per = (image.size() + S * N - 1) / (S * N) * S;
+	auto make_set = [&](const std::string &name) {
+		std::vector<std::string> drive(N, std::string(per, '\0'));
+		for (uint64_t k = 0; k * S < image.size(); k++)
+			drive[k % N].replace(k / N * S, S, image.substr(k * S, S).append(S - std::min(S, image.size() - k * S), '\0'));
+		std::vector<std::string> paths;
+		for (uint64_t i = 0; i < N; i++) {
+			paths.push_back((dir_ / fmt::format("{}-{}.drive", name, i)).string());
+			std::ofstream(paths.back(), std::ios::binary) << drive[i];
+		}
+		const std::string desc = (dir_ / (name + ".stripe")).string();
+		std::ofstream(desc) << fmt::format(R"({{"dm-ckpt-stripe-set": 1, "stripe_bytes": {}, "drives": ["{}", "{}", "{}"]}})",
+						   S, name + "-0.drive", name + "-1.drive", paths[2]);
+		return std::pair{desc, paths};
+	};
+	auto joined = [&](const std::vector<std::string> &paths) {
+		std::vector<std::string> drive;
+		for (const auto &p : paths)
+			drive.push_back(bytes(p));
+		std::string out;
+		for (uint64_t k = 0; out.size() < image.size(); k++)
+			out += drive[k % N].substr(k / N * S, S);
+		return out.substr(0, image.size());
+	};
+	const auto [auto_set, auto_drives] = make_set("auto");
+	const auto [sync_set, sync_drives] = make_set("sync");
+	std::mt19937 rng(7);
+	std::normal_distribution<float> nd;
+	{
+		auto one = open();
+		ckpt::EngineOptions o;
+		o.workers = 2;
+		auto striped = ckpt::Device::open(auto_set, o);
+		o.io = ckpt::Ring::Mode::Sync;
+		auto fallback = ckpt::Device::open(sync_set, o);
+		EXPECT_TRUE(striped->engine()->image().file.striped());
+		EXPECT_EQ(striped->engine()->image().file.size, per * N);
+		// a second writer of a drive is refused, through the set or alone
+		EXPECT_EQ(code_of([&] { ckpt::Device::open(auto_set); }), CKPT_E_STATE);
+		EXPECT_EQ(code_of([&] { ckpt::Device::open(auto_drives[1]); }), CKPT_E_STATE);
+		load_alike({one.get(), striped.get(), fallback.get()}, rng, nd);
+		for (int i = 0; i < 4; i++)
+			step_alike({one.get(), striped.get(), fallback.get()}, rng, nd);
+		EXPECT_EQ(striped->rollback(), 3u);
+		EXPECT_EQ(fallback->rollback(), 3u);
+		EXPECT_EQ(one->rollback(), 3u);
+		step_alike({one.get(), striped.get(), fallback.get()}, rng, nd);
+	}
+	const std::string want = bytes(path_);
+	EXPECT_NE(want, image);
+	EXPECT_TRUE(joined(auto_drives) == want);
+	EXPECT_TRUE(joined(sync_drives) == want);
+	const ckpt::Image img = ckpt::Image::open(auto_set, false);
+	EXPECT_EQ(img.sb.committed_step, 4u);
+	// an export never replaces the descriptor, forced or not
+	EXPECT_EQ(code_of([&] { ckpt::claim_output(auto_set, true); }), CKPT_E_STATE);
+}
+
+// What a descriptor says is checked before any drive is opened for writing.
+TEST_F(EngineTest, StripeSetDescriptorIsChecked)
+{
+	auto bytes_of = [](const std::string &p) {
+		std::ifstream f(p, std::ios::binary);
+		return std::string(std::istreambuf_iterator<char>(f), {});
+	};
+	const std::string d0 = (dir_ / "d0").string(), d1 = (dir_ / "d1").string(), desc = (dir_ / "s").string();
+	for (const auto &p : {d0, d1})
+		std::ofstream(p) << std::string(1 << 20, '\0');
+	const struct {
+		std::string text, says;
+	} cases[] = {
+		{R"({"dm-ckpt-stripe-set": 1, "stripe_bytes": 6000, "drives": ["d0"]})", "power of two"},
+		{R"({"dm-ckpt-stripe-set": 1, "stripe_bytes": 2048, "drives": ["d0"]})", "power of two"},
+		{R"({"dm-ckpt-stripe-set": 2, "stripe_bytes": 65536, "drives": ["d0"]})", "needs"},
+		{R"({"dm-ckpt-stripe-set": 1, "stripe_bytes": 65536, "drives": []})", "1 to 64 paths"},
+		{R"({"dm-ckpt-stripe-set": 1, "stripe_bytes": 65536, "drives": ["d0", "./d0"]})", "named twice"},
+		{R"({"dm-ckpt-stripe-set": 1, "stripe_bytes": 65536, "drives": ["d0", "s"]})", "a stripe set itself"},
+		{R"({"dm-ckpt-stripe-set": 1, "stripe_bytes": 65536, "drives": ["d0"], "x": 1})", "unknown key 'x'"},
+		{R"({"dm-ckpt-stripe-set": 1, "stripe_bytes": 65536, "drives": ["d0", "nowhere"]})", "nowhere"},
+		{R"({"dm-ckpt-stripe-set": 1, "stripe_bytes": 65536, "drives": [7]})", "not a path"},
+		{R"({"dm-ckpt-stripe-set": 1, "stripe_bytes": 65536, "drives": ["d0", "d1"])", "not a JSON object"},
+	};
+	for (const auto &c : cases) {
+		fs::remove(desc);
+		std::ofstream(desc) << c.text;
+		try {
+			ckpt::BackingFile::open(desc, true);
+			ADD_FAILURE() << "accepted: " << c.text;
+		} catch (const ckpt::Error &e) {
+			EXPECT_NE(std::string(e.what()).find(c.says), std::string::npos) << c.text << "\n" << e.what();
+		}
+	}
+	// a valid one formats in place, on its drives (nothing past their common size)
+	fs::remove(desc);
+	std::ofstream(desc) << R"({"dm-ckpt-stripe-set": 1, "stripe_bytes": 65536, "drives": ["d0", "d1"]})";
+	ckpt::Layout l;
+	l.add("w", {20000}, 0);
+	ckpt::FormatOptions o;
+	o.chunk_params = 4096;
+	ckpt::format(desc, l, o);
+	EXPECT_EQ(bytes_of(desc).rfind("{\"dm-ckpt-stripe-set\"", 0), 0u);	// still the descriptor
+	EXPECT_EQ(ckpt::Image::open(desc, false).manifest.find("w").numel, 20000u);
+	EXPECT_EQ(code_of([&] { ckpt::format(desc, l, o); }), CKPT_E_STATE);	// an image there, not forced
+}
+
 // The engine's I/O ring and its fallback where io_uring cannot be had
 // (io_uring_setup refused: containers' seccomp profiles, qemu-user): the same
 // completions, tags and results, -errno included.
