@@ -166,6 +166,31 @@ int ckpt_reshard(const char *const *from, uint32_t n, const char *path, uint32_t
 		 const char *opts_json, char **json);
 
 /*
+ * ---- stripe sets: one image over several drives.
+ *
+ * A stripe set is a small descriptor file naming drives (files or block
+ * devices) and a stripe size; every path that takes an image takes a
+ * descriptor (format, open, the optimizer, info, verify, export, reshard):
+ * the userspace engine lays the image over the drives as dm-stripe lays a
+ * device over them (stripe k at drive k % n, offset k / n stripes), so the
+ * kernel target serves the same drives through a dm-stripe table of them.
+ */
+
+/*
+ * Writes the descriptor path (a new path, never replacing a file there) of a
+ * stripe set over drives[0..n) (1 to 64, each named once) with stripes of
+ * stripe_bytes (a power of two from 4096 to 2^30; 0: 64 KiB). A drive path
+ * that does not exist is created as a file of drive_bytes (its space
+ * reserved; 0 refuses a missing drive); an existing file or block device is
+ * taken as it is. Relative drive paths are kept relative to the descriptor's
+ * folder. *json: {"path", "stripe_bytes", "drives", "bytes" (what the set
+ * holds: the drives' common size in whole stripes, times n), "dm_table" (the
+ * dm-stripe table line over them, when every drive is a block device)}.
+ */
+int ckpt_stripe_create(const char *path, uint64_t stripe_bytes, const char *const *drives, uint32_t n,
+		       uint64_t drive_bytes, char **json);
+
+/*
  * Renames the file from to path, which must not exist (a new image prepared
  * under a temporary name, as ckpt.torch.OffloadAdamW prepares one): a file
  * at path, even one another process created meanwhile, is never replaced

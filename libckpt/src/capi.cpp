@@ -30,6 +30,7 @@
 #include "progress.hpp"
 #include "admin.hpp"
 #include "reshard.hpp"
+#include "stripe.hpp"
 
 extern "C" {
 #include "ckpt_step.h"
@@ -1087,6 +1088,21 @@ int ckpt_reshard(const char *const *from, uint32_t n, const char *path, uint32_t
 			in.emplace_back(from[i]);
 		}
 		return ckpt::reshard(in, path, rank, world, opts_json ? opts_json : "");
+	});
+}
+
+int ckpt_stripe_create(const char *path, uint64_t stripe_bytes, const char *const *drives, uint32_t n,
+		       uint64_t drive_bytes, char **json)
+{
+	return report(json, [&] {
+		need(path, "path");
+		need(drives, "drives");
+		std::vector<std::string> d;
+		for (uint32_t i = 0; i < n; i++) {
+			need(drives[i], "drives[i]");
+			d.emplace_back(drives[i]);
+		}
+		return ckpt::create_stripe_set(path, stripe_bytes, d, drive_bytes);
 	});
 }
 

@@ -5,7 +5,10 @@
 #include <filesystem>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
 
@@ -65,11 +68,61 @@ std::optional<StripeSet> read_stripe_set(int fd, const std::string &path)
 void write_stripe_set(const std::string &path, const StripeSet &set)
 {
 	const std::string text = nlohmann::json{{"dm-ckpt-stripe-set", 1}, {"stripe_bytes", set.stripe_bytes},
-						{"drives", set.drives}}.dump(1) + "\n";
+						{"drives", set.drives}}.dump() + "\n";
 	TempFile tmp(path, "stripe", O_WRONLY);
 	if (::write(tmp.fd(), text.data(), text.size()) != static_cast<ssize_t>(text.size()) || fsync(tmp.fd()) < 0)
 		fail(CKPT_E_IO, "cannot write {}: {}", tmp.path(), strerror(errno));
 	tmp.link_new(path, true);
+}
+
+std::string create_stripe_set(const std::string &path, uint64_t stripe_bytes, const std::vector<std::string> &drives,
+			      uint64_t drive_bytes)
+{
+	StripeSet set{stripe_bytes ? stripe_bytes : 65536, drives};
+	struct stat st;
+	if (lstat(path.c_str(), &st) == 0)
+		fail(CKPT_E_STATE, "{} exists: a stripe set's descriptor goes to a new path", path);
+	// Checked as an open will check it (a descriptor beside it, not yet named).
+	const std::string text = nlohmann::json{{"dm-ckpt-stripe-set", 1}, {"stripe_bytes", set.stripe_bytes},
+						{"drives", set.drives}}.dump();
+	TempFile probe(path, "check", O_RDWR);
+	if (::write(probe.fd(), text.data(), text.size()) != static_cast<ssize_t>(text.size()))
+		fail(CKPT_E_IO, "cannot write {}: {}", probe.path(), strerror(errno));
+	const StripeSet checked = *read_stripe_set(probe.fd(), path);
+	std::vector<std::string> made;
+	try {
+		for (const std::string &d : checked.drives) {
+			if (lstat(d.c_str(), &st) == 0)
+				continue;
+			if (!drive_bytes)
+				fail(CKPT_E_INVAL, "stripe set {}: drive {} does not exist (give a size to create it)", path, d);
+			TempFile f(d, "drive", O_RDWR);
+			if (int ret = posix_fallocate(f.fd(), 0, static_cast<off_t>(drive_bytes)); ret)
+				if ((ret != EOPNOTSUPP && ret != EINVAL) || ftruncate(f.fd(), static_cast<off_t>(drive_bytes)) < 0)
+					fail(CKPT_E_IO, "cannot size {} to {} bytes: {}", d, drive_bytes, strerror(ret));
+			f.link_new(d, true);
+			made.push_back(d);
+		}
+		const BackingFile b = BackingFile::open(probe.path(), false);	// every drive opens, no duplicates
+		if (b.size < 2 * b.stripe_bytes * b.drives.size())
+			fail(CKPT_E_TOO_SMALL, "stripe set {}: the drives hold {} bytes together: too small", path, b.size);
+		write_stripe_set(path, set);
+		nlohmann::json report{{"path", path}, {"stripe_bytes", set.stripe_bytes}, {"drives", checked.drives},
+				      {"bytes", b.size}};
+		std::string table = fmt::format("0 {} striped {} {}", b.size / 512, b.drives.size(), set.stripe_bytes / 512);
+		bool blocks = true;
+		for (const std::string &d : checked.drives) {
+			blocks = blocks && stat(d.c_str(), &st) == 0 && S_ISBLK(st.st_mode);
+			table += fmt::format(" {} 0", d);
+		}
+		if (blocks)
+			report["dm_table"] = table;
+		return report.dump();
+	} catch (...) {
+		for (const std::string &d : made)
+			::unlink(d.c_str());
+		throw;
+	}
 }
 
 } // namespace ckpt

@@ -28,6 +28,9 @@ std::optional<StripeSet> read_stripe_set(int fd, const std::string &path);
 // Writes the descriptor of set at path, a new path (never replacing a file
 // there, CKPT_E_STATE), flushed.
 void write_stripe_set(const std::string &path, const StripeSet &set);
+// ckpt_stripe_create's work: the descriptor, missing drives made; its report.
+std::string create_stripe_set(const std::string &path, uint64_t stripe_bytes, const std::vector<std::string> &drives,
+			      uint64_t drive_bytes);
 // Drive k of set for a logical byte offset: (drive, offset on it).
 inline std::pair<uint64_t, uint64_t> stripe_map(uint64_t off, uint64_t stripe_bytes, uint64_t n)
 {

@@ -3,8 +3,8 @@
 # boot, four emulated NVMe namespaces, each limited by qemu to the same
 # bandwidth (--throttle, default 4 MB/s) so that the drives, not TCG's CPU,
 # bound a step; for each count a dm-stripe of that many (64 KiB stripes),
-# an image on it, and STEPS steps through the kernel target and on the
-# userspace engine over the same stripe. Prints steps/s and the scaling
+# an image on it, and STEPS steps through the kernel target over it and on the
+# userspace engine over its own stripe set of the same drives. Prints steps/s and the scaling
 # against one drive; the JSON goes to build/bench/stripe.json.
 #
 #   scripts/vm/stripe-bench.sh [--kernel 6.1|6.12] [--params N] [--steps N] [--throttle BPS]

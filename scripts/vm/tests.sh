@@ -18,7 +18,8 @@
 #                       [--rollback-every N]
 #                       [--only harness|kmod|identity|stripe|scripts|assembly|nvmeof|SCRIPT]
 # --only SCRIPT: only the guest script tests/vm/SCRIPT.sh. stripe: the byte
-# identity with dm-ckpt over a dm-stripe of 3 namespaces (once per suite).
+# identity of dm-ckpt over a dm-stripe of 3 namespaces and the engine over its
+# own stripe set of the same drives (once per suite).
 # --presteps N: the host commits the first N steps (default 0) with the
 # userspace engine before the image is copied; both sides then continue from
 # step N+1 (so the kernel starts from a state the userspace engine wrote).
@@ -178,11 +179,23 @@ kmod_run() { # KERNEL CPU DIR
 
 identity_run() { # KERNEL CPU DIR DTYPE STATE [WAYS:CHUNK]
 	local k=$1 c=$2 d=$3 dtype=$4 state=$5 stripe=${6:-} rc hrc kimg uimg what="byte identity"
-	local images=() guest_args=() i chunk
+	local images=() guest_args=() i ways
 	kimg=$d/kernel.img uimg=$d/user.img
 	mkdir -p "$d"
 	[ "$state" != 8bit-bf16 ] || dtype=bf16	# bf16 masters need bf16 params
-	[ -z "$stripe" ] || what="byte identity over dm-stripe ($stripe)"
+	if [ -n "$stripe" ]; then
+		# The engine's own stripe set (ckptctl stripe) over WAYS drive files;
+		# the guest's namespaces are copies of them, under dm-stripe
+		what="byte identity over dm-stripe ($stripe) and the engine's stripe set"
+		ways=${stripe%%:*} kimg=$d/user.stripe uimg=$d/user.stripe
+		rm -f "$d"/user*.drive "$d/user.stripe"
+		if ! "$BUILD_DIR/tools/ckptctl" stripe "$uimg" $(seq -f "$d/user%g.drive" 1 "$ways") \
+			--stripe-kib $((${stripe#*:} / 2)) --drive-size $(((params * 40 / ways >> 20) + 4 << 20)) \
+			>"$d/stripe.txt" 2>&1; then
+			not_ok "$kl/$c $what: ckptctl stripe failed: $(tail -1 "$d/stripe.txt")"
+			return
+		fi
+	fi
 	log "$kl/$c: $what, $dtype, $state state, $params params, $presteps step(s) on the host then $steps steps in both, a rollback every $rollback_every${seed:+, seed $seed}"
 	if ! "$TRACE" "$kimg" --format --force --dtype "$dtype" --state "$state" --params "$params" --steps 0 \
 		${seed:+--seed "$seed"} >"$d/format.txt" 2>&1; then
@@ -194,13 +207,14 @@ identity_run() { # KERNEL CPU DIR DTYPE STATE [WAYS:CHUNK]
 		not_ok "$kl/$c $what: the host's first $presteps step(s) failed: $(tail -1 "$d/presteps.txt")"
 		return
 	fi
-	cp --sparse=always "$kimg" "$uimg"
-	images=(--image "$kimg")
-	if [ -n "$stripe" ]; then	# the image cut over WAYS namespaces as dm-stripe lays it out
-		images=() chunk=$((${stripe#*:} * 512))
-		for i in $(seq 1 "${stripe%%:*}"); do images+=(--image "$d/ns$i.img"); done
-		python3 "$VM_DIR/stripe.py" split "$kimg" $chunk $(seq -f "$d/ns%g.img" 1 "${stripe%%:*}") ||
-			{ not_ok "$kl/$c $what: stripe.py split failed"; return; }
+	if [ -z "$stripe" ]; then
+		cp --sparse=always "$kimg" "$uimg"
+		images=(--image "$kimg")
+	else
+		for i in $(seq 1 "$ways"); do
+			cp --sparse=always "$d/user$i.drive" "$d/ns$i.img"
+			images+=(--image "$d/ns$i.img")
+		done
 		guest_args=(--stripe "$stripe")
 	fi
 	# the userspace engine on the copy, while the guest runs
@@ -227,9 +241,14 @@ identity_run() { # KERNEL CPU DIR DTYPE STATE [WAYS:CHUNK]
 		fail=$((fail + 1)); failures+=("$kl/$c $what: trace not compared")
 		return
 	fi
-	if [ -n "$stripe" ] && ! python3 "$VM_DIR/stripe.py" join "$kimg" "$(stat -c %s "$uimg")" $chunk \
-		$(seq -f "$d/ns%g.img" 1 "${stripe%%:*}") >"$d/cmp.txt" 2>&1; then
-		not_ok "$kl/$c $what: the namespaces put together: $(tail -1 "$d/cmp.txt")"
+	if [ -n "$stripe" ]; then
+		for i in $(seq 1 "$ways"); do
+			if cmp "$d/ns$i.img" "$d/user$i.drive" >"$d/cmp.txt" 2>&1; then
+				ok "$kl/$c $what: drive $i identical ($(stat -c %s "$d/ns$i.img") bytes)"
+			else
+				not_ok "$kl/$c $what: drive $i differs: $(head -1 "$d/cmp.txt")"
+			fi
+		done
 	elif cmp "$kimg" "$uimg" >"$d/cmp.txt" 2>&1; then
 		ok "$kl/$c $what: backing images identical ($(stat -c %s "$kimg") bytes)"
 	else
@@ -242,10 +261,11 @@ identity_run() { # KERNEL CPU DIR DTYPE STATE [WAYS:CHUNK]
 	fi
 }
 
-# The byte identity over several drives: the image cut over 3 namespaces
-# (an odd count: every drive's share differs) with 64 KiB stripes, dm-ckpt
-# over a dm-stripe of them, against the engine on the image whole. Once per
-# suite, smaller than an entry's own run (one TCG boot of about a minute).
+# The byte identity over several drives: the engine's stripe set over 3 drive
+# files (an odd count: every drive's share differs) with 64 KiB stripes,
+# formatted on the host; the guest's namespaces are copies of the drives, with
+# dm-ckpt over a dm-stripe of them. Both run the trace; every drive must end
+# identical. Once per suite, smaller than an entry's own run (one TCG boot).
 stripe_run() { # KERNEL CPU DIR
 	local saved="$params $steps $rollback_every $presteps"
 	params=${CKPT_VM_STRIPE_PARAMS:-300000} steps=60 rollback_every=20 presteps=0

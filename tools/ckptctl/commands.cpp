@@ -303,6 +303,31 @@ int cmd_reshard(const ReshardArgs &a)
 	return exit_ok;
 }
 
+// ------------------------------------------------------------------- stripe
+
+int cmd_stripe(const StripeArgs &a)
+{
+	std::vector<const char *> drives;
+	for (const std::string &d : a.drives)
+		drives.push_back(d.c_str());
+	const json r = report([&](char **out) {
+		return ckpt_stripe_create(a.path.c_str(), a.stripe_kib << 10, drives.data(),
+					  static_cast<uint32_t>(drives.size()), a.drive_bytes, out);
+	});
+	if (a.json) {
+		print_json(r);
+		return exit_ok;
+	}
+	fmt::print("{}: a stripe set of {} drives, {} KiB stripes, {} bytes\n", a.path, r["drives"].size(),
+		   r["stripe_bytes"].get<uint64_t>() >> 10, r["bytes"].get<uint64_t>());
+	for (const json &d : r["drives"])
+		fmt::print("  {}\n", d.get<std::string>());
+	if (r.contains("dm_table"))
+		fmt::print("the kernel target serves the same drives over this dm-stripe table:\n  dmsetup create NAME "
+			   "--table '{}'\n", r["dm_table"].get<std::string>());
+	return exit_ok;
+}
+
 // ----------------------------------------------------------- verify/restore
 
 namespace {

@@ -95,6 +95,15 @@ struct ReshardArgs {
 	bool json = false;
 };
 int cmd_reshard(const ReshardArgs &a);
+
+struct StripeArgs {
+	std::string path;
+	std::vector<std::string> drives;
+	uint64_t stripe_kib = 64;
+	uint64_t drive_bytes = 0;	// size of the drive files to create
+	bool json = false;
+};
+int cmd_stripe(const StripeArgs &a);
 int cmd_restore(const std::string &device, bool rollback, bool json);
 
 } // namespace ckptctl

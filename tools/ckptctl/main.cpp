@@ -518,6 +518,30 @@ int main(int argc, char **argv)
 	reshard->footer("\nEXAMPLES\n  ckptctl reshard state-0.img state-1.img --to 'new-{rank}.img' --world 3\n"
 			"  ckptctl reshard state-*.img --to single.img");
 
+	// ---- stripe
+	StripeArgs sta;
+	auto *stripe = app.add_subcommand("stripe",
+		"Make a stripe set: one image over several drives.\n\n"
+		"Writes a descriptor file naming the drives (files or block devices, in\n"
+		"stripe order) and the stripe size. Every command and library call that\n"
+		"takes an image takes the descriptor (format, info, verify, export,\n"
+		"reshard, a trainer's OffloadAdamW): the userspace engine lays the image\n"
+		"over the drives as dm-stripe lays a device over them (stripe k on drive\n"
+		"k mod n), reading and writing them in parallel. The kernel target serves\n"
+		"the same drives through a dm-stripe table of them, printed when every\n"
+		"drive is a block device. A drive file that does not exist is created\n"
+		"with --drive-size bytes; the set holds the drives' common size in whole\n"
+		"stripes, times their count.");
+	stripe->add_option("path", sta.path, "the descriptor to write (a new path)")->required();
+	stripe->add_option("drives", sta.drives, "the drives, in stripe order")->required();
+	stripe->add_option("--stripe-kib", sta.stripe_kib, "stripe size in KiB, a power of two (default 64)")
+		->check(CLI::Range(uint64_t{4}, uint64_t{1} << 20));
+	stripe->add_option("--drive-size", sta.drive_bytes, "size in bytes of each drive file to create");
+	stripe->add_flag("--json", sta.json, "print the report as JSON");
+	stripe->footer("\nEXAMPLES\n  ckptctl stripe /etc/opt.stripe /dev/nvme0n1 /dev/nvme1n1 /dev/nvme2n1 /dev/nvme3n1\n"
+		       "  ckptctl stripe opt.stripe /mnt/a/opt.drive /mnt/b/opt.drive --drive-size 20000000000\n"
+		       "  ckptctl format opt.stripe --manifest model.json");
+
 	// ---- verify / restore
 	auto *verify = app.add_subcommand("verify",
 		"Check a backing device's integrity.\n\n"
@@ -682,6 +706,8 @@ int main(int argc, char **argv)
 			return cmd_verify(dev, as_json, repair);
 		if (*reshard)
 			return cmd_reshard(ra);
+		if (*stripe)
+			return cmd_stripe(sta);
 		if (*restore)
 			return cmd_restore(dev, do_rollback, as_json);
 	} catch (const Error &e) {

@@ -2,9 +2,9 @@
 # Guest side of the byte-identity check (scripts/vm/tests.sh): map the
 # pre-formatted /dev/nvme0n1 through dm-ckpt and replay the seeded trace on
 # /dev/mapper/ckpt. Usage: byte-identity.sh [--stripe WAYS:CHUNK] STEPS
-# ROLLBACK_EVERY [SEED]. With --stripe the image is cut over namespaces 1 to
-# WAYS (scripts/vm/stripe.py) and dm-ckpt goes over a dm-stripe of them
-# (CHUNK sectors per stripe), as over several NVMe drives.
+# ROLLBACK_EVERY [SEED]. With --stripe the image lies over namespaces 1 to
+# WAYS (the drives of the engine's stripe set) and dm-ckpt goes over a
+# dm-stripe of them (CHUNK sectors per stripe), as over several NVMe drives.
 # The trace's output goes to /out/trace.txt for the host to diff.
 stripe=""
 if [ "${1:-}" = --stripe ]; then stripe=$2; shift 2; fi
