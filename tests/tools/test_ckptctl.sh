@@ -936,6 +936,25 @@ fails_with "deactivate: an unknown option (exit 64)" 64 "^ckptctl deactivate: .*
 tab 'ckpt1 /dev/x noauto'
 fails_with "activate --uuid of an image not listed" 1 "lists no image 11111111-" "$ctl" activate --uuid 11111111-2222-3333-4444-555555555555 --ckpttab t.tab
 
+# ---------------------------------------------------------------- stripe sets
+ok "stripe: a set of three drive files" sh -c \
+	"'$ctl' stripe s.stripe sd0 sd1 sd2 --stripe-kib 16 --drive-size 3000000 | grep -q 'a stripe set of 3 drives, 16 KiB stripes'"
+ok "... import and export through it: the same tensors and step as the image" sh -c \
+	"'$ctl' format s.stripe --from-safetensors f32.safetensors --chunk-params 4096 --dtype bf16 >/dev/null 2>&1 &&
+	 '$ctl' import s.stripe --from s3.safetensors --with-optimizer | grep -q 'committed step 3' &&
+	 '$ctl' export s.stripe --to st3.safetensors --with-optimizer >/dev/null && $py st.py identical s3.safetensors st3.safetensors"
+ok "... steps on it verify, and its info names the set" sh -c \
+	"'$bin/ckpt-trace' s.stripe --steps 2 --seed 5 >/dev/null && '$ctl' verify s.stripe | grep -q 'verify: ok' &&
+	 '$ctl' info --json s.stripe | $py -c 'import json,sys; j=json.load(sys.stdin); assert j[\"committed_step\"] == 5, j'"
+fails_with "stripe: the descriptor exists" 1 "exists" "$ctl" stripe s.stripe sd0
+fails_with "stripe: a drive named twice" 1 "named twice" "$ctl" stripe t.stripe sd0 ./sd0
+fails_with "stripe: a missing drive without --drive-size" 1 "does not exist" "$ctl" stripe t.stripe sd0 nowhere
+fails_with "stripe: a stripe that is not a power of two" 1 "power of two" "$ctl" stripe t.stripe sd0 --stripe-kib 12
+fails_with "stripe: a drive that is a stripe set" 1 "a stripe set itself" "$ctl" stripe t.stripe sd0 s.stripe
+ok "... and none of them left anything" sh -c "! ls t.stripe* nowhere 2>/dev/null"
+fails_with "a drive another writer holds refuses the set" 1 "sd1 is in use" flock -x sd1 "$bin/ckpt-trace" s.stripe --steps 1
+fails_with "export never replaces the descriptor" 1 "names a stripe set" "$ctl" export f32.img --to s.stripe --force
+
 # The boot units (scripts/systemd), pointed at this build's ckptctl:
 # systemd-analyze verify finds nothing wrong (package systemd, scripts/deps.sh).
 units=$(cd "$(dirname "$0")/../../scripts/systemd" && pwd)
