@@ -315,14 +315,15 @@ struct Opened {
 	struct stat st {};
 };
 
-Opened open_one(const std::string &path, bool writable)
+// direct: try O_DIRECT first (else buffered only).
+Opened open_one(const std::string &path, bool writable, bool direct = true)
 {
 	Opened o;
 	// O_EXCL without O_CREAT claims a block device (and Linux ignores it
 	// on anything else): it fails while another writer, a kernel target
 	// or a mount holds the device.
 	int flags = writable ? O_RDWR | O_EXCL : O_RDONLY;
-	int fd = open_checked(path, flags | O_DIRECT, true, o.st);
+	int fd = direct ? open_checked(path, flags | O_DIRECT, true, o.st) : -EINVAL;
 	if (fd >= 0)
 		o.direct = true;
 	else if (fd == -EINVAL)	// tmpfs and friends have no O_DIRECT
@@ -343,8 +344,6 @@ Opened open_one(const std::string &path, bool writable)
 	return o;
 }
 
-} // namespace
-
 // The stripe set a regular file at path describes (read buffered: a short
 // read through O_DIRECT fails), or none.
 std::optional<StripeSet> stripe_set_at(const std::string &path)
@@ -356,6 +355,8 @@ std::optional<StripeSet> stripe_set_at(const std::string &path)
 	Fd guard(fd);
 	return S_ISREG(st.st_mode) ? read_stripe_set(fd, path) : std::nullopt;
 }
+
+} // namespace
 
 BackingFile BackingFile::open(const std::string &path, bool writable)
 {
@@ -392,6 +393,16 @@ BackingFile BackingFile::open(const std::string &path, bool writable)
 		per = std::min(per, m.size / f.stripe_bytes * f.stripe_bytes);
 		f.drives.push_back({std::move(m.fd), d});
 	}
+	// One way for every drive: an I/O the set does not align for O_DIRECT
+	// (direct false) must not reach a drive opened O_DIRECT.
+	if (!f.direct)
+		for (Drive &d : f.drives) {
+			d.fd.reset();	// its lock goes with it; taken again below
+			Opened m = open_one(d.path, writable, false);
+			if (writable && !m.block)
+				lock(m.fd.get(), d.path, m.st);
+			d.fd = std::move(m.fd);
+		}
 	f.size = per * f.drives.size();
 	return f;
 }
@@ -663,7 +674,10 @@ void Ring::split(const BackingFile &f, Buf buf, unsigned len, uint64_t off, uint
 	f.extents(off, len, [&](int, uint64_t, uint64_t, uint64_t) { pieces++; });
 	if (pieces == 1) {	// no split: the caller's tag on the one submission
 		f.extents(off, len, [&](int fd, uint64_t at, uint64_t, uint64_t) {
-			write ? Ring::write(fd, buf, len, at, tag) : Ring::read(fd, (void *)buf, len, at, tag);
+			if (write)
+				Ring::write(fd, buf, len, at, tag);
+			else
+				Ring::read(fd, const_cast<void *>(static_cast<const void *>(buf)), len, at, tag);
 		});
 		return;
 	}
