@@ -27,12 +27,13 @@ libjemalloc2 fio linux-perf
 # the VM tools, DKMS, the fuzzing toolchain, Python's headers and libaio's
 # (DeepSpeed in the torch 2 venv compiles its ops, torch extensions: CPU Adam
 # and the async I/O that ZeRO-Infinity swaps with, the benchmark's contender),
-# Prometheus' own parser of the text format the status metrics are checked with
+# Prometheus' own parser of the text format the status metrics are checked with,
+# nvme-cli (the DH-HMAC-CHAP keys of ckptctl serve, in the NVMe-oF VM test)
 CHECK="
 linux-image-amd64 linux-headers-amd64
 linux-image-6.12-amd64 linux-headers-6.12-amd64
 linux-source-6.1 dkms
-qemu-system-x86 busybox-static dmsetup cpio kmod xz-utils
+qemu-system-x86 busybox-static dmsetup cpio kmod xz-utils nvme-cli
 systemd
 clang libclang-rt-14-dev
 python3-dev libaio-dev

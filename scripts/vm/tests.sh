@@ -368,8 +368,10 @@ nvmeof_run() { # KERNEL CPU DIR
 		grep -qi ":$(printf %04X $port) " /proc/net/tcp || break
 	done
 	"$RUN" --kernel "$k" --cpu "$c" --quiet --image "$d/img" --image "$d/plain" --net "listen:$port" \
-		--ip 10.0.2.1/24 --log "$d/storage.log" --timeout 600 "${run_args[@]}" "$VM_DIR/guest/nvmeof-storage.sh" \
-		10.0.2.1 "$nqn" "$plain_nqn" nqn.2014-08.org.example.dm-ckpt:trainer 5 2>"$d/storage.runner" &
+		--ip 10.0.2.1/24 --log "$d/storage.log" --timeout 600 --add "$d/ref/keys:/ckpt/files/keys" \
+		"${run_args[@]}" "$VM_DIR/guest/nvmeof-storage.sh" \
+		10.0.2.1 "$nqn" "$plain_nqn" nqn.2014-08.org.example.dm-ckpt:trainer 5 /ckpt/files/keys \
+		2>"$d/storage.runner" &
 	local spid=$!
 	# the trainer's qemu connects once the storage's listens
 	for ((i = 0; i < 600; i++)); do

@@ -246,15 +246,35 @@ ok "--help documents the exit statuses" sh -c "'$ctl' --help | grep -q '^  64  u
 # What can be refused before configfs is touched (the VM's NVMe-oF test
 # serves for real: scripts/vm/guest/nvmeof-storage.sh).
 nqn=nqn.2014-08.org.example:ckpt0
-fails_with "serve: an NQN without 'nqn.'" 1 "'bogus' is not an NQN" "$ctl" serve ckpt0 --nqn bogus --addr 10.0.0.1
-fails_with "serve: an NQN with '/'" 1 "is not an NQN" "$ctl" serve ckpt0 --nqn nqn.a/b --addr 10.0.0.1
+fails_with "serve: an NQN without 'nqn.'" 1 "'bogus' is not an NQN" "$ctl" serve ckpt0 --nqn bogus --addr 10.0.0.1 --any-host
+fails_with "serve: an NQN with '/'" 1 "is not an NQN" "$ctl" serve ckpt0 --nqn nqn.a/b --addr 10.0.0.1 --any-host
 fails_with "serve: a bad --host NQN" 1 "--host 'h' is not an NQN" "$ctl" serve ckpt0 --nqn $nqn --addr 10.0.0.1 --host h
+host=nqn.2014-08.org.example:trainer
+fails_with "serve: no host named and no --any-host" 1 "name the hosts that may connect" \
+	"$ctl" serve ckpt0 --nqn $nqn --addr 10.0.0.1
+fails_with "serve: --any-host with a --host" 1 "--any-host serves every host" \
+	"$ctl" serve ckpt0 --nqn $nqn --addr 10.0.0.1 --any-host --host $host
+fails_with "serve: --no-auth with --key-file" 1 "keys or none" \
+	"$ctl" serve ckpt0 --nqn $nqn --addr 10.0.0.1 --host $host --no-auth --key-file keys
+key=DHHC-1:00:bT8NH/CSjC1+zL3Cx9virgNRHo8fZ5HWew9os12Qq3kiTZuX:
+echo "$host $key" >keys
+fails_with "serve: a key file line without the controller's key" 1 "keys:1: not 'HOSTNQN HOST_KEY CTRL_KEY'" \
+	"$ctl" serve ckpt0 --nqn $nqn --addr 10.0.0.1 --host $host --key-file keys
+echo "$host $key secret" >keys
+fails_with "serve: a key that is no DH-HMAC-CHAP secret" 1 "'secret' is not a DH-HMAC-CHAP secret" \
+	"$ctl" serve ckpt0 --nqn $nqn --addr 10.0.0.1 --host $host --key-file keys
+echo "nqn.2014-08.org.example:other $key $key" >keys
+fails_with "serve: keys of a host not named" 1 "is not a --host" \
+	"$ctl" serve ckpt0 --nqn $nqn --addr 10.0.0.1 --host $host --key-file keys
+: >keys
+fails_with "serve: a named host without keys in the file" 1 "has no keys for --host $host" \
+	"$ctl" serve ckpt0 --nqn $nqn --addr 10.0.0.1 --host $host --key-file keys
 fails_with "serve: not an IP address" 1 "'example.org' is not an IPv4 or IPv6 address" \
-	"$ctl" serve ckpt0 --nqn $nqn --addr example.org
-fails_with "serve: a port out of range" 1 "port '70000' is not 1..65535" "$ctl" serve ckpt0 --nqn $nqn --addr 10.0.0.1:70000
-fails_with "serve: an IPv6 address without ']'" 1 "no ']'" "$ctl" serve ckpt0 --nqn $nqn --addr '[fe80::1:4420'
+	"$ctl" serve ckpt0 --nqn $nqn --addr example.org --any-host
+fails_with "serve: a port out of range" 1 "port '70000' is not 1..65535" "$ctl" serve ckpt0 --nqn $nqn --addr 10.0.0.1:70000 --any-host
+fails_with "serve: an IPv6 address without ']'" 1 "no ']'" "$ctl" serve ckpt0 --nqn $nqn --addr '[fe80::1:4420' --any-host
 : >served.img
-fails_with "serve: a file is not a dm-ckpt device" 1 "is not a block device" "$ctl" serve ./served.img --nqn $nqn --addr 10.0.0.1
+fails_with "serve: a file is not a dm-ckpt device" 1 "is not a block device" "$ctl" serve ./served.img --nqn $nqn --addr 10.0.0.1 --any-host
 fails_with "serve: transport rdma is a usage error" 64 "transport" "$ctl" serve ckpt0 --nqn $nqn --addr 10.0.0.1 --transport rdma
 fails_with "unserve: a subsystem serve did not make" 1 "is not served by ckptctl serve" "$ctl" unserve nqn.2014-08.org.example:none
 

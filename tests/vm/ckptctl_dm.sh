@@ -77,9 +77,9 @@ fails_with "probe a dm device" any "not an NVMe namespace" ckptctl probe /dev/ma
 # this guest has no NVMe-oF target (the runner's --nvmeof loads it;
 # scripts/vm/guest/nvmeof-storage.sh serves for real)
 fails_with "serve without configfs says so, and makes nothing" 1 "configfs is not mounted" \
-	ckptctl serve $name --nqn nqn.2014-08.org.example:$name --addr 127.0.0.1
+	ckptctl serve $name --nqn nqn.2014-08.org.example:$name --addr 127.0.0.1 --any-host
 fails_with "serve of a device that is not dm-ckpt" 1 "not a device-mapper device" \
-	ckptctl serve $dev --nqn nqn.2014-08.org.example:$name --addr 127.0.0.1
+	ckptctl serve $dev --nqn nqn.2014-08.org.example:$name --addr 127.0.0.1 --any-host
 
 # ---- the kernel target steps the device
 ok "ckpt-trace: 2 steps through the kernel target" has "committed step 4" ckpt-trace /dev/mapper/$name --steps 2 --seed 3

@@ -10,7 +10,9 @@ device served the same way).
     nvmeof.py prep IMG PLAIN REF   on the host: the reference training with
                                    the userspace engine (REF/ref.npz,
                                    REF/ref.json), IMG formatted for the model
-                                   at step 0, PLAIN sized for the baseline
+                                   at step 0, PLAIN sized for the baseline,
+                                   the trainer's DH-HMAC-CHAP secrets
+                                   (REF/keys, for ckptctl serve --key-file)
     nvmeof.py train ADDR REF IFACE in the trainer guest (hostrun): connects
                                    to the storage guest at ADDR, trains,
                                    compares, counts IFACE's bytes
@@ -23,12 +25,14 @@ import time
 
 T_START = time.monotonic()
 
-import json  # noqa: E402 - after T_START: the imports are timed
+import base64  # noqa: E402 - after T_START: the imports are timed
+import json  # noqa: E402
 import mmap  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import warnings  # noqa: E402
+import zlib  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -113,15 +117,30 @@ def state_of(path):
                 dev.committed_step)
 
 
-def connect(addr, nqn, host=HOST_NQN, wait=300):
+def dhchap_secret(rng):
+    """A DH-HMAC-CHAP secret as nvme gen-dhchap-key makes one: 32 random
+    bytes and their CRC-32 (little-endian), base64, untransformed (00)."""
+    key = rng.bytes(32)
+    return "DHHC-1:00:" + base64.b64encode(key + zlib.crc32(key).to_bytes(4, "little")).decode() + ":"
+
+
+def read_keys(ref):
+    """{host NQN: (host secret, controller secret)} of REF/keys."""
+    with open(os.path.join(ref, "keys")) as f:
+        return {w[0]: (w[1], w[2]) for w in (line.split() for line in f) if w}
+
+
+def connect(addr, nqn, host=HOST_NQN, wait=300, keys=None):
     """nvme connect -t tcp, as nvme-cli does it (a line to /dev/nvme-fabrics),
-    as host; retried for wait seconds until the storage node serves nqn."""
+    as host, authenticating with keys (host secret, controller secret) when
+    given; retried for wait seconds until the storage node serves nqn."""
     t0 = time.monotonic()
+    auth = f",dhchap_secret={keys[0]},dhchap_ctrl_secret={keys[1]}" if keys else ""
     while True:
         try:
             with open("/dev/nvme-fabrics", "w") as f:
                 f.write(f"transport=tcp,traddr={addr},trsvcid={PORT},nqn={nqn},hostnqn={host},"
-                        f"hostid={HOST_IDS[host]}")
+                        f"hostid={HOST_IDS[host]}{auth}")
             return ""
         except OSError as e:
             if time.monotonic() - t0 >= wait:
@@ -214,6 +233,9 @@ def prep(img, plain, ref):
     n_params = sum(p.numel() for p in model.parameters())
     with open(plain, "wb") as f:
         f.truncate(max(64 << 20, (n_params * 12 + (1 << 20)) // (1 << 20) * (1 << 20)))
+    rng = np.random.default_rng()
+    with open(os.path.join(ref, "keys"), "w") as f:
+        f.write(f"{HOST_NQN} {dhchap_secret(rng)} {dhchap_secret(rng)}\n")
 
 
 def train_remote(addr, ref):
@@ -226,12 +248,23 @@ def train_remote(addr, ref):
     check("the trainer holds no dm-ckpt image (no local device answers as one)",
           not any(d.startswith("dm-") for d in os.listdir("/sys/block")))
 
-    for nqn in (NQN, PLAIN_NQN):
-        err = connect(addr, nqn)
-        if err:
-            raise SystemExit(f"cannot connect to {nqn} at {addr}:{PORT}: {err}")
-    err = connect(addr, NQN, host=HOST_NQN + "-other", wait=0)
-    check(f"another host is refused by {NQN} (ckptctl serve --host)", err, "it connected")
+    keys = read_keys(ref)[HOST_NQN]
+    err = connect(addr, PLAIN_NQN)
+    if err:
+        raise SystemExit(f"cannot connect to {PLAIN_NQN} at {addr}:{PORT}: {err}")
+    # the trainer's host NQN without its secrets, or with a wrong one, is refused
+    err = connect(addr, NQN, wait=0)
+    check(f"{NQN} refuses the trainer's NQN without its DH-HMAC-CHAP secrets", err, "it connected")
+    err = connect(addr, NQN, wait=0, keys=(dhchap_secret(np.random.default_rng()), keys[1]))
+    check(f"{NQN} refuses a wrong host secret", err, "it connected")
+    err = connect(addr, NQN, wait=0, keys=(keys[0], dhchap_secret(np.random.default_rng())))
+    check(f"{NQN} refuses a controller that cannot prove the controller secret (the host checks it)", err,
+          "it connected")
+    err = connect(addr, NQN, keys=keys)
+    if err:
+        raise SystemExit(f"cannot connect to {NQN} at {addr}:{PORT} with the trainer's secrets: {err}")
+    err = connect(addr, NQN, host=HOST_NQN + "-other", wait=0, keys=keys)
+    check(f"another host is refused by {NQN} (ckptctl serve --host), its secrets or not", err, "it connected")
     remote = namespace(NQN, 1)
     remote_plain = namespace(PLAIN_NQN, 1)
     say(f"# served by {addr}: {remote} (dm-ckpt), {namespace(NQN, 2)} (its backing), {remote_plain} (baseline)")

@@ -357,19 +357,30 @@ int main(int argc, char **argv)
 		"trainer's client reads the image's manifest, step counts and state there;\n"
 		"it never writes it), a port on --addr (one that exists with the same\n"
 		"address is shared) and the hosts allowed to connect (--host, repeatable;\n"
-		"without it any host). Needs configfs, nvmet and nvmet-tcp. What it made is\n"
-		"recorded in /run/ckpt/nvmet/NQN.json; 'ckptctl unserve' removes exactly\n"
-		"that. A failure undoes what was made.");
+		"--any-host, explicitly, for every host, unauthenticated). Each named host\n"
+		"authenticates with DH-HMAC-CHAP both ways (the kernel's in-band\n"
+		"authentication, CONFIG_NVME_TARGET_AUTH): its host and controller secrets\n"
+		"come from --key-file or are made with nvme-cli (nvme gen-dhchap-key) and\n"
+		"printed with the host's nvme connect line; a host entry that has keys\n"
+		"already (another serve's) keeps them. --no-auth serves named hosts\n"
+		"without keys. Needs configfs, nvmet and nvmet-tcp. What it made, the\n"
+		"secrets included, is recorded in /run/ckpt/nvmet/NQN.json (mode 0600);\n"
+		"'ckptctl unserve' removes exactly that. A failure undoes what was made.");
 	serve->add_option("device", sa.device, "device-mapper name or /dev/mapper/NAME of a dm-ckpt device")->required();
 	serve->add_option("--nqn", sa.nqn, "the subsystem's NQN (nqn.YYYY-MM.reverse.domain:...)")->required();
 	serve->add_option("--addr", sa.addr, "IP[:PORT] or [IPv6]:PORT to listen on (port default 4420)")->required();
 	serve->add_option("--transport", sa.transport, "NVMe-oF transport (tcp, the default)")
 		->check(CLI::IsMember({"tcp"}));
-	serve->add_option("--host", sa.hosts, "host NQN allowed to connect (repeatable; default: any host)");
+	serve->add_option("--host", sa.hosts, "host NQN allowed to connect (repeatable; one or --any-host needed)");
+	serve->add_flag("--any-host", sa.any_host, "let every host connect, unauthenticated");
+	serve->add_flag("--no-auth", sa.no_auth, "named hosts connect without DH-HMAC-CHAP keys");
+	serve->add_option("--key-file", sa.key_file,
+			  "lines 'HOSTNQN HOST_KEY CTRL_KEY' (DHHC-1 secrets) for every --host; default: made");
 	serve->add_flag("--json", sa.json, "print what was made as JSON");
-	serve->footer("\nEXAMPLES\n  ckptctl serve ckpt0 --nqn nqn.2024-01.org.example:ckpt0 --addr 10.0.0.1\n"
+	serve->footer("\nEXAMPLES\n  ckptctl serve ckpt0 --nqn nqn.2024-01.org.example:ckpt0 --addr 10.0.0.1 \\\n"
+		      "      --host nqn.2014-08.org.nvmexpress:uuid:0f4c...\n"
 		      "  ckptctl serve /dev/mapper/ckpt0 --nqn nqn.2024-01.org.example:ckpt0 --addr 10.0.0.1:4420 \\\n"
-		      "      --host nqn.2014-08.org.nvmexpress:uuid:0f4c...");
+		      "      --host nqn.2014-08.org.nvmexpress:uuid:0f4c... --key-file /etc/dm-ckpt/keys");
 
 	std::string unserve_what;
 	auto *unserve = app.add_subcommand("unserve",

@@ -2,8 +2,10 @@
 // ckptctl serve / unserve. The kernel's NVMe-oF target (nvmet) is set up
 // through its configfs tree, as nvmetcli does:
 //
-//   subsystems/NQN                        attr_allow_any_host, or
-//   subsystems/NQN/allowed_hosts/HOST  -> hosts/HOST
+//   hosts/HOST                            dhchap_key, dhchap_ctrl_key, dhchap_hash,
+//                                         dhchap_dhgroup (DH-HMAC-CHAP, by default)
+//   subsystems/NQN                        attr_allow_any_host 0, and
+//   subsystems/NQN/allowed_hosts/HOST  -> hosts/HOST (or, --any-host, 1)
 //   subsystems/NQN/namespaces/1           device_path /dev/mapper/NAME, enable
 //   subsystems/NQN/namespaces/2           device_path: its backing device, enable
 //   ports/P                               addr_trtype, addr_adrfam, addr_traddr, addr_trsvcid
@@ -24,10 +26,14 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <memory>
+#include <sstream>
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
@@ -275,6 +281,98 @@ std::string free_port_id()
 
 fs::path state_file(const std::string &nqn) { return state_dir / (nqn + ".json"); }
 
+// A host's DH-HMAC-CHAP secrets: the one it answers with (dhchap_key) and
+// the one the controller answers with (dhchap_ctrl_key: both sides proved).
+struct Keys {
+	std::string host, ctrl;
+};
+
+// The stdout of argv run to its end (exit 0), else a failure naming it.
+std::string output_of(const std::vector<std::string> &argv)
+{
+	int fds[2];
+	if (pipe2(fds, O_CLOEXEC) < 0)
+		fail(CKPT_E_IO, "pipe: {}", strerror(errno));
+	posix_spawn_file_actions_t fa;
+	posix_spawn_file_actions_init(&fa);
+	posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
+	std::vector<char *> args;
+	for (const std::string &a : argv)
+		args.push_back(const_cast<char *>(a.c_str()));
+	args.push_back(nullptr);
+	pid_t pid;
+	const int err = posix_spawnp(&pid, args[0], &fa, nullptr, args.data(), environ);
+	posix_spawn_file_actions_destroy(&fa);
+	::close(fds[1]);
+	std::string out;
+	char buf[512];
+	for (ssize_t n; err == 0 && (n = ::read(fds[0], buf, sizeof(buf))) != 0;)
+		if (n > 0)
+			out.append(buf, static_cast<size_t>(n));
+		else if (errno != EINTR)
+			break;
+	::close(fds[0]);
+	if (err)
+		fail(CKPT_E_STATE, "cannot run {}: {} (nvme-cli makes the DH-HMAC-CHAP keys: apt install nvme-cli, or "
+				   "give them with --key-file)", argv[0], strerror(err));
+	int status = 0;
+	while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+	}
+	if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+		fail(CKPT_E_IO, "{} failed (status {})", fmt::join(argv, " "), status);
+	return out;
+}
+
+// A secret as nvme gen-dhchap-key writes it: DHHC-1:NN:BASE64:
+void check_key(const std::string &key, const std::string &what)
+{
+	if (key.rfind("DHHC-1:", 0) != 0 || key.size() < 12 || key.back() != ':' ||
+	    std::any_of(key.begin(), key.end(), [](char c) { return c <= ' ' || c == 0x7f; }))
+		fail(CKPT_E_INVAL, "{}: '{}' is not a DH-HMAC-CHAP secret (DHHC-1:NN:BASE64:, as nvme gen-dhchap-key "
+				   "makes them)", what, key);
+}
+
+Keys make_keys(const std::string &host)
+{
+	Keys k;
+	for (std::string *key : {&k.host, &k.ctrl}) {
+		*key = output_of({"nvme", "gen-dhchap-key", "--nqn=" + host, "--hmac=0", "--key-length=32"});
+		while (!key->empty() && std::isspace(static_cast<unsigned char>(key->back())))
+			key->pop_back();
+		check_key(*key, "nvme gen-dhchap-key");
+	}
+	return k;
+}
+
+// --key-file: a line "HOSTNQN HOST_KEY CTRL_KEY" for every host named, no other.
+std::map<std::string, Keys> read_key_file(const std::string &path, const std::vector<std::string> &hosts)
+{
+	std::ifstream in(path);
+	if (!in)
+		fail(CKPT_E_IO, "cannot read --key-file {}", path);
+	std::map<std::string, Keys> keys;
+	std::string line;
+	for (unsigned no = 1; std::getline(in, line); no++) {
+		std::istringstream w(line);
+		std::string host, hk, ck, extra;
+		if (!(w >> host))
+			continue;
+		if (!(w >> hk >> ck) || (w >> extra))
+			fail(CKPT_E_INVAL, "{}:{}: not 'HOSTNQN HOST_KEY CTRL_KEY'", path, no);
+		check_nqn(host, "--key-file host");
+		check_key(hk, fmt::format("{}:{}", path, no));
+		check_key(ck, fmt::format("{}:{}", path, no));
+		if (std::find(hosts.begin(), hosts.end(), host) == hosts.end())
+			fail(CKPT_E_INVAL, "{}:{}: {} is not a --host", path, no, host);
+		if (!keys.emplace(host, Keys{hk, ck}).second)
+			fail(CKPT_E_INVAL, "{}:{}: {} has keys twice", path, no, host);
+	}
+	for (const auto &h : hosts)
+		if (!keys.count(h))
+			fail(CKPT_E_INVAL, "--key-file {} has no keys for --host {}", path, h);
+	return keys;
+}
+
 // A port or host entry serve made goes with the last subsystem that uses
 // it. While other subsystems (users) still do, it stays: the record of one
 // that serve made takes it over (take), else it is left to whoever made them.
@@ -355,6 +453,17 @@ int cmd_serve(const ServeArgs &a)
 	check_nqn(a.nqn, "--nqn");
 	for (const auto &h : a.hosts)
 		check_nqn(h, "--host");
+	if (a.any_host && (!a.hosts.empty() || !a.key_file.empty()))
+		fail(CKPT_E_INVAL, "--any-host serves every host that connects: it takes no --host or --key-file");
+	if (!a.any_host && a.hosts.empty())
+		fail(CKPT_E_INVAL, "name the hosts that may connect (--host NQN, repeatable); --any-host serves "
+				   "every host that connects, unauthenticated");
+	if (a.no_auth && !a.key_file.empty())
+		fail(CKPT_E_INVAL, "--no-auth and --key-file: keys or none");
+	const bool auth = !a.any_host && !a.no_auth;
+	std::map<std::string, Keys> keys;
+	if (!a.key_file.empty())
+		keys = read_key_file(a.key_file, a.hosts);
 	const Address addr = parse_addr(a.addr);
 	const std::string name = dm_name_of(a.device);
 	const dm::Info info = dm::info(name);
@@ -383,16 +492,41 @@ int cmd_serve(const ServeArgs &a)
 	Undo undo;
 	make_dir(sub);
 	undo.add([sub] { remove_entry(sub); });
-	if (a.hosts.empty()) {
+	s["auth"] = auth;
+	if (a.any_host) {
 		write_attr(sub / "attr_allow_any_host", "1");
 	} else {
 		write_attr(sub / "attr_allow_any_host", "0");
 		for (const auto &h : a.hosts) {
 			const fs::path host = nvmet / "hosts" / h;
-			if (!fs::exists(host)) {
+			const bool made = !fs::exists(host);
+			if (made) {
 				make_dir(host);
 				undo.add([host] { remove_entry(host); });
 				s["hosts_created"].push_back(h);
+			}
+			if (auth) {
+				if (!fs::exists(host / "dhchap_key"))
+					fail(CKPT_E_STATE, "this kernel's nvmet has no in-band authentication "
+							   "(CONFIG_NVME_TARGET_AUTH): serve with --no-auth, or on a "
+							   "kernel that has it");
+				// A host entry is every subsystem's: one that has keys (another
+				// serve's) keeps them, and this subsystem uses them too.
+				Keys k{read_attr(host / "dhchap_key"), read_attr(host / "dhchap_ctrl_key")};
+				if (!made && !k.host.empty()) {
+					if (keys.count(h) && (keys[h].host != k.host || keys[h].ctrl != k.ctrl))
+						fail(CKPT_E_STATE, "host {} has other DH-HMAC-CHAP keys in nvmet already "
+								   "(another subsystem's): give those, or none", h);
+				} else {
+					if (!keys.count(h))
+						keys[h] = make_keys(h);
+					k = keys[h];
+					write_attr(host / "dhchap_hash", "hmac(sha256)");
+					write_attr(host / "dhchap_dhgroup", "ffdhe2048");
+					write_attr(host / "dhchap_key", k.host);
+					write_attr(host / "dhchap_ctrl_key", k.ctrl);
+				}
+				s["keys"][h] = {{"host_key", k.host}, {"ctrl_key", k.ctrl}};
 			}
 			make_link(host, sub / "allowed_hosts" / h);
 			undo.add([sub, h] { remove_entry(sub / "allowed_hosts" / h); });
@@ -431,9 +565,14 @@ int cmd_serve(const ServeArgs &a)
 	fs::create_directories(state_dir, ec);
 	const fs::path sf = state_file(a.nqn);
 	{
-		std::ofstream out(sf);
-		out << s.dump(2) << "\n";
-		if (!out.flush())
+		// it holds the hosts' secrets: root's alone
+		const std::string text = s.dump(2) + "\n";
+		const int fd = ::open(sf.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+		const bool ok = fd >= 0 && fchmod(fd, 0600) == 0 &&
+				::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+		if (fd >= 0)
+			::close(fd);
+		if (!ok)
 			fail(CKPT_E_IO, "cannot write {}: unserve needs it", sf.string());
 	}
 	undo.keep();
@@ -444,7 +583,17 @@ int cmd_serve(const ServeArgs &a)
 			   "device)\n",
 			   name, a.nqn, a.transport, addr.traddr, addr.port, port,
 			   s["port_created"].get<bool>() ? "" : ", shared", node, backing);
-		fmt::print("  hosts: {}\n", a.hosts.empty() ? std::string("any") : fmt::format("{}", fmt::join(a.hosts, ", ")));
+		if (a.any_host)
+			fmt::print("  hosts: any, unauthenticated (--any-host)\n");
+		for (const auto &h : a.hosts) {
+			fmt::print("  host {}{}\n", h, auth ? ", DH-HMAC-CHAP; it connects with" : ", no authentication");
+			if (auth)
+				fmt::print("    nvme connect -t {} -a {} -s {} -n {} --hostnqn={} --dhchap-secret={} "
+					   "--dhchap-ctrl-secret={}\n",
+					   a.transport, addr.traddr, addr.port, a.nqn, h,
+					   s["keys"][h]["host_key"].get<std::string>(),
+					   s["keys"][h]["ctrl_key"].get<std::string>());
+		}
 	}
 	return 0;
 }

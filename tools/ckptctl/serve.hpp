@@ -11,7 +11,10 @@ namespace ckptctl {
 struct ServeArgs {
 	std::string device;	// NAME or /dev/mapper/NAME
 	std::string nqn, addr, transport = "tcp";
-	std::vector<std::string> hosts;	// allowed host NQNs; none: any host
+	std::vector<std::string> hosts;	// the host NQNs allowed to connect
+	bool any_host = false;		// any host may connect (no hosts named, no keys)
+	bool no_auth = false;		// named hosts, without DH-HMAC-CHAP keys
+	std::string key_file;		// "HOSTNQN HOST_KEY CTRL_KEY" lines; else keys are made
 	bool json = false;
 };
 int cmd_serve(const ServeArgs &a);

@@ -3,15 +3,18 @@
 # The storage node of the NVMe-oF test (scripts/vm/tests.sh, nvmeof_run):
 # namespace 1 holds a dm-ckpt image formatted on the host, namespace 2 is a
 # plain device for the baseline. It creates the kernel target, serves it with
-# ckptctl serve on ADDR to the trainer's HOST_NQN (and the plain device, to
-# any host, through nvmet's configfs, on the same port), waits for the
-# trainer's "done" on TCP port 4421, then checks the steps it committed,
-# unserves, and checks that nothing of serve is left.
+# ckptctl serve on ADDR to the trainer's HOST_NQN, authenticated both ways
+# with the DH-HMAC-CHAP secrets of KEYS (and the plain device, to any host,
+# through nvmet's configfs, on the same port), waits for the trainer's "done"
+# on TCP port 4421, then checks the steps it committed, unserves, and checks
+# that nothing of serve is left. Before, a serve whose secrets ckptctl makes
+# (nvme-cli) and its unserve.
 #
-#   nvmeof-storage.sh ADDR NQN PLAIN_NQN HOST_NQN STEPS
+#   nvmeof-storage.sh ADDR NQN PLAIN_NQN HOST_NQN STEPS KEYS
 # TAP on the console; the exit status is 0 when all passed, else 1.
 set -u
-addr=${1:?usage: nvmeof-storage.sh ADDR NQN PLAIN_NQN HOST_NQN STEPS} nqn=$2 plain_nqn=$3 host_nqn=$4 steps=$5
+addr=${1:?usage: nvmeof-storage.sh ADDR NQN PLAIN_NQN HOST_NQN STEPS KEYS} nqn=$2 plain_nqn=$3 host_nqn=$4
+steps=$5 keys=$6
 TAP_OUT=/tmp/nvmeof-storage.out
 . /ckpt/lib/tap.sh
 cd /tmp || exit 1
@@ -52,19 +55,30 @@ alias=/tmp/backing-alias other=$nvmet/subsystems/${nqn}.other
 ok "$img put in another subsystem as $alias" sh -c "mknod $alias b $(devno 1 | tr : ' ') &&
 	mkdir $other && mkdir $other/namespaces/1 && echo $alias >$other/namespaces/1/device_path"
 fails_with "serve refuses a device whose backing is in another subsystem under another name" 1 \
-	"served already, by subsystem ${nqn}.other" ckptctl serve ckpt0 --nqn "$nqn" --addr "$addr"
+	"served already, by subsystem ${nqn}.other" ckptctl serve ckpt0 --nqn "$nqn" --addr "$addr" --any-host
 ok "that subsystem removed" sh -c "rmdir $other/namespaces/1 $other && rm $alias"
-ok "ckptctl serve ckpt0 on $addr to $host_nqn" has "served as $nqn" \
-	ckptctl serve ckpt0 --nqn "$nqn" --addr "$addr" --host "$host_nqn"
+# secrets made by ckptctl (nvme gen-dhchap-key), kept in its record, 0600
+gen=nqn.2014-08.org.example.dm-ckpt:gen
+ok "ckptctl serve to $gen, secrets made: its nvme connect line" has "nvme connect -t tcp -a $addr -s 4420 -n ${nqn}-gen --hostnqn=$gen --dhchap-secret=DHHC-1:00:" \
+	ckptctl serve ckpt0 --nqn "${nqn}-gen" --addr "$addr" --host "$gen"
+ok "... nvmet has them for the host, ffdhe2048 and hmac(sha256)" sh -c \
+	"grep -q '^DHHC-1:00:' $nvmet/hosts/$gen/dhchap_key && grep -q '^DHHC-1:00:' $nvmet/hosts/$gen/dhchap_ctrl_key &&
+	 grep -q ffdhe2048 $nvmet/hosts/$gen/dhchap_dhgroup && grep -q 'hmac(sha256)' $nvmet/hosts/$gen/dhchap_hash"
+ok "... the record holding them is root's alone" sh -c "[ \"\$(stat -c %a /run/ckpt/nvmet/${nqn}-gen.json)\" = 600 ]"
+ok "... and unserve removes the host with them" sh -c "ckptctl unserve ${nqn}-gen && [ ! -e $nvmet/hosts/$gen ]"
+ok "ckptctl serve ckpt0 on $addr to $host_nqn, its secrets from $keys" has "served as $nqn" \
+	ckptctl serve ckpt0 --nqn "$nqn" --addr "$addr" --host "$host_nqn" --key-file "$keys"
+ok "... the subsystem takes that host only" sh -c \
+	"[ \"\$(cat $nvmet/subsystems/$nqn/attr_allow_any_host)\" = 0 ] && [ \"\$(ls $nvmet/subsystems/$nqn/allowed_hosts)\" = $host_nqn ]"
 ok "its namespace 2 is the backing device ($img), not /dev/$(kname 1)" sh -c \
 	"test \"\$(stat -Lc %t:%T \$(cat $nvmet/subsystems/$nqn/namespaces/2/device_path))\" = \"\$(stat -Lc %t:%T $img)\""
 fails_with "a second serve of the device is refused" 1 "served already" \
-	ckptctl serve /dev/mapper/ckpt0 --nqn "${nqn}x" --addr "$addr"
+	ckptctl serve /dev/mapper/ckpt0 --nqn "${nqn}x" --addr "$addr" --any-host
 fails_with "serve refuses a device that is not dm-ckpt" 1 "not a device-mapper device" \
-	ckptctl serve "$plain" --nqn "$plain_nqn" --addr "$addr"
-fails_with "serve refuses a bad NQN" 1 "not an NQN" ckptctl serve ckpt0 --nqn "nqn.a/b" --addr "$addr"
+	ckptctl serve "$plain" --nqn "$plain_nqn" --addr "$addr" --any-host
+fails_with "serve refuses a bad NQN" 1 "not an NQN" ckptctl serve ckpt0 --nqn "nqn.a/b" --addr "$addr" --any-host
 fails_with "serve refuses a bad address" 1 "not an IPv4 or IPv6 address" \
-	ckptctl serve ckpt0 --nqn "${nqn}x" --addr "10.0.2.300"
+	ckptctl serve ckpt0 --nqn "${nqn}x" --addr "10.0.2.300" --any-host
 fails_with "unserve of what serve did not make is refused" 1 "not served by ckptctl serve" \
 	ckptctl unserve "${nqn}x"
 port=$(sed -n 's/.*"port": "\([0-9]*\)".*/\1/p' "/run/ckpt/nvmet/$nqn.json")
