@@ -546,6 +546,11 @@ static int dmckpt_map(struct dm_target *ti, struct bio *bio)
 		bio->bi_iter.bi_sector = (ckpt_plo_offset(&c->regions, slot, r->chunk) + r->in) >>
 					 SECTOR_SHIFT;
 		return DM_MAPIO_REMAPPED;
+	case CKPT_WIN_IMAGE:
+		/* A read of the backing image: its bytes, where they lie. */
+		bio_set_dev(bio, c->md.dev->bdev);
+		bio->bi_iter.bi_sector = r->off >> SECTOR_SHIFT;
+		return DM_MAPIO_REMAPPED;
 	}
 	/* Nothing to do (an empty bio), or the zero-filled GRAD read. */
 	bio_endio(bio);

@@ -225,6 +225,9 @@ int ckpt_regions_compute_features(const struct ckpt_geometry *g, u32 incompat,
 	l->param_off = off;
 	if (!ckpt_add(&off, l->window_bytes))
 		return -CKPT_E_GEOMETRY;
+	l->image_off = off;
+	if (!ckpt_add(&off, l->dev_bytes))
+		return -CKPT_E_GEOMETRY;
 	l->virt_bytes = off;
 	return 0;
 }

@@ -162,7 +162,8 @@ struct ckpt_regions {
 	u64 grad_off;		/* = CKPT_BLOCK */
 	u64 param_off;
 	u64 window_bytes;	/* n_params * 2 */
-	u64 virt_bytes;
+	u64 image_off;		/* param_off + window_bytes: the IMAGE window, dev_bytes */
+	u64 virt_bytes;		/* image_off + dev_bytes */
 };
 
 int ckpt_geometry_check(const struct ckpt_geometry *g);

@@ -26,13 +26,17 @@ int ckpt_route(const struct ckpt_regions *l, u64 off, u64 len, u32 flags, struct
 			r->window = CKPT_WIN_GRAD;
 			r->off = off - l->grad_off;
 			end = l->param_off;
-		} else {
+		} else if (off < l->image_off) {
 			/* p_lo chunks are a power of two: a shift, no 64-bit division */
 			r->window = CKPT_WIN_PARAM;
 			r->off = off - l->param_off;
 			r->chunk = (u32)(r->off >> __builtin_ctzll(l->plo_chunk_bytes));
 			r->in = r->off & (l->plo_chunk_bytes - 1);
 			end = off - r->in + l->plo_chunk_bytes;
+		} else {
+			r->window = CKPT_WIN_IMAGE;
+			r->off = off - l->image_off;
+			end = l->virt_bytes;
 		}
 	}
 	if (write && ((off | len) & (CKPT_SECTOR - 1)))

@@ -589,7 +589,8 @@ enum ckpt_window {
 	CKPT_WIN_NONE,		/* an empty access, or one beyond the device */
 	CKPT_WIN_CTRL,		/* [0, grad_off): one command; reads give the status page */
 	CKPT_WIN_GRAD,		/* [grad_off, param_off): gradients; reads give zeros */
-	CKPT_WIN_PARAM,		/* [param_off, virt_bytes): the latest applied p_lo, read-only */
+	CKPT_WIN_PARAM,		/* [param_off, image_off): the latest applied p_lo, read-only */
+	CKPT_WIN_IMAGE,		/* [image_off, virt_bytes): the backing image, read-only */
 };
 
 /* ckpt_route flags */
@@ -611,7 +612,11 @@ struct ckpt_route {
  * aligned (-CKPT_E_ALIGN), within the device (-CKPT_E_RANGE), on a
  * writable device (-CKPT_E_READONLY); a command is one write at offset 0 of
  * at most CKPT_BLOCK bytes, a gradient write must not run into the PARAM
- * window (-CKPT_E_RANGE), the PARAM window is read-only (-CKPT_E_READONLY).
+ * window (-CKPT_E_RANGE), the PARAM and IMAGE windows are read-only
+ * (-CKPT_E_READONLY). The IMAGE window reads the backing device's bytes
+ * [0, dev_bytes) (superblocks, group table, manifest, records): what a
+ * client needs of the image, through the target, when the backing device
+ * is not its to open (a device served over NVMe-oF).
  * A read may start anywhere in the device (else -CKPT_E_RANGE) and is cut
  * at the end of its window, a PARAM read at the end of its chunk: r->len
  * bytes go to r->window, the host routes the rest again from off + r->len.

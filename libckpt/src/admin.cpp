@@ -480,9 +480,11 @@ json meta_json(const ckpt::Image &img)
 
 std::string image_info(const std::string &device)
 {
-	const std::string path = backing_path(device);
-	Image img = Image::open(path, false);
-	return image_json(img).dump();
+	// a dm-ckpt device's image through its IMAGE window (one served from
+	// another machine has no backing device here)
+	if (std::optional<Image> img = BlockTarget::image_of(device))
+		return image_json(*img).dump();
+	return image_json(Image::open(device, false)).dump();
 }
 
 std::string format_manifest(const std::string &device, const std::string &opts_json)

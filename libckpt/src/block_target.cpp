@@ -113,6 +113,25 @@ std::string served_backing(const std::string &path, const std::filesystem::path 
 
 } // namespace
 
+std::optional<Image> BlockTarget::image_of(const std::string &path)
+{
+	struct stat st;
+	if (stat(path.c_str(), &st) < 0 || !S_ISBLK(st.st_mode))
+		return std::nullopt;
+	const auto status = status_page(path);
+	if (!status)
+		return std::nullopt;
+	struct ckpt_regions l;
+	uint64_t size = 0;
+	const Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+	if (ckpt_regions_compute(&status->geo, &l) == 0 && fd && ioctl(fd.get(), BLKGETSIZE64, &size) == 0 &&
+	    size > l.image_off)
+		return Image::open(BackingFile::open_window(path, l.image_off));
+	if (auto backing = backing_of(path))
+		return Image::open(*backing, false);
+	return std::nullopt;
+}
+
 // A block device is a dm-ckpt device when offset 0 reads as its status page:
 // a device-mapper device of this machine (its one slave is the backing
 // device), or one served from another (NVMe-oF: the backing device is the

@@ -24,6 +24,10 @@ public:
 	~BlockTarget() override;
 	// The virtual device's backing device, from sysfs, if path is a dm device.
 	static std::optional<std::string> backing_of(const std::string &path);
+	// The image of the dm-ckpt virtual device at path (none if it is not one),
+	// read-only: through the target's IMAGE window, or, on a target that
+	// has none (dm-ckpt before 0.4), from the backing device (backing_of).
+	static std::optional<Image> image_of(const std::string &path);
 
 	void write(uint64_t off, const void *buf, uint64_t len) override;
 	void read(uint64_t off, void *buf, uint64_t len) override;

@@ -54,8 +54,8 @@ struct ckpt_hparams hparams_for_step(const GroupHparams &g, uint64_t step)
 std::unique_ptr<Device> Device::open(const std::string &path, const EngineOptions &opts)
 {
 	std::unique_ptr<Device> d(new Device());
-	if (auto backing = BlockTarget::backing_of(path)) {
-		d->backing_ = Image::open(*backing, false);
+	if (auto image = BlockTarget::image_of(path)) {
+		d->backing_ = std::move(*image);
 		d->kernel_ = std::make_unique<BlockTarget>(BackingFile::open(path, true));
 		d->target_ = d->kernel_.get();
 	} else {

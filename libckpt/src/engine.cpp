@@ -238,7 +238,8 @@ void Engine::write(uint64_t off, const void *buf, uint64_t len)
 		case CKPT_E_ALIGN:
 			fail(-ret, "write of {} bytes at {}: not {}-byte aligned", len, off, CKPT_SECTOR);
 		case CKPT_E_READONLY:
-			fail(-ret, "the PARAM window is read-only (write at {})", off);
+			fail(-ret, "the {} window is read-only (write at {})",
+			     r.window == CKPT_WIN_IMAGE ? "IMAGE" : "PARAM", off);
 		}
 		if (r.window == CKPT_WIN_CTRL)
 			fail(-ret, "a command is one write at offset 0 of at most {} bytes", CKPT_BLOCK);
@@ -289,6 +290,8 @@ void Engine::read_many(std::span<const ReadPiece> pieces)
 				std::memcpy(out, block_.as() + r.off, r.len);
 			} else if (r.window == CKPT_WIN_GRAD) {
 				std::memset(out, 0, r.len);
+			} else if (r.window == CKPT_WIN_IMAGE) {	// the backing image's bytes
+				param_pieces_.push_back({r.off, out, r.len});
 			} else {
 				uint32_t slot;
 				{

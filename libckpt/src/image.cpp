@@ -86,8 +86,13 @@ void Image::reload_superblock()
 
 Image Image::open(const std::string &path, bool writable, bool salvage)
 {
+	return open(BackingFile::open(path, writable), salvage);
+}
+
+Image Image::open(BackingFile file, bool salvage)
+{
 	Image img;
-	img.file = BackingFile::open(path, writable);
+	img.file = std::move(file);
 	img.salvage = salvage;
 	img.reload_superblock();
 
@@ -129,7 +134,7 @@ Image Image::open(const std::string &path, bool writable, bool salvage)
 			why += fmt::format("{}{}{}", k ? "; " : "",
 					   copies > 1 ? fmt::format("copy {} at byte {}: ", k, offset(&l, k)) : "",
 					   bad(img.meta[k]));
-		return fmt::format("{}: {}: {}", path, what, why);
+		return fmt::format("{}: {}: {}", img.file.path, what, why);
 	};
 	auto group_bad = [](const MetaCopy &c) { return c.group_error; };
 	auto manifest_bad = [](const MetaCopy &c) { return c.manifest_error; };

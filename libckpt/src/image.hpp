@@ -39,6 +39,8 @@ struct Image {
 	// refused, unless salvage (export, verify: read-only): then reads past its
 	// end fail where they happen and warnings() names the missing bytes.
 	static Image open(const std::string &path, bool writable, bool salvage = false);
+	// The same on a file already open (a virtual device's IMAGE window).
+	static Image open(BackingFile file, bool salvage = false);
 	// Reads both superblock copies again (the device may have committed since).
 	void reload_superblock();
 	// Damaged copies of the superblock and metadata, one sentence each.

@@ -407,6 +407,21 @@ BackingFile BackingFile::open(const std::string &path, bool writable)
 	return f;
 }
 
+BackingFile BackingFile::open_window(const std::string &path, uint64_t base)
+{
+	BackingFile f;
+	f.path = path;
+	Opened o = open_one(path, false);
+	if (!o.block || o.size <= base)
+		fail(CKPT_E_INVAL, "{} has no IMAGE window at byte {} ({} bytes)", path, base, o.size);
+	f.fd = std::move(o.fd);
+	f.direct = o.direct;
+	f.block_device = true;
+	f.base = base;
+	f.size = o.size - base;
+	return f;
+}
+
 void BackingFile::forsake() noexcept
 {
 	fd.reset();
@@ -509,11 +524,11 @@ void BackingFile::pwrite_durable(const void *buf, size_t len, uint64_t off) cons
 	const IoObserver::Fault f = fault(IoObserver::Op::write, off, len);
 	// FUA on the drive that holds it: a stripe set's durable writes (the
 	// superblock's block) lie on one drive (stripes are whole blocks)
-	int fd_at = fd.get();
-	uint64_t at = off;
+	int fd_at = -1;
+	uint64_t at = 0;
+	unsigned pieces = 0;
+	extents(off, len, [&](int d, uint64_t a, uint64_t, uint64_t) { fd_at = d, at = a, pieces++; });
 	if (striped()) {
-		unsigned pieces = 0;
-		extents(off, len, [&](int d, uint64_t a, uint64_t, uint64_t) { fd_at = d, at = a, pieces++; });
 		if (pieces != 1) {
 			write_at(buf, len, off);
 			if (observer)

@@ -174,15 +174,19 @@ struct BackingFile {
 	};
 	std::vector<Drive> drives;	// a stripe set's, in stripe order
 	uint64_t stripe_bytes = 0;
+	uint64_t base = 0;	// a window's (open_window): where its offset 0 lies in fd
 
 	static BackingFile open(const std::string &path, bool writable);
+	// The image a dm-ckpt virtual device shows in its IMAGE window, from
+	// byte base of the block device at path to its end: read-only.
+	static BackingFile open_window(const std::string &path, uint64_t base);
 	bool striped() const { return !drives.empty(); }
 	// fn(fd, offset there, offset into the I/O, length) for each piece of
 	// [off, off + len) on the drive that holds it (the file: one piece).
 	template <typename F> void extents(uint64_t off, uint64_t len, F &&fn) const
 	{
 		if (!striped())
-			return fn(fd.get(), off, uint64_t{0}, len);
+			return fn(fd.get(), base + off, uint64_t{0}, len);
 		for (uint64_t done = 0; done < len;) {
 			const uint64_t k = (off + done) / stripe_bytes, in = (off + done) % stripe_bytes;
 			const uint64_t n = std::min(len - done, stripe_bytes - in);

@@ -623,6 +623,53 @@ TEST_F(step, refused_bio_changes_nothing)
 	free(rd);
 }
 
+/*
+ * The IMAGE window: the backing image read through the target, byte for
+ * byte as on the backing device, at every step (what a client served over
+ * NVMe-oF reads the manifest, counts and state from); a write anywhere in
+ * it is refused (E_READONLY on the status page) and changes nothing.
+ */
+TEST_F(step, image_window_reads_the_backing_image)
+{
+	const uint64_t n = self->m.l.dev_bytes, at = self->m.l.image_off;
+	uint8_t *via = malloc(n), *direct = malloc(n), *bogus = malloc(8192);
+	int bfd = open(ck_dev(), O_RDONLY | O_DIRECT);
+	struct ckpt_status st;
+	uint64_t t;
+
+	ASSERT_NE(NULL, via);
+	ASSERT_NE(NULL, direct);
+	ASSERT_NE(NULL, bogus);
+	ASSERT_LE(0, bfd);
+	EXPECT_EQ(self->m.l.virt_bytes, at + n);
+	EXPECT_EQ(self->m.l.virt_bytes, ck_dev_bytes("/dev/mapper/" CK_NAME));
+	for (t = 1; t <= 2; t++) {
+		ASSERT_EQ(0, full_step(_metadata, self, t, "image window"));
+		ASSERT_EQ(0, ck_read_at(self->fd, via, n, at));
+		ASSERT_EQ(0, ck_read_at(bfd, direct, n, 0));
+		EXPECT_EQ(0, memcmp(via, direct, n));
+	}
+	/* unaligned and across its start: the PARAM window's tail, then the image */
+	ASSERT_EQ(0, ck_read_at(self->fd, via, 8192, at - 4096));
+	EXPECT_EQ(0, memcmp(via + 4096, direct, 4096));
+
+	memset(bogus, 0xa5, 8192);
+	EXPECT_EQ(-EIO, ck_write_at(self->fd, bogus, 4096, at));
+	EXPECT_EQ(-EIO, ck_write_at(self->fd, bogus, 512, at + n - 512));
+	EXPECT_EQ(-EIO, ck_write_at(self->fd, bogus, 8192, at - 4096));
+	ASSERT_EQ(0, ck_status(self->fd, &st));
+	EXPECT_EQ(CKPT_RESULT_REJECTED, st.last_result);
+	EXPECT_EQ(CKPT_E_READONLY, st.last_error);
+	EXPECT_EQ(3, st.commands_rejected);
+	ASSERT_EQ(0, ck_read_at(bfd, via, n, 0));
+	EXPECT_EQ(0, memcmp(via, direct, n));
+	EXPECT_EQ(0, verify(_metadata, self));
+	close(bfd);
+	free(via);
+	free(direct);
+	free(bogus);
+}
+
 /* A gradient that is not finite after scaling: the step is skipped, but every
  * finite chunk was written to the other slot (as the engine does). */
 TEST_F(step, overflow_skips_the_step)

@@ -1148,13 +1148,17 @@ TEST(CoreRoute, ReadsAreCutAtWindowsAndChunks)
 	const uint64_t cb = l.plo_chunk_bytes, win = l.window_bytes;
 	ASSERT_EQ(l.grad_off, uint64_t(CKPT_BLOCK));
 	ASSERT_EQ(l.param_off, l.grad_off + win);
-	ASSERT_EQ(l.virt_bytes, l.param_off + win);
+	ASSERT_EQ(l.image_off, l.param_off + win);
+	ASSERT_EQ(l.virt_bytes, l.image_off + l.dev_bytes);
 
 	EXPECT_ROUTE(route(l, 0, 512), 0, CKPT_WIN_CTRL, 0, 512);
 	EXPECT_ROUTE(route(l, 0, 3 * CKPT_BLOCK), 0, CKPT_WIN_CTRL, 0, CKPT_BLOCK);
 	EXPECT_ROUTE(route(l, 100, 10), 0, CKPT_WIN_CTRL, 100, 10);	// reads need no alignment
 	EXPECT_ROUTE(route(l, CKPT_BLOCK - 1, 2), 0, CKPT_WIN_CTRL, CKPT_BLOCK - 1, 1);
 	EXPECT_ROUTE(route(l, l.grad_off, l.virt_bytes - l.grad_off), 0, CKPT_WIN_GRAD, 0, win);
+	EXPECT_ROUTE(route(l, l.image_off - 512, 1024), 0, CKPT_WIN_PARAM, win - 512, 512);
+	EXPECT_ROUTE(route(l, l.image_off + 100, l.dev_bytes - 100), 0, CKPT_WIN_IMAGE, 100, l.dev_bytes - 100);
+	EXPECT_ROUTE(route(l, l.virt_bytes - 1, 1), 0, CKPT_WIN_IMAGE, l.dev_bytes - 1, 1);
 	EXPECT_ROUTE(route(l, l.grad_off + 512, 1024), 0, CKPT_WIN_GRAD, 512, 1024);
 	EXPECT_ROUTE(route(l, l.param_off - 1, 2), 0, CKPT_WIN_GRAD, win - 1, 1);
 
@@ -1168,13 +1172,13 @@ TEST(CoreRoute, ReadsAreCutAtWindowsAndChunks)
 	x = route(l, l.param_off + cb, 512);
 	EXPECT_EQ(x.r.chunk, 1u);
 	EXPECT_EQ(x.r.in, 0u);
-	x = route(l, l.virt_bytes - 1, 1);
+	x = route(l, l.image_off - 1, 1);
 	EXPECT_ROUTE(x, 0, CKPT_WIN_PARAM, win - 1, 1);
 	EXPECT_EQ(x.r.chunk, l.n_params / l.chunk_params - 1);
 	EXPECT_EQ(x.r.in, cb - 1);
 
 	// A read of the whole device in the host's loop: the status page, the
-	// GRAD window, then each chunk, contiguous.
+	// GRAD window, each chunk, then the image, contiguous.
 	std::vector<std::pair<uint32_t, uint64_t>> pieces;
 	for (uint64_t off = 0, len = l.virt_bytes; len;) {
 		x = route(l, off, len);
@@ -1184,11 +1188,12 @@ TEST(CoreRoute, ReadsAreCutAtWindowsAndChunks)
 		off += x.r.len;
 		len -= x.r.len;
 	}
-	ASSERT_EQ(pieces.size(), 2 + l.n_params / l.chunk_params);
+	ASSERT_EQ(pieces.size(), 3 + l.n_params / l.chunk_params);
 	EXPECT_EQ(pieces[0], std::make_pair(uint32_t(CKPT_WIN_CTRL), uint64_t(CKPT_BLOCK)));
 	EXPECT_EQ(pieces[1], std::make_pair(uint32_t(CKPT_WIN_GRAD), win));
-	for (size_t i = 2; i < pieces.size(); i++)
+	for (size_t i = 2; i + 1 < pieces.size(); i++)
 		EXPECT_EQ(pieces[i], std::make_pair(uint32_t(CKPT_WIN_PARAM), cb));
+	EXPECT_EQ(pieces.back(), std::make_pair(uint32_t(CKPT_WIN_IMAGE), l.dev_bytes));
 }
 
 TEST(CoreRoute, WritesAreWholeOrRefused)
@@ -1212,10 +1217,14 @@ TEST(CoreRoute, WritesAreWholeOrRefused)
 		     win - 512, 0);
 	EXPECT_ROUTE(route(l, l.grad_off, win + 512, W), -CKPT_E_RANGE, CKPT_WIN_GRAD, 0, 0);
 
-	// The PARAM window is read-only.
+	// The PARAM and IMAGE windows are read-only.
 	EXPECT_ROUTE(route(l, l.param_off, 512, W), -CKPT_E_READONLY, CKPT_WIN_PARAM, 0, 0);
-	EXPECT_ROUTE(route(l, l.virt_bytes - 512, 512, W), -CKPT_E_READONLY, CKPT_WIN_PARAM,
+	EXPECT_ROUTE(route(l, l.image_off - 512, 512, W), -CKPT_E_READONLY, CKPT_WIN_PARAM,
 		     win - 512, 0);
+	EXPECT_ROUTE(route(l, l.image_off, 512, W), -CKPT_E_READONLY, CKPT_WIN_IMAGE, 0, 0);
+	EXPECT_ROUTE(route(l, l.virt_bytes - 512, 512, W), -CKPT_E_READONLY, CKPT_WIN_IMAGE,
+		     l.dev_bytes - 512, 0);
+	EXPECT_ROUTE(route(l, l.image_off - 512, 1024, W), -CKPT_E_READONLY, CKPT_WIN_PARAM, win - 512, 0);
 
 	// A read-only device refuses every write, reads as before.
 	const uint32_t ro = W | CKPT_ROUTE_READ_ONLY;
@@ -1277,9 +1286,9 @@ TEST(CoreRoute, LargestGeometry)
 	ASSERT_EQ(ckpt_regions_compute_features(&g, CKPT_FEATURE_INCOMPAT_DEFAULT & ~CKPT_FEATURE_INCOMPAT_COUNTS,
 					       &l), 0);
 	const uint64_t cb = l.plo_chunk_bytes;
-	Routed x = route(l, l.virt_bytes - cb + 4096, 3 * cb);
+	Routed x = route(l, l.virt_bytes - 4096, 3 * cb);
 	EXPECT_EQ(x.ret, -CKPT_E_RANGE);
-	x = route(l, l.virt_bytes - cb + 4096, cb - 4096);
+	x = route(l, l.image_off - cb + 4096, cb - 4096);
 	EXPECT_ROUTE(x, 0, CKPT_WIN_PARAM, l.window_bytes - cb + 4096, cb - 4096);
 	EXPECT_EQ(x.r.chunk, (1u << 24) - 1);
 	EXPECT_EQ(x.r.in, 4096u);

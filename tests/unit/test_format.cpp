@@ -332,7 +332,8 @@ TEST(Layout, CanonicalValues)
 	EXPECT_EQ(l.grad_off, 4096u);
 	EXPECT_EQ(l.window_bytes, 40960u);
 	EXPECT_EQ(l.param_off, 4096u + 40960u);
-	EXPECT_EQ(l.virt_bytes, 4096u + 2 * 40960u);
+	EXPECT_EQ(l.image_off, 4096u + 2 * 40960u);
+	EXPECT_EQ(l.virt_bytes, l.image_off + l.dev_bytes);
 	EXPECT_EQ(ckpt_plo_offset(&l, 1, 3), l.plo_off[1] + 3 * 4096u);
 	EXPECT_EQ(ckpt_record_offset(&l, 0, 9), l.rec_off[0] + 9 * l.record_bytes);
 	EXPECT_EQ(ckpt_regions_compute(&g, nullptr), -CKPT_E_INVAL);
@@ -360,7 +361,8 @@ TEST(Layout, AlignedContiguousAndNoOverflowAtExtremes)
 				unsigned __int128 grp = ((unsigned __int128)n + 4095) / 4096 * 4096;
 				unsigned __int128 end = 8192 + grp + m + 2 * plo + 2 * rec;
 				ASSERT_EQ((unsigned __int128)l.dev_bytes, end);
-				ASSERT_EQ((unsigned __int128)l.virt_bytes, 4096 + 2 * plo);
+				ASSERT_EQ((unsigned __int128)l.image_off, 4096 + 2 * plo);
+				ASSERT_EQ((unsigned __int128)l.virt_bytes, (unsigned __int128)l.image_off + l.dev_bytes);
 				ASSERT_EQ(l.group_bytes % 4096, 0u);
 				ASSERT_GE(l.group_bytes, n);
 				for (uint64_t off : {l.group_off, l.manifest_off, l.plo_off[0], l.plo_off[1],
@@ -861,10 +863,13 @@ TEST(Meta2, LayoutAppendsTheSecondCopyAndMovesNothing)
 	EXPECT_EQ(ckpt_manifest_offset(&l, 0), l.manifest_off);
 	EXPECT_EQ(ckpt_group_offset(&l, 1), l.meta2_off);
 	EXPECT_EQ(ckpt_manifest_offset(&l, 1), l.meta2_off + l.group_bytes);
-	// every other offset and the virtual device stay
+	// every other offset and the virtual device's windows stay (its IMAGE
+	// window holds the longer image)
 	ckpt_regions a = l;
 	a.meta2_off = 0;
 	a.dev_bytes = v1.dev_bytes;
+	EXPECT_EQ(a.virt_bytes, v1.virt_bytes + v1.group_bytes + v1.manifest_bytes);
+	a.virt_bytes = v1.virt_bytes;
 	EXPECT_EQ(std::memcmp(&a, &v1, sizeof(a)), 0);
 
 	EXPECT_EQ(ckpt_regions_compute_features(&g, 1u << 31, &l), -CKPT_E_FEATURE);

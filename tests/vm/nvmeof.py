@@ -29,6 +29,7 @@ import base64  # noqa: E402 - after T_START: the imports are timed
 import json  # noqa: E402
 import mmap  # noqa: E402
 import os  # noqa: E402
+import re  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import warnings  # noqa: E402
@@ -238,6 +239,32 @@ def prep(img, plain, ref):
         f.write(f"{HOST_NQN} {dhchap_secret(rng)} {dhchap_secret(rng)}\n")
 
 
+def hostile_writes(path):
+    """An authenticated host writes garbage to every window of the served
+    device: each write is refused (EIO), as the target refuses it."""
+    with ckpt.open(path) as d:
+        l = d.info()
+    fd = os.open(path, os.O_RDWR | os.O_DIRECT)
+    buf = mmap.mmap(-1, 8192)
+    buf.write(bytes(range(256)) * 32)
+    size = os.lseek(fd, 0, os.SEEK_END)
+    n_params = l["n_params"]
+    image = 4096 + 4 * n_params
+    windows = {"control block (a garbage command)": 0, "GRAD window (no step open)": 4096,
+               "PARAM window": 4096 + 2 * n_params, "IMAGE window (the superblock)": image,
+               "IMAGE window (its last block)": size - 4096}
+    try:
+        for what, off in windows.items():
+            try:
+                os.pwritev(fd, [memoryview(buf)[:4096]], off)
+                check(f"a garbage write to the {what} at {off} is refused", False, "it was accepted")
+            except OSError as e:
+                check(f"a garbage write to the {what} at {off} is refused ({e.strerror})", True)
+    finally:
+        os.close(fd)
+        buf.close()
+
+
 def train_remote(addr, ref):
     with open(os.path.join(ref, "ref.json")) as f:
         ref_losses = json.load(f)["losses"]
@@ -267,7 +294,19 @@ def train_remote(addr, ref):
     check(f"another host is refused by {NQN} (ckptctl serve --host), its secrets or not", err, "it connected")
     remote = namespace(NQN, 1)
     remote_plain = namespace(PLAIN_NQN, 1)
-    say(f"# served by {addr}: {remote} (dm-ckpt), {namespace(NQN, 2)} (its backing), {remote_plain} (baseline)")
+    served = []
+    for d in os.listdir("/sys/block"):
+        if re.fullmatch(r"nvme\d+c\d+n\d+", d):
+            continue    # a path of a multipath namespace (hidden), not a namespace
+        try:
+            with open(f"/sys/block/{d}/device/subsysnqn") as f:
+                if f.read().strip() == NQN:
+                    served.append(d)
+        except OSError:
+            pass
+    check(f"{NQN} serves one namespace, the dm-ckpt device (not its backing device)", served == [remote[5:]],
+          f"{served}")
+    say(f"# served by {addr}: {remote} (dm-ckpt, its only namespace), {remote_plain} (baseline)")
     ctrl = os.path.basename(os.path.realpath(f"/sys/block/{os.path.basename(remote)}/device"))
     with ckpt.open(remote) as d:
         check(f"{remote} opens as a dm-ckpt device (its status page), at step 0", d.committed_step == 0,
@@ -280,6 +319,11 @@ def train_remote(addr, ref):
     diff = [n for n in ref_state if any(not np.array_equal(a, b) for a, b in zip(ref_state[n], state.get(n, [])))]
     check(f"fp32 masters and moments read through {remote} bit-identical to the engine's (step {step})",
           step == STEPS and not diff and state.keys() == ref_state.keys(), f"step {step}, differ: {diff}")
+    hostile_writes(remote)
+    state2, step2 = state_of(remote)
+    same = step2 == step and all(np.array_equal(a, b) for n in state for a, b in zip(state[n], state2[n]))
+    check(f"... and after them the committed state read through {remote} is as it was (step {step2})", same,
+          "it changed")
     base = baseline(remote_plain, n_params)
     ours = counted[0] / MEASURE / n_params
     theirs = base / MEASURE / n_params

@@ -352,10 +352,10 @@ int main(int argc, char **argv)
 	ServeArgs sa;
 	auto *serve = app.add_subcommand("serve",
 		"Export a dm-ckpt kernel target over NVMe-oF (the kernel's nvmet).\n\n"
-		"Makes, in configfs (/sys/kernel/config/nvmet), the subsystem NQN with\n"
-		"namespace 1 the dm-ckpt device and namespace 2 its backing device (a\n"
-		"trainer's client reads the image's manifest, step counts and state there;\n"
-		"it never writes it), a port on --addr (one that exists with the same\n"
+		"Makes, in configfs (/sys/kernel/config/nvmet), the subsystem NQN with one\n"
+		"namespace, the dm-ckpt device (a trainer's client reads the image's\n"
+		"manifest, step counts and state through its read-only IMAGE window; the\n"
+		"backing device is not served), a port on --addr (one that exists with the same\n"
 		"address is shared) and the hosts allowed to connect (--host, repeatable;\n"
 		"--any-host, explicitly, for every host, unauthenticated). Each named host\n"
 		"authenticates with DH-HMAC-CHAP both ways (the kernel's in-band\n"

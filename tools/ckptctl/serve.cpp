@@ -7,14 +7,13 @@
 //   subsystems/NQN                        attr_allow_any_host 0, and
 //   subsystems/NQN/allowed_hosts/HOST  -> hosts/HOST (or, --any-host, 1)
 //   subsystems/NQN/namespaces/1           device_path /dev/mapper/NAME, enable
-//   subsystems/NQN/namespaces/2           device_path: its backing device, enable
 //   ports/P                               addr_trtype, addr_adrfam, addr_traddr, addr_trsvcid
 //   ports/P/subsystems/NQN             -> subsystems/NQN
 //
-// Namespace 2 gives a trainer on another node the image's metadata (the
-// manifest, the per-block step counts, the committed state for an export),
-// which the virtual device does not carry: the client reads it, never
-// writes it. What serve made is recorded in /run/ckpt/nvmet/NQN.json (run
+// The one namespace is the virtual device: a trainer on another node reads
+// the image's manifest, step counts and committed state through its
+// read-only IMAGE window, and nothing it is served writes the backing device
+// behind the target. What serve made is recorded in /run/ckpt/nvmet/NQN.json (run
 // and configfs both end with the boot), so that unserve removes exactly that:
 // a port or a host entry that existed before is left as it was.
 #include "serve.hpp"
@@ -533,17 +532,14 @@ int cmd_serve(const ServeArgs &a)
 			s["hosts"].push_back(h);
 		}
 	}
-	// namespace 1: the virtual device; 2: the backing device (metadata)
-	int nsid = 1;
-	for (const std::string &path : {node, backing}) {
-		const fs::path ns = sub / "namespaces" / std::to_string(nsid);
-		make_dir(ns);
-		undo.add([ns] { remove_entry(ns); });
-		write_attr(ns / "device_path", path);
-		write_attr(ns / "enable", "1");
-		undo.add([ns] { write_attr(ns / "enable", "0"); });
-		s["namespaces"].push_back(nsid++);
-	}
+	// namespace 1, the one: the virtual device (the image through its window)
+	const fs::path ns = sub / "namespaces" / "1";
+	make_dir(ns);
+	undo.add([ns] { remove_entry(ns); });
+	write_attr(ns / "device_path", node);
+	write_attr(ns / "enable", "1");
+	undo.add([ns] { write_attr(ns / "enable", "0"); });
+	s["namespaces"].push_back(1);
 	std::string port = find_port(a.transport, addr);
 	s["port_created"] = port.empty();
 	if (port.empty()) {
@@ -579,8 +575,8 @@ int cmd_serve(const ServeArgs &a)
 	if (a.json) {
 		std::cout << s.dump(2) << "\n";
 	} else {
-		fmt::print("{}: served as {} on {} {}:{} (port {}{}), namespace 1 {}, namespace 2 {} (its backing "
-			   "device)\n",
+		fmt::print("{}: served as {} on {} {}:{} (port {}{}), namespace 1 {} (its backing device {} is not "
+			   "served)\n",
 			   name, a.nqn, a.transport, addr.traddr, addr.port, port,
 			   s["port_created"].get<bool>() ? "" : ", shared", node, backing);
 		if (a.any_host)
