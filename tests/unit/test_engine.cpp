@@ -185,6 +185,21 @@ TEST_F(EngineTest, RegionsOfTheVirtualDevice)
 	EXPECT_EQ(st.geo.n_groups, 2u);
 
 	EXPECT_EQ(code_of([&] { e.write(l.param_off, buf.data(), CKPT_SECTOR); }), CKPT_E_READONLY);
+	// The IMAGE window: the backing image's bytes, read-only.
+	EXPECT_EQ(l.image_off, l.param_off + l.window_bytes);
+	EXPECT_EQ(l.virt_bytes, l.image_off + l.dev_bytes);
+	{
+		std::ifstream f(path_, std::ios::binary);
+		const std::vector<uint8_t> file((std::istreambuf_iterator<char>(f)), {});
+		std::vector<uint8_t> image(l.dev_bytes);
+		e.read(l.image_off, image.data(), image.size());
+		ASSERT_GE(file.size(), image.size());
+		EXPECT_TRUE(std::equal(image.begin(), image.end(), file.begin()));
+		e.read(l.image_off - 3, buf.data(), 10);	// across its start, unaligned
+		EXPECT_TRUE(std::equal(buf.begin() + 3, buf.begin() + 10, file.begin()));
+	}
+	EXPECT_EQ(code_of([&] { e.write(l.image_off, buf.data(), CKPT_SECTOR); }), CKPT_E_READONLY);
+	EXPECT_EQ(code_of([&] { e.write(l.virt_bytes - CKPT_SECTOR, buf.data(), CKPT_SECTOR); }), CKPT_E_READONLY);
 	EXPECT_EQ(code_of([&] { e.write(l.grad_off + 1, buf.data(), CKPT_SECTOR); }), CKPT_E_ALIGN);
 	EXPECT_EQ(code_of([&] { e.write(l.grad_off, buf.data(), 100); }), CKPT_E_ALIGN);
 	EXPECT_EQ(code_of([&] { e.write(l.virt_bytes, buf.data(), CKPT_SECTOR); }), CKPT_E_RANGE);
