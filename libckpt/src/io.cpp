@@ -522,33 +522,21 @@ void BackingFile::pwrite_durable(const void *buf, size_t len, uint64_t off) cons
 		return;
 	}
 	const IoObserver::Fault f = fault(IoObserver::Op::write, off, len);
-	// FUA on the drive that holds it: a stripe set's durable writes (the
-	// superblock's block) lie on one drive (stripes are whole blocks)
+	// FUA on the drive that holds it (a stripe set's superblock block lies on
+	// one drive: stripes are whole blocks)
 	int fd_at = -1;
 	uint64_t at = 0;
 	unsigned pieces = 0;
 	extents(off, len, [&](int d, uint64_t a, uint64_t, uint64_t) { fd_at = d, at = a, pieces++; });
-	if (striped()) {
-		if (pieces != 1) {
-			write_at(buf, len, off);
-			if (observer)
-				observer->written(off, buf, len, false);
-			sync();
-			if (observer)
-				observer->flushed();
-			if (f == IoObserver::Fault::after)
-				injected(IoObserver::Op::write, off, len);
-			return;
-		}
-	}
 	iovec iov{const_cast<void *>(buf), len};
-	ssize_t n = pwritev2(fd_at, &iov, 1, static_cast<off_t>(at), RWF_DSYNC);
+	const ssize_t n = pieces == 1 ? pwritev2(fd_at, &iov, 1, static_cast<off_t>(at), RWF_DSYNC) : 0;
 	if (n == static_cast<ssize_t>(len)) {
 		if (observer)
 			observer->written(off, buf, len, true);
 	} else if (n >= 0 || errno == EOPNOTSUPP || errno == EINVAL) {
-		// No RWF_DSYNC (qemu-user), or a short write: a write and a
-		// flush, still the one I/O the fault above was drawn for.
+		// No RWF_DSYNC (qemu-user), a short write, or a range over several
+		// drives: a write and a flush, still the one I/O the fault above
+		// was drawn for.
 		write_at(buf, len, off);
 		if (observer)
 			observer->written(off, buf, len, false);
