@@ -248,18 +248,18 @@ void Layout::add(std::string name, std::vector<uint64_t> shape, uint32_t group)
 
 uint32_t Layout::digest() const
 {
-	uint32_t crc = 0;
+	uint32_t crc = ~0u;
 	for (const Tensor &t : specs_) {
-		crc = ckpt_crc32c_update(crc, t.name.c_str(), t.name.size() + 1);
+		crc = ckpt_crc32c_raw(crc, t.name.c_str(), t.name.size() + 1);
 		for (uint64_t d : t.shape) {
 			const uint64_t le = htole64(d);
-			crc = ckpt_crc32c_update(crc, &le, sizeof(le));
+			crc = ckpt_crc32c_raw(crc, &le, sizeof(le));
 		}
 		const uint32_t end = htole32(0xffffffffu), group = htole32(t.group);
-		crc = ckpt_crc32c_update(crc, &end, sizeof(end));
-		crc = ckpt_crc32c_update(crc, &group, sizeof(group));
+		crc = ckpt_crc32c_raw(crc, &end, sizeof(end));
+		crc = ckpt_crc32c_raw(crc, &group, sizeof(group));
 	}
-	return crc;
+	return ~crc;
 }
 
 std::vector<uint64_t> shard_bounds(const std::vector<uint64_t> &numels, uint32_t world, uint32_t rule)

@@ -10,8 +10,6 @@
 #include <unordered_map>
 #include <vector>
 
-#include "ckpt_admin.h"
-
 extern "C" {
 #include "ckpt_codec.h"
 }
@@ -60,7 +58,7 @@ struct Tensor {
 struct ShardRecord {
 	uint32_t rank = 0;
 	uint32_t world = 1;
-	uint32_t rule = CKPT_SHARD_RULE_Q8;
+	uint32_t rule = 0;	// CKPT_SHARD_RULE_* (ckpt_admin.h)
 	uint64_t params = 0;	// of the whole layout
 	uint32_t digest = 0;	// of the whole layout (Layout::digest)
 

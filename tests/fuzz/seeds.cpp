@@ -162,6 +162,14 @@ void manifests()
 		put("manifest", "placed-" + std::to_string(groups),
 		    ckpt::Manifest::encode(p.tensors, p.geo.dtype, uint64_t{1} << p.geo.chunk_shift, {}));
 	}
+	// a rank's share: pieces of a cut param and the share's record
+	ckpt::Layout whole;
+	whole.add("embed.weight", {64, 32}, 0);
+	whole.add("layer.0.weight", {48, 48}, 0);
+	const ckpt::Layout share = whole.shard(1, 3, 2 /* CKPT_SHARD_RULE_Q8 */);
+	const ckpt::Layout::Placed p = share.place(CKPT_MIN_CHUNK_SHIFT, CKPT_DTYPE_BF16);
+	put("manifest", "share", ckpt::Manifest::encode(p.tensors, p.geo.dtype, uint64_t{1} << p.geo.chunk_shift, {},
+							share.shard_record()));
 	put("manifest", "user", R"({"dtype": "fp16", "chunk_params": 4096, "tensors": [)"
 				R"({"name": "w", "shape": [64, 64], "group": 0}, {"name": "b", "shape": [64], "group": 1}]})");
 	put("manifest", "user-hparams", R"({"dtype": "fp16", "chunk_params": 4096, "tensors": [)"
