@@ -17,10 +17,14 @@ backing=/dev/nvme0n1
 if [ -n "$stripe" ]; then
 	ways=${stripe%%:*} chunk=${stripe#*:} devs="" per=""
 	for n in $(seq 1 "$ways"); do
-		# by nsid: the kernel names namespaces in the order their scans end
+		# by nsid and device numbers: the kernel names namespaces in the
+		# order their scans end, and /dev/nvme0nN need not be that name's
 		dev=""
 		for b in /sys/block/nvme*n*; do
-			[ "$(cat "$b/nsid" 2>/dev/null)" = "$n" ] && dev=/dev/${b##*/}
+			case ${b##*/} in nvme*c*) continue ;; esac	# a multipath path
+			[ "$(cat "$b/nsid" 2>/dev/null)" = "$n" ] || continue
+			dev=/dev/ckpt-ns$n
+			[ -b "$dev" ] || mknod "$dev" b $(tr : ' ' <"$b/dev")
 		done
 		[ -b "$dev" ] || fail "no namespace $n"
 		sectors=$(blockdev --getsz "$dev")

@@ -9,9 +9,14 @@
 params=$1 steps=$2 chunk=$3
 fail() { echo "stripe-bench: FAIL: $*"; dmesg >/out/dmesg.txt; exit 1; }
 up() { cut -d' ' -f1 /proc/uptime; }
-ns() { # NSID: its block device
+ns() { # NSID: a node of its block device (by device numbers: the kernel names
+	# namespaces in the order their scans end, /dev/nvme0nN need not be that name's)
 	for b in /sys/block/nvme*n*; do
-		[ "$(cat "$b/nsid" 2>/dev/null)" = "$1" ] && { echo "/dev/${b##*/}"; return; }
+		case ${b##*/} in nvme*c*) continue ;; esac
+		[ "$(cat "$b/nsid" 2>/dev/null)" = "$1" ] || continue
+		[ -b "/dev/ckpt-ns$1" ] || mknod "/dev/ckpt-ns$1" b $(tr : ' ' <"$b/dev")
+		echo "/dev/ckpt-ns$1"
+		return
 	done
 }
 
