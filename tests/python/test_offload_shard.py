@@ -355,6 +355,39 @@ class ShardTest(unittest.TestCase):
                 for f, data in images.items():
                     self.assertEqual(read_file(os.path.join(old, f)), data, f"{f} changed")
 
+    def test_devices_cut_evenly_before_0_4_open_as_before(self):
+        """Devices of dm-ckpt before 0.4 (pieces cut at n r / W, no share
+        recorded) open with the rule they were cut by and train as ever: bit-
+        identical to one device."""
+        world = 2
+        with tempdir() as d:
+            named = sc.shard_model()
+            whole = ckpt.Layout()
+            values = {}
+            for gi, g in enumerate(sc.shard_groups(named)):
+                for n, p in g["params"]:
+                    whole.add(n, tuple(p.shape), gi)
+                    values[n] = p.detach().to(torch.float32).reshape(-1).numpy()
+            for r in range(world):
+                old = ckpt.Layout()     # what 0.3 formatted: plain tensors named as pieces
+                for name, shape, group in whole.shard(r, world, rule="even").tensors:
+                    old.add(name, shape, group)
+                path = os.path.join(d, f"state-{r}.img")
+                ckpt.format(path, old, dtype="bf16", chunk_params=4096)
+                with ckpt.open(path) as dev:
+                    pieces = {}
+                    for t in dev.tensors():
+                        m = re.fullmatch(r"(\w+)\[(\d+):(\d+)\]", t["name"])
+                        pieces[t["name"]] = values[m[1]][int(m[2]):int(m[3])] if m else values[t["name"]]
+                    dev.load_params(pieces)
+                self.assertIsNone(ckpt.image_info(path)["shard"])
+            self.assertIn("[", ckpt.image_info(os.path.join(d, "state-1.img"))["tensors"][0]["name"])
+            self.check_ok(Run(d, world).wait())
+            with tempdir() as rd:
+                ref = reference_world(rd, world)
+                self.compare(d, world, ref)
+                ref.close()
+
     def test_duplicate_paths_are_refused(self):
         with self.assertRaisesRegex(ValueError, "ranks 0 and 1 are given the same path"):
             ckpt.torch.drivers._Shard.path_of(type("S", (), {"rank": 1, "world": 2})(),

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from .. import CkptError, Device, Layout
+from .._abi import _SHARD_RULE_EVEN
 from .. import format as _format
 from .. import image_info as _image_info
 from .. import open as _open
@@ -425,14 +426,16 @@ class OffloadAdamW(torch.optim.Optimizer):
             return
         rec = _image_info(path)["shard"]
         rank, world = (self._shard.rank, self._shard.world) if self._shard else (0, 1)
-        if rec is None and self._shard and self._shard.rule != "even":
-            self._shard.use_rule(self._flat, "even")
-            self._pieces = self._shard.pieces
-            self._layout = [(dn, shape, gi) for dn, _, _, _, shape, gi in self._pieces]
-        elif rec is not None and (rec["rank"], rec["world"]) != (rank, world):
+        if rec is not None and (rec["rank"], rec["world"]) != (rank, world):
             raise RuntimeError(f"{path} holds rank {rec['rank']}'s share of a run on {rec['world']} ranks; "
                                f"this run has {world}: resume it on {rec['world']} ranks, or make this run's "
                                f"devices from it at new paths (reshard_from=, or ckptctl reshard)")
+        # the rule the device was cut by: recorded, or (no record) dm-ckpt before 0.4's
+        rule = "even" if rec is None or rec["rule"] == _SHARD_RULE_EVEN else "q8"
+        if self._shard and self._shard.rule != rule:
+            self._shard.use_rule(self._flat, rule)
+            self._pieces = self._shard.pieces
+            self._layout = [(dn, shape, gi) for dn, _, _, _, shape, gi in self._pieces]
 
     def _open(self, device_or_path, dtype, chunk_params, size, init_from_model, state, master, create=None):
         """create: whether the ranks agreed to create their devices (sharded);
