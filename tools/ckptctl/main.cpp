@@ -16,6 +16,7 @@
 #include "plan.hpp"
 #include "progress.hpp"
 #include "serve.hpp"
+#include "tenant.hpp"
 
 using namespace ckptctl;
 
@@ -553,6 +554,27 @@ int main(int argc, char **argv)
 		       "  ckptctl stripe opt.stripe /mnt/a/opt.drive /mnt/b/opt.drive --drive-size 20000000000\n"
 		       "  ckptctl format opt.stripe --manifest model.json");
 
+	// ---- tenant
+	TenantArgs ta;
+	auto *tenant = app.add_subcommand("tenant",
+		"Carve per-job optimizer devices out of one drive.\n\n"
+		"init DRIVE writes the drive's tenant table (its first MiB); create DRIVE NAME\n"
+		"--size BYTES --owner USER[:GROUP] hands out an extent of the drive as\n"
+		"/dev/mapper/ckpt-tenant-NAME (dm-linear), owned by the job's user, mode 0600:\n"
+		"its size is the tenant's quota; remove DRIVE NAME zeroes the extent and\n"
+		"frees it; list DRIVE; activate DRIVE makes every tenant's device (at boot).");
+	tenant->add_option("verb", ta.verb, "init, create, remove, list or activate")->required()
+		->check(CLI::IsMember({"init", "create", "remove", "list", "activate"}));
+	tenant->add_option("drive", ta.drive, "the drive (a block device)")->required();
+	tenant->add_option("name", ta.name, "the tenant (create, remove)");
+	tenant->add_option("--size", ta.bytes, "create: the tenant's bytes, a multiple of 1 MiB");
+	tenant->add_option("--owner", ta.owner, "create: USER[:GROUP] the device is given to");
+	tenant->add_flag("--force", ta.force, "init: over a drive that is not blank at its start");
+	tenant->add_flag("--json", ta.json, "list: as JSON");
+	tenant->footer("\nEXAMPLES\n  ckptctl tenant init /dev/nvme1n1\n"
+		       "  ckptctl tenant create /dev/nvme1n1 job42 --size 68719476736 --owner alice\n"
+		       "  ckptctl tenant list /dev/nvme1n1\n  ckptctl tenant remove /dev/nvme1n1 job42");
+
 	// ---- verify / restore
 	auto *verify = app.add_subcommand("verify",
 		"Check a backing device's integrity.\n\n"
@@ -719,6 +741,8 @@ int main(int argc, char **argv)
 			return cmd_reshard(ra);
 		if (*stripe)
 			return cmd_stripe(sta);
+		if (*tenant)
+			return cmd_tenant(ta);
 		if (*restore)
 			return cmd_restore(dev, do_rollback, as_json);
 	} catch (const Error &e) {
