@@ -22,6 +22,13 @@ namespace {
 constexpr char kMagic[] = "{\"dm-ckpt-stripe-set\"";
 constexpr size_t kMaxBytes = 64 << 10;
 
+// A descriptor's text: compact, so that it starts with kMagic.
+std::string descriptor_text(const StripeSet &set)
+{
+	return nlohmann::json{{"dm-ckpt-stripe-set", 1}, {"stripe_bytes", set.stripe_bytes},
+			      {"drives", set.drives}}.dump() + "\n";
+}
+
 } // namespace
 
 std::optional<StripeSet> read_stripe_set(int fd, const std::string &path)
@@ -67,8 +74,7 @@ std::optional<StripeSet> read_stripe_set(int fd, const std::string &path)
 
 void write_stripe_set(const std::string &path, const StripeSet &set)
 {
-	const std::string text = nlohmann::json{{"dm-ckpt-stripe-set", 1}, {"stripe_bytes", set.stripe_bytes},
-						{"drives", set.drives}}.dump() + "\n";
+	const std::string text = descriptor_text(set);
 	TempFile tmp(path, "stripe", O_WRONLY);
 	if (::write(tmp.fd(), text.data(), text.size()) != static_cast<ssize_t>(text.size()) || fsync(tmp.fd()) < 0)
 		fail(CKPT_E_IO, "cannot write {}: {}", tmp.path(), strerror(errno));
@@ -83,8 +89,7 @@ std::string create_stripe_set(const std::string &path, uint64_t stripe_bytes, co
 	if (lstat(path.c_str(), &st) == 0)
 		fail(CKPT_E_STATE, "{} exists: a stripe set's descriptor goes to a new path", path);
 	// Checked as an open will check it (a descriptor beside it, not yet named).
-	const std::string text = nlohmann::json{{"dm-ckpt-stripe-set", 1}, {"stripe_bytes", set.stripe_bytes},
-						{"drives", set.drives}}.dump();
+	const std::string text = descriptor_text(set);
 	TempFile probe(path, "check", O_RDWR);
 	if (::write(probe.fd(), text.data(), text.size()) != static_cast<ssize_t>(text.size()))
 		fail(CKPT_E_IO, "cannot write {}: {}", probe.path(), strerror(errno));

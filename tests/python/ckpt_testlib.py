@@ -42,6 +42,12 @@ def tempdir():
     return tempfile.TemporaryDirectory(prefix="ckpt-pytest-", dir=TMP_ROOT)
 
 
+def read_file(path):
+    """The bytes of the file at path."""
+    with open(path, "rb") as f:
+        return f.read()
+
+
 def readme_blocks(lang):
     """The README's ```LANG blocks, in order."""
     root = os.path.dirname(os.path.dirname(HERE))

@@ -27,7 +27,7 @@ import warnings
 import numpy as np
 import torch
 
-from ckpt_testlib import CKPTCTL, free_port, tempdir
+from ckpt_testlib import CKPTCTL, free_port, read_file, tempdir
 
 import ckpt
 import ckpt.torch
@@ -146,11 +146,6 @@ def reference_world(d, world, state="fp32"):
             opt.norms[opt.committed_step] = opt.last_grad_norm
         it["it"] += 1
     return opt
-
-
-def read_file(path):
-    with open(path, "rb") as f:
-        return f.read()
 
 
 def bits(a):

@@ -25,7 +25,7 @@ import unittest
 
 import numpy as np
 
-from ckpt_testlib import CKPTCTL, tempdir
+from ckpt_testlib import CKPTCTL, read_file, tempdir
 
 import ckpt
 
@@ -39,11 +39,6 @@ def whole(params=PARAMS):
     for name, shape, group in params:
         layout.add(name, shape, group)
     return layout
-
-
-def read_file(path):
-    with open(path, "rb") as f:
-        return f.read()
 
 
 def bf16_words(rng, n):
