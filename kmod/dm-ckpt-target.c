@@ -42,6 +42,7 @@
 #include <linux/module.h>
 #include <linux/init.h>
 #include <linux/bio.h>
+#include <linux/blk-cgroup.h>
 #include <linux/blkdev.h>
 #include <linux/device-mapper.h>
 #include <linux/mm.h>
@@ -54,6 +55,7 @@
 #include <linux/spinlock.h>
 #include <linux/string.h>
 #include <linux/kernel.h>
+#include <linux/kthread.h>
 #include <linux/sched.h>
 #include <linux/sched/mm.h>
 
@@ -460,6 +462,8 @@ static void dmckpt_bio_work(struct work_struct *work)
 	while ((bio = bio_list_pop(&bios))) {
 		const struct ckpt_route *r = &dm_ckpt_io_of(bio)->route;
 
+		/* staging and commit I/O are the writer's, as the update's (job_work) */
+		kthread_associate_blkcg(bio_blkcg_css(bio));
 		mutex_lock(&c->cmd_lock);
 		if (r->window == CKPT_WIN_GRAD)
 			__dmckpt_grad_write(c, bio, r);
@@ -468,6 +472,7 @@ static void dmckpt_bio_work(struct work_struct *work)
 		else
 			__dmckpt_control_read(c, bio, r);
 		mutex_unlock(&c->cmd_lock);
+		kthread_associate_blkcg(NULL);
 		cond_resched();
 	}
 }

@@ -6,7 +6,9 @@
  * seal), write the new record.
  */
 #include <linux/bio.h>
+#include <linux/blk-cgroup.h>
 #include <linux/completion.h>
+#include <linux/kthread.h>
 #include <linux/kernel.h>
 #include <linux/mm.h>
 #include <linux/module.h>
@@ -236,7 +238,7 @@ static int write_state(struct dm_ckpt_update *u, struct dm_ckpt_job *j)
 	atomic_set(&j->writes, 2);
 	reinit_completion(&j->done);
 
-	dm_ckpt_md_io_prep(u->t.md, &req, &where, REQ_OP_WRITE, j->rec,
+	dm_ckpt_md_io_prep(u->t.md, &req, &where, REQ_OP_WRITE | REQ_SYNC, j->rec,
 			   ckpt_record_offset(l, j->upd.dst.slot, j->upd.chunk), l->record_bytes);
 	req.notify.fn = write_done;
 	req.notify.context = j;
@@ -244,7 +246,7 @@ static int write_state(struct dm_ckpt_update *u, struct dm_ckpt_job *j)
 	if (ret)
 		write_done(1, j);
 
-	dm_ckpt_md_io_prep(u->t.md, &req, &where, REQ_OP_WRITE, j->plo,
+	dm_ckpt_md_io_prep(u->t.md, &req, &where, REQ_OP_WRITE | REQ_SYNC, j->plo,
 			   ckpt_plo_offset(l, j->upd.dst.slot, j->upd.chunk), l->plo_chunk_bytes);
 	req.notify.fn = write_done;
 	req.notify.context = j;
@@ -266,8 +268,15 @@ static void job_work(struct work_struct *work)
 	enum ckpt_update_result res;
 	int ret;
 
+	/*
+	 * The chunk's I/O is the writer's: charge it to the blk-cgroup of the
+	 * gradient bio that caused it, as loop charges its workers' I/O, so
+	 * that io.weight and io.max of a job's cgroup hold for its target
+	 * (dm-io allocates its bios with the worker's association).
+	 */
+	kthread_associate_blkcg(bio_blkcg_css(j->bio));
 	/* dm-io's synchronous path reports -EIO for every failure. */
-	ret = dm_ckpt_md_io(u->t.md, REQ_OP_READ, j->rec,
+	ret = dm_ckpt_md_io(u->t.md, REQ_OP_READ | REQ_SYNC, j->rec,
 			    ckpt_record_offset(l, j->upd.src.slot, chunk), l->record_bytes);
 	if (ret) {
 		DMERR_LIMIT("%s: reading the state of chunk %u failed: %d",
@@ -297,6 +306,7 @@ fail:
 	u->t.failed(u->t.ctx, ret);
 	status = BLK_STS_IOERR;
 out:
+	kthread_associate_blkcg(NULL);
 	dm_ckpt_bio_put(j->bio, status);
 	put_job(u, j);
 }

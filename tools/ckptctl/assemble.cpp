@@ -18,6 +18,7 @@
 #include "ckpttab.hpp"
 #include "commands.hpp"
 #include "fail.hpp"
+#include "tenant.hpp"
 
 namespace fs = std::filesystem;
 
@@ -206,11 +207,16 @@ int cmd_activate(const ActivateArgs &a)
 		want_uuid = canonical_uuid(a.uuid);	// checked by the command line
 	// The whole file is parsed before anything is done: a bad line changes nothing.
 	const std::vector<TabEntry> tab = read_ckpttab(a.ckpttab);
+	// Tenants first: their devices hold images (and a drive with a table
+	// holds none itself; udev then asks for each new tenant device).
+	if (a.all)
+		activate_tenant_drives();
 	if (!a.device.empty()) {
 		device = a.device;
 		want_uuid = image_uuid(device);
 		if (want_uuid.empty()) {	// not an image: nothing to do (udev asks for every device)
-			fmt::print("{}: holds no dm-ckpt image\n", device);
+			if (!activate_tenant_drives(device))
+				fmt::print("{}: holds no dm-ckpt image\n", device);
 			return exit_ok;
 		}
 	}

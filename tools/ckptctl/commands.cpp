@@ -20,6 +20,7 @@
 #include "dm.hpp"
 #include "fail.hpp"
 #include "probe.hpp"
+#include "tenant.hpp"
 
 using nlohmann::json;
 
@@ -677,6 +678,8 @@ void print_prometheus(const std::vector<TargetState> &targets)
 		json l = {{"name", t.j["name"]}, {"backing", backing_of(t.table.params)}};
 		if (!t.info.uuid.empty())
 			l["uuid"] = t.info.uuid;
+		if (const std::string tenant = tenant_of(t.table.params); !tenant.empty())
+			l["tenant"] = tenant;
 		labels.push_back(l);
 	}
 	char *text = nullptr;
@@ -769,6 +772,7 @@ int cmd_list(const ListArgs &a)
 		}
 		if (a.prometheus) {
 			print_prometheus(targets);
+			fmt::print("{}", tenants_prometheus());
 			return exit_ok;
 		}
 		for (const TargetState &t : targets)

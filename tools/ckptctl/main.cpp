@@ -558,21 +558,37 @@ int main(int argc, char **argv)
 	TenantArgs ta;
 	auto *tenant = app.add_subcommand("tenant",
 		"Carve per-job optimizer devices out of one drive.\n\n"
-		"init DRIVE writes the drive's tenant table (its first MiB); create DRIVE NAME\n"
-		"--size BYTES --owner USER[:GROUP] hands out an extent of the drive as\n"
+		"init DRIVE writes the drive's tenant table (its first MiB) and turns on iocost\n"
+		"on it (--read-bps/--write-bps: the drive's bandwidth, its model); create DRIVE\n"
+		"NAME --size BYTES --owner USER[:GROUP] hands out an extent of the drive as\n"
 		"/dev/mapper/ckpt-tenant-NAME (dm-linear), owned by the job's user, mode 0600:\n"
-		"its size is the tenant's quota; remove DRIVE NAME zeroes the extent and\n"
-		"frees it; list DRIVE; activate DRIVE makes every tenant's device (at boot).");
-	tenant->add_option("verb", ta.verb, "init, create, remove, list or activate")->required()
-		->check(CLI::IsMember({"init", "create", "remove", "list", "activate"}));
+		"its size is the tenant's quota; its cgroup /sys/fs/cgroup/dm-ckpt/NAME gets\n"
+		"--weight (io.weight on the drive: its share under contention) and --max-bps\n"
+		"(io.max); exec DRIVE NAME -- COMMAND runs a job in that cgroup as the owner;\n"
+		"set changes shares; remove DRIVE NAME zeroes the extent and frees it; list\n"
+		"DRIVE; activate DRIVE makes every tenant's device and cgroup (at boot,\n"
+		"ckptctl activate does it for every drive with a table).");
+	tenant->add_option("verb", ta.verb, "init, create, remove, set, list, activate or exec")->required()
+		->check(CLI::IsMember({"init", "create", "remove", "set", "list", "activate", "exec"}));
 	tenant->add_option("drive", ta.drive, "the drive (a block device)")->required();
-	tenant->add_option("name", ta.name, "the tenant (create, remove)");
+	tenant->add_option("name", ta.name, "the tenant (create, remove, set, exec)");
+	tenant->add_option("command", ta.command, "exec: the job's command and its arguments (after --)");
 	tenant->add_option("--size", ta.bytes, "create: the tenant's bytes, a multiple of 1 MiB");
 	tenant->add_option("--owner", ta.owner, "create: USER[:GROUP] the device is given to");
+	tenant->add_option("--weight", ta.weight, "create, set: the tenant's io.weight on the drive (default 100)")
+		->check(CLI::Range(kMinWeight, kMaxWeight));
+	tenant->add_option("--max-bps", ta.max_bps, "create, set: cap its reads and its writes at BPS bytes/s (0: none)")
+		->check(CLI::Range(uint64_t{0}, kMaxBps));
+	tenant->add_option("--read-bps", ta.read_bps, "init, set DRIVE: the drive's read bandwidth, bytes/s")
+		->check(CLI::Range(uint64_t{1}, kMaxBps));
+	tenant->add_option("--write-bps", ta.write_bps, "init, set DRIVE: the drive's write bandwidth, bytes/s")
+		->check(CLI::Range(uint64_t{1}, kMaxBps));
 	tenant->add_flag("--force", ta.force, "init: over a drive that is not blank at its start");
 	tenant->add_flag("--json", ta.json, "list: as JSON");
-	tenant->footer("\nEXAMPLES\n  ckptctl tenant init /dev/nvme1n1\n"
+	tenant->footer("\nEXAMPLES\n  ckptctl tenant init /dev/nvme1n1 --read-bps 6800000000 --write-bps 4000000000\n"
 		       "  ckptctl tenant create /dev/nvme1n1 job42 --size 68719476736 --owner alice\n"
+		       "  ckptctl tenant exec /dev/nvme1n1 job42 -- torchrun train.py\n"
+		       "  ckptctl tenant set /dev/nvme1n1 job42 --weight 200\n"
 		       "  ckptctl tenant list /dev/nvme1n1\n  ckptctl tenant remove /dev/nvme1n1 job42");
 
 	// ---- verify / restore

@@ -2,6 +2,8 @@
 #include "tenant.hpp"
 
 #include <algorithm>
+#include <filesystem>
+#include <map>
 #include <cerrno>
 #include <cstddef>
 #include <optional>
@@ -9,12 +11,14 @@
 #include <iostream>
 #include <memory>
 #include <random>
+#include <sstream>
 
 #include <endian.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <linux/fs.h>
 #include <pwd.h>
+#include <sys/types.h>
 #include <sys/file.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
@@ -40,6 +44,9 @@ constexpr uint64_t kCopyBytes = kTableBytes / 2;	// copy k at k * kCopyBytes
 constexpr uint64_t kBlock = 4096;
 constexpr char kMagic[8] = {'C', 'K', 'P', 'T', 'T', 'N', 'T', '1'};
 const std::string kPrefix = "ckpt-tenant-";
+// Not "CKPT-": that prefix names the dm-ckpt targets, which stand for their
+// backing devices when ckptctl activate looks for images.
+const std::string kUuidPrefix = "CKPTTENANT-";
 
 // A copy's header block: magic, version, sequence, the JSON's length and
 // crc32c, then the header's own crc32c (of its first 28 bytes).
@@ -56,11 +63,14 @@ struct Tenant {
 	std::string name, uuid;
 	uint64_t start = 0, bytes = 0;	// on the drive
 	uint32_t uid = 0, gid = 0;
+	uint32_t weight = kDefaultWeight;	// its share of the drive under contention
+	uint64_t max_bps = 0;	// a cap on its reads and on its writes, or 0
 };
 
 struct Table {
 	std::string uuid;	// the drive's
 	uint64_t sequence = 0;
+	uint64_t read_bps = 0, write_bps = 0;	// the drive's bandwidth, for iocost's model; 0: the kernel's
 	std::vector<Tenant> tenants;
 };
 
@@ -120,10 +130,12 @@ public:
 	void write(Table t, uint64_t in_force) const
 	{
 		t.sequence = in_force + 1;
-		json j{{"uuid", t.uuid}, {"tenants", json::array()}};
+		json j{{"uuid", t.uuid}, {"read_bps", t.read_bps}, {"write_bps", t.write_bps},
+		       {"tenants", json::array()}};
 		for (const Tenant &x : t.tenants)
 			j["tenants"].push_back({{"name", x.name}, {"uuid", x.uuid}, {"start", x.start}, {"bytes", x.bytes},
-						{"uid", x.uid}, {"gid", x.gid}});
+						{"uid", x.uid}, {"gid", x.gid}, {"weight", x.weight},
+						{"max_bps", x.max_bps}});
 		const std::string text = j.dump();
 		if (text.size() > kCopyBytes - kBlock)
 			fail(CKPT_E_RANGE, "{}: the tenant table would need {} bytes, at most {}", path_, text.size(),
@@ -189,11 +201,20 @@ private:
 		Table t;
 		t.sequence = le64toh(h.sequence);
 		try {
+			// read_bps, write_bps, weight and max_bps came with the shares: optional
 			t.uuid = j.at("uuid").get<std::string>();
-			for (const json &x : j.at("tenants"))
+			t.read_bps = j.value("read_bps", uint64_t{0});
+			t.write_bps = j.value("write_bps", uint64_t{0});
+			for (const json &x : j.at("tenants")) {
 				t.tenants.push_back({x.at("name").get<std::string>(), x.at("uuid").get<std::string>(),
 						     x.at("start").get<uint64_t>(), x.at("bytes").get<uint64_t>(),
-						     x.at("uid").get<uint32_t>(), x.at("gid").get<uint32_t>()});
+						     x.at("uid").get<uint32_t>(), x.at("gid").get<uint32_t>(),
+						     x.value("weight", kDefaultWeight), x.value("max_bps", uint64_t{0})});
+				const Tenant &n = t.tenants.back();
+				if (n.weight < kMinWeight || n.weight > kMaxWeight || t.read_bps > kMaxBps ||
+				    t.write_bps > kMaxBps || n.max_bps > kMaxBps)
+					return std::nullopt;
+			}
 		} catch (const json::exception &) {
 			return std::nullopt;	// checksummed, yet not ours: a copy to ignore
 		}
@@ -250,22 +271,154 @@ std::pair<uint32_t, uint32_t> owner_of(const std::string &spec)
 	return {pw->pw_uid, gid};
 }
 
-// The tenant's dm-linear device, made (if missing) and given to its owner.
+std::string devno(dev_t d)
+{
+	return fmt::format("{}:{}", major(d), minor(d));
+}
+
+// ---- bandwidth shares (blk-cgroup v2)
+//
+// Each tenant has a cgroup, kCgroupRoot/NAME, whose io.weight on the drive is
+// its share under contention and whose io.max (when set) caps it. The weights
+// need a proportional controller on the drive: iocost (io.cost.qos), given the
+// drive's bandwidth as its model when the table records it (without one, the
+// kernel's generic SSD model may think the drive idle while it is saturated,
+// and then shares nothing). A job's I/O is charged to the cgroup it runs in
+// (ckptctl tenant exec puts it there); the kernel target charges its record
+// I/O to the cgroup of the gradient writes that caused it.
+const std::string kCgroupFs = "/sys/fs/cgroup";
+const std::string kCgroupRoot = kCgroupFs + "/dm-ckpt";
+
+std::string cgroup_of(const std::string &name)
+{
+	return kCgroupRoot + "/" + name;
+}
+
+void write_knob(const std::string &file, const std::string &text)
+{
+	const int fd = ::open(file.c_str(), O_WRONLY | O_CLOEXEC);
+	const bool ok = fd >= 0 && write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+	const int err = errno;
+	if (fd >= 0)
+		::close(fd);
+	if (!ok)
+		fail(CKPT_E_IO, "cannot write '{}' to {}: {}", text, file, strerror(err));
+}
+
+std::string read_knob(const std::string &file)
+{
+	std::string text;
+	const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return text;
+	char buf[4096];
+	for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;)
+		text.append(buf, static_cast<size_t>(n));
+	::close(fd);
+	return text;
+}
+
+void need_io_controller()
+{
+	std::istringstream in(read_knob(kCgroupFs + "/cgroup.controllers"));
+	for (std::string c; in >> c;)
+		if (c == "io")
+			return;
+	fail(CKPT_E_FEATURE, "{} is not cgroup2 with the io controller: the tenants' bandwidth shares need it",
+	     kCgroupFs);
+}
+
+// iocost on the drive, with the drive's bandwidth as its model when known
+// (then vrate is held at 100%: the model is the drive).
+void drive_shares(const Drive &d, const Table &t)
+{
+	need_io_controller();
+	const std::string dev = devno(d.rdev());
+	if (t.read_bps && t.write_bps) {
+		const auto model = [](const char *rw, uint64_t bps) {
+			// a 4 KiB I/O costs its bytes: the model is bandwidth alone
+			return fmt::format("{0}bps={1} {0}seqiops={2} {0}randiops={2}", rw, bps,
+					   std::max<uint64_t>(1, bps / kBlock));
+		};
+		write_knob(kCgroupFs + "/io.cost.model",
+			   fmt::format("{} ctrl=user model=linear {} {}", dev, model("r", t.read_bps),
+				       model("w", t.write_bps)));
+		write_knob(kCgroupFs + "/io.cost.qos", dev + " enable=1 ctrl=user min=100.00 max=100.00");
+	} else {
+		write_knob(kCgroupFs + "/io.cost.model", dev + " ctrl=auto");
+		write_knob(kCgroupFs + "/io.cost.qos", dev + " enable=1 ctrl=auto");
+	}
+}
+
+void tenant_shares(const Drive &d, const Tenant &x)
+{
+	const std::string cg = cgroup_of(x.name), dev = devno(d.rdev());
+	if (mkdir(kCgroupRoot.c_str(), 0755) < 0 && errno != EEXIST)
+		fail(CKPT_E_IO, "cannot make {}: {}", kCgroupRoot, strerror(errno));
+	write_knob(kCgroupFs + "/cgroup.subtree_control", "+io");
+	write_knob(kCgroupRoot + "/cgroup.subtree_control", "+io");
+	if (mkdir(cg.c_str(), 0755) < 0 && errno != EEXIST)
+		fail(CKPT_E_IO, "cannot make {}: {}", cg, strerror(errno));
+	write_knob(cg + "/io.weight", fmt::format("{} {}", dev, x.weight));
+	const std::string cap = x.max_bps ? std::to_string(x.max_bps) : "max";
+	write_knob(cg + "/io.max", fmt::format("{} rbps={} wbps={}", dev, cap, cap));
+}
+
+// The tenant's dm-linear device, made (if missing) and given to its owner,
+// and its cgroup with its share.
 std::string activate(const Drive &d, const Tenant &x)
 {
 	const std::string name = kPrefix + x.name;
 	dm::Info i = dm::info(name);
 	if (!i.exists) {
-		char dev[32];
-		snprintf(dev, sizeof(dev), "%u:%u", major(d.rdev()), minor(d.rdev()));
-		dm::create(name, {0, x.bytes / 512, "linear", fmt::format("{} {}", dev, x.start / 512)},
-			   "CKPT-TENANT-" + x.uuid);
+		dm::create(name, {0, x.bytes / 512, "linear", fmt::format("{} {}", devno(d.rdev()), x.start / 512)},
+			   kUuidPrefix + x.uuid);
 		i = dm::info(name);
 	}
 	const std::string node = dm::node(name, i);
 	if (chown(node.c_str(), x.uid, x.gid) < 0 || chmod(node.c_str(), 0600) < 0)
 		fail(CKPT_E_IO, "cannot give {} to uid {} gid {}: {}", node, x.uid, x.gid, strerror(errno));
+	tenant_shares(d, x);
 	return node;
+}
+
+Tenant &find(Table &t, const std::string &name, const std::string &drive)
+{
+	for (Tenant &x : t.tenants)
+		if (x.name == name)
+			return x;
+	fail(CKPT_E_STATE, "{} has no tenant '{}'", drive, name);
+}
+
+std::string model_text(const Table &t)
+{
+	if (!t.read_bps)
+		return "shares by iocost on the kernel's model of the drive";
+	return fmt::format("shares by iocost on a drive of {} B/s reads, {} B/s writes", t.read_bps, t.write_bps);
+}
+
+std::string share_text(const Tenant &x)
+{
+	return fmt::format("weight {}{}", x.weight, x.max_bps ? fmt::format(", at most {} B/s each way", x.max_bps) : "");
+}
+
+// Runs command in the tenant's cgroup as its owner (never returns).
+[[noreturn]] void exec_in(const Drive &d, const Tenant &x, const std::vector<std::string> &command)
+{
+	if (command.empty())
+		fail(CKPT_E_INVAL, "exec DRIVE NAME -- COMMAND [ARGS...]");
+	tenant_shares(d, x);	// the cgroup, as the table says
+	write_knob(cgroup_of(x.name) + "/cgroup.procs", "0");
+	const struct passwd *pw = getpwuid(x.uid);
+	if ((pw ? initgroups(pw->pw_name, x.gid) : setgroups(0, nullptr)) < 0 || setgid(x.gid) < 0 ||
+	    setuid(x.uid) < 0)
+		fail(CKPT_E_IO, "cannot become uid {} gid {}: {}", x.uid, x.gid, strerror(errno));
+	std::vector<char *> argv;
+	for (const std::string &c : command)
+		argv.push_back(const_cast<char *>(c.c_str()));
+	argv.push_back(nullptr);
+	execvp(argv[0], argv.data());
+	fail(CKPT_E_IO, "cannot run {}: {}", command[0], strerror(errno));
 }
 
 void check_tenant_name(const std::string &name)
@@ -279,14 +432,19 @@ void check_tenant_name(const std::string &name)
 
 int cmd_tenant(const TenantArgs &a)
 {
+	if (!a.read_bps != !a.write_bps)
+		fail(CKPT_E_INVAL, "--read-bps and --write-bps go together: the drive's model needs both");
 	Drive d(a.drive);
 	if (a.verb == "init") {
 		if (d.read())
 			fail(CKPT_E_STATE, "{} has a tenant table already", a.drive);
 		if (!a.force && d.any_signature())
 			fail(CKPT_E_STATE, "{} is not blank at its start: init would hide what is there (--force)", a.drive);
-		d.write(Table{new_uuid(), 0, {}}, 0);
-		fmt::print("{}: a tenant table, {} bytes to carve\n", a.drive, d.size() / kMiB * kMiB - kTableBytes);
+		const Table t{new_uuid(), 0, a.read_bps, a.write_bps, {}};
+		drive_shares(d, t);	// before the table: a drive without shares gets no tenants
+		d.write(t, 0);
+		fmt::print("{}: a tenant table, {} bytes to carve, {}\n", a.drive,
+			   d.size() / kMiB * kMiB - kTableBytes, model_text(t));
 		return 0;
 	}
 	Table t = table_of(d);
@@ -298,7 +456,8 @@ int cmd_tenant(const TenantArgs &a)
 		if (a.bytes == 0 || a.bytes % kMiB)
 			fail(CKPT_E_INVAL, "--size: a positive multiple of 1 MiB");
 		const auto [uid, gid] = owner_of(a.owner);
-		Tenant x{a.name, new_uuid(), first_fit(t, a.bytes, d.size()), a.bytes, uid, gid};
+		Tenant x{a.name, new_uuid(), first_fit(t, a.bytes, d.size()), a.bytes, uid, gid,
+			 a.weight.value_or(kDefaultWeight), a.max_bps.value_or(0)};
 		Table with = t;
 		with.tenants.push_back(x);
 		d.write(with, in_force);
@@ -309,14 +468,12 @@ int cmd_tenant(const TenantArgs &a)
 			d.write(t, in_force + 1);	// the space back: no tenant without its device
 			throw;
 		}
-		fmt::print("{}: tenant {} of {} bytes at {} of {}, owned by {}:{} (mode 0600)\n", node, x.name,
-			   x.bytes, x.start, a.drive, x.uid, x.gid);
+		fmt::print("{}: tenant {} of {} bytes at {} of {}, owned by {}:{} (mode 0600); {}\n", node, x.name,
+			   x.bytes, x.start, a.drive, x.uid, x.gid, share_text(x));
 		return 0;
 	}
 	if (a.verb == "remove") {
-		auto it = std::find_if(t.tenants.begin(), t.tenants.end(), [&](const Tenant &x) { return x.name == a.name; });
-		if (it == t.tenants.end())
-			fail(CKPT_E_STATE, "{} has no tenant '{}'", a.drive, a.name);
+		const auto it = t.tenants.begin() + (&find(t, a.name, a.drive) - t.tenants.data());
 		const dm::Info i = dm::info(kPrefix + a.name);
 		if (i.exists && i.open_count > 0)
 			fail(CKPT_E_STATE, "tenant {} is in use (a job or a dm-ckpt target has it open)", a.name);
@@ -327,29 +484,186 @@ int cmd_tenant(const TenantArgs &a)
 		d.zero(it->start, bytes);
 		t.tenants.erase(it);
 		d.write(t, in_force);
+		// A job still in its cgroup keeps it; the next create of the name takes it over.
+		if (rmdir(cgroup_of(a.name).c_str()) < 0 && errno != ENOENT)
+			fmt::print(stderr, "ckptctl: {} left: {}\n", cgroup_of(a.name), strerror(errno));
 		fmt::print("{}: tenant {} removed, its {} bytes zeroed and free\n", a.drive, a.name, bytes);
 		return 0;
 	}
 	if (a.verb == "activate") {
+		drive_shares(d, t);
 		for (const Tenant &x : t.tenants)
 			fmt::print("{}\n", activate(d, x));
 		return 0;
 	}
+	if (a.verb == "set") {
+		if (a.name.empty()) {
+			if (a.weight || a.max_bps)
+				fail(CKPT_E_INVAL, "set DRIVE takes --read-bps and --write-bps; a tenant's share: set DRIVE NAME");
+			t.read_bps = a.read_bps;
+			t.write_bps = a.write_bps;
+			drive_shares(d, t);
+			d.write(t, in_force);
+			fmt::print("{}: {}\n", a.drive, model_text(t));
+			return 0;
+		}
+		if (a.read_bps || a.write_bps)
+			fail(CKPT_E_INVAL, "--read-bps and --write-bps are the drive's: set DRIVE without a name");
+		Tenant &x = find(t, a.name, a.drive);
+		if (a.weight)
+			x.weight = *a.weight;
+		if (a.max_bps)
+			x.max_bps = *a.max_bps;
+		tenant_shares(d, x);
+		d.write(t, in_force);
+		fmt::print("{}: tenant {}: {}\n", a.drive, x.name, share_text(x));
+		return 0;
+	}
+	if (a.verb == "exec")
+		exec_in(d, find(t, a.name, a.drive), a.command);
 	if (a.verb == "list") {
 		json j = json::array();
 		for (const Tenant &x : t.tenants)
 			j.push_back({{"name", x.name}, {"uuid", x.uuid}, {"start", x.start}, {"bytes", x.bytes},
-				     {"uid", x.uid}, {"gid", x.gid}, {"active", dm::info(kPrefix + x.name).exists}});
-		if (a.json)
-			std::cout << j.dump(2) << "\n";
-		else
-			for (const json &x : j)
-				fmt::print("{:<24} {:>14} bytes at {:>14}  uid {} gid {}{}\n", x["name"].get<std::string>(),
-					   x["bytes"].get<uint64_t>(), x["start"].get<uint64_t>(), x["uid"].get<uint32_t>(),
-					   x["gid"].get<uint32_t>(), x["active"].get<bool>() ? "" : "  (not active)");
+				     {"uid", x.uid}, {"gid", x.gid}, {"weight", x.weight}, {"max_bps", x.max_bps},
+				     {"cgroup", cgroup_of(x.name)}, {"active", dm::info(kPrefix + x.name).exists}});
+		if (a.json) {
+			std::cout << json{{"drive", a.drive}, {"read_bps", t.read_bps}, {"write_bps", t.write_bps},
+					  {"tenants", j}}.dump(2)
+				  << "\n";
+			return 0;
+		}
+		fmt::print("{}: {}\n", a.drive, model_text(t));
+		for (const Tenant &x : t.tenants)
+			fmt::print("{:<24} {:>14} bytes at {:>14}  uid {} gid {}  {}{}\n", x.name, x.bytes, x.start, x.uid,
+				   x.gid, share_text(x), dm::info(kPrefix + x.name).exists ? "" : "  (not active)");
 		return 0;
 	}
-	fail(CKPT_E_INVAL, "tenant: unknown verb '{}' (init, create, remove, list, activate)", a.verb);
+	fail(CKPT_E_INVAL, "tenant: unknown verb '{}' (init, create, remove, set, list, activate, exec)", a.verb);
+}
+
+namespace {
+
+// Whether the device starts with a tenant table's magic (either copy).
+bool holds_tenant_table(const std::string &node)
+{
+	const int fd = ::open(node.c_str(), O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return false;
+	bool found = false;
+	for (uint64_t k = 0; k < 2 && !found; k++) {
+		char magic[sizeof(kMagic)];
+		found = pread(fd, magic, sizeof(magic), static_cast<off_t>(k * kCopyBytes)) ==
+				static_cast<ssize_t>(sizeof(magic)) &&
+			std::memcmp(magic, kMagic, sizeof(kMagic)) == 0;
+	}
+	::close(fd);
+	return found;
+}
+
+std::string sysfs_line(const std::string &file)
+{
+	std::string s = read_knob(file);
+	return s.substr(0, s.find('\n'));
+}
+
+} // namespace
+
+unsigned activate_tenant_drives(const std::string &only)
+{
+	std::vector<std::string> drives;
+	if (!only.empty()) {
+		drives.push_back(only);
+	} else {
+		std::error_code ec;
+		for (const auto &e : std::filesystem::directory_iterator("/sys/class/block", ec)) {
+			// not the tenants' devices nor the targets: a table is on a drive
+			if (sysfs_line(e.path() / "dm" / "uuid").rfind("CKPT", 0) == 0 || sysfs_line(e.path() / "size") == "0")
+				continue;
+			drives.push_back("/dev/" + e.path().filename().string());
+		}
+	}
+	unsigned n = 0;
+	for (const std::string &node : drives) {
+		if (!holds_tenant_table(node))
+			continue;
+		try {
+			Drive d(node);
+			const std::optional<Table> t = d.read();
+			if (!t)
+				continue;
+			n++;
+			drive_shares(d, *t);
+			for (const Tenant &x : t->tenants)
+				fmt::print("{}: tenant {} on {}\n", activate(d, x), x.name, node);
+		} catch (const Error &e) {
+			fmt::print(stderr, "ckptctl: {}: tenants not activated: {}\n", node, e.what());
+		}
+	}
+	return n;
+}
+
+std::string tenant_of(const std::string &params)
+{
+	const std::string dm = "/sys/dev/block/" + params.substr(0, params.find(' ')) + "/dm/";
+	const std::string name = sysfs_line(dm + "name");
+	if (name.rfind(kPrefix, 0) != 0 || sysfs_line(dm + "uuid").rfind(kUuidPrefix, 0) != 0)
+		return "";
+	return name.substr(kPrefix.size());
+}
+
+std::string tenants_prometheus()
+{
+	struct Row {
+		std::string labels;
+		uint64_t quota = 0, weight = kDefaultWeight, rbytes = 0, wbytes = 0, rios = 0, wios = 0;
+	};
+	std::vector<Row> rows;
+	for (const std::string &name : dm::names()) {
+		if (name.rfind(kPrefix, 0) != 0 || dm::info(name).uuid.rfind(kUuidPrefix, 0) != 0)
+			continue;
+		const std::vector<dm::Target> table = dm::table(name);
+		if (table.size() != 1 || table[0].type != "linear")
+			continue;
+		const std::string dev = table[0].params.substr(0, table[0].params.find(' '));
+		const std::string tenant = name.substr(kPrefix.size());
+		Row r;
+		std::error_code ec;
+		const std::string kname = std::filesystem::read_symlink("/sys/dev/block/" + dev, ec).filename();
+		r.labels = fmt::format("tenant=\"{}\",drive=\"{}\"", tenant, kname.empty() ? dev : "/dev/" + kname);
+		r.quota = table[0].length * 512;
+		std::istringstream weights(read_knob(cgroup_of(tenant) + "/io.weight"));
+		for (std::string key, value; weights >> key >> value;)
+			if (key == "default" || key == dev)
+				r.weight = std::strtoull(value.c_str(), nullptr, 10);
+		// io.stat: a line a device, "MAJ:MIN rbytes=N wbytes=N rios=N wios=N ..."
+		const std::map<std::string, uint64_t Row::*> keys = {
+			{"rbytes", &Row::rbytes}, {"wbytes", &Row::wbytes}, {"rios", &Row::rios}, {"wios", &Row::wios}};
+		std::istringstream stat(read_knob(cgroup_of(tenant) + "/io.stat"));
+		for (std::string line; std::getline(stat, line);) {
+			std::istringstream in(line);
+			std::string d, kv;
+			if (!(in >> d) || d != dev)
+				continue;
+			while (in >> kv)
+				if (const auto eq = kv.find('='); keys.count(kv.substr(0, eq)))
+					r.*keys.at(kv.substr(0, eq)) = std::strtoull(kv.c_str() + eq + 1, nullptr, 10);
+		}
+		rows.push_back(r);
+	}
+	std::string out;
+	const auto family = [&](const char *metric, const char *type, const char *help, uint64_t Row::*field) {
+		out += fmt::format("# HELP dm_ckpt_tenant_{0} {1}\n# TYPE dm_ckpt_tenant_{0} {2}\n", metric, help, type);
+		for (const Row &r : rows)
+			out += fmt::format("dm_ckpt_tenant_{}{{{}}} {}\n", metric, r.labels, r.*field);
+	};
+	family("quota_bytes", "gauge", "The tenant's size on its drive: its quota.", &Row::quota);
+	family("weight", "gauge", "The tenant's io.weight on its drive: its share under contention.", &Row::weight);
+	family("read_bytes_total", "counter", "Bytes the tenant's cgroup read from its drive.", &Row::rbytes);
+	family("written_bytes_total", "counter", "Bytes the tenant's cgroup wrote to its drive.", &Row::wbytes);
+	family("reads_total", "counter", "Reads the tenant's cgroup issued to its drive.", &Row::rios);
+	family("writes_total", "counter", "Writes the tenant's cgroup issued to its drive.", &Row::wios);
+	return out;
 }
 
 } // namespace ckptctl

@@ -13,18 +13,39 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace ckptctl {
 
+// io.weight's range and default
+constexpr uint32_t kMinWeight = 1, kMaxWeight = 10000, kDefaultWeight = 100;
+constexpr uint64_t kMaxBps = uint64_t{1} << 40;
+
 struct TenantArgs {
-	std::string verb;	// init, create, remove, list, activate
+	std::string verb;	// init, create, remove, set, list, activate, exec
 	std::string drive, name, owner;
 	uint64_t bytes = 0;	// create: the quota
+	std::optional<uint32_t> weight;	// create, set: the tenant's io.weight
+	std::optional<uint64_t> max_bps;	// create, set: its io.max (0: none)
+	uint64_t read_bps = 0, write_bps = 0;	// init, set DRIVE: the drive's bandwidth
+	std::vector<std::string> command;	// exec
 	bool force = false;	// init over a drive that holds something
 	bool json = false;
 };
 int cmd_tenant(const TenantArgs &a);
+
+// Makes the tenants' devices and cgroups of every drive with a tenant table
+// (ckptctl activate, at boot), or of the one drive given; returns how many
+// drives held a table. A drive that cannot be read is skipped.
+unsigned activate_tenant_drives(const std::string &only = "");
+
+// The tenant whose device a table line ("MAJ:MIN ...") names, or empty.
+std::string tenant_of(const std::string &params);
+
+// Each tenant device's quota and its I/O on the drive (from its cgroup), in
+// Prometheus' text format.
+std::string tenants_prometheus();
 
 } // namespace ckptctl
