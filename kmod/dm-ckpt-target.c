@@ -486,6 +486,13 @@ static void dmckpt_defer(struct dm_ckpt *c, struct bio *bio)
 
 	atomic_set(&io->pending, 1);
 	io->status = BLK_STS_OK;
+	/*
+	 * dm hands the target a clone with no blk-cgroup of its own. Map runs
+	 * in the submitter's context: associate the clone with the submitter's
+	 * cgroup now, so that the workers can charge the I/O it causes to it
+	 * (dmckpt_bio_work, and the update's job_work).
+	 */
+	bio_associate_blkg(bio);
 	spin_lock_irqsave(&c->bio_lock, flags);
 	bio_list_add(&c->bios, bio);
 	spin_unlock_irqrestore(&c->bio_lock, flags);
