@@ -652,6 +652,8 @@ std::string tenants_prometheus()
 		rows.push_back(r);
 	}
 	std::string out;
+	if (rows.empty())
+		return out;	// no tenant: no families (a scrape of targets alone stays as it was)
 	const auto family = [&](const char *metric, const char *type, const char *help, uint64_t Row::*field) {
 		out += fmt::format("# HELP dm_ckpt_tenant_{0} {1}\n# TYPE dm_ckpt_tenant_{0} {2}\n", metric, help, type);
 		for (const Row &r : rows)
