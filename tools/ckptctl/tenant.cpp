@@ -473,21 +473,20 @@ int cmd_tenant(const TenantArgs &a)
 		return 0;
 	}
 	if (a.verb == "remove") {
-		const auto it = t.tenants.begin() + (&find(t, a.name, a.drive) - t.tenants.data());
+		const Tenant gone = find(t, a.name, a.drive);
 		const dm::Info i = dm::info(kPrefix + a.name);
 		if (i.exists && i.open_count > 0)
 			fail(CKPT_E_STATE, "tenant {} is in use (a job or a dm-ckpt target has it open)", a.name);
 		if (i.exists)
 			dm::remove(kPrefix + a.name, true);
 		// Its data goes before its space: a crash between leaves a tenant of zeros.
-		const uint64_t bytes = it->bytes;
-		d.zero(it->start, bytes);
-		t.tenants.erase(it);
+		d.zero(gone.start, gone.bytes);
+		std::erase_if(t.tenants, [&](const Tenant &x) { return x.name == gone.name; });
 		d.write(t, in_force);
 		// A job still in its cgroup keeps it; the next create of the name takes it over.
 		if (rmdir(cgroup_of(a.name).c_str()) < 0 && errno != ENOENT)
 			fmt::print(stderr, "ckptctl: {} left: {}\n", cgroup_of(a.name), strerror(errno));
-		fmt::print("{}: tenant {} removed, its {} bytes zeroed and free\n", a.drive, a.name, bytes);
+		fmt::print("{}: tenant {} removed, its {} bytes zeroed and free\n", a.drive, a.name, gone.bytes);
 		return 0;
 	}
 	if (a.verb == "activate") {
