@@ -9,7 +9,8 @@ chrooted into the host's / shared read-only over 9p):
 
     offload_dm.py prep   DEV           reference runs (userspace engine, files in
                                        /tmp), then format DEV (bf16) and 3 steps
-    offload_dm.py resume MAPPER        OffloadAdamW on the kernel target: resumes
+    offload_dm.py resume MAPPER        OffloadAdamW on the kernel target: drops a
+                                       step a stopped trainer left open, resumes
                                        at step 3, 5 more steps; Device.rollback()
                                        to step 7 and step 8 again; state reads
                                        during an open step
@@ -36,6 +37,7 @@ import os  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import sys  # noqa: E402
+import warnings  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -243,8 +245,24 @@ def resume(mapper, dtype):
     except ckpt.torch.LayoutMismatchError as e:
         check(f"{dtype}: OffloadAdamW on {mapper} refuses another model's params", True)
         say(f"#   {str(e)[:160]}")
-    log, blobs, resumed = train(mapper, dtype, STEPS_TOTAL, expect_resume=STEPS_BEFORE,
-                                tag=f"{dtype} kernel: ")
+    # a trainer that stopped mid-step (killed: no abort) leaves its step open
+    # on the kernel target; the next one drops it and resumes as after a crash
+    with ckpt.open(mapper) as d:
+        t = d.tensors()[0]
+        d.begin([{"lr": 1e-3, "weight_decay": 0.0}] * d.info()["n_groups"])
+        d.write_grad(t["name"], ckpt.torch.torch_to_lowp(torch.ones(t["numel"]), d.dtype))
+    with ckpt.open(mapper) as d:
+        left = d.status()
+    check(f"{dtype} kernel: a step left open on {mapper} by a trainer that stopped",
+          left["state"] == "open" and left["open_step"] == STEPS_BEFORE + 1, f"{left}")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        log, blobs, resumed = train(mapper, dtype, STEPS_TOTAL, expect_resume=STEPS_BEFORE,
+                                    tag=f"{dtype} kernel: ")
+    stale = [str(w.message) for w in caught if "left open" in str(w.message)]
+    check(f"{dtype} kernel: OffloadAdamW aborted that step, saying so, and resumed from step "
+          f"{STEPS_BEFORE}", len(stale) == 1 and f"step {STEPS_BEFORE + 1} was left open" in stale[0],
+          f"{[str(w.message) for w in caught]}")
     results = [r for _, r in log.values()]
     skipped = results.count("overflow")
     check(f"{dtype} kernel: {STEPS_TOTAL - STEPS_BEFORE} steps committed through {mapper}"

@@ -455,6 +455,7 @@ class OffloadAdamW(torch.optim.Optimizer):
             # engine's memory rather than the device
             self.device = _open(self.path, param_cache=True)
             self._owned = True
+            self._drop_stale_step()
         self._check_layout(dtype)
         if created:
             self._resumed_step = self.device.committed_step     # 0, or a reshard's step
@@ -467,6 +468,18 @@ class OffloadAdamW(torch.optim.Optimizer):
             self._resumed_step = 0
         else:
             self._resumed_step = self.device.committed_step
+
+    def _drop_stale_step(self):
+        """A kernel target keeps a step open when the trainer that opened it
+        stops mid-step (killed, out of memory): the next trainer would be
+        refused its BEGIN. That step is dropped, as the engine's dies with its
+        process: the run resumes from the committed step, as after a crash."""
+        st = self.device.status()
+        if st["state"] == "open":
+            warnings.warn(f"{self.path}: step {st['open_step']} was left open by a trainer that "
+                          f"stopped mid-step; aborted, resuming from committed step "
+                          f"{st['committed_step']}", RuntimeWarning, stacklevel=3)
+            self.device.abort()
 
     # -- creation and checks
     def _model_values(self):
