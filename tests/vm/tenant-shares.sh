@@ -142,6 +142,26 @@ ok "activate --all makes the tenants, their cgroups and shares, then the target 
 	 [ \"\$(stat -c '%u %a' /dev/mapper/ckpt-tenant-a)\" = '1001 600' ]"
 ok "... and the target verifies" sh -c "ckptctl remove ka >/dev/null && ckptctl verify /dev/mapper/ckpt-tenant-a | grep -q 'verify: ok'"
 
+# a tenant table on a partition: the shares are the whole disk's (iocost,
+# io.weight and io.max take disks); a device-mapper drive has no iocost
+ok "the tenants removed, the drive partitioned" sh -c \
+	"ckptctl tenant remove $drive a >/dev/null && ckptctl tenant remove $drive b >/dev/null &&
+	 dd if=/dev/zero of=$drive bs=1M count=1 2>/dev/null &&
+	 printf 'n\np\n1\n\n+200M\nn\np\n2\n\n+100M\nw\n' | fdisk $drive >/dev/null 2>&1;
+	 [ -b ${drive}p1 ] && [ -b ${drive}p2 ]"
+echo "$dev enable=0" >/sys/fs/cgroup/io.cost.qos
+ok "init on a partition turns iocost on for its disk" sh -c \
+	"ckptctl tenant init ${drive}p1 >/dev/null && grep -q '^$dev enable=1' /sys/fs/cgroup/io.cost.qos"
+ok "... and a tenant there gets its weight on the disk" sh -c \
+	"ckptctl tenant create ${drive}p1 p --size 16777216 --owner job1 >/dev/null &&
+	 grep -qx '$dev 100' /sys/fs/cgroup/dm-ckpt/p/io.weight"
+ok "the scrape names the partition as the tenant's drive" sh -c \
+	"ckptctl list --prometheus | grep -q 'dm_ckpt_tenant_quota_bytes{tenant=\"p\",drive=\"${drive}p1\"} 16777216'"
+dmsetup create lin --table "0 204800 linear ${drive}p2 0"
+fails_with "init on a device-mapper drive: no iocost there" 1 "need a blk-mq disk for iocost" \
+	ckptctl tenant init /dev/mapper/lin
+ok "... and it wrote no table" sh -c "! ckptctl tenant list /dev/mapper/lin >/dev/null 2>&1"
+
 echo "1..$n"
 echo "$((n - failed)) passed, $failed failed"
 exit $((failed > 0))

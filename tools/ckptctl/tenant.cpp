@@ -318,6 +318,31 @@ std::string read_knob(const std::string &file)
 	return text;
 }
 
+std::string sysfs_line(const std::string &file)
+{
+	std::string s = read_knob(file);
+	return s.substr(0, s.find('\n'));
+}
+
+// The disk a block device ("MAJ:MIN") is, or is a partition of: iocost,
+// io.weight, io.max and io.stat take whole disks.
+std::string whole_disk(const std::string &dev)
+{
+	const std::string sys = "/sys/dev/block/" + dev;
+	return std::filesystem::exists(sys + "/partition") ? sysfs_line(sys + "/../dev") : dev;
+}
+
+// The disk whose I/O the shares control. One that is not blk-mq
+// (device-mapper, md) cannot have iocost: refused, saying so.
+std::string shares_disk(const Drive &d)
+{
+	const std::string disk = whole_disk(devno(d.rdev()));
+	if (!std::filesystem::exists("/sys/dev/block/" + disk + "/mq"))
+		fail(CKPT_E_FEATURE, "{}: the tenants' bandwidth shares need a blk-mq disk for iocost (an NVMe "
+		     "namespace, or a partition of one), not a device-mapper or md device", d.path());
+	return disk;
+}
+
 void need_io_controller()
 {
 	std::istringstream in(read_knob(kCgroupFs + "/cgroup.controllers"));
@@ -333,7 +358,7 @@ void need_io_controller()
 void drive_shares(const Drive &d, const Table &t)
 {
 	need_io_controller();
-	const std::string dev = devno(d.rdev());
+	const std::string dev = shares_disk(d);
 	if (t.read_bps && t.write_bps) {
 		const auto model = [](const char *rw, uint64_t bps) {
 			// a 4 KiB I/O costs its bytes: the model is bandwidth alone
@@ -352,7 +377,7 @@ void drive_shares(const Drive &d, const Table &t)
 
 void tenant_shares(const Drive &d, const Tenant &x)
 {
-	const std::string cg = cgroup_of(x.name), dev = devno(d.rdev());
+	const std::string cg = cgroup_of(x.name), dev = shares_disk(d);
 	if (mkdir(kCgroupRoot.c_str(), 0755) < 0 && errno != EEXIST)
 		fail(CKPT_E_IO, "cannot make {}: {}", kCgroupRoot, strerror(errno));
 	write_knob(kCgroupFs + "/cgroup.subtree_control", "+io");
@@ -560,12 +585,6 @@ bool holds_tenant_table(const std::string &node)
 	return found;
 }
 
-std::string sysfs_line(const std::string &file)
-{
-	std::string s = read_knob(file);
-	return s.substr(0, s.find('\n'));
-}
-
 } // namespace
 
 unsigned activate_tenant_drives(const std::string &only)
@@ -624,12 +643,13 @@ std::string tenants_prometheus()
 		const std::vector<dm::Target> table = dm::table(name);
 		if (table.size() != 1 || table[0].type != "linear")
 			continue;
-		const std::string dev = table[0].params.substr(0, table[0].params.find(' '));
+		const std::string drive = table[0].params.substr(0, table[0].params.find(' '));
+		const std::string dev = whole_disk(drive);	// its knobs' and counts' key
 		const std::string tenant = name.substr(kPrefix.size());
 		Row r;
 		std::error_code ec;
-		const std::string kname = std::filesystem::read_symlink("/sys/dev/block/" + dev, ec).filename();
-		r.labels = fmt::format("tenant=\"{}\",drive=\"{}\"", tenant, kname.empty() ? dev : "/dev/" + kname);
+		const std::string kname = std::filesystem::read_symlink("/sys/dev/block/" + drive, ec).filename();
+		r.labels = fmt::format("tenant=\"{}\",drive=\"{}\"", tenant, kname.empty() ? drive : "/dev/" + kname);
 		r.quota = table[0].length * 512;
 		std::istringstream weights(read_knob(cgroup_of(tenant) + "/io.weight"));
 		for (std::string key, value; weights >> key >> value;)
