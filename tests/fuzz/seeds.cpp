@@ -12,6 +12,7 @@
 #include "manifest.hpp"
 #include "interchange.hpp"
 #include "safetensors.hpp"
+#include "tenant_table.hpp"
 
 extern "C" {
 #include "ckpt_codec.h"
@@ -215,6 +216,28 @@ void safetensors_files()
 				    R"({"w": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}})");
 }
 
+// ckptctl's tenant tables: the drive's size (8 bytes, little-endian), then
+// the JSON of a copy, as ckptctl writes it.
+void tenant_tables()
+{
+	const auto put_table = [](const std::string &name, uint64_t drive, const ckptctl::Table &t) {
+		std::string in(8, '\0');
+		for (int i = 0; i < 8; i++)
+			in[i] = static_cast<char>(drive >> (8 * i));
+		put("tenant_table", name, in + ckptctl::table_json(t));
+	};
+	ckptctl::Table t;
+	t.uuid = "0f1e2d3c-4b5a-4968-8776-a5b4c3d2e1f0";
+	put_table("empty", 64 * ckptctl::kMiB, t);
+	t.read_bps = 3000000000;
+	t.write_bps = 2000000000;
+	t.tenants.push_back({"job-42", "11111111-2222-4333-8444-555555555555", ckptctl::kMiB, 8 * ckptctl::kMiB,
+			     1001, 1001, 300, 0});
+	t.tenants.push_back({"job_43", "66666666-7777-4888-9999-aaaaaaaaaaaa", 20 * ckptctl::kMiB,
+			     44 * ckptctl::kMiB, 1002, 100, 100, 500000000});
+	put_table("two", 64 * ckptctl::kMiB + 4096, t);
+}
+
 } // namespace
 
 int main(int argc, char **argv)
@@ -230,5 +253,6 @@ int main(int argc, char **argv)
 	tables();
 	manifests();
 	safetensors_files();
+	tenant_tables();
 	return 0;
 }

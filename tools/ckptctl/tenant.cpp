@@ -38,8 +38,6 @@ namespace ckptctl {
 
 namespace {
 
-constexpr uint64_t kMiB = 1 << 20;
-constexpr uint64_t kTableBytes = kMiB;		// the drive's first MiB: the table
 constexpr uint64_t kCopyBytes = kTableBytes / 2;	// copy k at k * kCopyBytes
 constexpr uint64_t kBlock = 4096;
 constexpr char kMagic[8] = {'C', 'K', 'P', 'T', 'T', 'N', 'T', '1'};
@@ -59,20 +57,6 @@ struct Header {
 	uint32_t header_crc;
 } __attribute__((packed));
 
-struct Tenant {
-	std::string name, uuid;
-	uint64_t start = 0, bytes = 0;	// on the drive
-	uint32_t uid = 0, gid = 0;
-	uint32_t weight = kDefaultWeight;	// its share of the drive under contention
-	uint64_t max_bps = 0;	// a cap on its reads and on its writes, or 0
-};
-
-struct Table {
-	std::string uuid;	// the drive's
-	uint64_t sequence = 0;
-	uint64_t read_bps = 0, write_bps = 0;	// the drive's bandwidth, for iocost's model; 0: the kernel's
-	std::vector<Tenant> tenants;
-};
 
 std::string new_uuid()
 {
@@ -130,13 +114,7 @@ public:
 	void write(Table t, uint64_t in_force) const
 	{
 		t.sequence = in_force + 1;
-		json j{{"uuid", t.uuid}, {"read_bps", t.read_bps}, {"write_bps", t.write_bps},
-		       {"tenants", json::array()}};
-		for (const Tenant &x : t.tenants)
-			j["tenants"].push_back({{"name", x.name}, {"uuid", x.uuid}, {"start", x.start}, {"bytes", x.bytes},
-						{"uid", x.uid}, {"gid", x.gid}, {"weight", x.weight},
-						{"max_bps", x.max_bps}});
-		const std::string text = j.dump();
+		const std::string text = table_json(t);
 		if (text.size() > kCopyBytes - kBlock)
 			fail(CKPT_E_RANGE, "{}: the tenant table would need {} bytes, at most {}", path_, text.size(),
 			     kCopyBytes - kBlock);
@@ -197,27 +175,10 @@ private:
 		const std::string text(reinterpret_cast<const char *>(buf.get() + kBlock), le32toh(h.json_len));
 		if (ckpt_crc32c_update(0, text.data(), text.size()) != le32toh(h.json_crc))
 			return std::nullopt;
-		const json j = json::parse(text, nullptr, false);
-		Table t;
-		t.sequence = le64toh(h.sequence);
-		try {
-			// read_bps, write_bps, weight and max_bps came with the shares: optional
-			t.uuid = j.at("uuid").get<std::string>();
-			t.read_bps = j.value("read_bps", uint64_t{0});
-			t.write_bps = j.value("write_bps", uint64_t{0});
-			for (const json &x : j.at("tenants")) {
-				t.tenants.push_back({x.at("name").get<std::string>(), x.at("uuid").get<std::string>(),
-						     x.at("start").get<uint64_t>(), x.at("bytes").get<uint64_t>(),
-						     x.at("uid").get<uint32_t>(), x.at("gid").get<uint32_t>(),
-						     x.value("weight", kDefaultWeight), x.value("max_bps", uint64_t{0})});
-				const Tenant &n = t.tenants.back();
-				if (n.weight < kMinWeight || n.weight > kMaxWeight || t.read_bps > kMaxBps ||
-				    t.write_bps > kMaxBps || n.max_bps > kMaxBps)
-					return std::nullopt;
-			}
-		} catch (const json::exception &) {
-			return std::nullopt;	// checksummed, yet not ours: a copy to ignore
-		}
+		// checksummed, yet not ours or not sound: a copy to ignore
+		std::optional<Table> t = parse_table(text, size_);
+		if (t)
+			t->sequence = le64toh(h.sequence);
 		return t;
 	}
 
@@ -448,8 +409,7 @@ std::string share_text(const Tenant &x)
 
 void check_tenant_name(const std::string &name)
 {
-	if (name.empty() || name.size() > 64 ||
-	    !std::all_of(name.begin(), name.end(), [](char c) { return isalnum(c) || c == '-' || c == '_'; }))
+	if (!valid_tenant_name(name))
 		fail(CKPT_E_INVAL, "tenant name '{}': 1 to 64 letters, digits, '-' or '_'", name);
 }
 

@@ -17,11 +17,9 @@
 #include <string>
 #include <vector>
 
-namespace ckptctl {
+#include "tenant_table.hpp"
 
-// io.weight's range and default
-constexpr uint32_t kMinWeight = 1, kMaxWeight = 10000, kDefaultWeight = 100;
-constexpr uint64_t kMaxBps = uint64_t{1} << 40;
+namespace ckptctl {
 
 struct TenantArgs {
 	std::string verb;	// init, create, remove, set, list, activate, exec
