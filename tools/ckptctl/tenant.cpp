@@ -57,7 +57,6 @@ struct Header {
 	uint32_t header_crc;
 } __attribute__((packed));
 
-
 std::string new_uuid()
 {
 	std::random_device rd;
