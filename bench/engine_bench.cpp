@@ -9,8 +9,11 @@
 // (b) the same pass through the engine's io_uring code with its buffers, no
 // math; (c) a real step (begin, gradient write, commit). Prints medians with
 // min..max of each (the machine is shared and noisy) and the engine's
-// fraction of the device (fio): above 1 (the step or the I/O pass), the
-// reference is wrong, and it says so. The last line is JSON: engine_fraction_of_device_LABEL per directory.
+// fraction of the device (fio's fastest of io_uring, psync and mmap, and
+// where the engine maps the file, (b) too, as fio has no pattern that copies
+// through one mapping): above 1 (the step or the I/O pass), the reference is
+// wrong, and it says so. On a mapped file also the
+// same step with io_uring, on a file of its own. The last line is JSON: engine_fraction_of_device_LABEL per directory.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -44,7 +47,6 @@ void raw_thread(const ckpt::BackingFile &f, const struct ckpt_regions &l, uint32
 {
 	const unsigned depth = static_cast<unsigned>(rec.size());
 	ckpt::Ring ring(depth * 2 + 2);
-	const int fd = f.fd.get();
 	std::vector<uint32_t> chunk_of(depth);
 	std::vector<int> pending_writes(depth, 0);
 	uint32_t next = first;
@@ -52,7 +54,7 @@ void raw_thread(const ckpt::BackingFile &f, const struct ckpt_regions &l, uint32
 	auto start_read = [&](unsigned s) {
 		chunk_of[s] = next;
 		next += stride;
-		ring.read(fd, rec[s].as(), static_cast<unsigned>(l.record_bytes),
+		ring.read(f, rec[s].as(), static_cast<unsigned>(l.record_bytes),
 			  ckpt_record_offset(&l, src, chunk_of[s]), s);
 		inflight++;
 	};
@@ -66,9 +68,9 @@ void raw_thread(const ckpt::BackingFile &f, const struct ckpt_regions &l, uint32
 		if (res < 0)
 			ckpt::fail(CKPT_E_IO, "raw pass: {}", strerror(-res));
 		if (pending_writes[s] == 0) {	// the read is done: write back
-			ring.write(fd, rec[s].as(), static_cast<unsigned>(l.record_bytes),
+			ring.write(f, rec[s].as(), static_cast<unsigned>(l.record_bytes),
 				   ckpt_record_offset(&l, src ^ 1, chunk_of[s]), s);
-			ring.write(fd, plo[s].as(), static_cast<unsigned>(l.plo_chunk_bytes),
+			ring.write(f, plo[s].as(), static_cast<unsigned>(l.plo_chunk_bytes),
 				   ckpt_plo_offset(&l, src ^ 1, chunk_of[s]), s);
 			pending_writes[s] = 2;
 			inflight += 2;
@@ -106,26 +108,42 @@ Spread spread(std::vector<double> v)
 	return {n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2, v.front(), v.back()};
 }
 
-// fio over the step's I/O on the same file: reads of the src slot's records,
-// writes of the other slot's records and p_lo, concurrently, each stream with
-// the engine's block size and its queue depth (workers x chunks in flight),
+// Where fio's three streams go: a file and an offset in it each.
+struct FioStreams {
+	std::string file[3];
+	uint64_t off[3];
+};
+
+// The step's three streams in the engine's file: reads of the src slot's
+// records, writes of the other slot's records and p_lo.
+FioStreams step_streams(const std::string &path, const struct ckpt_regions &l, uint32_t src)
+{
+	return {{path, path, path},
+		{ckpt_record_offset(&l, src, 0), ckpt_record_offset(&l, src ^ 1, 0), ckpt_plo_offset(&l, src ^ 1, 0)}};
+}
+
+// fio over the step's I/O: the three streams concurrently, each with the
+// engine's block size and its queue depth (workers x chunks in flight),
 // fsync at the end as the engine's commit flushes; fio_loops passes in one
 // run, so that the first touch of fio's fresh buffers (slow on these VMs)
-// weighs little, as the engine's buffers are reused. Returns the seconds the
-// slowest stream took for one pass; throws if fio is missing or fails.
-double fio_pass(const std::string &path, const struct ckpt_regions &l, uint32_t n_chunks, uint32_t src,
+// weighs little, as the engine's buffers are reused. ioengine: io_uring,
+// psync, or mmap (copies to and from the file's mapped pages, as the engine
+// does on tmpfs; fio 3.33's mmap engine ignores --offset, so its streams
+// get files of their own). Returns the seconds the slowest stream took for
+// one pass; throws if fio is missing or fails.
+double fio_pass(const FioStreams &at, const struct ckpt_regions &l, uint32_t n_chunks, const char *ioengine,
 		bool direct, unsigned qd)
 {
-	const uint32_t dst = src ^ 1;
-	const std::string cmd = fmt::format(
-		"fio --output-format=json --ioengine=io_uring --direct={} --allow_file_create=0 --filename={} "
-		"--end_fsync=1 --iodepth={} --loops={} "
-		"--name=records-read --rw=read --bs={} --offset={} --size={} "
-		"--name=records-write --rw=write --bs={} --offset={} --size={} "
-		"--name=plo-write --rw=write --bs={} --offset={} --size={} 2>&1",
-		direct ? 1 : 0, path, qd, fio_loops, l.record_bytes, ckpt_record_offset(&l, src, 0), n_chunks * l.record_bytes,
-		l.record_bytes, ckpt_record_offset(&l, dst, 0), n_chunks * l.record_bytes, l.plo_chunk_bytes,
-		ckpt_plo_offset(&l, dst, 0), n_chunks * l.plo_chunk_bytes);
+	const uint64_t bs[3] = {l.record_bytes, l.record_bytes, l.plo_chunk_bytes};
+	const char *const name[3] = {"records-read", "records-write", "plo-write"};
+	std::string cmd = fmt::format("fio --output-format=json --ioengine={} --direct={} --end_fsync=1 "
+				      "--iodepth={} --loops={}",
+				      ioengine, direct ? 1 : 0, qd, fio_loops);
+	for (int k = 0; k < 3; k++)
+		cmd += fmt::format(" --name={} --filename={} --allow_file_create={} --rw={} --bs={} --offset={} --size={}",
+				   name[k], at.file[k], at.off[k] ? 0 : 1, k ? "write" : "read", bs[k], at.off[k],
+				   n_chunks * bs[k]);
+	cmd += " 2>&1";
 	std::unique_ptr<FILE, decltype(&pclose)> pipe(popen(cmd.c_str(), "r"), pclose);
 	if (!pipe)
 		ckpt::fail(CKPT_E_IO, "cannot run fio: {}", strerror(errno));
@@ -173,13 +191,14 @@ int main(int argc, char **argv)
 		const size_t eq = arg.find('=');
 		const std::string label = eq == std::string::npos ? arg : arg.substr(0, eq);
 		const std::string dir = eq == std::string::npos ? arg : arg.substr(eq + 1);
-		std::string path = (std::filesystem::path(dir) / "ckpt-engine-bench.img").string();
+		const std::string path = (std::filesystem::path(dir) / "ckpt-engine-bench.img").string();
+		const std::string ring_path = (std::filesystem::path(dir) / "ckpt-engine-bench-ring.img").string();
 		ckpt::Layout layout;
 		layout.add("w", {params}, 0);
-		ckpt::format(path, layout, {.force = true});	// a file left by an interrupted run
-		{
+		for (const std::string &p : {path, ring_path}) {
+			ckpt::format(p, layout, {.force = true});	// a file left by an interrupted run
 			// Preallocate the other slot, so no round times page allocation.
-			ckpt::Image img = ckpt::Image::open(path, true);
+			ckpt::Image img = ckpt::Image::open(p, true);
 			const struct ckpt_regions &l = img.sb.regions;
 			ckpt::Buffer zero(8u << 20);
 			auto fill = [&](uint64_t off, uint64_t len) {
@@ -193,10 +212,19 @@ int main(int argc, char **argv)
 		ckpt::EngineOptions opts;
 		opts.workers = workers;
 		auto dev = ckpt::Device::open(path, opts);
+		// Where the engine maps the file (tmpfs), the same step with
+		// io_uring on a file of its own beside it: what the mapping gains.
+		const bool mapped = dev->engine()->image().file.mapped();
+		std::unique_ptr<ckpt::Device> ring_dev;
+		if (mapped) {
+			ckpt::EngineOptions o = opts;
+			o.map = false;
+			ring_dev = ckpt::Device::open(ring_path, o);
+		}
 		const struct ckpt_regions l = dev->regions();
 		const uint32_t n_chunks = dev->geometry().n_chunks;
 		const uint64_t step_bytes = n_chunks * (2 * l.record_bytes + l.plo_chunk_bytes);
-		// The engine's own fd: a second writable open would be refused.
+		// The engine's own file: a second writable open would be refused.
 		const ckpt::BackingFile &raw = dev->engine()->image().file;
 		const unsigned threads = workers ? workers : std::clamp(std::thread::hardware_concurrency(), 1u, 4u);
 		std::vector<std::vector<ckpt::Buffer>> rec(threads), plo(threads);
@@ -206,17 +234,47 @@ int main(int argc, char **argv)
 				plo[t].emplace_back(l.plo_chunk_bytes);
 			}
 		std::vector<ckpt::GroupHparams> groups(1);
-		std::vector<double> t_fio, t_raw, t_step;
+		// fio's patterns: the device's figure is the fastest of them
+		struct Pattern {
+			const char *ioengine;
+			bool direct;
+			unsigned qd;
+			FioStreams at;
+			std::vector<double> t;
+		};
+		std::vector<Pattern> patterns = {{"io_uring", raw.direct, threads * opts.depth, {}, {}},
+						 {"psync", raw.direct, 1, {}, {}}};
+		std::vector<std::string> scratch;
+		if (mapped) {
+			FioStreams own;
+			for (int k = 0; k < 3; k++) {
+				scratch.push_back((std::filesystem::path(dir) / fmt::format("ckpt-engine-bench-fio{}", k)).string());
+				own.file[k] = scratch.back();
+				own.off[k] = 0;
+			}
+			patterns.push_back({"mmap", false, 1, own, {}});
+		}
+		std::vector<double> t_fio, t_raw, t_step, t_ring_step;
+		auto timed_step = [&](ckpt::Device &d) {
+			auto t0 = clock_type::now();
+			d.begin(groups, 1.0);
+			d.write_grad("w", grad.data(), grad.size());
+			if (d.commit({}) != ckpt::CommitResult::committed)
+				ckpt::fail(CKPT_E_INVAL, "benchmark step overflowed");
+			return seconds_since(t0);
+		};
 		for (unsigned r = 0; r < rounds; r++) {
 			const uint32_t committed = dev->status().committed_slot;
-			t_fio.push_back(fio_pass(path, l, n_chunks, committed, raw.direct, threads * opts.depth));
+			t_fio.push_back(1e300);
+			for (Pattern &p : patterns) {
+				const FioStreams at = p.at.file[0].empty() ? step_streams(path, l, committed) : p.at;
+				p.t.push_back(fio_pass(at, l, n_chunks, p.ioengine, p.direct, p.qd));
+				t_fio.back() = std::min(t_fio.back(), p.t.back());
+			}
 			t_raw.push_back(raw_pass(raw, l, n_chunks, committed, rec, plo));
-			auto t0 = clock_type::now();
-			dev->begin(groups, 1.0);
-			dev->write_grad("w", grad.data(), grad.size());
-			if (dev->commit({}) != ckpt::CommitResult::committed)
-				ckpt::fail(CKPT_E_INVAL, "benchmark step overflowed");
-			t_step.push_back(seconds_since(t0));
+			t_step.push_back(timed_step(*dev));
+			if (ring_dev)
+				t_ring_step.push_back(timed_step(*ring_dev));
 		}
 		// GB/s of a step's bytes: median (at the median time), and the range
 		const auto gbs = [&](const std::vector<double> &t) {
@@ -224,28 +282,52 @@ int main(int argc, char **argv)
 			const double b = static_cast<double>(step_bytes) / 1e9;
 			return std::make_tuple(b / s.med, b / s.max, b / s.min);
 		};
-		const auto [fio_med, fio_lo, fio_hi] = gbs(t_fio);
+		// The device's bound: fio's fastest pattern; on a mapped file also
+		// the engine's copies with no math (fio has no pattern that copies
+		// through one mapping: its mmap engine maps per I/O).
+		std::vector<double> t_dev = t_fio;
+		if (mapped)
+			for (unsigned r = 0; r < rounds; r++)
+				t_dev[r] = std::min(t_dev[r], t_raw[r]);
+		const auto [fio_med, fio_lo, fio_hi] = gbs(t_dev);
 		const auto [raw_med, raw_lo, raw_hi] = gbs(t_raw);
 		const auto [eng_med, eng_lo, eng_hi] = gbs(t_step);
 		const double frac = eng_med / fio_med;
 		fmt::print("{} ({}, {} params, {} B/param moved, {}, {} streams x qd {}, median (min..max) of {} "
 			   "interleaved rounds)\n",
 			   label, dir, params, static_cast<double>(step_bytes) / params,
-			   raw.direct ? "O_DIRECT" : "buffered", 3, threads * opts.depth, rounds);
-		fmt::print("  device (fio)            {:6.2f} GB/s ({:.2f}..{:.2f})\n", fio_med, fio_lo, fio_hi);
-		fmt::print("  engine's I/O, no math   {:6.2f} GB/s ({:.2f}..{:.2f})  {:.2f} of the device\n", raw_med,
-			   raw_lo, raw_hi, raw_med / fio_med);
+			   mapped ? "mapped" : raw.direct ? "O_DIRECT" : "buffered", 3, threads * opts.depth, rounds);
+		fmt::print("  device                  {:6.2f} GB/s ({:.2f}..{:.2f})  the fastest of:\n", fio_med, fio_lo,
+			   fio_hi);
+		for (const Pattern &p : patterns) {
+			const auto [med, lo, hi] = gbs(p.t);
+			fmt::print("    fio {:<8}            {:6.2f} GB/s ({:.2f}..{:.2f})\n", p.ioengine, med, lo, hi);
+		}
+		fmt::print("  {}{:6.2f} GB/s ({:.2f}..{:.2f})  {:.2f} of the device\n",
+			   mapped ? "  engine's copies, no math" : "engine's I/O, no math   ", raw_med, raw_lo, raw_hi,
+			   raw_med / fio_med);
 		fmt::print("  engine step             {:6.2f} GB/s ({:.2f}..{:.2f})  {:.2f} of the device  "
 			   "{:.1f} Mparams/s\n",
 			   eng_med, eng_lo, eng_hi, frac, eng_med * 1e9 / (static_cast<double>(step_bytes) / params) / 1e6);
-		if (frac > 1 || raw_med > fio_med)
-			fmt::print("  WARNING: the engine {} is faster than the device reference ({:.2f} > 1): the fio "
+		if (ring_dev) {
+			const auto [ring_med, ring_lo, ring_hi] = gbs(t_ring_step);
+			fmt::print("  engine step, io_uring   {:6.2f} GB/s ({:.2f}..{:.2f})  {:.2f} of the device  "
+				   "(the file not mapped: the mapped step is {:.2f}x as fast)\n",
+				   ring_med, ring_lo, ring_hi, ring_med / fio_med, eng_med / ring_med);
+			result["engine_mapped_vs_io_uring_" + label] = std::round(eng_med / ring_med * 1e4) / 1e4;
+		}
+		if (frac > 1 || (!mapped && raw_med > fio_med))
+			fmt::print("  WARNING: the engine {} is faster than the device reference ({:.2f} > 1): the "
 				   "reference is wrong here\n",
 				   frac > 1 ? "step" : "I/O pass", std::max(frac, raw_med / fio_med));
 		result["engine_fraction_of_device_" + label] = std::round(frac * 1e4) / 1e4;
 		result["device_gb_s_" + label] = std::round(fio_med * 1e3) / 1e3;
 		dev.reset();
+		ring_dev.reset();
 		std::filesystem::remove(path);
+		std::filesystem::remove(ring_path);
+		for (const std::string &f : scratch)
+			std::filesystem::remove(f);
 	}
 	fmt::print("{}\n", result.dump());
 	return 0;

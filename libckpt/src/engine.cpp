@@ -131,6 +131,7 @@ public:
 	Worker(const struct ckpt_regions &l, unsigned depth, Ring::Mode io) : ring(depth * 2 + 2, io)
 	{
 		slots.resize(depth);
+		taken.resize(depth);
 		for (Slot &s : slots) {
 			s.rec = Buffer(l.record_bytes);
 			s.plo = Buffer(l.plo_chunk_bytes);
@@ -139,6 +140,7 @@ public:
 
 	Ring ring;
 	std::vector<Slot> slots;
+	std::vector<unsigned> taken;	// the slots whose reads are to be issued
 	// Q8: the update's scratch, and a load's decoded moments
 	std::vector<uint32_t> q8 = std::vector<uint32_t>(CKPT_Q8_TMP_WORDS);
 	std::vector<uint32_t> load;
@@ -157,6 +159,8 @@ void Engine::start(const std::string &path)
 {
 	img_ = Image::open(path, true);
 	img_.file.observer = opts_.observer;
+	if (opts_.map)
+		img_.file.map();
 	block_ = Buffer(CKPT_BLOCK);
 	const struct ckpt_regions &l = img_.sb.regions;
 
@@ -535,7 +539,7 @@ void Engine::worker_main(Worker &w)
 {
 	const struct ckpt_regions &l = img_.sb.regions;
 	const BackingFile &file = img_.file;
-	unsigned inflight = 0;
+	unsigned inflight = 0, reading = 0;	// I/Os in flight; of them, reads
 
 	// The update must give the kernel's bits: round to nearest, no flush of
 	// denormals, whatever floating-point mode the creating thread had
@@ -552,13 +556,18 @@ void Engine::worker_main(Worker &w)
 	};
 	for (;;) {
 		// Take queued chunks into the free slots; sleep only when idle.
+		// Their reads are issued after, unlocked. A mapped file's I/O is
+		// copies done at once: one chunk at a time then, read, updated
+		// and written while its record is in this core's cache.
+		unsigned taken = 0;
+		const size_t takes = !file.mapped() ? w.slots.size() : reading ? 0 : 1;
 		{
 			std::unique_lock lk(mu_);
 			if (!inflight)
 				work_cv_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
 			if (stopping_ && !inflight)
 				return;
-			for (size_t i = 0; i < w.slots.size() && !queue_.empty(); i++) {
+			for (size_t i = 0; i < w.slots.size() && taken < takes && !queue_.empty(); i++) {
 				Worker::Slot &s = w.slots[i];
 				if (s.busy)
 					continue;
@@ -570,13 +579,16 @@ void Engine::worker_main(Worker &w)
 				const uint32_t c = s.job.chunk;
 				ckpt_step_job(&step_, c, img_.group_table[c],
 					      s.job.load ? load_step_ : step_.sm.open_step, &s.upd);
-				w.ring.read(file, s.rec.as(), static_cast<unsigned>(l.record_bytes),
-					    ckpt_record_offset(&l, s.upd.src.slot, c), i);
-				inflight++;
+				w.taken[taken++] = static_cast<unsigned>(i);
 			}
 		}
 		int io_errno = EIO;
 		try {
+			for (unsigned k = 0; k < taken; k++, inflight++, reading++) {
+				Worker::Slot &s = w.slots[w.taken[k]];
+				w.ring.read(file, s.rec.as(), static_cast<unsigned>(l.record_bytes),
+					    ckpt_record_offset(&l, s.upd.src.slot, s.job.chunk), w.taken[k]);
+			}
 			w.ring.submit();
 			auto [tag, res] = w.ring.wait();
 			inflight--;
@@ -606,6 +618,7 @@ void Engine::worker_main(Worker &w)
 				}
 				continue;
 			}
+			reading--;
 			if (static_cast<uint64_t>(res) != l.record_bytes)
 				fail(CKPT_E_IO, "short read of chunk {} state", chunk);
 			if (s.job.load) {
@@ -640,6 +653,7 @@ void Engine::worker_main(Worker &w)
 				}
 				inflight--;
 			}
+			reading = 0;
 			std::lock_guard lk(mu_);
 			for (Worker::Slot &s : w.slots) {
 				if (!s.busy)

@@ -60,6 +60,9 @@ struct EngineOptions {
 	// holds the same bytes: a trainer's read-back after every step then
 	// costs no device reads.
 	bool param_cache = false;
+	// A backing file on tmpfs is mapped, and its I/O is the workers'
+	// copies (BackingFile::map); false: io_uring as for any file (tests).
+	bool map = true;
 };
 
 // fp32 p, exp_avg, exp_avg_sq of n params at a param offset, for load_state;

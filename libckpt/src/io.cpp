@@ -2,7 +2,10 @@
 #include "io.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <csetjmp>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -13,10 +16,12 @@
 
 #include <fcntl.h>
 #include <linux/fs.h>
+#include <linux/magic.h>
 #include <sys/file.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/sysmacros.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -422,6 +427,111 @@ BackingFile BackingFile::open_window(const std::string &path, uint64_t base)
 	return f;
 }
 
+// ------------------------------------------------------------ mapped files
+
+namespace {
+
+// A copy from or to a mapped file faults with SIGBUS where the file has no
+// page any more (truncated by another process). The copy of this thread,
+// if one is under way, is where the handler jumps to; any other SIGBUS is
+// handled as before the handler was installed.
+thread_local sigjmp_buf *bus_jump;
+struct sigaction bus_before;
+
+void on_bus(int sig, siginfo_t *info, void *ctx)
+{
+	if (sigjmp_buf *jump = bus_jump) {
+		bus_jump = nullptr;
+		siglongjmp(*jump, 1);
+	}
+	if (bus_before.sa_flags & SA_SIGINFO) {
+		bus_before.sa_sigaction(sig, info, ctx);
+	} else if (bus_before.sa_handler != SIG_DFL && bus_before.sa_handler != SIG_IGN) {
+		bus_before.sa_handler(sig);
+	} else {
+		// the default: a fault's instruction faults again on return,
+		// a signal sent is raised again (SA_NODEFER: not blocked here)
+		signal(SIGBUS, SIG_DFL);
+		if (info->si_code <= 0)
+			raise(sig);
+	}
+}
+
+void catch_bus()
+{
+	static std::once_flag once;
+	std::call_once(once, [] {
+		struct sigaction sa {};
+		sa.sa_sigaction = on_bus;
+		sa.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK;
+		sigemptyset(&sa.sa_mask);
+		if (sigaction(SIGBUS, &sa, &bus_before) < 0)
+			fail(CKPT_E_IO, "cannot catch SIGBUS: {}", strerror(errno));
+	});
+}
+
+} // namespace
+
+Mapping::Mapping(int fd, size_t bytes)
+{
+	catch_bus();
+	void *p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED)
+		fail(CKPT_E_IO, "cannot map {} bytes: {}", bytes, strerror(errno));
+	p_ = p;
+	n_ = bytes;
+}
+
+Mapping &Mapping::operator=(Mapping &&o) noexcept
+{
+	if (this != &o) {
+		if (p_)
+			munmap(p_, n_);
+		p_ = std::exchange(o.p_, nullptr);
+		n_ = std::exchange(o.n_, 0);
+	}
+	return *this;
+}
+
+Mapping::~Mapping()
+{
+	if (p_)
+		munmap(p_, n_);
+}
+
+bool BackingFile::map()
+{
+	struct statfs fs;
+	if (mapped())
+		return true;
+	if (striped() || block_device || base || !size || size > SIZE_MAX || fstatfs(fd.get(), &fs) < 0 ||
+	    fs.f_type != TMPFS_MAGIC || (fcntl(fd.get(), F_GETFL) & O_ACCMODE) != O_RDWR)
+		return false;
+	mapping = Mapping(fd.get(), static_cast<size_t>(size));
+	return true;
+}
+
+int BackingFile::copy_mapped(void *buf, size_t len, uint64_t off, bool write) const noexcept
+{
+	if (off >= size)
+		return 0;
+	len = static_cast<size_t>(std::min<uint64_t>(len, size - off));
+	uint8_t *at = mapping.data() + off;
+	sigjmp_buf jump;
+	if (sigsetjmp(jump, 0))
+		return -EIO;
+	bus_jump = &jump;
+	// the handler must see the jump set before the copy's first access
+	std::atomic_signal_fence(std::memory_order_seq_cst);
+	if (write)
+		std::memcpy(at, buf, len);
+	else
+		std::memcpy(buf, at, len);
+	std::atomic_signal_fence(std::memory_order_seq_cst);
+	bus_jump = nullptr;
+	return static_cast<int>(len);
+}
+
 void BackingFile::forsake() noexcept
 {
 	fd.reset();
@@ -673,6 +783,11 @@ void Ring::write(int fd, const void *buf, unsigned len, uint64_t off, uint64_t t
 template <typename Buf>
 void Ring::split(const BackingFile &f, Buf buf, unsigned len, uint64_t off, uint64_t tag, bool write)
 {
+	if (f.mapped()) {	// done now: its completion queued
+		done_.emplace_back(tag, f.copy_mapped(const_cast<void *>(static_cast<const void *>(buf)), len,
+						      off, write));
+		return;
+	}
 	unsigned pieces = 0;
 	f.extents(off, len, [&](int, uint64_t, uint64_t, uint64_t) { pieces++; });
 	if (pieces == 1) {	// no split: the caller's tag on the one submission
@@ -750,7 +865,7 @@ void Ring::submit()
 
 std::pair<uint64_t, int> Ring::wait()
 {
-	if (sync_) {
+	if (sync_ || !done_.empty()) {
 		if (done_.empty())
 			fail(CKPT_E_IO, "waiting for an I/O completion with none in flight");
 		std::pair<uint64_t, int> r = done_.front();
@@ -775,7 +890,7 @@ std::pair<uint64_t, int> Ring::wait()
 
 std::optional<std::pair<uint64_t, int>> Ring::peek()
 {
-	if (sync_) {
+	if (sync_ || !done_.empty()) {
 		if (done_.empty())
 			return std::nullopt;
 		std::pair<uint64_t, int> r = done_.front();

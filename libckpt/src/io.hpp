@@ -161,6 +161,24 @@ public:
 // how dm-stripe lays a device over the same drives. Each drive is opened,
 // locked and checked as a lone backing file would be; its size is the
 // drives' common size, in whole stripes, times their count.
+// A file's pages mapped shared, read and write; unmapped when this goes away.
+class Mapping {
+public:
+	Mapping() = default;
+	Mapping(int fd, size_t bytes);
+	Mapping(Mapping &&o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+	Mapping &operator=(Mapping &&o) noexcept;
+	Mapping(const Mapping &) = delete;
+	Mapping &operator=(const Mapping &) = delete;
+	~Mapping();
+	uint8_t *data() const { return static_cast<uint8_t *>(p_); }
+	size_t size() const { return n_; }
+
+private:
+	void *p_ = nullptr;
+	size_t n_ = 0;
+};
+
 struct BackingFile {
 	Fd fd;			// the file or device; none for a stripe set (drives)
 	uint64_t size = 0;
@@ -181,6 +199,22 @@ struct BackingFile {
 	// byte base of the block device at path to its end: read-only.
 	static BackingFile open_window(const std::string &path, uint64_t base);
 	bool striped() const { return !drives.empty(); }
+	// A file on tmpfs opened to write is mapped (map()), and a Ring's I/O
+	// of it is a copy to or from its pages, done at once by the calling
+	// thread: tmpfs I/O is a copy by the kernel anyway, and through the
+	// mapping it takes no system call, no io_uring worker thread and no
+	// inode lock (the engine's workers queued on it), on the cores the
+	// trainer's backward needs. Nothing else changes: the pages are the
+	// page cache's, so pread, pwrite and fdatasync see the same bytes.
+	// Returns whether the file is mapped now.
+	bool map();
+	bool mapped() const { return mapping.data() != nullptr; }
+	// A copy of len bytes at off of a mapped file, from buf (write) or to
+	// it: the bytes copied (fewer at the end of the file), or -EIO where
+	// the file shrank beneath the mapping (another process truncated it:
+	// the page's SIGBUS is caught and answered as an I/O error).
+	int copy_mapped(void *buf, size_t len, uint64_t off, bool write) const noexcept;
+	Mapping mapping;
 	// fn(fd, offset there, offset into the I/O, length) for each piece of
 	// [off, off + len) on the drive that holds it (the file: one piece).
 	template <typename F> void extents(uint64_t off, uint64_t len, F &&fn) const
@@ -227,6 +261,7 @@ private:
 // as a container's default one, kernel.io_uring_disabled, qemu-user), each
 // read and write is done at once with pread/pwrite and completes in order:
 // the same results, without the overlap (stderr says so, once per process).
+// An I/O of a mapped BackingFile is a copy done at once too.
 class Ring {
 public:
 	enum class Mode { Auto, Sync };
@@ -267,7 +302,7 @@ private:
 	void now(Io io, int fd, Buf buf, unsigned len, uint64_t off, uint64_t tag);
 	io_uring ring_{};
 	bool sync_ = false;
-	std::deque<std::pair<uint64_t, int>> done_;	// sync: completed, not yet waited for
+	std::deque<std::pair<uint64_t, int>> done_;	// sync, mapped: completed, not yet waited for
 	std::vector<Split> splits_;
 	std::vector<uint32_t> free_splits_;
 };

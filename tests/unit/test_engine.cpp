@@ -20,6 +20,8 @@
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
+#include <linux/magic.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
@@ -1375,6 +1377,109 @@ TEST_F(EngineTest, PreadFallbackWritesTheSameBytes)
 		return std::string(std::istreambuf_iterator<char>(f), {});
 	};
 	EXPECT_TRUE(bytes(path_) == bytes(other));
+}
+
+// A directory on /dev/shm (tmpfs) named after the test's own, removed however the test ends.
+struct ShmDir {
+	fs::path path;
+	explicit ShmDir(const fs::path &like) : path(fs::path("/dev/shm") / like.filename())
+	{
+		fs::create_directories(path);
+	}
+	~ShmDir() { fs::remove_all(path); }
+};
+
+// On tmpfs the engine maps the image and its I/O is the workers' copies
+// (BackingFile::map): the same steps leave the same bytes as io_uring's on
+// tmpfs and on the test's own file system, through every way a step ends
+// (committed, skipped by a rank's block, overflowed, aborted, rolled back).
+TEST_F(EngineTest, MappedTmpfsImageWritesTheSameBytes)
+{
+	struct statfs fs_shm;
+	ASSERT_EQ(statfs("/dev/shm", &fs_shm), 0) << "the test needs /dev/shm";
+	ASSERT_EQ(fs_shm.f_type, TMPFS_MAGIC) << "the test needs /dev/shm on tmpfs";
+	const ShmDir shm_dir(dir_);
+	const fs::path &shm = shm_dir.path;
+	const std::string mapped = (shm / "mapped.img").string(), ring = (shm / "ring.img").string();
+	fs::copy_file(path_, mapped);
+	fs::copy_file(path_, ring);
+	auto run = [&](const std::string &path, bool map) -> std::vector<float> {
+		ckpt::EngineOptions o;
+		o.map = map;
+		o.workers = 2;
+		auto d = ckpt::Device::open(path, o);
+		EXPECT_EQ(d->engine()->image().file.mapped(), map && path != path_) << path;
+		load_masters(*d);
+		for (int i = 0; i < 3; i++)
+			step(*d);
+		d->begin(groups(), 1.0);
+		d->skip("b");
+		for (const char *name : {"a", "c"}) {
+			const uint64_t n = d->manifest().find(name).numel;
+			std::vector<uint16_t> g(n, 0xbf00);
+			d->write_grad(name, g.data(), n);
+		}
+		EXPECT_EQ(d->commit({}), ckpt::CommitResult::committed);
+		EXPECT_EQ(d->rollback(), 3u);
+		skipped_step(*d, groups(), 1.0, std::vector<uint16_t>(d->regions().n_params, 0x7c00), 3);
+		std::vector<uint16_t> g(d->regions().n_params, 0x3c00);
+		d->begin(groups(), 1.0);
+		d->write_grad_window(0, g.data(), d->regions().window_bytes);
+		d->abort();
+		step(*d);
+		std::vector<float> p(5000), m(5000), v(5000);
+		d->engine()->read_state(0, 5000, p.data(), m.data(), v.data());
+		return p;
+	};
+	const std::vector<float> on_disk = run(path_, true);
+	EXPECT_EQ(run(mapped, true), on_disk);
+	EXPECT_EQ(run(ring, false), on_disk);
+	auto bytes = [](const std::string &p) {
+		std::ifstream f(p, std::ios::binary);
+		return std::string(std::istreambuf_iterator<char>(f), {});
+	};
+	EXPECT_TRUE(bytes(mapped) == bytes(path_));
+	EXPECT_TRUE(bytes(ring) == bytes(path_));
+}
+
+// Another process truncates a mapped image under a running trainer: the
+// step that touches the missing pages fails as an I/O error of the device
+// (the page's SIGBUS caught), the process lives, and nothing is committed.
+// A SIGBUS that is no mapped copy's still kills as it would have.
+TEST_F(EngineTest, TruncatedMappedImageFailsTheStepNotTheProcess)
+{
+	const ShmDir shm_dir(dir_);
+	const fs::path &shm = shm_dir.path;
+	const std::string path = (shm / "dev.img").string();
+	fs::copy_file(path_, path);
+	ckpt::EngineOptions o;
+	o.workers = 2;
+	auto d = ckpt::Device::open(path, o);
+	ASSERT_TRUE(d->engine()->image().file.mapped());
+	load_masters(*d);
+	step(*d);
+	const uint64_t committed = d->status().committed_step;
+	const std::string kept = (shm / "kept.img").string();
+	fs::copy_file(path, kept);
+	ASSERT_EQ(truncate(path.c_str(), 8192), 0);	// the superblocks stay
+	std::vector<uint16_t> g(d->regions().n_params, 0x3c00);
+	EXPECT_EQ(code_of([&] {
+		d->begin(groups(), 1.0);
+		d->write_grad_window(0, g.data(), d->regions().window_bytes);
+		d->commit({});
+	}), CKPT_E_IO);
+	d.reset();
+	// the superblocks as the failed step left them, the rest as it was: the step never committed
+	{
+		std::ifstream in(kept, std::ios::binary);
+		std::fstream out(path, std::ios::in | std::ios::out | std::ios::binary);
+		in.seekg(8192);
+		out.seekp(8192);
+		out << in.rdbuf();
+	}
+	EXPECT_EQ(ckpt::Image::open(path, false).sb.committed_step, committed);
+	step(*ckpt::Device::open(path));
+	EXPECT_EXIT(raise(SIGBUS), ::testing::KilledBySignal(SIGBUS), "");
 }
 
 // A stripe set: the image over three drives as dm-stripe lays a device over
