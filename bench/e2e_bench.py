@@ -3,7 +3,7 @@
 """End to end: a training step with OffloadAdamW against torch's AdamW in RAM and
 against a ZeRO-Infinity-style swap of the fp32 state, on /dev/shm and on a disk.
 
-    make bench-e2e                      (after make all; PYTHONPATH=build/python)
+    make bench-e2e                      (after make all)
     bench/e2e_bench.py --quick          (a smoke run of a minute or two)
 
 Models: the demo's GPT (demo/train.py, random tokens, vocabulary 256, context
@@ -778,6 +778,9 @@ def main():
             sys.exit(f"e2e_bench: {dirs[d]} ({d}) is not a directory")
     if any(alloc_of(c, a.alloc) == "jemalloc" for c in contenders) and not os.path.exists(JEMALLOC):
         sys.exit(f"e2e_bench: {JEMALLOC} is missing (libjemalloc2; scripts/deps.sh installs it)")
+    # the children import ckpt from the build (make bench-e2e sets no PYTHONPATH)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (os.path.abspath(os.path.join(a.build, "python")), os.environ.get("PYTHONPATH")) if p)
     out_dir = os.path.join(a.build, "bench")
     png, raw = a.png or os.path.join(out_dir, "e2e.png"), a.raw or os.path.join(out_dir, "e2e-raw.json")
     if a.report:
