@@ -6,14 +6,16 @@
 // a step (reading the committed slot's records, writing the other slot's
 // records and p_lo: three concurrent streams with the engine's block sizes,
 // queue depth and O_DIRECT or not, then fsync): the device's own figure;
-// (b) the same pass through the engine's io_uring code with its buffers, no
-// math; (c) a real step (begin, gradient write, commit). Prints medians with
-// min..max of each (the machine is shared and noisy) and the engine's
-// fraction of the device (fio's fastest of io_uring, psync and mmap, and
-// where the engine maps the file, (b) too, as fio has no pattern that copies
-// through one mapping): above 1 (the step or the I/O pass), the reference is
-// wrong, and it says so. On a mapped file also the
-// same step with io_uring, on a file of its own. The last line is JSON: engine_fraction_of_device_LABEL per directory.
+// (b) the same pass through the engine's I/O code (io_uring, or copies where
+// it maps the file) with its buffers, no math; (c) a real step (begin,
+// gradient write, commit). Prints medians with min..max of each (the
+// machine is shared and noisy) and the engine's
+// fraction of the device: fio's fastest of io_uring, psync and mmap, and
+// where the engine maps the file (tmpfs), (b) too, which is then copies
+// through the mapping, as fast as the memory copies. Above 1 (the step or
+// the I/O pass), the reference is wrong, and it says so. On a mapped file
+// also the same step with io_uring, on a file of its own. The last line is
+// JSON: engine_fraction_of_device_LABEL per directory.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -175,11 +177,12 @@ int main(int argc, char **argv)
 	CLI::App app{"engine_bench: the userspace engine against fio on the same file"};
 	std::vector<std::string> dirs{"/dev/shm"};
 	uint64_t params = 64ull << 20;
-	unsigned rounds = 5, workers = 0;
+	unsigned rounds = 5, workers = 0, depth = ckpt::EngineOptions{}.depth;
 	app.add_option("dirs", dirs, "[LABEL=]DIR: directories to put the backing file in (LABEL names it in the JSON)");
 	app.add_option("--params", params, "params of the tensor")->check(CLI::Range(1ull << 16, 1ull << 32));
 	app.add_option("--rounds", rounds, "interleaved rounds (medians are reported)")->check(CLI::Range(1, 100));
 	app.add_option("--workers", workers, "engine worker threads (0: one per CPU)")->check(CLI::Range(0, 64));
+	app.add_option("--depth", depth, "chunks in flight per worker")->check(CLI::Range(1, 64));
 	CLI11_PARSE(app, argc, argv);
 
 	std::vector<uint16_t> grad(params);
@@ -211,6 +214,7 @@ int main(int argc, char **argv)
 		}
 		ckpt::EngineOptions opts;
 		opts.workers = workers;
+		opts.depth = depth;
 		auto dev = ckpt::Device::open(path, opts);
 		// Where the engine maps the file (tmpfs), the same step with
 		// io_uring on a file of its own beside it: what the mapping gains.
@@ -283,8 +287,8 @@ int main(int argc, char **argv)
 			return std::make_tuple(b / s.med, b / s.max, b / s.min);
 		};
 		// The device's bound: fio's fastest pattern; on a mapped file also
-		// the engine's copies with no math (fio has no pattern that copies
-		// through one mapping: its mmap engine maps per I/O).
+		// the engine's copies with no math (fio's mmap engine moves a
+		// fraction of what plain copies through one mapping do).
 		std::vector<double> t_dev = t_fio;
 		if (mapped)
 			for (unsigned r = 0; r < rounds; r++)

@@ -437,8 +437,9 @@ namespace {
 // A copy from or to a mapped file faults with SIGBUS where the file has no
 // page any more (truncated by another process). The copy of this thread,
 // if one is under way, is where the handler jumps to; any other SIGBUS is
-// handled as before the handler was installed.
-thread_local sigjmp_buf *bus_jump;
+// handled as before the handler was installed. Initial-exec: the handler
+// reads it without a call that could allocate (libckpt may be dlopen()ed).
+[[gnu::tls_model("initial-exec")]] thread_local sigjmp_buf *bus_jump;
 struct sigaction bus_before;
 
 void on_bus(int sig, siginfo_t *info, void *ctx)
@@ -507,10 +508,14 @@ bool BackingFile::map()
 	struct statfs fs;
 	if (mapped())
 		return true;
-	if (striped() || block_device || base || !size || size > SIZE_MAX || fstatfs(fd.get(), &fs) < 0 ||
-	    fs.f_type != TMPFS_MAGIC || (fcntl(fd.get(), F_GETFL) & O_ACCMODE) != O_RDWR)
+	if (striped() || block_device || base || !size || fstatfs(fd.get(), &fs) < 0 || fs.f_type != TMPFS_MAGIC ||
+	    (fcntl(fd.get(), F_GETFL) & O_ACCMODE) != O_RDWR)
 		return false;
-	mapping = Mapping(fd.get(), static_cast<size_t>(size));
+	try {
+		mapping = Mapping(fd.get(), static_cast<size_t>(size));
+	} catch (const Error &) {
+		return false;	// no address space for it: the I/O stays io_uring's
+	}
 	return true;
 }
 

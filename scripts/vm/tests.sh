@@ -178,7 +178,7 @@ kmod_run() { # KERNEL CPU DIR
 }
 
 identity_run() { # KERNEL CPU DIR DTYPE STATE [WAYS:CHUNK]
-	local k=$1 c=$2 d=$3 dtype=$4 state=$5 stripe=${6:-} rc hrc kimg uimg what="byte identity"
+	local k=$1 c=$2 d=$3 dtype=$4 state=$5 stripe=${6:-} rc hrc kimg uimg engine_image="on disk" what="byte identity"
 	local images=() guest_args=() i ways
 	kimg=$d/kernel.img uimg=$d/user.img
 	mkdir -p "$d"
@@ -208,6 +208,11 @@ identity_run() { # KERNEL CPU DIR DTYPE STATE [WAYS:CHUNK]
 		return
 	fi
 	if [ -z "$stripe" ]; then
+		# on tmpfs where the host has it: the engine maps such an image,
+		# so the kernel is compared with the engine's mapped path (the
+		# stripe sets below take its io_uring path)
+		[ "$(stat -f -c %T /dev/shm 2>/dev/null)" != tmpfs ] ||
+			uimg=$(mktemp -p /dev/shm ckpt-identity-XXXXXX.img)
 		cp --sparse=always "$kimg" "$uimg"
 		images=(--image "$kimg")
 	else
@@ -228,6 +233,10 @@ identity_run() { # KERNEL CPU DIR DTYPE STATE [WAYS:CHUNK]
 	rc=$?
 	sed 's/^/# /' "$d/identity.runner"
 	wait $hpid
+	if [ "$uimg" != "$d/user.img" ] && [ -z "$stripe" ]; then	# off tmpfs, beside the rest
+		mv "$uimg" "$d/user.img"
+		uimg=$d/user.img engine_image="mapped on tmpfs"
+	fi
 	hrc=$(cat "$d/user.rc" 2>/dev/null || echo 1)
 	if [ "$hrc" != 0 ]; then
 		not_ok "$kl/$c $what: the host's ckpt-trace failed (exit $hrc): $(tail -1 "$d/user.err")"
@@ -250,7 +259,7 @@ identity_run() { # KERNEL CPU DIR DTYPE STATE [WAYS:CHUNK]
 			fi
 		done
 	elif cmp "$kimg" "$uimg" >"$d/cmp.txt" 2>&1; then
-		ok "$kl/$c $what: backing images identical ($(stat -c %s "$kimg") bytes)"
+		ok "$kl/$c $what: backing images identical ($(stat -c %s "$kimg") bytes; the engine's image ${engine_image})"
 	else
 		not_ok "$kl/$c $what: backing images differ: $(head -1 "$d/cmp.txt") ($kimg vs $uimg)"
 	fi
