@@ -461,17 +461,23 @@ void on_bus(int sig, siginfo_t *info, void *ctx)
 	}
 }
 
+// Installed whenever a file is mapped and the handler in place is not this
+// one: a library loaded since may have put its own there, which is then the
+// one chained to.
 void catch_bus()
 {
-	static std::once_flag once;
-	std::call_once(once, [] {
-		struct sigaction sa {};
-		sa.sa_sigaction = on_bus;
-		sa.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK;
-		sigemptyset(&sa.sa_mask);
-		if (sigaction(SIGBUS, &sa, &bus_before) < 0)
-			fail(CKPT_E_IO, "cannot catch SIGBUS: {}", strerror(errno));
-	});
+	static std::mutex mu;
+	std::lock_guard lk(mu);
+	struct sigaction now {};
+	if (sigaction(SIGBUS, nullptr, &now) == 0 && (now.sa_flags & SA_SIGINFO) && now.sa_sigaction == on_bus)
+		return;
+	struct sigaction sa {};
+	sa.sa_sigaction = on_bus;
+	sa.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK;
+	sigemptyset(&sa.sa_mask);
+	bus_before = now;
+	if (sigaction(SIGBUS, &sa, nullptr) < 0)
+		fail(CKPT_E_IO, "cannot catch SIGBUS: {}", strerror(errno));
 }
 
 } // namespace
