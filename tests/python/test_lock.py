@@ -254,6 +254,38 @@ class CreateRaceTest(unittest.TestCase):
                 ckpt.rename_new(os.path.join(d, "nope"), os.path.join(d, "x"))
             self.assertEqual(cm.exception.name, "E_IO")
 
+    def test_a_failed_open_never_removes_an_image_another_holds(self):
+        """The creator's own open fails because the other process opened the
+        new image first (in use): the image stays at its path, as the file the
+        other process trains into (removing it left that one committing into
+        a file at no path)."""
+        import torch
+
+        import ckpt.torch
+        import ckpt.torch.optimizer as optimizer
+        with tempdir() as d:
+            path = os.path.join(d, "state.img")
+            held = []
+            real = optimizer._rename_new
+
+            def rename_then_taken(src, dst):  # the other process opens it at once
+                ok = real(src, dst)
+                held.append(ckpt.open(dst))
+                return ok
+            optimizer._rename_new = rename_then_taken
+            try:
+                p = torch.nn.Parameter(torch.zeros(4096, dtype=torch.bfloat16))
+                with self.assertRaises(ckpt.CkptError) as cm:
+                    ckpt.torch.OffloadAdamW([("w", p)], path, chunk_params=4096, hooks=False)
+                self.assertIn("is in use", cm.exception.message)
+            finally:
+                optimizer._rename_new = real
+            uuid = held[0].uuid()
+            held[0].close()
+            self.assertTrue(os.path.exists(path), "the image the other process holds was removed")
+            with ckpt.open(path) as dev:
+                self.assertEqual(dev.uuid(), uuid)
+
     def test_two_processes_creating_one_path_share_one_image(self):
         """Two processes create the same new path at the same moment (a job
         launched twice): creation never replaces an image, the second resumes the

@@ -401,8 +401,8 @@ class OffloadAdamW(torch.optim.Optimizer):
             if hooks and not self._shard:
                 self._install_hooks()
         except BaseException:
-            self.close()
             self._remove_created()
+            self.close()
             raise
 
     def _rank_path(self, device_or_path):
@@ -524,8 +524,12 @@ class OffloadAdamW(torch.optim.Optimizer):
 
     def _remove_created(self):
         """A sharded open that failed leaves no image it created: the next open
-        would find some ranks' images and not the others' (and refuse)."""
-        if self._created and self.path:
+        would find some ranks' images and not the others' (and refuse). Only
+        while this holds the device open as its writer: once the image is at
+        its path another process may open it first (a job launched twice,
+        whose open of the path made this one's fail as in use), and removing it
+        then would leave that process training into a file at no path."""
+        if self._created and self.path and self._owned and getattr(self, "device", None) is not None:
             with contextlib.suppress(OSError):
                 st = os.stat(self.path)
                 if (st.st_dev, st.st_ino) == self._created:
