@@ -482,31 +482,16 @@ void catch_bus()
 
 } // namespace
 
-Mapping::Mapping(int fd, size_t bytes)
+Buffer Buffer::map_shared(int fd, size_t bytes)
 {
 	catch_bus();
 	void *p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (p == MAP_FAILED)
 		fail(CKPT_E_IO, "cannot map {} bytes: {}", bytes, strerror(errno));
-	p_ = p;
-	n_ = bytes;
-}
-
-Mapping &Mapping::operator=(Mapping &&o) noexcept
-{
-	if (this != &o) {
-		if (p_)
-			munmap(p_, n_);
-		p_ = std::exchange(o.p_, nullptr);
-		n_ = std::exchange(o.n_, 0);
-	}
-	return *this;
-}
-
-Mapping::~Mapping()
-{
-	if (p_)
-		munmap(p_, n_);
+	Buffer b;
+	b.p_ = p;
+	b.n_ = bytes;
+	return b;
 }
 
 bool BackingFile::map()
@@ -518,7 +503,7 @@ bool BackingFile::map()
 	    (fcntl(fd.get(), F_GETFL) & O_ACCMODE) != O_RDWR)
 		return false;
 	try {
-		mapping = Mapping(fd.get(), static_cast<size_t>(size));
+		mapping = Buffer::map_shared(fd.get(), static_cast<size_t>(size));
 	} catch (const Error &) {
 		return false;	// no address space for it: the I/O stays io_uring's
 	}
@@ -555,7 +540,7 @@ int BackingFile::copy_mapped(void *buf, size_t len, uint64_t off, bool write) co
 	if (off >= size)
 		return 0;
 	len = static_cast<size_t>(std::min<uint64_t>(len, size - off));
-	uint8_t *at = mapping.data() + off;
+	uint8_t *at = mapping.as() + off;
 	sigjmp_buf jump;
 	if (sigsetjmp(jump, 0))
 		return -EIO;

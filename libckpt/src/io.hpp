@@ -54,6 +54,9 @@ public:
 	Buffer(const Buffer &) = delete;
 	Buffer &operator=(const Buffer &) = delete;
 	~Buffer();
+	// A file's first bytes mapped shared, read and write, in place of memory
+	// of its own (BackingFile::map).
+	static Buffer map_shared(int fd, size_t bytes);
 	template <typename T = uint8_t> T *as() const { return static_cast<T *>(p_); }
 	size_t size() const { return n_; }
 
@@ -161,24 +164,6 @@ public:
 // how dm-stripe lays a device over the same drives. Each drive is opened,
 // locked and checked as a lone backing file would be; its size is the
 // drives' common size, in whole stripes, times their count.
-// A file's pages mapped shared, read and write; unmapped when this goes away.
-class Mapping {
-public:
-	Mapping() = default;
-	Mapping(int fd, size_t bytes);
-	Mapping(Mapping &&o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
-	Mapping &operator=(Mapping &&o) noexcept;
-	Mapping(const Mapping &) = delete;
-	Mapping &operator=(const Mapping &) = delete;
-	~Mapping();
-	uint8_t *data() const { return static_cast<uint8_t *>(p_); }
-	size_t size() const { return n_; }
-
-private:
-	void *p_ = nullptr;
-	size_t n_ = 0;
-};
-
 struct BackingFile {
 	Fd fd;			// the file or device; none for a stripe set (drives)
 	uint64_t size = 0;
@@ -208,13 +193,13 @@ struct BackingFile {
 	// page cache's, so pread, pwrite and fdatasync see the same bytes.
 	// Returns whether the file is mapped now.
 	bool map();
-	bool mapped() const { return mapping.data() != nullptr; }
+	bool mapped() const { return mapping.as() != nullptr; }
 	// A copy of len bytes at off of a mapped file, from buf (write) or to
 	// it: the bytes copied (fewer at the end of the file), or -EIO where
 	// the file shrank beneath the mapping (another process truncated it:
 	// the page's SIGBUS is caught and answered as an I/O error).
 	int copy_mapped(void *buf, size_t len, uint64_t off, bool write) const noexcept;
-	Mapping mapping;
+	Buffer mapping;
 	// fn(fd, offset there, offset into the I/O, length) for each piece of
 	// [off, off + len) on the drive that holds it (the file: one piece).
 	template <typename F> void extents(uint64_t off, uint64_t len, F &&fn) const
