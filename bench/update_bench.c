@@ -11,6 +11,19 @@
  *            same arrays, in chunks of 65536 params.
  *   q8:      ckpt_update_chunk_q8 (each variant), the same step on 8-bit
  *            moments (feature Q8): its speed against the fp32 update's.
+ *   record:  a step of fp32 records (p, m, v of a chunk after one another)
+ *            from one slot into the other, each chunk checked (crc32c of the
+ *            committed record) and sealed (crc32c of the new record and its
+ *            bf16 params), three ways: the engine's sequence on a mapped
+ *            image (copy in, check, update in place, seal, copy out with
+ *            streaming stores); one pass from the committed record into a
+ *            buffer, then streamed out; one pass from the committed record
+ *            straight into the other slot. Against the in-place update of
+ *            the same state with no slots and no checksums (what an
+ *            optimizer in RAM does). The one-pass loops are this bench's
+ *            (the core's per-param step, ckpt_adam_one, with a source and a
+ *            destination); their bytes are checked against the engine's
+ *            sequence before timing.
  *
  * 64 Mi params, buffers allocated once with MADV_HUGEPAGE and touched before
  * timing; every measurement repeated several times, interleaved (A B C A B C
@@ -29,7 +42,15 @@
 #include <time.h>
 
 #include "ckpt_update.h"
+#include "ckpt_update_impl.h"
 #include "ckpt_update_variants.h"
+
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#define CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+#else
+#define CLONES
+#endif
 
 #ifdef CKPT_BENCH_KMOD_FPU
 /* the kernel module's float units, built with its float flags (bench/CMakeLists.txt) */
@@ -103,12 +124,101 @@ CEILING_BODY
 
 typedef void (*ceiling_fn)(CEILING_ARGS);
 
+/* ---- record pipelines: chunks of CHUNK params, p, m, v after one another ---- */
+
+#define REC_BYTES ((size_t)12 * CHUNK)
+
+/* The bf16 AdamW step of n params read from sp, sm, sv and written to p, m, v. */
+CLONES __attribute__((noinline)) static u32
+step_from(const struct ckpt_upd_k *k, const u16 *__restrict grad, const u32 *__restrict sp,
+	  const u32 *__restrict sm, const u32 *__restrict sv, u32 *__restrict p,
+	  u32 *__restrict m, u32 *__restrict v, u16 *__restrict plo, u64 n)
+{
+	u32 nf = 0;
+
+	for (u64 i = 0; i < n; i++) {
+		float pp = ckpt_as_f(sp[i]), mm = ckpt_as_f(sm[i]), vv = ckpt_as_f(sv[i]);
+
+		nf |= ckpt_adam_one(k, 0, ckpt_grad_f32(k, 1, grad[i]), &pp, &mm, &vv);
+		p[i] = ckpt_as_u(pp);
+		m[i] = ckpt_as_u(mm);
+		v[i] = ckpt_as_u(vv);
+		plo[i] = ckpt_plo_of(1, pp);
+	}
+	return nf >> 31;
+}
+
+/* Copy len bytes (a multiple of 64, both 16-aligned) past the cache, as the engine writes a mapped slot. */
+static void stream_out(void *dst, const void *src, size_t len)
+{
+#if defined(__x86_64__)
+	for (size_t i = 0; i < len; i += 16)
+		_mm_stream_si128((__m128i *)((u8 *)dst + i), _mm_load_si128((const __m128i *)((const u8 *)src + i)));
+	_mm_sfence();
+#else
+	memcpy(dst, src, len);
+#endif
+}
+
+enum pipeline { ENGINE_COPIES, ONE_PASS_BUFFER, ONE_PASS_SLOT, IN_PLACE_CHECKED };
+
+/*
+ * One step of n params (whole chunks) from slot a into slot b, plo the new
+ * bf16 params; buf and bplo a worker's chunk buffers. Returns the checksums
+ * folded together (each pipeline gives the same) or ~0 if a record's check
+ * failed or the step was not finite. IN_PLACE_CHECKED updates slot a's
+ * records where they are (no second slot), checked and sealed: what the
+ * checksums alone cost; want follows.
+ */
+static u32 record_step(enum pipeline how, const struct ckpt_hparams *hp, u32 scale, const u16 *g,
+		       u8 *a, u8 *b, u16 *plo, u8 *buf, u16 *bplo, u32 *want, u64 n)
+{
+	struct ckpt_upd_k k;
+	u32 sum = 0;
+
+	ckpt_upd_k_init(&k, hp, scale);
+	for (u64 c = 0; c < n / CHUNK; c++) {
+		u8 *src = a + c * REC_BYTES;
+		u8 *dst = b + c * REC_BYTES;
+		u8 *out = how == ONE_PASS_SLOT ? dst : how == IN_PLACE_CHECKED ? src : buf;
+		u16 *po = how == ONE_PASS_SLOT || how == IN_PLACE_CHECKED ? plo + c * CHUNK : bplo;
+		const u32 *s;
+		u32 *o = (u32 *)out, nf;
+
+		if (how == ENGINE_COPIES) {
+			memcpy(buf, src, REC_BYTES);
+			s = (const u32 *)buf;
+		} else {
+			s = (const u32 *)src;
+		}
+		if (ckpt_crc32c(s, REC_BYTES) != want[c])
+			return ~0u;
+		if (how == ENGINE_COPIES || how == IN_PLACE_CHECKED)
+			nf = ckpt_update_chunk(hp, scale, CKPT_DTYPE_BF16, g + c * CHUNK, o, o + CHUNK,
+					       o + 2 * CHUNK, po, CHUNK);
+		else
+			nf = step_from(&k, g + c * CHUNK, s, s + CHUNK, s + 2 * CHUNK, o, o + CHUNK,
+				       o + 2 * CHUNK, po, CHUNK);
+		if (nf)
+			return ~0u;
+		sum ^= ckpt_crc32c(out, REC_BYTES) ^ ckpt_crc32c(po, CHUNK * 2);
+		if (how == IN_PLACE_CHECKED)
+			want[c] = ckpt_crc32c(out, REC_BYTES);
+		else if (how != ONE_PASS_SLOT) {
+			stream_out(dst, buf, REC_BYTES);
+			stream_out(plo + c * CHUNK, bplo, CHUNK * 2);
+		}
+	}
+	return sum;
+}
+
 struct meas {
 	const char *name;
-	int kind;		/* 0 ceiling, 1 update, 2 q8 update */
+	int kind;		/* 0 ceiling, 1 update, 2 q8 update, 3 record pipeline */
 	ceiling_fn cfn;
 	ckpt_update_fn ufn;
 	ckpt_update_q8_fn qfn;
+	enum pipeline how;
 	u32 dtype;
 	int ok;
 	double t[64];	/* each repeat's time */
@@ -147,7 +257,9 @@ int main(int argc, char **argv)
 	int reps = argc > 2 ? atoi(argv[2]) : 7;
 	u64 n = 1ull << lg;
 	u16 *g, *gb, *plo;
-	u32 *p, *m, *v, *qscale;
+	u32 *p, *m, *v, *qscale, *want;
+	u8 *slot_a, *slot_b, *rbuf;
+	u16 *rplo, *rbplo;
 	u32 qtmp[CKPT_Q8_TMP_WORDS];
 	struct ckpt_q8_state q8;
 	struct ckpt_hparams hp;
@@ -178,6 +290,23 @@ int main(int argc, char **argv)
 		v[i] = fbits(r * r * 1e-5f + 1e-9f);
 		plo[i] = 0;
 	}
+	/* slot a: the committed records of the same state, and their checksums */
+	slot_a = big_alloc(n * 12);
+	slot_b = big_alloc(n * 12);
+	rplo = big_alloc(n * 2);
+	rbuf = big_alloc(REC_BYTES);
+	rbplo = big_alloc(CHUNK * 2);
+	want = big_alloc(n / CHUNK * 4);
+	for (u64 c = 0; c < n / CHUNK; c++) {
+		u8 *r = slot_a + c * REC_BYTES;
+
+		memcpy(r, p + c * CHUNK, CHUNK * 4);
+		memcpy(r + CHUNK * 4, m + c * CHUNK, CHUNK * 4);
+		memcpy(r + CHUNK * 8, v + c * CHUNK, CHUNK * 4);
+		want[c] = ckpt_crc32c(r, REC_BYTES);
+	}
+	memset(slot_b, 0, n * 12);
+	memset(rplo, 0, n * 2);
 	q8.m = big_alloc(n);
 	q8.v = big_alloc(n);
 	qscale = big_alloc(n / CKPT_Q8_BLOCK * 8);
@@ -201,7 +330,8 @@ int main(int argc, char **argv)
 	struct ckpt_update_variant var[CKPT_UPDATE_VARIANTS_MAX];
 	unsigned int nv = ckpt_update_variants(var);
 	u32 flags = 0;
-	double ceiling = 1e30, dispatched_med = 0, q8_med = 0;
+	double ceiling = 1e30, dispatched_med = 0, q8_med = 0, in_place_med = 0;
+	double rec_med[4] = {0};
 
 #if defined(__x86_64__)
 	ms[nm++] = meas_of("ceiling[sse2]", 0, ceiling_sse2, NULL, 0, 1);
@@ -229,6 +359,14 @@ int main(int argc, char **argv)
 		ms[nm] = meas_of(names[i], 2, NULL, NULL, CKPT_DTYPE_FP16, var[i].available);
 		ms[nm++].qfn = var[i].update_q8;
 	}
+	ms[nm] = meas_of("record[in place, checked, sealed]", 3, NULL, NULL, CKPT_DTYPE_BF16, 1);
+	ms[nm++].how = IN_PLACE_CHECKED;
+	ms[nm] = meas_of("record[engine: copy in, out]", 3, NULL, NULL, CKPT_DTYPE_BF16, 1);
+	ms[nm++].how = ENGINE_COPIES;
+	ms[nm] = meas_of("record[one pass to a buffer]", 3, NULL, NULL, CKPT_DTYPE_BF16, 1);
+	ms[nm++].how = ONE_PASS_BUFFER;
+	ms[nm] = meas_of("record[one pass into the slot]", 3, NULL, NULL, CKPT_DTYPE_BF16, 1);
+	ms[nm++].how = ONE_PASS_SLOT;
 #ifdef CKPT_BENCH_KMOD_FPU
 	ms[nm++] = meas_of("update[kmod sse2]", 1, NULL, dm_ckpt_update_sse2, CKPT_DTYPE_FP16,
 				 1);
@@ -238,7 +376,33 @@ int main(int argc, char **argv)
 				 CKPT_DTYPE_FP16, ckpt_cpu_has_avx512());
 #endif
 
-	printf("ckpt_bench_update: %llu params (%.0f MiB touched per pass, 28 B/param), "
+	/* the record pipelines give the same bytes: each run once, slot b compared */
+	u32 first_b = 0, first_plo = 0;
+
+	for (int j = 0; j < nm; j++) {
+		u32 cb, cplo;
+
+		if (ms[j].kind != 3 || ms[j].how == IN_PLACE_CHECKED)
+			continue;
+		memset(slot_b, 0, n * 12);
+		if (record_step(ms[j].how, &hp, scale, gb, slot_a, slot_b, rplo, rbuf, rbplo, want,
+				n) == ~0u) {
+			fprintf(stderr, "%s: a record failed its check or the step was not finite\n",
+				ms[j].name);
+			return 1;
+		}
+		cb = ckpt_crc32c(slot_b, n * 12);
+		cplo = ckpt_crc32c(rplo, n * 2);
+		if (!first_b) {
+			first_b = cb;
+			first_plo = cplo;
+		} else if (cb != first_b || cplo != first_plo) {
+			fprintf(stderr, "%s: other bytes than the engine's sequence\n", ms[j].name);
+			return 1;
+		}
+	}
+
+	printf("ckpt_bench_update: %llu params (%.0f MiB touched per pass, 28 B/param; records 26), "
 	       "chunks of %u, median (min..max) of %d interleaved runs, 1 thread\n",
 	       (unsigned long long)n, n * 28.0 / (1 << 20), CHUNK, reps);
 	for (int r = 0; r < reps; r++) {
@@ -251,6 +415,9 @@ int main(int argc, char **argv)
 			t0 = now();
 			if (x->kind == 0) {
 				x->cfn(g, p, m, v, plo, n, g_zero);
+			} else if (x->kind == 3) {
+				flags |= record_step(x->how, &hp, scale, gb, slot_a, slot_b, rplo, rbuf,
+						     rbplo, want, n) == ~0u;
 			} else if (x->kind == 2) {
 				for (u64 off = 0; off < n; off += CHUNK) {
 					u64 len = n - off < CHUNK ? n - off : CHUNK;
@@ -287,12 +454,23 @@ int main(int argc, char **argv)
 			dispatched_med = ms[j].med;
 		if (!strcmp(ms[j].name, "q8[dispatched]"))
 			q8_med = ms[j].med;
+		if (!strcmp(ms[j].name, "update[dispatched,bf16]"))
+			in_place_med = ms[j].med;
+		if (ms[j].kind == 3)
+			rec_med[ms[j].how] = ms[j].med;
 	}
 	for (int j = 0; j < nm; j++) {
 		struct meas *x = &ms[j];
 
 		if (!x->ok) {
 			printf("%-34s (not supported by this CPU)\n", x->name);
+			continue;
+		}
+		if (x->kind == 3) {
+			printf("%-34s %6.3f Gparams/s (%.3f..%.3f)  %.2fx the in-place update's time, "
+			       "%.2fx as fast as the engine's\n",
+			       x->name, n / x->med * 1e-9, n / x->max * 1e-9, n / x->min * 1e-9,
+			       x->med / in_place_med, rec_med[ENGINE_COPIES] / x->med);
 			continue;
 		}
 		if (x->kind == 2) {
@@ -311,6 +489,10 @@ int main(int argc, char **argv)
 	printf("{\"loop_fraction_of_bound\": %.4f, \"loop_bound_gparams_s\": %.4f, "
 	       "\"q8_gparams_s\": %.4f, \"q8_vs_fp32_update\": %.4f",
 	       ceiling / dispatched_med, n / ceiling * 1e-9, n / q8_med * 1e-9, dispatched_med / q8_med);
+	printf(", \"record_engine_vs_in_place\": %.4f, \"record_one_pass_buffer_vs_in_place\": %.4f, "
+	       "\"record_one_pass_slot_vs_in_place\": %.4f, \"record_in_place_checked_vs_in_place\": %.4f",
+	       rec_med[ENGINE_COPIES] / in_place_med, rec_med[ONE_PASS_BUFFER] / in_place_med,
+	       rec_med[ONE_PASS_SLOT] / in_place_med, rec_med[IN_PLACE_CHECKED] / in_place_med);
 	for (int j = 0; j < nm; j++) {
 		char key[64];
 		const char *c = ms[j].name + strlen("update[");
