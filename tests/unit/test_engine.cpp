@@ -38,6 +38,13 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// A file's whole contents, to compare images byte for byte.
+std::string whole_file(const std::string &path)
+{
+	std::ifstream f(path, std::ios::binary);
+	return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
 class EngineTest : public ::testing::Test {
 protected:
 	void SetUp() override
@@ -132,7 +139,7 @@ protected:
 		f.put(static_cast<char>(b ^ static_cast<char>(mask)));
 	}
 
-	std::vector<char> bytes(uint64_t off, uint64_t n)
+	std::vector<char> file_bytes(uint64_t off, uint64_t n)
 	{
 		std::ifstream f(path_, std::ios::binary);
 		f.seekg(static_cast<std::streamoff>(off));
@@ -160,6 +167,10 @@ protected:
 		d.write_grad_window(0, g.data(), l.window_bytes);
 		ASSERT_EQ(d.commit({}), ckpt::CommitResult::committed);
 	}
+
+	// The masters loaded, three steps, then one with b skipped (a rank's
+	// block): what the tests of one way of doing the I/O against another run.
+	static void masters_steps_and_a_skip(ckpt::Device &d);
 
 	fs::path dir_;
 	std::string path_;
@@ -558,9 +569,7 @@ TEST_F(EngineTest, AsyncUpdatesGiveTheSameBytesInAnyOrder)
 	const auto a = run(path_, {});
 	const auto b = run(other, serial);
 	EXPECT_EQ(a, b);
-	std::ifstream fa(path_, std::ios::binary), fb(other, std::ios::binary);
-	const std::string ba((std::istreambuf_iterator<char>(fa)), {}), bb((std::istreambuf_iterator<char>(fb)), {});
-	EXPECT_TRUE(ba == bb) << "the images differ";
+	EXPECT_TRUE(whole_file(path_) == whole_file(other)) << "the images differ";
 }
 
 // Bit rot in committed state must not become new committed state with a
@@ -576,7 +585,7 @@ TEST_F(EngineTest, FlippedDataBitFailsTheStep)
 	const uint32_t slot = img.sb.committed_slot;
 	const uint64_t rec0 = ckpt_record_offset(&l, slot, 0);
 	flip(rec0 + CKPT_BLOCK + 2, 0x40);	// an exponent bit of p[0]
-	const std::vector<char> before = bytes(l.plo_off[0], l.dev_bytes - l.plo_off[0]);
+	const std::vector<char> before = file_bytes(l.plo_off[0], l.dev_bytes - l.plo_off[0]);
 
 	auto d = open();
 	std::vector<uint16_t> g(l.n_params, 0x3f80);
@@ -597,7 +606,7 @@ TEST_F(EngineTest, FlippedDataBitFailsTheStep)
 	d.reset();
 	// The committed slot is untouched: the damage is still there to see.
 	const uint64_t from = ckpt_record_offset(&l, slot, 0) - l.plo_off[0];
-	const std::vector<char> after = bytes(l.plo_off[0], l.dev_bytes - l.plo_off[0]);
+	const std::vector<char> after = file_bytes(l.plo_off[0], l.dev_bytes - l.plo_off[0]);
 	EXPECT_TRUE(std::equal(before.begin() + static_cast<long>(from),
 			       before.begin() + static_cast<long>(from + l.record_bytes * img.sb.geo.n_chunks),
 			       after.begin() + static_cast<long>(from)));
@@ -781,6 +790,21 @@ static void load_masters(ckpt::Device &d)
 	d.load_params(spans);
 }
 
+void EngineTest::masters_steps_and_a_skip(ckpt::Device &d)
+{
+	load_masters(d);
+	for (int i = 0; i < 3; i++)
+		step(d);
+	d.begin(groups(), 1.0);
+	d.skip("b");
+	for (const char *name : {"a", "c"}) {
+		const uint64_t n = d.manifest().find(name).numel;
+		std::vector<uint16_t> g(n, 0xbf00);
+		d.write_grad(name, g.data(), n);
+	}
+	ASSERT_EQ(d.commit({}), ckpt::CommitResult::committed);
+}
+
 // One step: write the tensors in `write`, skip the rest.
 static ckpt::CommitResult step_with(ckpt::Device &d, int step, std::initializer_list<const char *> write)
 {
@@ -945,10 +969,6 @@ TEST_F(EngineTest, RollbackCommandIsEngineRollback)
 	}
 	const std::string twin = (dir_ / "twin.img").string();
 	fs::copy_file(path_, twin);
-	auto image = [](const std::string &p) {
-		std::ifstream f(p, std::ios::binary);
-		return std::vector<char>(std::istreambuf_iterator<char>(f), {});
-	};
 	{
 		auto e = ckpt::Engine::open(path_);
 		EXPECT_EQ(e->rollback(), 1u);
@@ -969,7 +989,7 @@ TEST_F(EngineTest, RollbackCommandIsEngineRollback)
 		e->write(0, block.data(), (uint64_t(len) + 511) / 512 * 512);
 	};
 	auto refused = [&](uint64_t step, int code, const char *says) {
-		const auto before = image(twin);
+		const auto before = whole_file(twin);
 		const uint64_t rejected = e->status().commands_rejected;
 		const std::string m = message_of([&] { send(CKPT_OP_ROLLBACK, step); });
 		EXPECT_NE(m.find(says), std::string::npos) << m;
@@ -977,7 +997,7 @@ TEST_F(EngineTest, RollbackCommandIsEngineRollback)
 		const struct ckpt_status st = e->status();
 		EXPECT_EQ(st.commands_rejected, rejected + 2) << m;
 		EXPECT_EQ(st.last_error, uint32_t(code)) << m;
-		EXPECT_EQ(image(twin), before) << m;
+		EXPECT_EQ(whole_file(twin), before) << m;
 	};
 	refused(1, CKPT_E_STEP, "the committed step is 2");
 	refused(3, CKPT_E_STEP, "the committed step is 2");
@@ -988,7 +1008,7 @@ TEST_F(EngineTest, RollbackCommandIsEngineRollback)
 	EXPECT_EQ(e->status().committed_step, 1u);
 	refused(0, CKPT_E_ROLLBACK, "once");
 	e.reset();
-	EXPECT_TRUE(image(twin) == image(path_)) << "the command and the call wrote the same bytes";
+	EXPECT_TRUE(whole_file(twin) == whole_file(path_)) << "the command and the call wrote the same bytes";
 
 	// The previous slot overwritten by a step that was then aborted.
 	e = ckpt::Engine::open(twin);
@@ -1360,23 +1380,9 @@ TEST_F(EngineTest, PreadFallbackWritesTheSameBytes)
 		o.io = io;
 		o.workers = 2;
 		auto d = ckpt::Device::open(path, o);
-		load_masters(*d);
-		for (int i = 0; i < 3; i++)
-			step(*d);
-		d->begin(groups(), 1.0);
-		d->skip("b");
-		for (const char *name : {"a", "c"}) {
-			const uint64_t n = d->manifest().find(name).numel;
-			std::vector<uint16_t> g(n, 0xbf00);
-			d->write_grad(name, g.data(), n);
-		}
-		ASSERT_EQ(d->commit({}), ckpt::CommitResult::committed);
+		masters_steps_and_a_skip(*d);
 	}
-	auto bytes = [](const std::string &p) {
-		std::ifstream f(p, std::ios::binary);
-		return std::string(std::istreambuf_iterator<char>(f), {});
-	};
-	EXPECT_TRUE(bytes(path_) == bytes(other));
+	EXPECT_TRUE(whole_file(path_) == whole_file(other));
 }
 
 // A directory on /dev/shm (tmpfs) named after the test's own, removed however the test ends.
@@ -1411,17 +1417,7 @@ TEST_F(EngineTest, MappedTmpfsImageWritesTheSameBytes)
 		struct statfs at;
 		EXPECT_EQ(statfs(path.c_str(), &at), 0);
 		EXPECT_EQ(d->engine()->image().file.mapped(), map && at.f_type == TMPFS_MAGIC) << path;
-		load_masters(*d);
-		for (int i = 0; i < 3; i++)
-			step(*d);
-		d->begin(groups(), 1.0);
-		d->skip("b");
-		for (const char *name : {"a", "c"}) {
-			const uint64_t n = d->manifest().find(name).numel;
-			std::vector<uint16_t> g(n, 0xbf00);
-			d->write_grad(name, g.data(), n);
-		}
-		EXPECT_EQ(d->commit({}), ckpt::CommitResult::committed);
+		masters_steps_and_a_skip(*d);
 		EXPECT_EQ(d->rollback(), 3u);
 		skipped_step(*d, groups(), 1.0, std::vector<uint16_t>(d->regions().n_params, 0x7c00), 3);
 		std::vector<uint16_t> g(d->regions().n_params, 0x3c00);
@@ -1436,12 +1432,8 @@ TEST_F(EngineTest, MappedTmpfsImageWritesTheSameBytes)
 	const std::vector<float> on_disk = run(path_, true);
 	EXPECT_EQ(run(mapped, true), on_disk);
 	EXPECT_EQ(run(ring, false), on_disk);
-	auto bytes = [](const std::string &p) {
-		std::ifstream f(p, std::ios::binary);
-		return std::string(std::istreambuf_iterator<char>(f), {});
-	};
-	EXPECT_TRUE(bytes(mapped) == bytes(path_));
-	EXPECT_TRUE(bytes(ring) == bytes(path_));
+	EXPECT_TRUE(whole_file(mapped) == whole_file(path_));
+	EXPECT_TRUE(whole_file(ring) == whole_file(path_));
 }
 
 // Another process truncates a mapped image under a running trainer: the
@@ -1511,11 +1503,7 @@ TEST_F(EngineTest, SigbusOfNoMappedCopyGoesToTheHandlerBefore)
 TEST_F(EngineTest, StripeSetHoldsTheImageAsDmStripeLaysItOut)
 {
 	constexpr uint64_t S = 16384, N = 3;
-	auto bytes = [](const std::string &p) {
-		std::ifstream f(p, std::ios::binary);
-		return std::string(std::istreambuf_iterator<char>(f), {});
-	};
-	const std::string image = bytes(path_);
+	const std::string image = whole_file(path_);
 	const uint64_t per = (image.size() + S * N - 1) / (S * N) * S;
 	auto make_set = [&](const std::string &name) {
 		std::vector<std::string> drive(N, std::string(per, '\0'));
@@ -1534,7 +1522,7 @@ TEST_F(EngineTest, StripeSetHoldsTheImageAsDmStripeLaysItOut)
 	auto joined = [&](const std::vector<std::string> &paths) {
 		std::vector<std::string> drive;
 		for (const auto &p : paths)
-			drive.push_back(bytes(p));
+			drive.push_back(whole_file(p));
 		std::string out;
 		for (uint64_t k = 0; out.size() < image.size(); k++)
 			out += drive[k % N].substr(k / N * S, S);
@@ -1564,7 +1552,7 @@ TEST_F(EngineTest, StripeSetHoldsTheImageAsDmStripeLaysItOut)
 		EXPECT_EQ(one->rollback(), 3u);
 		step_alike({one.get(), striped.get(), fallback.get()}, rng, nd);
 	}
-	const std::string want = bytes(path_);
+	const std::string want = whole_file(path_);
 	EXPECT_NE(want, image);
 	EXPECT_TRUE(joined(auto_drives) == want);
 	EXPECT_TRUE(joined(sync_drives) == want);
@@ -1577,10 +1565,6 @@ TEST_F(EngineTest, StripeSetHoldsTheImageAsDmStripeLaysItOut)
 // What a descriptor says is checked before any drive is opened for writing.
 TEST_F(EngineTest, StripeSetDescriptorIsChecked)
 {
-	auto bytes_of = [](const std::string &p) {
-		std::ifstream f(p, std::ios::binary);
-		return std::string(std::istreambuf_iterator<char>(f), {});
-	};
 	const std::string d0 = (dir_ / "d0").string(), d1 = (dir_ / "d1").string(), desc = (dir_ / "s").string();
 	for (const auto &p : {d0, d1})
 		std::ofstream(p) << std::string(1 << 20, '\0');
@@ -1616,7 +1600,7 @@ TEST_F(EngineTest, StripeSetDescriptorIsChecked)
 	ckpt::FormatOptions o;
 	o.chunk_params = 4096;
 	ckpt::format(desc, l, o);
-	EXPECT_EQ(bytes_of(desc).rfind("{\"dm-ckpt-stripe-set\"", 0), 0u);	// still the descriptor
+	EXPECT_EQ(whole_file(desc).rfind("{\"dm-ckpt-stripe-set\"", 0), 0u);	// still the descriptor
 	EXPECT_EQ(ckpt::Image::open(desc, false).manifest.find("w").numel, 20000u);
 	EXPECT_EQ(code_of([&] { ckpt::format(desc, l, o); }), CKPT_E_STATE);	// an image there, not forced
 }
