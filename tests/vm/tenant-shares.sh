@@ -25,10 +25,6 @@ TAP_OUT=/tmp/tenant-shares.out
 . /ckpt/lib/tap.sh
 cd /tmp || exit 1
 
-echo "job1:x:1001:1001::/tmp:/bin/sh" >>/etc/passwd
-echo "job2:x:1002:1002::/tmp:/bin/sh" >>/etc/passwd
-echo "job1:x:1001:" >>/etc/group
-echo "job2:x:1002:" >>/etc/group
 dev=$(cat /sys/block/nvme0n1/dev)
 
 ok "init with the drive's bandwidth" has "shares by iocost on a drive of $bps B/s" \
