@@ -11,19 +11,19 @@
  *            same arrays, in chunks of 65536 params.
  *   q8:      ckpt_update_chunk_q8 (each variant), the same step on 8-bit
  *            moments (feature Q8): its speed against the fp32 update's.
- *   record:  a step of fp32 records (p, m, v of a chunk after one another)
- *            from one slot into the other, each chunk checked (crc32c of the
- *            committed record) and sealed (crc32c of the new record and its
- *            bf16 params), three ways: the engine's sequence on a mapped
- *            image (copy in, check, update in place, seal, copy out with
- *            streaming stores); one pass from the committed record into a
- *            buffer, then streamed out; one pass from the committed record
- *            straight into the other slot. Against the in-place update of
- *            the same state with no slots and no checksums (what an
- *            optimizer in RAM does). The one-pass loops are this bench's
- *            (the core's per-param step, ckpt_adam_one, with a source and a
- *            destination); their bytes are checked against the engine's
- *            sequence before timing.
+ *   record:  a step of fp32 records (p, m, v of a chunk after one another),
+ *            each chunk checked (crc32c of the committed record) and sealed
+ *            (crc32c of the new record and of its bf16 params): in place
+ *            (no second slot: what the checksums alone cost), and from one
+ *            slot into the other three ways: the engine's sequence on a
+ *            mapped image (copy in, check, update in place, seal, copy out
+ *            with streaming stores); one pass from the committed record into
+ *            a buffer, then streamed out; one pass from the committed record
+ *            straight into the other slot. Each against the in-place update
+ *            with no slots and no checksums (what an optimizer in RAM does).
+ *            The one-pass loops are this bench's (the core's per-param step,
+ *            ckpt_adam_one, with a source and a destination); the three
+ *            slot-to-slot ways' bytes are compared before timing.
  *
  * 64 Mi params, buffers allocated once with MADV_HUGEPAGE and touched before
  * timing; every measurement repeated several times, interleaved (A B C A B C
@@ -183,7 +183,7 @@ static u32 record_step(enum pipeline how, const struct ckpt_hparams *hp, u32 sca
 		u8 *out = how == ONE_PASS_SLOT ? dst : how == IN_PLACE_CHECKED ? src : buf;
 		u16 *po = how == ONE_PASS_SLOT || how == IN_PLACE_CHECKED ? plo + c * CHUNK : bplo;
 		const u32 *s;
-		u32 *o = (u32 *)out, nf;
+		u32 *o = (u32 *)out, nf, sealed;
 
 		if (how == ENGINE_COPIES) {
 			memcpy(buf, src, REC_BYTES);
@@ -201,9 +201,10 @@ static u32 record_step(enum pipeline how, const struct ckpt_hparams *hp, u32 sca
 				       o + 2 * CHUNK, po, CHUNK);
 		if (nf)
 			return ~0u;
-		sum ^= ckpt_crc32c(out, REC_BYTES) ^ ckpt_crc32c(po, CHUNK * 2);
+		sealed = ckpt_crc32c(out, REC_BYTES);
+		sum ^= sealed ^ ckpt_crc32c(po, CHUNK * 2);
 		if (how == IN_PLACE_CHECKED)
-			want[c] = ckpt_crc32c(out, REC_BYTES);
+			want[c] = sealed;
 		else if (how != ONE_PASS_SLOT) {
 			stream_out(dst, buf, REC_BYTES);
 			stream_out(plo + c * CHUNK, bplo, CHUNK * 2);
